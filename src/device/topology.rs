@@ -1,0 +1,92 @@
+//! The shape of a device: how many AI cores, how many vector sub-cores each.
+
+use crate::{Error, Result};
+
+/// How a kernel is launched on an AI core, which decides how many vector sub-cores each program
+/// gets. The seed: a kernel with a cube part (`dot`) runs in mix mode, cube:vector 1:2; a kernel
+/// without one runs vector-only, 0:1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LaunchMode {
+    /// One cube core with `sub_vec_num` vector sub-cores per program: each program runs once per
+    /// vector sub-core, told its `sub_vec_id`.
+    Mix,
+    /// Vector cores only: each program runs once, as sub-core 0 of 1.
+    VectorOnly,
+}
+
+/// The core counts of a device (or of the host simulation of one).
+///
+/// Kernels read these, never constants: the seed's rule is that core counts differ between
+/// products and must be queried.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::Topology;
+///
+/// let npu = Topology::ascend_910b();
+/// assert_eq!((npu.aicore_num(), npu.sub_vec_num(), npu.aivector_core_num()), (24, 2, 48));
+/// assert!(Topology::new(0, 2).is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Topology {
+    aicore_num: usize,
+    sub_vec_num: usize,
+}
+
+impl Topology {
+    /// A topology of `aicore_num` AI cores with `sub_vec_num` vector sub-cores each.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when either count is zero.
+    pub fn new(aicore_num: usize, sub_vec_num: usize) -> Result<Self> {
+        if aicore_num == 0 || sub_vec_num == 0 {
+            return Err(Error::InvalidArgument {
+                op: "Topology::new",
+                rank: 0,
+                reason: format!(
+                    "core counts must be positive, got {aicore_num} AI cores x {sub_vec_num} \
+                     vector sub-cores"
+                ),
+            });
+        }
+        Ok(Topology { aicore_num, sub_vec_num })
+    }
+
+    /// An Ascend 910B: 24 AI cores, 48 vector cores (2 per AI core).
+    pub fn ascend_910b() -> Self {
+        Topology { aicore_num: 24, sub_vec_num: 2 }
+    }
+
+    /// The host default for a world of `world_size` ranks: the machine's cores shared out between
+    /// the ranks (at least one AI core each), two vector sub-cores per AI core as on an NPU.
+    ///
+    /// With one compute program per AI core, the busy programs of all ranks together do not
+    /// exceed the machine's cores unless there are more ranks than cores.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::Topology;
+    /// let t = Topology::host_default(64);
+    /// assert_eq!(t.aicore_num(), 1);
+    /// assert_eq!(t.sub_vec_num(), 2);
+    /// ```
+    pub fn host_default(world_size: usize) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Topology { aicore_num: (cores / world_size.max(1)).max(1), sub_vec_num: 2 }
+    }
+
+    /// Number of AI cores (`get_aicore_num`).
+    pub fn aicore_num(&self) -> usize {
+        self.aicore_num
+    }
+
+    /// Vector sub-cores per AI core (`sub_vec_num`).
+    pub fn sub_vec_num(&self) -> usize {
+        self.sub_vec_num
+    }
+
+    /// All vector cores (`get_aivector_core_num`).
+    pub fn aivector_core_num(&self) -> usize {
+        self.aicore_num * self.sub_vec_num
+    }
+}

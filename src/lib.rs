@@ -1,0 +1,18 @@
+#![doc = include_str!("../README.md")]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+#![doc(test(attr(deny(warnings))))]
+
+//! # Errors and panics
+//!
+//! Anything one rank can get wrong at run time (a shape, a placement, a peer that failed or never
+//! signalled, symmetric memory running out) returns [`Error`], because a panic on one rank would
+//! leave the others waiting. Only programmer mistakes that cannot depend on run-time data panic,
+//! and those functions say so under `# Panics`.
+
+pub mod error;
+pub mod tensor;
+
+pub use error::{Error, Result};
+pub use tensor::{DType, Element, Tensor};
+pub mod device;

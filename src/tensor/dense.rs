@@ -1,0 +1,327 @@
+//! [`Tensor`]: a row-major, contiguous n-dimensional array on ndarray.
+
+use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+use super::{matmul, Element};
+use crate::{Error, Result};
+
+/// A local n-dimensional tensor, always row-major and contiguous.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::Tensor;
+///
+/// let t = Tensor::<f32>::from_shape_vec(&[2, 3], vec![1., 2., 3., 4., 5., 6.])?;
+/// assert_eq!(t.shape(), &[2, 3]);
+/// let p = t.permute(&[1, 0])?;
+/// assert_eq!(p.as_slice(), &[1., 4., 2., 5., 3., 6.]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor<T: Element> {
+    data: ArrayD<T>,
+}
+
+impl<T: Element> Tensor<T> {
+    /// Wraps an ndarray array, copying it into row-major order if it is not already.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// use ndarray::{array, Axis};
+    ///
+    /// let a = array![[1.0f64, 2.0], [3.0, 4.0]].reversed_axes().into_dyn();
+    /// let t = Tensor::from_array(a);
+    /// assert_eq!(t.as_slice(), &[1.0, 3.0, 2.0, 4.0]);
+    /// ```
+    pub fn from_array(array: ArrayD<T>) -> Self {
+        let data = if array.is_standard_layout() {
+            array
+        } else {
+            array.as_standard_layout().into_owned()
+        };
+        Tensor { data }
+    }
+
+    /// A copy of the data as an ndarray array.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let t = Tensor::<f32>::zeros(&[2, 2]);
+    /// assert_eq!(t.to_array().shape(), &[2, 2]);
+    /// ```
+    pub fn to_array(&self) -> ArrayD<T> {
+        self.data.clone()
+    }
+
+    /// The data as an ndarray array, without a copy.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let a = Tensor::<f32>::zeros(&[3]).into_array();
+    /// assert_eq!(a.len(), 3);
+    /// ```
+    pub fn into_array(self) -> ArrayD<T> {
+        self.data
+    }
+
+    /// A tensor of `shape` from row-major `data`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] when `data.len()` is not the product of `shape`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert!(Tensor::<f32>::from_shape_vec(&[2, 2], vec![1.0; 3]).is_err());
+    /// ```
+    pub fn from_shape_vec(shape: &[usize], data: Vec<T>) -> Result<Self> {
+        let len = data.len();
+        let data = ArrayD::from_shape_vec(IxDyn(shape), data).map_err(|_| Error::InvalidShape {
+            op: "Tensor::from_shape_vec",
+            reason: format!("{len} elements do not fill shape {shape:?}"),
+        })?;
+        Ok(Tensor { data })
+    }
+
+    /// A tensor of zeros.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert!(Tensor::<f64>::zeros(&[2, 3]).as_slice().iter().all(|&x| x == 0.0));
+    /// ```
+    pub fn zeros(shape: &[usize]) -> Self {
+        Tensor { data: ArrayD::from_elem(IxDyn(shape), T::zero()) }
+    }
+
+    /// A tensor of values drawn uniformly from `[-1, 1)` by a generator seeded with `seed`: the same
+    /// seed gives the same tensor on every run and every machine.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let a = Tensor::<f32>::random(&[4, 5], 7);
+    /// assert_eq!(a, Tensor::<f32>::random(&[4, 5], 7));
+    /// assert!(a.as_slice().iter().all(|&x| (-1.0..1.0).contains(&x) && x != 0.0));
+    /// ```
+    pub fn random(shape: &[usize], seed: u64) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let len = shape.iter().product();
+        let data = (0..len).map(|_| T::from_f64(rng.random_range(-1.0..1.0))).collect();
+        Self::from_shape_vec(shape, data).expect("length is the product of the shape")
+    }
+
+    /// The shape.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert_eq!(Tensor::<f32>::zeros(&[2, 0, 3]).shape(), &[2, 0, 3]);
+    /// ```
+    pub fn shape(&self) -> &[usize] {
+        self.data.shape()
+    }
+
+    /// The number of dimensions.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).ndim(), 2);
+    /// ```
+    pub fn ndim(&self) -> usize {
+        self.data.ndim()
+    }
+
+    /// The number of elements.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).len(), 6);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether the tensor has no elements.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert!(Tensor::<f32>::zeros(&[2, 0]).is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The elements in row-major order.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert_eq!(Tensor::<f32>::zeros(&[2]).as_slice(), &[0.0, 0.0]);
+    /// ```
+    pub fn as_slice(&self) -> &[T] {
+        self.data.as_slice().expect("a Tensor is always contiguous")
+    }
+
+    /// The elements in row-major order, mutably.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let mut t = Tensor::<f32>::zeros(&[2]);
+    /// t.as_mut_slice()[1] = 5.0;
+    /// assert_eq!(t.as_slice(), &[0.0, 5.0]);
+    /// ```
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        self.data.as_slice_mut().expect("a Tensor is always contiguous")
+    }
+
+    /// An ndarray view.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).view().ndim(), 2);
+    /// ```
+    pub fn view(&self) -> ArrayViewD<'_, T> {
+        self.data.view()
+    }
+
+    /// A mutable ndarray view.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let mut t = Tensor::<f32>::zeros(&[2, 2]);
+    /// t.view_mut()[[1, 0]] = 3.0;
+    /// assert_eq!(t.as_slice(), &[0.0, 0.0, 3.0, 0.0]);
+    /// ```
+    pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> {
+        self.data.view_mut()
+    }
+
+    /// A 2-D view.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] when the tensor is not 2-D; `op` names the caller in the message.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert!(Tensor::<f32>::zeros(&[2, 3]).view2("example").is_ok());
+    /// assert!(Tensor::<f32>::zeros(&[2]).view2("example").is_err());
+    /// ```
+    pub fn view2(&self, op: &'static str) -> Result<ArrayView2<'_, T>> {
+        self.data.view().into_dimensionality().map_err(|_| Error::InvalidShape {
+            op,
+            reason: format!("expected a 2-D tensor, got shape {:?}", self.shape()),
+        })
+    }
+
+    /// The same elements under another shape of equal size.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] when the sizes differ.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let t = Tensor::<f32>::random(&[2, 6], 1);
+    /// let r = t.reshape(&[3, 4])?;
+    /// assert_eq!(r.shape(), &[3, 4]);
+    /// assert_eq!(r.as_slice(), t.as_slice());
+    /// assert!(t.reshape(&[5]).is_err());
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
+        Self::from_shape_vec(shape, self.as_slice().to_vec()).map_err(|_| Error::InvalidShape {
+            op: "Tensor::reshape",
+            reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
+        })
+    }
+
+    /// Reorders the axes: axis `i` of the result is axis `axes[i]` of `self`. The result is
+    /// contiguous again (a copy).
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] when `axes` is not a permutation of `0..ndim`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let t = Tensor::<f32>::zeros(&[2, 3, 4]);
+    /// assert_eq!(t.permute(&[2, 0, 1])?.shape(), &[4, 2, 3]);
+    /// assert!(t.permute(&[0, 0, 1]).is_err());
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn permute(&self, axes: &[usize]) -> Result<Self> {
+        let mut seen = vec![false; self.ndim()];
+        let valid = axes.len() == self.ndim()
+            && axes.iter().all(|&a| a < seen.len() && !std::mem::replace(&mut seen[a], true));
+        if !valid {
+            return Err(Error::InvalidShape {
+                op: "Tensor::permute",
+                reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
+            });
+        }
+        Ok(Self::from_array(self.data.view().permuted_axes(axes).to_owned()))
+    }
+
+    /// Converts every element to another element type (through f64, so exactly where it fits).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// use half::bf16;
+    /// let t = Tensor::<f32>::from_shape_vec(&[2], vec![1.0, 0.5])?;
+    /// let b = t.cast::<bf16>();
+    /// assert_eq!(b.as_slice(), &[bf16::from_f32(1.0), bf16::from_f32(0.5)]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn cast<U: Element>(&self) -> Tensor<U> {
+        Tensor { data: self.data.mapv(|x| U::from_f64(x.to_f64())) }
+    }
+
+    /// The 2-D product `self (m x k) * rhs (k x n)` on the calling thread.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] when either is not 2-D, [`Error::InnerDimMismatch`] when `k` differs.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let a = Tensor::<f32>::from_shape_vec(&[1, 2], vec![1.0, 2.0])?;
+    /// let b = Tensor::<f32>::from_shape_vec(&[2, 1], vec![3.0, 4.0])?;
+    /// assert_eq!(a.matmul(&b)?.as_slice(), &[11.0]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn matmul(&self, rhs: &Tensor<T>) -> Result<Tensor<T>> {
+        self.matmul_threads(rhs, 1)
+    }
+
+    /// The 2-D product on `threads` threads of the rayon pool.
+    ///
+    /// # Errors
+    /// As [`Tensor::matmul`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let a = Tensor::<f64>::random(&[8, 4], 1);
+    /// let b = Tensor::<f64>::random(&[4, 3], 2);
+    /// assert_eq!(a.matmul_threads(&b, 2)?.shape(), &[8, 3]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn matmul_threads(&self, rhs: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
+        let c: Array2<T> =
+            matmul(self.view2("Tensor::matmul")?, rhs.view2("Tensor::matmul")?, threads)?;
+        Ok(Tensor { data: c.into_dyn() })
+    }
+}

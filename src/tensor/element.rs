@@ -1,0 +1,194 @@
+//! Element types: f32, f64, f16 and bf16, each with the type it accumulates in.
+
+use std::fmt::{Debug, Display};
+use std::ops::{Add, AddAssign, Mul};
+
+use half::{bf16, f16};
+
+use super::gemm_kernel;
+
+/// The element types a tensor can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE single precision.
+    F32,
+    /// IEEE double precision.
+    F64,
+    /// IEEE half precision.
+    F16,
+    /// Brain floating point (8-bit exponent, 7-bit mantissa).
+    BF16,
+}
+
+impl Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        })
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A tensor element: f32, f64, [`f16`] or [`bf16`].
+///
+/// Products accumulate in [`Element::Acc`] (f32 for the half types, f64 for f64) and are rounded
+/// to the element type once, at the end.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{DType, Element};
+/// use half::bf16;
+///
+/// assert_eq!(<bf16 as Element>::DTYPE, DType::BF16);
+/// let x = bf16::from_f64(1.5);
+/// let acc: f32 = x.to_acc();
+/// assert_eq!(acc, 1.5);
+/// ```
+pub trait Element:
+    Copy + Send + Sync + Debug + Display + Default + PartialEq + PartialOrd + 'static + sealed::Sealed
+{
+    /// The type products and sums accumulate in.
+    type Acc: Accumulator;
+    /// This type's tag.
+    const DTYPE: DType;
+    /// Machine epsilon of the type, as f64 (the distance from 1.0 to the next value).
+    const EPSILON: f64;
+
+    /// Widens to the accumulator type.
+    fn to_acc(self) -> Self::Acc;
+    /// Rounds from the accumulator type (round to nearest even).
+    fn from_acc(acc: Self::Acc) -> Self;
+    /// Widens to f64, exactly.
+    fn to_f64(self) -> f64;
+    /// Rounds from f64.
+    fn from_f64(v: f64) -> Self;
+    /// Zero.
+    fn zero() -> Self {
+        Self::default()
+    }
+
+    /// `acc (m x n) += a (m x k) * b (k x n)` on raw strided operands (strides in elements).
+    ///
+    /// # Safety
+    /// Every pointer must be valid for every element its shape and strides reach, `acc` must not
+    /// overlap `a` or `b`, and nothing else may write any of them during the call.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_acc(
+        m: usize,
+        n: usize,
+        k: usize,
+        acc: (*mut Self::Acc, isize, isize),
+        read_acc: bool,
+        a: (*const Self, isize, isize),
+        b: (*const Self, isize, isize),
+        threads: usize,
+    );
+}
+
+/// An accumulator type (f32 or f64): an element that accumulates in itself.
+pub trait Accumulator:
+    Element<Acc = Self> + num_traits::Float + AddAssign + Add<Output = Self> + Mul<Output = Self>
+{
+}
+
+impl Accumulator for f32 {}
+impl Accumulator for f64 {}
+
+macro_rules! native_element {
+    ($t:ty, $dtype:expr) => {
+        impl Element for $t {
+            type Acc = $t;
+            const DTYPE: DType = $dtype;
+            const EPSILON: f64 = <$t>::EPSILON as f64;
+
+            #[inline(always)]
+            fn to_acc(self) -> $t {
+                self
+            }
+            #[inline(always)]
+            fn from_acc(acc: $t) -> $t {
+                acc
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline(always)]
+            fn from_f64(v: f64) -> $t {
+                v as $t
+            }
+
+            unsafe fn gemm_acc(
+                m: usize,
+                n: usize,
+                k: usize,
+                acc: (*mut $t, isize, isize),
+                read_acc: bool,
+                a: (*const $t, isize, isize),
+                b: (*const $t, isize, isize),
+                threads: usize,
+            ) {
+                // SAFETY: forwarded from this function's contract.
+                unsafe { gemm_kernel::native(m, n, k, acc, read_acc, a, b, threads) }
+            }
+        }
+    };
+}
+
+native_element!(f32, DType::F32);
+native_element!(f64, DType::F64);
+
+macro_rules! half_element {
+    ($t:ty, $dtype:expr) => {
+        impl Element for $t {
+            type Acc = f32;
+            const DTYPE: DType = $dtype;
+            const EPSILON: f64 = <$t>::EPSILON.to_f64_const();
+
+            #[inline(always)]
+            fn to_acc(self) -> f32 {
+                self.to_f32()
+            }
+            #[inline(always)]
+            fn from_acc(acc: f32) -> $t {
+                <$t>::from_f32(acc)
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                <$t>::to_f64(self)
+            }
+            #[inline(always)]
+            fn from_f64(v: f64) -> $t {
+                <$t>::from_f64(v)
+            }
+
+            unsafe fn gemm_acc(
+                m: usize,
+                n: usize,
+                k: usize,
+                acc: (*mut f32, isize, isize),
+                read_acc: bool,
+                a: (*const $t, isize, isize),
+                b: (*const $t, isize, isize),
+                threads: usize,
+            ) {
+                // SAFETY: forwarded from this function's contract.
+                unsafe { gemm_kernel::widened(m, n, k, acc, read_acc, a, b, threads) }
+            }
+        }
+    };
+}
+
+half_element!(f16, DType::F16);
+half_element!(bf16, DType::BF16);
