@@ -11,8 +11,10 @@
 //! and those functions say so under `# Panics`.
 
 pub mod error;
+pub mod shmem;
 pub mod tensor;
 
 pub use error::{Error, Result};
+pub use shmem::{Rank, World};
 pub use tensor::{DType, Element, Tensor};
 pub mod device;

@@ -1,5 +1,14 @@
 //! The execution model: topologies, launch modes, kernel launches and tile operations.
+//!
+//! A kernel is a closure run by every program of a launch grid ([`launch`]); each program is told
+//! who it is through [`Program`] and works on tiles with the operations in [`tile`].
 
+pub mod host;
+mod launch;
+mod program;
+pub mod tile;
 mod topology;
 
+pub use launch::launch;
+pub use program::Program;
 pub use topology::{LaunchMode, Topology};

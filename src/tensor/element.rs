@@ -94,6 +94,32 @@ pub trait Element:
         b: (*const Self, isize, isize),
         threads: usize,
     );
+
+    /// Atomically adds `v` to `*dst` (compare-and-swap on the bits; half types add in f32 and
+    /// round).
+    ///
+    /// # Safety
+    /// `dst` must be valid, aligned, and only accessed atomically while this runs.
+    #[doc(hidden)]
+    unsafe fn atomic_add(dst: *mut Self, v: Self);
+}
+
+/// `*dst += v` as a compare-and-swap loop on the bits of the value.
+macro_rules! cas_add {
+    ($atomic:ty, $dst:expr, $v:expr, $t:ty, $add:expr) => {{
+        use std::sync::atomic::Ordering;
+        // SAFETY: the caller guarantees `dst` is valid, aligned and accessed only atomically;
+        // the atomic type has the size and alignment of the element.
+        let cell = unsafe { <$atomic>::from_ptr($dst as *mut _) };
+        let mut old = cell.load(Ordering::Relaxed);
+        loop {
+            let new = ($add)(<$t>::from_bits(old), $v).to_bits();
+            match cell.compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(seen) => old = seen,
+            }
+        }
+    }};
 }
 
 /// An accumulator type (f32 or f64): an element that accumulates in itself.
@@ -106,7 +132,7 @@ impl Accumulator for f32 {}
 impl Accumulator for f64 {}
 
 macro_rules! native_element {
-    ($t:ty, $dtype:expr) => {
+    ($t:ty, $atomic:ty, $dtype:expr) => {
         impl Element for $t {
             type Acc = $t;
             const DTYPE: DType = $dtype;
@@ -142,12 +168,16 @@ macro_rules! native_element {
                 // SAFETY: forwarded from this function's contract.
                 unsafe { gemm_kernel::native(m, n, k, acc, read_acc, a, b, threads) }
             }
+
+            unsafe fn atomic_add(dst: *mut $t, v: $t) {
+                cas_add!($atomic, dst, v, $t, |a: $t, b: $t| a + b)
+            }
         }
     };
 }
 
-native_element!(f32, DType::F32);
-native_element!(f64, DType::F64);
+native_element!(f32, std::sync::atomic::AtomicU32, DType::F32);
+native_element!(f64, std::sync::atomic::AtomicU64, DType::F64);
 
 macro_rules! half_element {
     ($t:ty, $dtype:expr) => {
@@ -185,6 +215,12 @@ macro_rules! half_element {
             ) {
                 // SAFETY: forwarded from this function's contract.
                 unsafe { gemm_kernel::widened(m, n, k, acc, read_acc, a, b, threads) }
+            }
+
+            unsafe fn atomic_add(dst: *mut $t, v: $t) {
+                cas_add!(std::sync::atomic::AtomicU16, dst, v, $t, |a: $t, b: $t| {
+                    <$t>::from_f32(a.to_f32() + b.to_f32())
+                })
             }
         }
     };

@@ -1,10 +1,10 @@
 //! Local tensors: [`Tensor`] on ndarray, the [`Element`] types, and local matrix products.
 
+mod dense;
 mod element;
 mod gemm_kernel;
 mod matmul;
-mod dense;
 
+pub use dense::Tensor;
 pub use element::{Accumulator, DType, Element};
 pub use matmul::{matmul, matmul_into};
-pub use dense::Tensor;

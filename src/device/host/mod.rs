@@ -1,0 +1,72 @@
+//! The host simulation of an NPU: every program instance of a launch is a thread.
+//!
+//! Threads, not a work-stealing pool: kernels spin-wait on each other, and a pool that runs a
+//! waiting consumer before its producer would deadlock. Waits block after a brief spin (see
+//! `shmem::sync`), so instances that only wait give their core back.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::device::Program;
+use crate::error::ProgramLabel;
+use crate::shmem::{panic_message, Rank};
+use crate::{Error, Result};
+
+/// Runs `grid x sub_vec_num` instances of `kernel` on `rank`, all at once, and joins them.
+pub(crate) fn run_programs<F>(
+    rank: &Rank<'_>,
+    grid: usize,
+    sub_vec_num: usize,
+    kernel: &F,
+) -> Result<()>
+where
+    F: Fn(&Program<'_>) -> Result<()> + Sync,
+{
+    let instance = |program_id: usize, sub_vec_id: usize| -> Result<()> {
+        let program = Program { rank, program_id, num_programs: grid, sub_vec_id, sub_vec_num };
+        let outcome = catch_unwind(AssertUnwindSafe(|| kernel(&program)));
+        let result = match outcome {
+            Ok(result) => result,
+            Err(panic) => Err(Error::KernelPanicked {
+                rank: rank.rank(),
+                program: ProgramLabel::Program { id: program_id, sub_vec: sub_vec_id },
+                message: panic_message(&panic),
+            }),
+        };
+        if let Err(err) = &result {
+            rank.fail_with(err);
+        }
+        result
+    };
+    if grid == 0 {
+        return Ok(());
+    }
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let instance = &instance;
+        let handles: Vec<_> = (0..grid * sub_vec_num)
+            .skip(1)
+            .map(|i| {
+                std::thread::Builder::new()
+                    .name(format!(
+                        "rank-{}/program-{}.{}",
+                        rank.rank(),
+                        i / sub_vec_num,
+                        i % sub_vec_num
+                    ))
+                    .spawn_scoped(scope, move || instance(i / sub_vec_num, i % sub_vec_num))
+                    .expect("spawning a program thread")
+            })
+            .collect();
+        // The calling thread runs instance 0 itself rather than idling in join.
+        let mut results = vec![instance(0, 0)];
+        results
+            .extend(handles.into_iter().map(|h| h.join().expect("instances catch their panics")));
+        results
+    });
+    // Report this rank's own failure before a "stopped because a peer failed".
+    let mut errors: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
+    errors.sort_by_key(|e| matches!(e, Error::PeerFailed { .. }));
+    match errors.into_iter().next() {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
+}

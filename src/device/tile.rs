@@ -1,0 +1,393 @@
+//! Tile operations a kernel uses: masked loads and stores, `atomic_add`, `dot`.
+//!
+//! A 2-D access names the top-left element with a pointer (offsets added with `add`, after
+//! `symm_at`), a row stride in elements, and a mask: the seed's
+//! `(offs_m < M)[:, None] & (offs_n < N)[None, :]`, which for a block is "the first `valid.0` rows
+//! and the first `valid.1` columns". Masked-off elements are neither read nor written: masks
+//! instead of padding. Every access is bounds-checked against the memory the pointer came from.
+
+use crate::shmem::{GlobalPtrMut, Readable, Writable};
+use crate::Element;
+
+/// How many of the `block` positions starting at `start` lie below `bound`: the length of the
+/// mask `start + arange(block) < bound`.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile::valid_len;
+/// assert_eq!(valid_len(0, 16, 100), 16);
+/// assert_eq!(valid_len(96, 16, 100), 4);
+/// assert_eq!(valid_len(112, 16, 100), 0);
+/// ```
+pub fn valid_len(start: usize, block: usize, bound: usize) -> usize {
+    bound.saturating_sub(start).min(block)
+}
+
+/// A small row-major block of values held by one program (what Triton keeps in registers).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile::Tile;
+/// let mut t = Tile::new(2, 3, 0.0f32);
+/// t.as_mut_slice()[4] = 1.0;
+/// assert_eq!(t.get(1, 1), 1.0);
+/// assert_eq!(t.row(1), &[0.0, 1.0, 0.0]);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tile<T> {
+    rows: usize,
+    cols: usize,
+    data: Vec<T>,
+}
+
+impl<T: Copy> Tile<T> {
+    /// A `rows x cols` tile filled with `fill` (`tl.full`, `tl.zeros`).
+    pub fn new(rows: usize, cols: usize, fill: T) -> Self {
+        Tile { rows, cols, data: vec![fill; rows * cols] }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Element `(i, j)`.
+    ///
+    /// # Panics
+    /// If `(i, j)` is outside the tile.
+    #[track_caller]
+    pub fn get(&self, i: usize, j: usize) -> T {
+        assert!(
+            i < self.rows && j < self.cols,
+            "({i}, {j}) outside a {}x{} tile",
+            self.rows,
+            self.cols
+        );
+        self.data[i * self.cols + j]
+    }
+
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &[T] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+
+    /// All elements, row-major.
+    pub fn as_slice(&self) -> &[T] {
+        &self.data
+    }
+
+    /// All elements, row-major, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        &mut self.data
+    }
+
+    /// Sets every element to `v`.
+    pub fn fill(&mut self, v: T) {
+        self.data.fill(v);
+    }
+}
+
+impl<A: Element> Tile<A> {
+    /// Rounds every element into `out`'s type (`acc.to(dtype)`), which must be the same size.
+    ///
+    /// # Panics
+    /// If the shapes differ.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::tile::Tile;
+    /// use half::bf16;
+    /// let acc = Tile::new(1, 2, 1.5f32);
+    /// let mut out = Tile::new(1, 2, bf16::ZERO);
+    /// acc.cast_into(&mut out);
+    /// assert_eq!(out.get(0, 1), bf16::from_f32(1.5));
+    /// ```
+    #[track_caller]
+    pub fn cast_into<T: Element<Acc = A>>(&self, out: &mut Tile<T>) {
+        assert_eq!((self.rows, self.cols), (out.rows, out.cols), "cast_into: tile shapes differ");
+        for (o, &a) in out.data.iter_mut().zip(&self.data) {
+            *o = T::from_acc(a);
+        }
+    }
+}
+
+/// Panics unless a `rows x cols` access with `row_stride` fits in `len` elements.
+#[track_caller]
+fn check_fits(op: &str, len: usize, row_stride: usize, rows: usize, cols: usize) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let last = (rows - 1) * row_stride + cols;
+    assert!(
+        cols <= row_stride || rows == 1,
+        "{op}: rows of {cols} elements overlap with a row stride of {row_stride}"
+    );
+    assert!(last <= len, "{op}: access of {rows}x{cols} (row stride {row_stride}) needs {last} elements, {len} available");
+}
+
+/// `out[i] = src[i]` for `i < valid`, `fill` beyond (`tl.load(ptr + arange, mask, other)`).
+///
+/// # Panics
+/// If `valid > out.len()` or the access leaves the pointer's memory.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile;
+/// use dist_tensor::shmem::GlobalPtr;
+/// let src = [1.0f32, 2.0, 3.0];
+/// let mut out = [0.0f32; 4];
+/// tile::load_1d(GlobalPtr::from_slice(&src).add(1), &mut out, 2, -1.0);
+/// assert_eq!(out, [2.0, 3.0, -1.0, -1.0]);
+/// ```
+#[track_caller]
+pub fn load_1d<T: Copy, P: Readable<T>>(src: P, out: &mut [T], valid: usize, fill: T) {
+    assert!(valid <= out.len(), "load_1d: mask of {valid} longer than the block of {}", out.len());
+    let (ptr, len) = src.raw_read();
+    check_fits("load_1d", len, valid, 1, valid);
+    // SAFETY: `valid` elements fit in the source (checked); `out` is a separate Rust slice.
+    unsafe { std::ptr::copy_nonoverlapping(ptr, out.as_mut_ptr(), valid) };
+    out[valid..].fill(fill);
+}
+
+/// `dst[i] = data[i]` for `i < valid` (`tl.store(ptr + arange, data, mask)`).
+///
+/// # Panics
+/// If `valid > data.len()` or the access leaves the pointer's memory.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile;
+/// use dist_tensor::shmem::GlobalPtrMut;
+/// let mut dst = [0.0f64; 3];
+/// tile::store_1d(GlobalPtrMut::from_slice(&mut dst), &[5.0, 6.0, 7.0, 8.0], 2);
+/// assert_eq!(dst, [5.0, 6.0, 0.0]);
+/// ```
+#[track_caller]
+pub fn store_1d<T: Copy, P: Writable<T>>(dst: P, data: &[T], valid: usize) {
+    assert!(
+        valid <= data.len(),
+        "store_1d: mask of {valid} longer than the block of {}",
+        data.len()
+    );
+    let (ptr, len) = dst.raw_write();
+    check_fits("store_1d", len, valid, 1, valid);
+    // SAFETY: `valid` elements fit in the destination (checked); `data` is a separate slice.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, valid) };
+}
+
+/// Loads the first `valid.0` rows and `valid.1` columns of a 2-D block into `tile`, and `fill`
+/// everywhere else.
+///
+/// # Panics
+/// If the mask is larger than the tile or the access leaves the pointer's memory.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile::{self, Tile};
+/// use dist_tensor::shmem::GlobalPtr;
+/// let m = [1, 2, 3, 4, 5, 6].map(|x| x as f32); // 2 x 3, row stride 3
+/// let mut t = Tile::new(2, 2, 0.0f32);
+/// tile::load_2d(GlobalPtr::from_slice(&m).add(1), 3, (2, 1), 9.0, &mut t);
+/// assert_eq!(t.as_slice(), &[2.0, 9.0, 5.0, 9.0]);
+/// ```
+#[track_caller]
+pub fn load_2d<T: Copy, P: Readable<T>>(
+    src: P,
+    row_stride: usize,
+    valid: (usize, usize),
+    fill: T,
+    tile: &mut Tile<T>,
+) {
+    let (rows, cols) = valid;
+    assert!(rows <= tile.rows && cols <= tile.cols, "load_2d: mask {valid:?} larger than the tile");
+    let (ptr, len) = src.raw_read();
+    check_fits("load_2d", len, row_stride, rows, cols);
+    let tile_cols = tile.cols;
+    for (i, row) in tile.data.chunks_exact_mut(tile_cols).enumerate() {
+        if i < rows {
+            // SAFETY: row i's `cols` elements are inside the source (checked above).
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr.add(i * row_stride), row.as_mut_ptr(), cols)
+            };
+            row[cols..].fill(fill);
+        } else {
+            row.fill(fill);
+        }
+    }
+}
+
+/// Stores the first `valid.0` rows and `valid.1` columns of `tile` into a 2-D block.
+///
+/// # Panics
+/// If the mask is larger than the tile or the access leaves the pointer's memory.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile::{self, Tile};
+/// use dist_tensor::shmem::GlobalPtrMut;
+/// let mut m = [0.0f32; 6]; // 2 x 3
+/// let t = Tile::new(2, 2, 1.0f32);
+/// tile::store_2d(GlobalPtrMut::from_slice(&mut m).add(1), 3, &t, (2, 2));
+/// assert_eq!(m, [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]);
+/// ```
+#[track_caller]
+pub fn store_2d<T: Copy, P: Writable<T>>(
+    dst: P,
+    row_stride: usize,
+    tile: &Tile<T>,
+    valid: (usize, usize),
+) {
+    let (rows, cols) = valid;
+    assert!(
+        rows <= tile.rows && cols <= tile.cols,
+        "store_2d: mask {valid:?} larger than the tile"
+    );
+    let (ptr, len) = dst.raw_write();
+    check_fits("store_2d", len, row_stride, rows, cols);
+    for i in 0..rows {
+        // SAFETY: row i's `cols` elements are inside the destination (checked above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(tile.row(i).as_ptr(), ptr.add(i * row_stride), cols)
+        };
+    }
+}
+
+/// Copies a `rows x cols` block from `src` to `dst` row by row: a masked load followed by a masked
+/// store, without holding the block in a tile in between (what a communication kernel does when it
+/// pushes rows to a peer).
+///
+/// # Panics
+/// If either access leaves its pointer's memory.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile;
+/// use dist_tensor::shmem::{GlobalPtr, GlobalPtrMut};
+/// let src = [1.0f32, 2.0, 3.0, 4.0]; // 2 x 2
+/// let mut dst = [0.0f32; 6];         // 2 x 3
+/// tile::copy_2d(GlobalPtrMut::from_slice(&mut dst), 3, GlobalPtr::from_slice(&src), 2, (2, 2));
+/// assert_eq!(dst, [1.0, 2.0, 0.0, 3.0, 4.0, 0.0]);
+/// ```
+#[track_caller]
+pub fn copy_2d<T: Copy, D: Writable<T>, S: Readable<T>>(
+    dst: D,
+    dst_row_stride: usize,
+    src: S,
+    src_row_stride: usize,
+    valid: (usize, usize),
+) {
+    let (rows, cols) = valid;
+    let (d, dlen) = dst.raw_write();
+    let (s, slen) = src.raw_read();
+    check_fits("copy_2d (destination)", dlen, dst_row_stride, rows, cols);
+    check_fits("copy_2d (source)", slen, src_row_stride, rows, cols);
+    if rows > 0 && dst_row_stride == cols && src_row_stride == cols {
+        // SAFETY: both blocks are contiguous and inside their memory (checked); a kernel never
+        // copies a block onto itself.
+        unsafe { std::ptr::copy(s, d, rows * cols) };
+        return;
+    }
+    for i in 0..rows {
+        // SAFETY: row i is inside both memories (checked above).
+        unsafe { std::ptr::copy(s.add(i * src_row_stride), d.add(i * dst_row_stride), cols) };
+    }
+}
+
+/// Atomically adds the first `valid` rows and columns of `tile` into local memory
+/// (`tl.atomic_add`). The target is local, the source typically remote, as the seed advises.
+///
+/// # Panics
+/// If the mask is larger than the tile or the access leaves the pointer's memory.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile::{self, Tile};
+/// use dist_tensor::shmem::GlobalPtrMut;
+/// let mut acc = [1.0f32; 4];
+/// let t = Tile::new(2, 2, 0.5f32);
+/// tile::atomic_add_2d(GlobalPtrMut::from_slice(&mut acc), 2, &t, (1, 2));
+/// assert_eq!(acc, [1.5, 1.5, 1.0, 1.0]);
+/// ```
+#[track_caller]
+pub fn atomic_add_2d<T: Element>(
+    dst: GlobalPtrMut<'_, T>,
+    row_stride: usize,
+    tile: &Tile<T>,
+    valid: (usize, usize),
+) {
+    let (rows, cols) = valid;
+    assert!(
+        rows <= tile.rows && cols <= tile.cols,
+        "atomic_add_2d: mask {valid:?} larger than the tile"
+    );
+    let (ptr, len) = dst.raw_write();
+    check_fits("atomic_add_2d", len, row_stride, rows, cols);
+    for i in 0..rows {
+        for (j, &v) in tile.row(i)[..cols].iter().enumerate() {
+            // SAFETY: inside the destination (checked); elements are naturally aligned; other
+            // programs touch these elements only through atomic_add.
+            unsafe { T::atomic_add(ptr.add(i * row_stride + j), v) };
+        }
+    }
+}
+
+/// `acc[:m, :n] += a (m x k) * b (k x n)` with `(m, k, n) = valid`, accumulating in `T::Acc`
+/// (`acc += tl.dot(a, b)`).
+///
+/// The operands are read in place from wherever they are (a local tensor, consumed symmetric
+/// memory) through their row strides: interior and boundary tiles alike, since the mask only
+/// shrinks the product and masked-off rows and columns are never touched. Elements of `acc`
+/// outside the mask are left as they were; the store that follows masks them off.
+///
+/// # Panics
+/// If the mask is larger than `acc` or an operand access leaves its pointer's memory.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile::{self, Tile};
+/// use dist_tensor::shmem::GlobalPtr;
+/// let a = [1.0f32, 2.0, 3.0, 4.0]; // 2 x 2
+/// let b = [1.0f32, 0.0, 0.0, 1.0]; // identity
+/// let mut acc = Tile::new(2, 2, 0.0f32);
+/// tile::dot(GlobalPtr::from_slice(&a), 2, GlobalPtr::from_slice(&b), 2, (2, 2, 2), &mut acc);
+/// assert_eq!(acc.as_slice(), &a);
+/// ```
+#[track_caller]
+pub fn dot<T: Element, A: Readable<T>, B: Readable<T>>(
+    a: A,
+    a_row_stride: usize,
+    b: B,
+    b_row_stride: usize,
+    valid: (usize, usize, usize),
+    acc: &mut Tile<T::Acc>,
+) {
+    let (m, k, n) = valid;
+    assert!(m <= acc.rows && n <= acc.cols, "dot: mask {valid:?} larger than the accumulator");
+    let (pa, la) = a.raw_read();
+    let (pb, lb) = b.raw_read();
+    check_fits("dot (left operand)", la, a_row_stride, m, k);
+    check_fits("dot (right operand)", lb, b_row_stride, k, n);
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    let acc_raw = (acc.data.as_mut_ptr(), acc.cols as isize, 1);
+    // SAFETY: the operand blocks are inside their memory (checked); `acc` is this program's own
+    // tile, disjoint from both.
+    unsafe {
+        T::gemm_acc(
+            m,
+            n,
+            k,
+            acc_raw,
+            true,
+            (pa, a_row_stride as isize, 1),
+            (pb, b_row_stride as isize, 1),
+            1,
+        )
+    };
+}

@@ -1,0 +1,347 @@
+//! Symmetric buffers and the pointers kernels use: remote pointers are plain pointers.
+//!
+//! Three pointer types carry the seed's rules:
+//! - [`SymmPtr`] points into symmetric memory, local or a peer's. It can be written (stores,
+//!   copies) but not read: reading symmetric memory needs a [`Token`] from a wait or a barrier,
+//!   through [`consume_token`] (rule 3).
+//! - [`GlobalPtr`] points at memory a program may read: a local tensor, or symmetric memory after
+//!   [`consume_token`] (as [`GlobalPtrMut`]).
+//! - [`GlobalPtrMut`] may also be written.
+//!
+//! [`symm_at`] takes a buffer handle, never a pointer, so an offset can only be added after it
+//! (rule 1); the local buffer's own pointer is [`SymmBuf::ptr`], equal to `symm_at(buf, my_rank)`
+//! (rule 2).
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use super::heap::Heap;
+use super::signal::Token;
+use crate::Element;
+
+/// A symmetric allocation: the same offset in every rank's heap segment, `len` elements long.
+///
+/// Made by [`Rank::alloc`](crate::Rank::alloc), collectively. Dropping it returns the space to the
+/// rank's heap; peers must be done writing into it first (a later collective allocation, which
+/// includes a barrier, cannot complete before they are).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{shmem::symm_at, World};
+///
+/// let offsets = World::threads(2)?.run(|rank| {
+///     let buf = rank.alloc::<f32>(1000)?;
+///     assert_eq!(symm_at(&buf, rank.rank()), buf.ptr()); // rule 2
+///     Ok(buf.offset())
+/// })?;
+/// assert_eq!(offsets[0], offsets[1]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub struct SymmBuf<T: Element> {
+    heap: Arc<Heap>,
+    owner: usize,
+    offset: usize,
+    len: usize,
+    _elem: PhantomData<T>,
+}
+
+impl<T: Element> SymmBuf<T> {
+    pub(crate) fn new(heap: Arc<Heap>, owner: usize, offset: usize, len: usize) -> Self {
+        SymmBuf { heap, owner, offset, len, _elem: PhantomData }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Byte offset of the buffer in every rank's segment.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The local buffer's base pointer (rule 2: no `symm_at` needed for the local rank).
+    pub fn ptr(&self) -> SymmPtr<'_, T> {
+        self.at(self.owner)
+    }
+
+    fn at(&self, rank: usize) -> SymmPtr<'_, T> {
+        let base = self.heap.base(rank);
+        // SAFETY: offset + len * size_of::<T>() lies inside the segment: the heap handed it out.
+        let ptr = unsafe { base.add(self.offset) } as *mut T;
+        SymmPtr { ptr, len: self.len, _buf: PhantomData }
+    }
+}
+
+impl<T: Element> Drop for SymmBuf<T> {
+    fn drop(&mut self) {
+        self.heap.free(self.owner, self.offset, self.len * size_of::<T>());
+    }
+}
+
+impl<T: Element> std::fmt::Debug for SymmBuf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SymmBuf")
+            .field("rank", &self.owner)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("dtype", &T::DTYPE)
+            .finish()
+    }
+}
+
+/// The base pointer of `buf` in `peer`'s segment: a remote pointer that is a plain pointer.
+///
+/// It takes the buffer handle itself, so an offset pointer cannot be passed (rule 1):
+/// ```compile_fail
+/// use dist_tensor::{shmem::symm_at, World};
+/// World::threads(2)?.run(|rank| {
+///     let buf = rank.alloc::<f32>(64)?;
+///     let wrong = symm_at(&buf.ptr().add(8), 1); // an offset pointer: does not compile
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+///
+/// # Panics
+/// If `peer` is not a rank of the buffer's world (a programmer mistake inside a kernel; the
+/// panic fails the launch and the world, it does not hang it).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::shmem::{symm_at, SymmBuf};
+/// use dist_tensor::device::tile;
+/// use dist_tensor::World;
+///
+/// World::threads(2)?.run(|rank| {
+///     let buf = rank.alloc::<f64>(4)?;
+///     let peer = (rank.rank() + 1) % rank.num_ranks();
+///     // Offsets come after symm_at.
+///     tile::store_1d(symm_at(&buf, peer).add(1), &[rank.rank() as f64], 1);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+#[track_caller]
+pub fn symm_at<T: Element>(buf: &SymmBuf<T>, peer: usize) -> SymmPtr<'_, T> {
+    assert!(
+        peer < buf.heap.num_ranks(),
+        "symm_at: rank {peer} is outside a world of {} ranks",
+        buf.heap.num_ranks()
+    );
+    buf.at(peer)
+}
+
+/// Makes symmetric memory that a wait or barrier has synchronized readable (rule 3). Costs nothing
+/// at run time: it only ties the read to the token.
+///
+/// Without it, symmetric memory cannot be read at all:
+/// ```compile_fail
+/// use dist_tensor::{device::tile, World};
+/// World::threads(1)?.run(|rank| {
+///     let buf = rank.alloc::<f32>(4)?;
+///     let _token = rank.barrier_all()?;
+///     let mut out = [0.0f32; 4];
+///     tile::load_1d(buf.ptr(), &mut out, 4, 0.0); // SymmPtr is not readable: does not compile
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+///
+/// # Examples
+/// ```
+/// use dist_tensor::shmem::{consume_token, symm_at, NotifySem, Scope, SignalOp, WaitCmp, WaitSem};
+/// use dist_tensor::device::tile;
+/// use dist_tensor::World;
+///
+/// let seen = World::threads(2)?.run(|rank| {
+///     let data = rank.alloc::<f32>(1)?;
+///     let ready = rank.alloc_signals(1)?;
+///     let peer = 1 - rank.rank();
+///     tile::store_1d(symm_at(&data, peer), &[10.0 + rank.rank() as f32], 1);
+///     rank.notify(&ready, 0, peer, SignalOp::Set(1), Scope::Peer, NotifySem::Release)?;
+///     let token = rank.wait(&ready, 0, WaitCmp::Eq(1), WaitSem::Acquire)?;
+///     let mut got = [0.0f32];
+///     tile::load_1d(consume_token(data.ptr(), token), &mut got, 1, 0.0);
+///     Ok(got[0])
+/// })?;
+/// assert_eq!(seen, vec![11.0, 10.0]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn consume_token<T: Element>(ptr: SymmPtr<'_, T>, token: Token) -> GlobalPtrMut<'_, T> {
+    let _ = token;
+    GlobalPtrMut { ptr: ptr.ptr, len: ptr.len, _mem: PhantomData }
+}
+
+/// A pointer into symmetric memory (local or a peer's): writable, readable only through
+/// [`consume_token`]. `add` moves it; every access is bounds-checked against the buffer.
+pub struct SymmPtr<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _buf: PhantomData<&'a ()>,
+}
+
+/// A pointer to memory a program may read: a local tensor, or consumed symmetric memory.
+pub struct GlobalPtr<'a, T> {
+    ptr: *const T,
+    len: usize,
+    _mem: PhantomData<&'a [T]>,
+}
+
+/// A pointer to memory a program may read and write: a local output tensor, or consumed
+/// symmetric memory. Copies of it alias: programs must write disjoint parts.
+pub struct GlobalPtrMut<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _mem: PhantomData<&'a mut [T]>,
+}
+
+macro_rules! pointer_common {
+    ($name:ident) => {
+        impl<'a, T> $name<'a, T> {
+            /// The pointer `n` elements further on.
+            ///
+            /// # Panics
+            /// If that is past the end of the memory the pointer came from.
+            #[track_caller]
+            #[must_use]
+            pub fn add(self, n: usize) -> Self {
+                assert!(
+                    n <= self.len,
+                    concat!(stringify!($name), "::add: offset {} past the end ({} elements)"),
+                    n,
+                    self.len
+                );
+                // SAFETY: n <= len, so the result is inside or one past the end of the memory.
+                Self { ptr: unsafe { self.ptr.add(n) }, len: self.len - n, ..self }
+            }
+
+            /// Elements from here to the end of the memory.
+            pub fn len(&self) -> usize {
+                self.len
+            }
+
+            /// Whether no element is left.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+        }
+
+        impl<T> Clone for $name<'_, T> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+
+        impl<T> Copy for $name<'_, T> {}
+
+        impl<T> PartialEq for $name<'_, T> {
+            fn eq(&self, other: &Self) -> bool {
+                std::ptr::eq(self.ptr, other.ptr) && self.len == other.len
+            }
+        }
+
+        impl<T> Eq for $name<'_, T> {}
+
+        impl<T> std::fmt::Debug for $name<'_, T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, concat!(stringify!($name), "({:p}, len {})"), self.ptr, self.len)
+            }
+        }
+
+        // SAFETY: these are addresses into memory shared by the world's threads; what is done
+        // through them is governed by the launch contract (see `device::launch`).
+        unsafe impl<T: Send> Send for $name<'_, T> {}
+        // SAFETY: as above.
+        unsafe impl<T: Sync> Sync for $name<'_, T> {}
+    };
+}
+
+pointer_common!(SymmPtr);
+pointer_common!(GlobalPtr);
+pointer_common!(GlobalPtrMut);
+
+impl<'a, T> GlobalPtr<'a, T> {
+    /// Points at the start of `data`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::shmem::GlobalPtr;
+    /// let data = [1.0f32, 2.0, 3.0];
+    /// assert_eq!(GlobalPtr::from_slice(&data).add(1).len(), 2);
+    /// ```
+    pub fn from_slice(data: &'a [T]) -> Self {
+        GlobalPtr { ptr: data.as_ptr(), len: data.len(), _mem: PhantomData }
+    }
+}
+
+impl<'a, T> GlobalPtrMut<'a, T> {
+    /// Points at the start of `data`, which kernels then write through copies of the pointer.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::shmem::GlobalPtrMut;
+    /// let mut data = [0.0f32; 3];
+    /// assert_eq!(GlobalPtrMut::from_slice(&mut data).len(), 3);
+    /// ```
+    pub fn from_slice(data: &'a mut [T]) -> Self {
+        GlobalPtrMut { ptr: data.as_mut_ptr(), len: data.len(), _mem: PhantomData }
+    }
+}
+
+impl<'a, T> From<GlobalPtrMut<'a, T>> for GlobalPtr<'a, T> {
+    fn from(p: GlobalPtrMut<'a, T>) -> Self {
+        GlobalPtr { ptr: p.ptr, len: p.len, _mem: PhantomData }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<T> Sealed for super::SymmPtr<'_, T> {}
+    impl<T> Sealed for super::GlobalPtr<'_, T> {}
+    impl<T> Sealed for super::GlobalPtrMut<'_, T> {}
+}
+
+/// Pointers tile operations may read through: [`GlobalPtr`] and [`GlobalPtrMut`], never a
+/// [`SymmPtr`] that no token has made readable.
+pub trait Readable<T>: Copy + sealed::Sealed {
+    /// Address and the number of elements readable from it.
+    #[doc(hidden)]
+    fn raw_read(self) -> (*const T, usize);
+}
+
+/// Pointers tile operations may write through: [`SymmPtr`] and [`GlobalPtrMut`].
+pub trait Writable<T>: Copy + sealed::Sealed {
+    /// Address and the number of elements writable from it.
+    #[doc(hidden)]
+    fn raw_write(self) -> (*mut T, usize);
+}
+
+impl<T> Readable<T> for GlobalPtr<'_, T> {
+    fn raw_read(self) -> (*const T, usize) {
+        (self.ptr, self.len)
+    }
+}
+
+impl<T> Readable<T> for GlobalPtrMut<'_, T> {
+    fn raw_read(self) -> (*const T, usize) {
+        (self.ptr, self.len)
+    }
+}
+
+impl<T> Writable<T> for GlobalPtrMut<'_, T> {
+    fn raw_write(self) -> (*mut T, usize) {
+        (self.ptr, self.len)
+    }
+}
+
+impl<T> Writable<T> for SymmPtr<'_, T> {
+    fn raw_write(self) -> (*mut T, usize) {
+        (self.ptr, self.len)
+    }
+}

@@ -1,0 +1,28 @@
+//! Symmetric memory: the [`World`] of ranks, the symmetric heap, signals, and the pointer types
+//! that make the seed's rules hold.
+//!
+//! | seed (`dl.*`) | here |
+//! | --- | --- |
+//! | `symm_at(ptr, rank)` | [`symm_at`]`(&buf, rank)` |
+//! | `wait(sig, v, scope, "acquire")` | [`Rank::wait`] / [`Program::wait`](crate::device::Program::wait), returning a [`Token`] |
+//! | `consume_token(ptr, token)` | [`consume_token`] |
+//! | `notify(sig, rank, signal, sig_op, scope)` | [`Rank::notify`] / [`Program::notify`](crate::device::Program::notify) |
+//! | `barrier_all()` | [`Rank::barrier_all`] |
+
+mod buffer;
+mod heap;
+mod rank;
+mod signal;
+mod sync;
+mod world;
+
+pub use buffer::{
+    consume_token, symm_at, GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable,
+};
+pub use rank::Rank;
+pub use signal::{NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
+pub use world::{
+    World, WorldBuilder, DEFAULT_HEAP_BYTES, DEFAULT_WAIT_TIMEOUT, HEAP_BYTES_ENV, WAIT_TIMEOUT_ENV,
+};
+
+pub(crate) use world::panic_message;

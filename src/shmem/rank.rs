@@ -1,0 +1,238 @@
+//! [`Rank`]: one rank's handle inside [`World::run`](crate::World::run).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::buffer::SymmBuf;
+use super::signal::{self, NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
+use super::signal::{cell, SIGNAL_STRIDE};
+use super::world::WorldShared;
+use crate::device::Topology;
+use crate::error::ProgramLabel;
+use crate::{Element, Result};
+
+/// One rank of a running [`World`](crate::World): who it is, its symmetric heap, its signals.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::World;
+/// let sizes = World::threads(2)?.run(|rank| Ok(rank.num_ranks()))?;
+/// assert_eq!(sizes, vec![2, 2]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub struct Rank<'w> {
+    world: &'w WorldShared,
+    rank: usize,
+}
+
+impl<'w> Rank<'w> {
+    pub(crate) fn new(world: &'w WorldShared, rank: usize) -> Self {
+        Rank { world, rank }
+    }
+
+    /// This rank's index, `0..num_ranks()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks in the world.
+    pub fn num_ranks(&self) -> usize {
+        self.world.num_ranks()
+    }
+
+    /// The topology of this rank's device.
+    pub fn topology(&self) -> &Topology {
+        &self.world.topology
+    }
+
+    /// How long waits give a peer before reporting a timeout.
+    pub fn wait_timeout(&self) -> Duration {
+        self.world.wait_timeout
+    }
+
+    /// Bytes still free in this rank's heap segment.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// World::builder(1).heap_capacity(1 << 20).build()?.run(|rank| {
+    ///     let before = rank.heap_free_bytes();
+    ///     let _buf = rank.alloc::<f32>(1024)?;
+    ///     assert_eq!(rank.heap_free_bytes(), before - 4096);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn heap_free_bytes(&self) -> usize {
+        self.world.heap.free_bytes(self.rank)
+    }
+
+    /// Allocates `len` elements of symmetric memory: collective, every rank must call it in the
+    /// same order with the same length, and all get the same offset. Ends with a barrier, so no
+    /// peer writes into the buffer before every rank has it.
+    ///
+    /// The contents are whatever the memory held before (zero when fresh).
+    ///
+    /// # Errors
+    /// [`Error::SymmetricMemoryExhausted`](crate::Error::SymmetricMemoryExhausted) when it does not
+    /// fit, [`Error::AllocationMismatch`](crate::Error::AllocationMismatch) when ranks disagree.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Error, World};
+    /// let err = World::builder(2).heap_capacity(1 << 20).build()?
+    ///     .run(|rank| rank.alloc::<f64>(1 << 20).map(|_| ()))
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("symmetric memory exhausted"), "{err}");
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn alloc<T: Element>(&self, len: usize) -> Result<SymmBuf<T>> {
+        let offset = self.world.heap.alloc(self.rank, len * size_of::<T>())?;
+        let buf = SymmBuf::new(self.world.heap.clone(), self.rank, offset, len);
+        let _ = self.barrier_all()?;
+        Ok(buf)
+    }
+
+    /// Allocates `len` signals, all zero: collective, like [`Rank::alloc`].
+    ///
+    /// # Errors
+    /// As [`Rank::alloc`].
+    pub fn alloc_signals(&self, len: usize) -> Result<SignalBuf> {
+        let bytes = SignalBuf::bytes(len);
+        let offset = self.world.heap.alloc(self.rank, bytes)?;
+        for i in 0..len {
+            cell(&self.world.heap, self.rank, offset + i * SIGNAL_STRIDE)
+                .store(0, Ordering::Relaxed);
+        }
+        let sigs = SignalBuf::new(self.world.heap.clone(), self.rank, offset, len);
+        let _ = self.barrier_all()?;
+        Ok(sigs)
+    }
+
+    /// Waits until every rank has reached this barrier. Everything each rank wrote before it is
+    /// visible to every rank after it; the token makes symmetric memory readable.
+    ///
+    /// # Errors
+    /// [`Error::PeerFailed`](crate::Error::PeerFailed) if another rank failed,
+    /// [`Error::WaitTimeout`](crate::Error::WaitTimeout) if a rank never arrives.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// World::threads(4)?.run(|rank| {
+    ///     for _ in 0..10 {
+    ///         let _token = rank.barrier_all()?;
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn barrier_all(&self) -> Result<Token> {
+        self.barrier_labeled(ProgramLabel::Host)
+    }
+
+    /// Notifies signal `index` of `peer`'s copy of `sig`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an index or peer out of range,
+    /// a `Scope::Device` notify of another rank, or a signal buffer of another world.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::shmem::{NotifySem, Scope, SignalOp, WaitCmp, WaitSem};
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     let sigs = rank.alloc_signals(1)?;
+    ///     let peer = 1 - rank.rank();
+    ///     rank.notify(&sigs, 0, peer, SignalOp::Add(5), Scope::Peer, NotifySem::Release)?;
+    ///     let _t = rank.wait(&sigs, 0, WaitCmp::Ge(5), WaitSem::Acquire)?;
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn notify(
+        &self,
+        sig: &SignalBuf,
+        index: usize,
+        peer: usize,
+        op: SignalOp,
+        scope: Scope,
+        sem: NotifySem,
+    ) -> Result<()> {
+        signal::notify(self.world, self.rank, sig, index, peer, op, scope, sem)
+    }
+
+    /// Waits until this rank's signal `index` of `sig` meets `cmp`: spins briefly, then blocks.
+    ///
+    /// # Errors
+    /// [`Error::WaitTimeout`](crate::Error::WaitTimeout) naming the rank, signal, awaited and seen
+    /// value after [`Rank::wait_timeout`]; [`Error::PeerFailed`](crate::Error::PeerFailed) as soon
+    /// as another rank fails.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dist_tensor::shmem::{WaitCmp, WaitSem};
+    /// use dist_tensor::World;
+    /// let world = World::builder(1).wait_timeout(Duration::from_millis(10)).build()?;
+    /// let err = world.run(|rank| {
+    ///     let sigs = rank.alloc_signals(2)?;
+    ///     rank.wait(&sigs, 1, WaitCmp::Eq(7), WaitSem::Acquire).map(|_| ())
+    /// }).unwrap_err();
+    /// assert!(err.to_string().contains("signal 1 timed out"), "{err}");
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn wait(&self, sig: &SignalBuf, index: usize, cmp: WaitCmp, sem: WaitSem) -> Result<Token> {
+        self.wait_labeled(ProgramLabel::Host, sig, index, cmp, sem)
+    }
+
+    pub(crate) fn wait_labeled(
+        &self,
+        program: ProgramLabel,
+        sig: &SignalBuf,
+        index: usize,
+        cmp: WaitCmp,
+        sem: WaitSem,
+    ) -> Result<Token> {
+        signal::wait(self.world, self.rank, program, sig, index, cmp, sem)
+    }
+
+    pub(crate) fn barrier_labeled(&self, program: ProgramLabel) -> Result<Token> {
+        let (world, me, n) = (self.world, self.rank, self.num_ranks());
+        let epoch = world.barrier_epochs[me].fetch_add(1, Ordering::Relaxed) + 1;
+        // Rotated by rank, so the ranks do not all write to the same peer at once.
+        for i in 1..n {
+            let peer = (me + i) % n;
+            cell(&world.heap, peer, me * SIGNAL_STRIDE).store(epoch, Ordering::Release);
+            world.parkers[peer].wake();
+        }
+        for i in 1..n {
+            let peer = (me + i) % n;
+            let slot = cell(&world.heap, me, peer * SIGNAL_STRIDE);
+            let _ = signal::wait_cell(
+                world,
+                me,
+                program,
+                slot,
+                peer,
+                WaitCmp::Ge(epoch),
+                WaitSem::Acquire,
+            )?;
+        }
+        Ok(Token::new())
+    }
+
+    /// Records `err` as this rank's failure so that every other rank stops waiting.
+    pub(crate) fn fail_with(&self, err: &crate::Error) {
+        self.world.fail_with(self.rank, err);
+    }
+}
+
+impl std::fmt::Debug for Rank<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rank")
+            .field("rank", &self.rank)
+            .field("num_ranks", &self.num_ranks())
+            .finish()
+    }
+}

@@ -1,0 +1,277 @@
+//! Signals in the symmetric heap: `notify` a peer's signal, `wait` on one's own, get a token.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::heap::Heap;
+use super::sync::WaitOutcome;
+use super::world::WorldShared;
+use crate::error::ProgramLabel;
+use crate::{Error, Result};
+
+/// Bytes between two signals: one cache line each, so signals written by different peers never
+/// share a line.
+pub(crate) const SIGNAL_STRIDE: usize = 64;
+
+/// Proof that a wait or barrier completed. Symmetric memory becomes readable only by passing a
+/// token to [`consume_token`](crate::shmem::consume_token) (rule 3).
+///
+/// Dropping a token unused is allowed, but then the synchronized data stays unreadable:
+/// ```compile_fail
+/// use dist_tensor::shmem::{Token};
+/// fn needs_token(t: Token) {}
+/// needs_token(Token { _private: () }); // tokens come only from waits and barriers
+/// ```
+#[must_use = "a wait's token must be passed to consume_token before reading what it guards"]
+#[derive(Debug, Clone, Copy)]
+pub struct Token {
+    _private: (),
+}
+
+impl Token {
+    pub(crate) fn new() -> Self {
+        Token { _private: () }
+    }
+}
+
+/// What a notify does to the signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalOp {
+    /// Store the value.
+    Set(u64),
+    /// Add the value (atomically).
+    Add(u64),
+}
+
+/// Whose signal a notify reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The calling rank's own device: the target must be the calling rank.
+    Device,
+    /// Any rank of the world.
+    Peer,
+}
+
+/// Memory ordering of a notify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotifySem {
+    /// Writes before the notify are visible to a waiter that acquires it.
+    Release,
+    /// Orders nothing: the signal alone.
+    Relaxed,
+}
+
+/// Memory ordering of a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitSem {
+    /// Reads after the wait see what the notifier wrote before a release notify.
+    Acquire,
+    /// Orders nothing.
+    Relaxed,
+}
+
+/// The condition a wait waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitCmp {
+    /// The signal equals the value.
+    Eq(u64),
+    /// The signal is at least the value (what epoch-counted signals use).
+    Ge(u64),
+}
+
+impl WaitCmp {
+    fn holds(self, seen: u64) -> bool {
+        match self {
+            WaitCmp::Eq(v) => seen == v,
+            WaitCmp::Ge(v) => seen >= v,
+        }
+    }
+}
+
+impl std::fmt::Display for WaitCmp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WaitCmp::Eq(v) => write!(f, "== {v}"),
+            WaitCmp::Ge(v) => write!(f, ">= {v}"),
+        }
+    }
+}
+
+/// A symmetric array of 64-bit signals, zero when allocated. Made by
+/// [`Rank::alloc_signals`](crate::Rank::alloc_signals).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::World;
+/// World::threads(2)?.run(|rank| {
+///     let sigs = rank.alloc_signals(3)?;
+///     assert_eq!(sigs.len(), 3);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub struct SignalBuf {
+    heap: Arc<Heap>,
+    owner: usize,
+    offset: usize,
+    len: usize,
+}
+
+impl SignalBuf {
+    pub(crate) fn new(heap: Arc<Heap>, owner: usize, offset: usize, len: usize) -> Self {
+        SignalBuf { heap, owner, offset, len }
+    }
+
+    /// Number of signals.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn bytes(len: usize) -> usize {
+        len * SIGNAL_STRIDE
+    }
+
+    /// Signal `index` in `rank`'s segment.
+    fn cell(&self, rank: usize, index: usize) -> &AtomicU64 {
+        cell(&self.heap, rank, self.offset + index * SIGNAL_STRIDE)
+    }
+}
+
+impl Drop for SignalBuf {
+    fn drop(&mut self) {
+        self.heap.free(self.owner, self.offset, Self::bytes(self.len));
+    }
+}
+
+impl std::fmt::Debug for SignalBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignalBuf")
+            .field("rank", &self.owner)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// The signal at byte `offset` of `rank`'s segment.
+pub(crate) fn cell(heap: &Heap, rank: usize, offset: usize) -> &AtomicU64 {
+    debug_assert!(offset % SIGNAL_STRIDE == 0 && offset + 8 <= heap.capacity());
+    // SAFETY: the offset is inside the segment and 8-byte aligned (signal blocks are ALIGNed and
+    // strided by 64 bytes); signals are only ever accessed atomically.
+    unsafe { &*(heap.base(rank).add(offset) as *const AtomicU64) }
+}
+
+fn check_signal(
+    world: &WorldShared,
+    op: &'static str,
+    rank: usize,
+    sig: &SignalBuf,
+    index: usize,
+) -> Result<()> {
+    if !Arc::ptr_eq(&sig.heap, &world.heap) {
+        return Err(Error::InvalidArgument {
+            op,
+            rank,
+            reason: "the signal buffer belongs to another world".into(),
+        });
+    }
+    if index >= sig.len {
+        return Err(Error::InvalidArgument {
+            op,
+            rank,
+            reason: format!("signal index {index} is out of range for {} signals", sig.len),
+        });
+    }
+    Ok(())
+}
+
+/// Notifies signal `index` of `peer`'s copy of `sig`, from `rank`.
+pub(crate) fn notify(
+    world: &WorldShared,
+    rank: usize,
+    sig: &SignalBuf,
+    index: usize,
+    peer: usize,
+    op: SignalOp,
+    scope: Scope,
+    sem: NotifySem,
+) -> Result<()> {
+    check_signal(world, "notify", rank, sig, index)?;
+    if peer >= world.num_ranks() || (scope == Scope::Device && peer != rank) {
+        return Err(Error::InvalidArgument {
+            op: "notify",
+            rank,
+            reason: format!(
+                "cannot notify rank {peer} with scope {scope:?} in a world of {} ranks",
+                world.num_ranks()
+            ),
+        });
+    }
+    let order = match sem {
+        NotifySem::Release => Ordering::Release,
+        NotifySem::Relaxed => Ordering::Relaxed,
+    };
+    let target = sig.cell(peer, index);
+    match op {
+        SignalOp::Set(v) => target.store(v, order),
+        SignalOp::Add(v) => {
+            target.fetch_add(v, order);
+        }
+    }
+    world.parkers[peer].wake();
+    Ok(())
+}
+
+/// Waits, on `rank`, until its signal `index` of `sig` meets `cmp`.
+pub(crate) fn wait(
+    world: &WorldShared,
+    rank: usize,
+    program: ProgramLabel,
+    sig: &SignalBuf,
+    index: usize,
+    cmp: WaitCmp,
+    sem: WaitSem,
+) -> Result<Token> {
+    check_signal(world, "wait", rank, sig, index)?;
+    wait_cell(world, rank, program, sig.cell(rank, index), index, cmp, sem)
+}
+
+/// Waits on one signal cell of `rank`'s own segment.
+pub(crate) fn wait_cell(
+    world: &WorldShared,
+    rank: usize,
+    program: ProgramLabel,
+    cell: &AtomicU64,
+    index: usize,
+    cmp: WaitCmp,
+    sem: WaitSem,
+) -> Result<Token> {
+    let order = match sem {
+        WaitSem::Acquire => Ordering::Acquire,
+        WaitSem::Relaxed => Ordering::Relaxed,
+    };
+    let deadline = Instant::now() + world.wait_timeout;
+    let outcome = world.parkers[rank].wait_until(
+        deadline,
+        || cmp.holds(cell.load(order)),
+        || world.failure.is_set(),
+    );
+    match outcome {
+        WaitOutcome::Ready => Ok(Token::new()),
+        WaitOutcome::Failed => Err(world.peer_failed(rank)),
+        WaitOutcome::TimedOut => Err(Error::WaitTimeout {
+            rank,
+            program,
+            signal: index,
+            awaited: cmp.to_string(),
+            seen: cell.load(Ordering::Relaxed),
+            timeout: world.wait_timeout,
+        }),
+    }
+}
