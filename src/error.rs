@@ -23,9 +23,7 @@ pub enum Error {
     },
 
     /// The inner dimensions of a product disagree.
-    #[error(
-        "{op}: inner dimensions disagree on rank {rank}: left is {left:?}, right is {right:?}"
-    )]
+    #[error("{op}: inner dimensions disagree on rank {rank}: left is {left:?}, right is {right:?}")]
     InnerDimMismatch {
         /// The operation.
         op: &'static str,

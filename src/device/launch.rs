@@ -1,8 +1,8 @@
 //! `launch`: run a tile kernel's programs on a rank's device.
 
-use super::{host, LaunchMode, Program};
-use crate::shmem::Rank;
+use super::{LaunchMode, Program, host};
 use crate::Result;
+use crate::shmem::Rank;
 
 /// Runs `kernel` as `grid` programs on `rank`'s device, every program resident at once (kernels
 /// may spin-wait on each other). In [`LaunchMode::Mix`] each program runs once per vector
@@ -38,7 +38,7 @@ use crate::Result;
 ///             for block in p.tasks(100usize.div_ceil(16)) {
 ///                 let start = block * 16;
 ///                 let valid = tile::valid_len(start, 16, 100); // a mask, not padding
-///                 tile::store_1d(ptr.add(start), &[block as f32; 16], valid);
+///                 tile::store_1d(ptr + start, &[block as f32; 16], valid);
 ///             }
 ///             Ok(())
 ///         })?;

@@ -3,12 +3,15 @@
 //! A kernel is a closure run by every program of a launch grid ([`launch`]); each program is told
 //! who it is through [`Program`] and works on tiles with the operations in [`tile`].
 
+pub mod ascend;
 pub mod host;
+mod kind;
 mod launch;
 mod program;
 pub mod tile;
 mod topology;
 
+pub use kind::Device;
 pub use launch::launch;
 pub use program::Program;
 pub use topology::{LaunchMode, Topology};

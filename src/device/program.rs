@@ -3,9 +3,9 @@
 use std::iter::StepBy;
 use std::ops::Range;
 
+use crate::Result;
 use crate::error::ProgramLabel;
 use crate::shmem::{NotifySem, Rank, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
-use crate::Result;
 
 /// One program of a kernel launch: `program_id` of `num_programs`, running on vector sub-core
 /// `sub_vec_id` of `sub_vec_num`, on rank `rank` of `num_ranks`.

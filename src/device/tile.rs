@@ -6,8 +6,8 @@
 //! and the first `valid.1` columns". Masked-off elements are neither read nor written: masks
 //! instead of padding. Every access is bounds-checked against the memory the pointer came from.
 
-use crate::shmem::{GlobalPtrMut, Readable, Writable};
 use crate::Element;
+use crate::shmem::{GlobalPtrMut, Readable, Writable};
 
 /// How many of the `block` positions starting at `start` lie below `bound`: the length of the
 /// mask `start + arange(block) < bound`.
@@ -127,7 +127,10 @@ fn check_fits(op: &str, len: usize, row_stride: usize, rows: usize, cols: usize)
         cols <= row_stride || rows == 1,
         "{op}: rows of {cols} elements overlap with a row stride of {row_stride}"
     );
-    assert!(last <= len, "{op}: access of {rows}x{cols} (row stride {row_stride}) needs {last} elements, {len} available");
+    assert!(
+        last <= len,
+        "{op}: access of {rows}x{cols} (row stride {row_stride}) needs {last} elements, {len} available"
+    );
 }
 
 /// `out[i] = src[i]` for `i < valid`, `fill` beyond (`tl.load(ptr + arange, mask, other)`).
@@ -141,7 +144,7 @@ fn check_fits(op: &str, len: usize, row_stride: usize, rows: usize, cols: usize)
 /// use dist_tensor::shmem::GlobalPtr;
 /// let src = [1.0f32, 2.0, 3.0];
 /// let mut out = [0.0f32; 4];
-/// tile::load_1d(GlobalPtr::from_slice(&src).add(1), &mut out, 2, -1.0);
+/// tile::load_1d(GlobalPtr::from_slice(&src) + 1, &mut out, 2, -1.0);
 /// assert_eq!(out, [2.0, 3.0, -1.0, -1.0]);
 /// ```
 #[track_caller]
@@ -192,7 +195,7 @@ pub fn store_1d<T: Copy, P: Writable<T>>(dst: P, data: &[T], valid: usize) {
 /// use dist_tensor::shmem::GlobalPtr;
 /// let m = [1, 2, 3, 4, 5, 6].map(|x| x as f32); // 2 x 3, row stride 3
 /// let mut t = Tile::new(2, 2, 0.0f32);
-/// tile::load_2d(GlobalPtr::from_slice(&m).add(1), 3, (2, 1), 9.0, &mut t);
+/// tile::load_2d(GlobalPtr::from_slice(&m) + 1, 3, (2, 1), 9.0, &mut t);
 /// assert_eq!(t.as_slice(), &[2.0, 9.0, 5.0, 9.0]);
 /// ```
 #[track_caller]
@@ -232,7 +235,7 @@ pub fn load_2d<T: Copy, P: Readable<T>>(
 /// use dist_tensor::shmem::GlobalPtrMut;
 /// let mut m = [0.0f32; 6]; // 2 x 3
 /// let t = Tile::new(2, 2, 1.0f32);
-/// tile::store_2d(GlobalPtrMut::from_slice(&mut m).add(1), 3, &t, (2, 2));
+/// tile::store_2d(GlobalPtrMut::from_slice(&mut m) + 1, 3, &t, (2, 2));
 /// assert_eq!(m, [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]);
 /// ```
 #[track_caller]

@@ -102,7 +102,7 @@ impl<T: Element> std::fmt::Debug for SymmBuf<T> {
 /// use dist_tensor::{shmem::symm_at, World};
 /// World::threads(2)?.run(|rank| {
 ///     let buf = rank.alloc::<f32>(64)?;
-///     let wrong = symm_at(&buf.ptr().add(8), 1); // an offset pointer: does not compile
+///     let wrong = symm_at(&(buf.ptr() + 8), 1); // an offset pointer: does not compile
 ///     Ok(())
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
@@ -114,7 +114,7 @@ impl<T: Element> std::fmt::Debug for SymmBuf<T> {
 ///
 /// # Examples
 /// ```
-/// use dist_tensor::shmem::{symm_at, SymmBuf};
+/// use dist_tensor::shmem::symm_at;
 /// use dist_tensor::device::tile;
 /// use dist_tensor::World;
 ///
@@ -122,7 +122,7 @@ impl<T: Element> std::fmt::Debug for SymmBuf<T> {
 ///     let buf = rank.alloc::<f64>(4)?;
 ///     let peer = (rank.rank() + 1) % rank.num_ranks();
 ///     // Offsets come after symm_at.
-///     tile::store_1d(symm_at(&buf, peer).add(1), &[rank.rank() as f64], 1);
+///     tile::store_1d(symm_at(&buf, peer) + 1, &[rank.rank() as f64], 1);
 ///     Ok(())
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
@@ -203,24 +203,27 @@ pub struct GlobalPtrMut<'a, T> {
 
 macro_rules! pointer_common {
     ($name:ident) => {
-        impl<'a, T> $name<'a, T> {
-            /// The pointer `n` elements further on.
+        impl<T> std::ops::Add<usize> for $name<'_, T> {
+            type Output = Self;
+
+            /// The pointer `n` elements further on: `ptr + offs`, as in the seed.
             ///
             /// # Panics
             /// If that is past the end of the memory the pointer came from.
             #[track_caller]
-            #[must_use]
-            pub fn add(self, n: usize) -> Self {
+            fn add(self, n: usize) -> Self {
                 assert!(
                     n <= self.len,
-                    concat!(stringify!($name), "::add: offset {} past the end ({} elements)"),
+                    concat!(stringify!($name), " + {}: past the end ({} elements)"),
                     n,
                     self.len
                 );
                 // SAFETY: n <= len, so the result is inside or one past the end of the memory.
                 Self { ptr: unsafe { self.ptr.add(n) }, len: self.len - n, ..self }
             }
+        }
 
+        impl<'a, T> $name<'a, T> {
             /// Elements from here to the end of the memory.
             pub fn len(&self) -> usize {
                 self.len
@@ -273,7 +276,7 @@ impl<'a, T> GlobalPtr<'a, T> {
     /// ```
     /// use dist_tensor::shmem::GlobalPtr;
     /// let data = [1.0f32, 2.0, 3.0];
-    /// assert_eq!(GlobalPtr::from_slice(&data).add(1).len(), 2);
+    /// assert_eq!((GlobalPtr::from_slice(&data) + 1).len(), 2);
     /// ```
     pub fn from_slice(data: &'a [T]) -> Self {
         GlobalPtr { ptr: data.as_ptr(), len: data.len(), _mem: PhantomData }

@@ -17,12 +17,12 @@ mod sync;
 mod world;
 
 pub use buffer::{
-    consume_token, symm_at, GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable,
+    GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
 };
 pub use rank::Rank;
 pub use signal::{NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
 pub use world::{
-    World, WorldBuilder, DEFAULT_HEAP_BYTES, DEFAULT_WAIT_TIMEOUT, HEAP_BYTES_ENV, WAIT_TIMEOUT_ENV,
+    DEFAULT_HEAP_BYTES, DEFAULT_WAIT_TIMEOUT, HEAP_BYTES_ENV, WAIT_TIMEOUT_ENV, World, WorldBuilder,
 };
 
 pub(crate) use world::panic_message;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::buffer::SymmBuf;
 use super::signal::{self, NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
-use super::signal::{cell, SIGNAL_STRIDE};
+use super::signal::{SIGNAL_STRIDE, cell};
 use super::world::WorldShared;
 use crate::device::Topology;
 use crate::error::ProgramLabel;
@@ -79,7 +79,7 @@ impl<'w> Rank<'w> {
     ///
     /// # Examples
     /// ```
-    /// use dist_tensor::{Error, World};
+    /// use dist_tensor::World;
     /// let err = World::builder(2).heap_capacity(1 << 20).build()?
     ///     .run(|rank| rank.alloc::<f64>(1 << 20).map(|_| ()))
     ///     .unwrap_err();

@@ -1,7 +1,7 @@
 //! Signals in the symmetric heap: `notify` a peer's signal, `wait` on one's own, get a token.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::heap::Heap;
@@ -192,6 +192,7 @@ fn check_signal(
 }
 
 /// Notifies signal `index` of `peer`'s copy of `sig`, from `rank`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn notify(
     world: &WorldShared,
     rank: usize,

@@ -6,7 +6,7 @@
 //! signal load, both sequentially consistent, so a wake-up is never lost: either the notifier
 //! sees the waiter, or the waiter sees the signal.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 

@@ -1,11 +1,11 @@
 //! [`World`]: a set of ranks that share a symmetric heap, run as threads of this process.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::heap::{lock, Heap};
+use super::heap::{Heap, lock};
 use super::rank::Rank;
 use super::signal::SIGNAL_STRIDE;
 use super::sync::{Failure, Parker};
@@ -222,7 +222,7 @@ impl World {
     ///         if rank.rank() == 2 {
     ///             return Err(Error::InvalidArgument { op: "demo", rank: 2, reason: "bad".into() });
     ///         }
-    ///         rank.barrier_all()?; // would wait forever for rank 2; returns PeerFailed instead
+    ///         let _ = rank.barrier_all()?; // would wait forever for rank 2; returns PeerFailed instead
     ///         Ok(())
     ///     })
     ///     .unwrap_err();
@@ -257,7 +257,7 @@ impl World {
                                     None
                                 }
                                 Err(panic) => {
-                                    shared.fail(r, format!("panicked: {}", panic_message(&panic)));
+                                    shared.fail(r, format!("panicked: {}", panic_message(&*panic)));
                                     None
                                 }
                             }

@@ -1,9 +1,9 @@
 //! [`Tensor`]: a row-major, contiguous n-dimensional array on ndarray.
 
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use rand::{Rng, SeedableRng, rngs::StdRng};
 
-use super::{matmul, Element};
+use super::{Element, matmul};
 use crate::{Error, Result};
 
 /// A local n-dimensional tensor, always row-major and contiguous.
@@ -29,7 +29,7 @@ impl<T: Element> Tensor<T> {
     /// # Examples
     /// ```
     /// use dist_tensor::Tensor;
-    /// use ndarray::{array, Axis};
+    /// use ndarray::array;
     ///
     /// let a = array![[1.0f64, 2.0], [3.0, 4.0]].reversed_axes().into_dyn();
     /// let t = Tensor::from_array(a);

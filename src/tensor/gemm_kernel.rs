@@ -9,11 +9,7 @@ use gemm::Parallelism;
 use super::Element;
 
 fn parallelism(threads: usize) -> Parallelism {
-    if threads <= 1 {
-        Parallelism::None
-    } else {
-        Parallelism::Rayon(threads)
-    }
+    if threads <= 1 { Parallelism::None } else { Parallelism::Rayon(threads) }
 }
 
 /// `acc += a * b` (or `acc = a * b` when `read_acc` is false) for a type `gemm` supports natively.

@@ -4,11 +4,11 @@
 //! waiting consumer before its producer would deadlock. Waits block after a brief spin (see
 //! `shmem::sync`), so instances that only wait give their core back.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::device::Program;
 use crate::error::ProgramLabel;
-use crate::shmem::{panic_message, Rank};
+use crate::shmem::{Rank, panic_message};
 use crate::{Error, Result};
 
 /// Runs `grid x sub_vec_num` instances of `kernel` on `rank`, all at once, and joins them.
@@ -29,7 +29,7 @@ where
             Err(panic) => Err(Error::KernelPanicked {
                 rank: rank.rank(),
                 program: ProgramLabel::Program { id: program_id, sub_vec: sub_vec_id },
-                message: panic_message(&panic),
+                message: panic_message(&*panic),
             }),
         };
         if let Err(err) = &result {

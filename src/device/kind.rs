@@ -1,0 +1,159 @@
+//! Where work runs, chosen at the user boundary: the host simulation or a real NPU.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::Topology;
+use super::ascend::Ascend;
+use crate::{Error, Result};
+
+/// A device to run on: the host simulation of an NPU (the default, and all that runs kernels
+/// today) or Ascend NPU `n` (an index among the visible devices, see
+/// [`VISIBLE_DEVICES`](super::ascend::VISIBLE_DEVICES)).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::Device;
+///
+/// assert_eq!(Device::default(), Device::Host);
+/// assert_eq!("ascend:1".parse::<Device>()?, Device::Ascend(1));
+/// assert_eq!(Device::Ascend(1).to_string(), "ascend:1");
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    /// The host simulation: the tile kernels run as CPU threads.
+    #[default]
+    Host,
+    /// Ascend NPU `n`, reached through the CANN runtime loaded at run time.
+    Ascend(u32),
+}
+
+impl Device {
+    /// Whether this is the host simulation.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::Device;
+    /// assert!(Device::Host.is_host());
+    /// assert!(!Device::Ascend(0).is_host());
+    /// ```
+    pub fn is_host(&self) -> bool {
+        matches!(self, Device::Host)
+    }
+
+    /// The topology a world of `world_size` ranks runs with on this device: for the host, the
+    /// machine's cores shared out ([`Topology::host_default`]); for an NPU, the device's own
+    /// core counts read from it (each rank has a device of its own), so the host simulation can
+    /// run with an NPU's true topology.
+    ///
+    /// # Errors
+    /// For an NPU: [`Error::LibraryNotFound`] listing every path tried when CANN is absent;
+    /// [`Error::DeviceUnavailable`] when there is no such device; [`Error::DeviceStatus`] with
+    /// the vendor's message when a query fails.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{Device, Topology};
+    /// use dist_tensor::Error;
+    ///
+    /// assert_eq!(Device::Host.topology(4)?, Topology::host_default(4));
+    /// match Device::Ascend(0).topology(4) {
+    ///     Ok(npu) => assert!(npu.aicore_num() > 0),
+    ///     // No CANN on this machine: the error lists every path tried.
+    ///     Err(Error::LibraryNotFound { tried, .. }) => {
+    ///         assert!(tried.iter().any(|t| t.contains("/usr/local/Ascend/ascend-toolkit/latest")))
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn topology(&self, world_size: usize) -> Result<Topology> {
+        match *self {
+            Device::Host => Ok(Topology::host_default(world_size)),
+            Device::Ascend(index) => Ascend::open()?.device(index)?.topology(),
+        }
+    }
+
+    /// Checks that operation `op` can run on this device, before it starts.
+    ///
+    /// Every operation runs on the host simulation. None runs on an NPU yet: the tile kernels
+    /// have no NPU launcher in this crate, so for [`Device::Ascend`] this returns the error
+    /// that says so. To exercise kernels with an NPU's core counts, run on [`Device::Host`] with
+    /// [`Device::topology`] of the NPU.
+    ///
+    /// # Errors
+    /// [`Error::DeviceUnavailable`] for [`Device::Ascend`], naming `op`, the device and what is
+    /// missing.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::Device;
+    /// use dist_tensor::Error;
+    ///
+    /// assert!(Device::Host.ensure_supported("all_gather_matmul").is_ok());
+    /// let err = Device::Ascend(0).ensure_supported("all_gather_matmul").unwrap_err();
+    /// assert!(matches!(err, Error::DeviceUnavailable { op: "all_gather_matmul", .. }));
+    /// assert!(err.to_string().contains("no NPU kernel launcher"));
+    /// ```
+    pub fn ensure_supported(&self, op: &'static str) -> Result<()> {
+        match *self {
+            Device::Host => Ok(()),
+            Device::Ascend(index) => Err(Error::DeviceUnavailable {
+                op,
+                device: self.to_string(),
+                reason: format!(
+                    "kernels cannot run on an NPU yet: this build has no NPU kernel launcher \
+                     (compiling the tile kernels for AI cores and launching them through CANN), \
+                     so only the host simulation runs them; run on Device::Host, with \
+                     Device::Ascend({index}).topology(world_size) to simulate this NPU's core \
+                     counts"
+                ),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Host => write!(f, "host"),
+            Device::Ascend(index) => write!(f, "ascend:{index}"),
+        }
+    }
+}
+
+/// Parses `host` (or `cpu`), `ascend:N` (or `npu:N`), and `ascend` / `npu` for device 0;
+/// case is ignored.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::Device;
+/// assert_eq!("NPU:3".parse::<Device>()?, Device::Ascend(3));
+/// assert_eq!("cpu".parse::<Device>()?, Device::Host);
+/// assert!("gpu:0".parse::<Device>().is_err());
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+impl FromStr for Device {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Device> {
+        let text = s.trim().to_ascii_lowercase();
+        let invalid = || Error::InvalidArgument {
+            op: "Device::from_str",
+            rank: 0,
+            reason: format!("{s:?} is not a device: expected host, cpu, ascend:N or npu:N"),
+        };
+        match text.as_str() {
+            "host" | "cpu" => Ok(Device::Host),
+            "ascend" | "npu" => Ok(Device::Ascend(0)),
+            _ => {
+                let (kind, index) = text.split_once(':').ok_or_else(invalid)?;
+                if kind != "ascend" && kind != "npu" {
+                    return Err(invalid());
+                }
+                index.parse().map(Device::Ascend).map_err(|_| invalid())
+            }
+        }
+    }
+}
