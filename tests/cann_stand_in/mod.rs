@@ -1,0 +1,158 @@
+//! Builds the CANN **test stand-ins** (`acl_stand_in.c`, `hccl_stand_in.c` beside this file)
+//! and drives their test controls.
+//!
+//! The stand-ins are small C libraries exporting the AscendCL and HCCL symbols that
+//! `dist_tensor::device::ascend` loads, so that the run-time loader can be exercised end to end
+//! on machines without CANN. They are compiled here, by the tests, with the system C compiler
+//! (`$CC`, or `cc`) into a scratch directory under `target/`, and are used by nothing but the
+//! `tests/ascend_*.rs` files.
+
+// Each test file uses a different part of this helper.
+#![allow(dead_code)]
+
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Which AscendCL stand-in to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// Every symbol the crate uses.
+    Full,
+    /// Without `aclrtGetDeviceInfo`, as an older CANN.
+    NoDeviceInfo,
+    /// Without the required `aclrtSetDevice`.
+    NoSetDevice,
+}
+
+impl Variant {
+    fn defines(self) -> &'static [&'static str] {
+        match self {
+            Variant::Full => &[],
+            Variant::NoDeviceInfo => &["-DSTANDIN_NO_DEVICE_INFO"],
+            Variant::NoSetDevice => &["-DSTANDIN_NO_SET_DEVICE"],
+        }
+    }
+}
+
+fn source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cann_stand_in").join(name)
+}
+
+/// A fresh, empty scratch directory for one test, unique to this process.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("cann_stand_in")
+        .join(format!("{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the stand-in's scratch directory");
+    dir
+}
+
+/// Compiles `source_name` into the shared library `out`.
+fn compile(source_name: &str, out: &Path, defines: &[&str]) {
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent).expect("create the stand-in's directory");
+    }
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let output = Command::new(&compiler)
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(out)
+        .arg(source(source_name))
+        .args(defines)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler {compiler:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "building the CANN test stand-in {source_name} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A built AscendCL stand-in, held open so its test controls can be called.
+pub struct AclStandIn {
+    /// The library file.
+    pub path: PathBuf,
+    library: libloading::Library,
+}
+
+impl AclStandIn {
+    /// Builds `variant` as `dir/file_name` (such as `lib64/libascendcl.so`) and opens it.
+    pub fn build(dir: &Path, file_name: &str, variant: Variant) -> AclStandIn {
+        let path = dir.join(file_name);
+        compile("acl_stand_in.c", &path, variant.defines());
+        // SAFETY: the stand-in was just built from acl_stand_in.c; its only initialiser resets
+        // its own state.
+        let library = unsafe { libloading::Library::new(&path) }.expect("open the stand-in");
+        AclStandIn { path, library }
+    }
+
+    /// Calls a `standin_` control.
+    fn control<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: every control is looked up with the type of its definition in
+        // acl_stand_in.c (each call site below names it).
+        unsafe { *self.library.get::<T>(name.as_bytes()).expect("stand-in control") }
+    }
+
+    /// Back to the defaults (1 device of 24 AI and 48 vector cores), log cleared.
+    pub fn reset(&self) {
+        let f: unsafe extern "C" fn() = self.control("standin_reset");
+        // SAFETY: `void standin_reset(void)`.
+        unsafe { f() }
+    }
+
+    /// How many devices the stand-in reports.
+    pub fn set_device_count(&self, count: u32) {
+        let f: unsafe extern "C" fn(u32) = self.control("standin_set_device_count");
+        // SAFETY: `void standin_set_device_count(uint32_t)`.
+        unsafe { f(count) }
+    }
+
+    /// The core counts of every device.
+    pub fn set_cores(&self, ai_cores: i64, vector_cores: i64) {
+        let f: unsafe extern "C" fn(i64, i64) = self.control("standin_set_cores");
+        // SAFETY: `void standin_set_cores(int64_t, int64_t)`.
+        unsafe { f(ai_cores, vector_cores) }
+    }
+
+    /// The chip name the stand-in reports.
+    pub fn set_soc_name(&self, name: &str) {
+        let f: unsafe extern "C" fn(*const c_char) = self.control("standin_set_soc_name");
+        let name = CString::new(name).unwrap();
+        // SAFETY: `void standin_set_soc_name(const char *)`, which copies the string.
+        unsafe { f(name.as_ptr()) }
+    }
+
+    /// Makes `call` fail with `code` from now on, with `message` for `aclGetRecentErrMsg`.
+    pub fn fail(&self, call: &str, code: i32, message: &str) {
+        let f: unsafe extern "C" fn(*const c_char, c_int, *const c_char) =
+            self.control("standin_fail");
+        let (call, message) = (CString::new(call).unwrap(), CString::new(message).unwrap());
+        // SAFETY: `void standin_fail(const char *, int, const char *)`, which copies both.
+        unsafe { f(call.as_ptr(), code, message.as_ptr()) }
+    }
+
+    /// Every call so far, in order.
+    pub fn log(&self) -> Vec<String> {
+        let f: unsafe extern "C" fn() -> *const c_char = self.control("standin_log");
+        // SAFETY: `const char *standin_log(void)` returns the stand-in's NUL-terminated log.
+        let text = unsafe { CStr::from_ptr(f()) }.to_string_lossy().into_owned();
+        text.split(';').filter(|s| !s.is_empty()).map(str::to_string).collect()
+    }
+}
+
+/// Builds the HCCL stand-ins in `dir`: `libhccl.so` without the communicator calls, and, when
+/// `with_hcomm`, `libhcomm.so` with them (the newer CANN layout).
+pub fn build_hccl(dir: &Path, with_hcomm: bool) {
+    compile("hccl_stand_in.c", &dir.join("libhccl.so"), &[]);
+    if with_hcomm {
+        compile("hccl_stand_in.c", &dir.join("libhcomm.so"), &["-DSTANDIN_COMM_CALLS"]);
+    }
+}
+
+/// Whether this process has `path` mapped (Linux: `/proc/self/maps`).
+pub fn is_loaded(path: &Path) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    let wanted = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    maps.lines().any(|line| line.ends_with(&*wanted.to_string_lossy()))
+}
