@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::heap::Heap;
 use super::signal::Token;
-use crate::Element;
+use crate::tensor::Pod;
 
 /// A symmetric allocation: the same offset in every rank's heap segment, `len` elements long.
 ///
@@ -37,7 +37,7 @@ use crate::Element;
 /// assert_eq!(offsets[0], offsets[1]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub struct SymmBuf<T: Element> {
+pub struct SymmBuf<T: Pod> {
     heap: Arc<Heap>,
     owner: usize,
     offset: usize,
@@ -45,7 +45,7 @@ pub struct SymmBuf<T: Element> {
     _elem: PhantomData<T>,
 }
 
-impl<T: Element> SymmBuf<T> {
+impl<T: Pod> SymmBuf<T> {
     pub(crate) fn new(heap: Arc<Heap>, owner: usize, offset: usize, len: usize) -> Self {
         SymmBuf { heap, owner, offset, len, _elem: PhantomData }
     }
@@ -78,19 +78,19 @@ impl<T: Element> SymmBuf<T> {
     }
 }
 
-impl<T: Element> Drop for SymmBuf<T> {
+impl<T: Pod> Drop for SymmBuf<T> {
     fn drop(&mut self) {
         self.heap.free(self.owner, self.offset, self.len * size_of::<T>());
     }
 }
 
-impl<T: Element> std::fmt::Debug for SymmBuf<T> {
+impl<T: Pod> std::fmt::Debug for SymmBuf<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SymmBuf")
             .field("rank", &self.owner)
             .field("offset", &self.offset)
             .field("len", &self.len)
-            .field("dtype", &T::DTYPE)
+            .field("type", &std::any::type_name::<T>())
             .finish()
     }
 }
@@ -128,7 +128,7 @@ impl<T: Element> std::fmt::Debug for SymmBuf<T> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 #[track_caller]
-pub fn symm_at<T: Element>(buf: &SymmBuf<T>, peer: usize) -> SymmPtr<'_, T> {
+pub fn symm_at<T: Pod>(buf: &SymmBuf<T>, peer: usize) -> SymmPtr<'_, T> {
     assert!(
         peer < buf.heap.num_ranks(),
         "symm_at: rank {peer} is outside a world of {} ranks",
@@ -173,7 +173,7 @@ pub fn symm_at<T: Element>(buf: &SymmBuf<T>, peer: usize) -> SymmPtr<'_, T> {
 /// assert_eq!(seen, vec![11.0, 10.0]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn consume_token<T: Element>(ptr: SymmPtr<'_, T>, token: Token) -> GlobalPtrMut<'_, T> {
+pub fn consume_token<T: Pod>(ptr: SymmPtr<'_, T>, token: Token) -> GlobalPtrMut<'_, T> {
     let _ = token;
     GlobalPtrMut { ptr: ptr.ptr, len: ptr.len, _mem: PhantomData }
 }

@@ -16,6 +16,7 @@ mod signal;
 mod sync;
 mod world;
 
+pub use crate::tensor::Pod;
 pub use buffer::{
     GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
 };

@@ -4,12 +4,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::buffer::SymmBuf;
+use super::heap::lock;
 use super::signal::{self, NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
 use super::signal::{SIGNAL_STRIDE, cell};
-use super::world::WorldShared;
+use super::world::{Workspace, WorldShared};
+use crate::Result;
 use crate::device::Topology;
 use crate::error::ProgramLabel;
-use crate::{Element, Result};
+use crate::tensor::Pod;
 
 /// One rank of a running [`World`](crate::World): who it is, its symmetric heap, its signals.
 ///
@@ -86,7 +88,7 @@ impl<'w> Rank<'w> {
     /// assert!(err.to_string().contains("symmetric memory exhausted"), "{err}");
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
-    pub fn alloc<T: Element>(&self, len: usize) -> Result<SymmBuf<T>> {
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<SymmBuf<T>> {
         let offset = self.world.heap.alloc(self.rank, len * size_of::<T>())?;
         let buf = SymmBuf::new(self.world.heap.clone(), self.rank, offset, len);
         let _ = self.barrier_all()?;
@@ -184,6 +186,76 @@ impl<'w> Rank<'w> {
     /// ```
     pub fn wait(&self, sig: &SignalBuf, index: usize, cmp: WaitCmp, sem: WaitSem) -> Result<Token> {
         self.wait_labeled(ProgramLabel::Host, sig, index, cmp, sem)
+    }
+
+    /// Runs `f` on this rank's workspace of type `W`, made by `init` on first use and kept for
+    /// later calls and later runs of the world. Collective when `init` allocates.
+    ///
+    /// # Errors
+    /// Whatever `init` or `f` returns.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::shmem::{SymmBuf, Workspace};
+    /// use dist_tensor::World;
+    ///
+    /// struct Scratch(SymmBuf<f32>);
+    /// impl Workspace for Scratch {
+    ///     fn symmetric_bytes(&self) -> usize { self.0.len() * 4 }
+    /// }
+    ///
+    /// let world = World::threads(2)?;
+    /// for _ in 0..2 {
+    ///     world.run(|rank| rank.with_workspace(|r| Ok(Scratch(r.alloc(256)?)), |_s| Ok(())))?;
+    /// }
+    /// assert_eq!(world.workspace_bytes(), vec![1024, 1024]); // allocated once, kept
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn with_workspace<W: Workspace, R>(
+        &self,
+        init: impl FnOnce(&Rank<'_>) -> Result<W>,
+        f: impl FnOnce(&mut W) -> Result<R>,
+    ) -> Result<R> {
+        let key = std::any::TypeId::of::<W>();
+        let taken = lock(&self.world.workspaces[self.rank]).remove(&key);
+        let mut ws: Box<W> = match taken {
+            Some(boxed) => {
+                let any: Box<dyn std::any::Any> = boxed;
+                any.downcast().expect("workspaces are keyed by their type")
+            }
+            None => Box::new(init(self)?),
+        };
+        let result = f(&mut ws);
+        lock(&self.world.workspaces[self.rank]).insert(key, ws);
+        result
+    }
+
+    /// Bytes of symmetric memory this rank's workspaces hold.
+    pub fn workspace_bytes(&self) -> usize {
+        lock(&self.world.workspaces[self.rank]).values().map(|w| w.symmetric_bytes()).sum()
+    }
+
+    /// Frees every workspace of this rank. Collective: every rank must call it at the same point,
+    /// so that the allocations that follow stay symmetric.
+    ///
+    /// # Errors
+    /// As [`Rank::barrier_all`]: it waits until every rank has released its own.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     rank.release_workspaces()?;
+    ///     assert_eq!(rank.workspace_bytes(), 0);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn release_workspaces(&self) -> Result<()> {
+        // Peers may still read this rank's buffers from the last call: wait until all are here.
+        let _ = self.barrier_all()?;
+        lock(&self.world.workspaces[self.rank]).clear();
+        Ok(())
     }
 
     pub(crate) fn wait_labeled(

@@ -1,5 +1,7 @@
 //! [`World`]: a set of ranks that share a symmetric heap, run as threads of this process.
 
+use std::any::TypeId;
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -30,7 +32,16 @@ pub(crate) struct WorldShared {
     pub(crate) failure: Failure,
     /// Per rank: how many barriers it has entered (the epoch its barrier signals carry).
     pub(crate) barrier_epochs: Vec<AtomicU64>,
+    /// Per rank: workspaces kept from one call (and one run) to the next, by type.
+    pub(crate) workspaces: Vec<Mutex<HashMap<TypeId, Box<dyn Workspace>>>>,
     run_lock: Mutex<()>,
+}
+
+/// State a rank keeps between calls: the symmetric buffers and signals of a collective or a
+/// fused op, sized lazily and reused, so that a second call needs no allocation and no reset.
+pub trait Workspace: std::any::Any + Send {
+    /// Bytes of symmetric memory this workspace holds on its rank.
+    fn symmetric_bytes(&self) -> usize;
 }
 
 impl WorldShared {
@@ -163,6 +174,7 @@ impl WorldBuilder {
                 parkers: (0..n).map(|_| Parker::default()).collect(),
                 failure: Failure::default(),
                 barrier_epochs: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                workspaces: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
                 run_lock: Mutex::new(()),
             }),
         })
@@ -201,6 +213,24 @@ impl World {
     /// Capacity of each rank's heap segment for allocations, in bytes.
     pub fn heap_capacity(&self) -> usize {
         self.shared.heap.capacity() - self.shared.heap.reserved()
+    }
+
+    /// Bytes of symmetric memory each rank's workspaces hold (collectives and fused ops keep
+    /// their buffers between calls; see [`Rank::release_workspaces`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let world = World::threads(2)?;
+    /// assert_eq!(world.workspace_bytes(), vec![0, 0]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn workspace_bytes(&self) -> Vec<usize> {
+        self.shared
+            .workspaces
+            .iter()
+            .map(|w| lock(w).values().map(|ws| ws.symmetric_bytes()).sum())
+            .collect()
     }
 
     /// Runs `f` once per rank, each on its own thread, and returns the results in rank order.

@@ -55,7 +55,7 @@ mod sealed {
 /// assert_eq!(acc, 1.5);
 /// ```
 pub trait Element:
-    Copy + Send + Sync + Debug + Display + Default + PartialEq + PartialOrd + 'static + sealed::Sealed
+    super::Pod + Debug + Display + Default + PartialEq + PartialOrd + sealed::Sealed
 {
     /// The type products and sums accumulate in.
     type Acc: Accumulator;
