@@ -10,11 +10,13 @@
 //! leave the others waiting. Only programmer mistakes that cannot depend on run-time data panic,
 //! and those functions say so under `# Panics`.
 
+pub mod collectives;
+pub mod device;
 pub mod error;
 pub mod shmem;
 pub mod tensor;
 
+pub use device::Device;
 pub use error::{Error, Result};
 pub use shmem::{Rank, World};
 pub use tensor::{DType, Element, Tensor};
-pub mod device;

@@ -23,7 +23,8 @@ pub use buffer::{
 pub use rank::Rank;
 pub use signal::{NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
 pub use world::{
-    DEFAULT_HEAP_BYTES, DEFAULT_WAIT_TIMEOUT, HEAP_BYTES_ENV, WAIT_TIMEOUT_ENV, World, WorldBuilder,
+    DEFAULT_HEAP_BYTES, DEFAULT_WAIT_TIMEOUT, HEAP_BYTES_ENV, WAIT_TIMEOUT_ENV, Workspace, World,
+    WorldBuilder,
 };
 
 pub(crate) use world::panic_message;

@@ -1,0 +1,124 @@
+//! all_gather: every rank gets every rank's block, in rank order.
+
+use super::workspace::{
+    CHUNK_ELEMS, Chunks, RotatedTasks, check_agree, exchange_checked, with_workspace,
+};
+use crate::device::{LaunchMode, launch, tile};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
+use crate::tensor::split_offsets;
+use crate::{Element, Result};
+
+/// Concatenates every rank's `local` in rank order. Lengths may differ between ranks, and may be
+/// zero.
+///
+/// # Errors
+/// [`Error::PeerFailed`](crate::Error::PeerFailed) or
+/// [`Error::WaitTimeout`](crate::Error::WaitTimeout) when a peer fails or never arrives;
+/// [`Error::SymmetricMemoryExhausted`](crate::Error::SymmetricMemoryExhausted) when the staging
+/// buffer does not fit.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// let out = World::threads(3)?.run(|rank| {
+///     let mine = vec![rank.rank() as f32; rank.rank()]; // lengths 0, 1, 2
+///     collectives::all_gather(rank, &mine)
+/// })?;
+/// assert_eq!(out[0], vec![1.0, 2.0, 2.0]);
+/// assert_eq!(out[2], out[0]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_gather<T: Element>(rank: &Rank<'_>, local: &[T]) -> Result<Vec<T>> {
+    all_gather_cols(rank, local, 1)
+}
+
+/// Gathers column blocks: every rank holds a row-major `[rows, cols_r]` block (`cols_r =
+/// local.len() / rows`, which may differ between ranks); the result is `[rows, sum of cols_r]`
+/// with rank `p`'s block at columns `sum of cols_q for q < p`. This is the all_gather of a tensor
+/// sharded on any dimension: `rows` is the product of the dimensions before it.
+///
+/// # Errors
+/// [`Error::RanksDisagree`](crate::Error::RanksDisagree) when ranks pass different `rows`,
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a rank's length is not a multiple
+/// of `rows`; otherwise as [`all_gather`]. Every rank returns the error.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// let out = World::threads(2)?.run(|rank| {
+///     let r = rank.rank() as f64;
+///     collectives::all_gather_cols(rank, &[r, r + 0.5], 2) // a [2, 1] block per rank
+/// })?;
+/// assert_eq!(out[0], vec![0.0, 1.0, 0.5, 1.5]); // [[0, 1], [0.5, 1.5]]
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_gather_cols<T: Element>(rank: &Rank<'_>, local: &[T], rows: usize) -> Result<Vec<T>> {
+    const OP: &str = "all_gather";
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let problem = match rows {
+        0 if !local.is_empty() => Some(format!("{} elements cannot form 0 rows", local.len())),
+        r if r > 0 && local.len() % r != 0 => {
+            Some(format!("{} elements do not form {r} whole rows", local.len()))
+        }
+        _ => None,
+    };
+    with_workspace::<T, _>(rank, |ws| {
+        let all = exchange_checked(ws, rank, OP, &[rows as u64, local.len() as u64], problem)?;
+        check_agree(OP, &all, 0, "rows")?;
+        let cols: Vec<usize> =
+            all.iter().map(|w| (w[1] as usize).checked_div(rows).unwrap_or(0)).collect();
+        let col_offsets = split_offsets(&cols);
+        let total_cols = col_offsets[n];
+        let mut out = vec![T::zero(); rows * total_cols];
+        if n > 1 {
+            ws.reserve(rank, all.iter().map(|w| w[1] as usize).max().unwrap_or(0))?;
+        }
+
+        let grid = rank.topology().aivector_core_num();
+        let ready_at = ws.publish(|_| n > 1, grid);
+        let chunks: Vec<Chunks> = cols.iter().map(|&c| Chunks::new(rows, c, CHUNK_ELEMS)).collect();
+        let tasks = RotatedTasks::new(me, &chunks.iter().map(|c| c.count).collect::<Vec<_>>());
+        let input = GlobalPtr::from_slice(local);
+        let output = GlobalPtrMut::from_slice(&mut out);
+        let ws = &*ws;
+        // SAFETY: each rank writes only its own staging buffer, and only before it notifies;
+        // peers read it only after waiting for every program's notify. Each task writes its own
+        // chunk of `out`.
+        unsafe {
+            launch(rank, LaunchMode::VectorOnly, grid, |p| {
+                if n > 1 {
+                    let mine = &chunks[me];
+                    let staging = ws.staging().ptr();
+                    for t in p.tasks(mine.count) {
+                        let c = mine.get(t);
+                        let at = c.row * cols[me] + c.col;
+                        tile::copy_2d(
+                            staging + at,
+                            cols[me],
+                            input + at,
+                            cols[me],
+                            (c.rows, c.cols),
+                        );
+                    }
+                    super::notify_peers(p, &ws.ready)?;
+                }
+                for t in p.tasks(tasks.total()) {
+                    let (src, task) = tasks.locate(t);
+                    let c = chunks[src].get(task);
+                    let from = if src == me {
+                        input
+                    } else {
+                        let token =
+                            p.wait(&ws.ready, src, WaitCmp::Ge(ready_at[src]), WaitSem::Acquire)?;
+                        consume_token(symm_at(ws.staging(), src), token).into()
+                    };
+                    let to = c.row * total_cols + col_offsets[src] + c.col;
+                    let at = c.row * cols[src] + c.col;
+                    tile::copy_2d(output + to, total_cols, from + at, cols[src], (c.rows, c.cols));
+                }
+                Ok(())
+            })?;
+        }
+        Ok(out)
+    })
+}

@@ -1,0 +1,28 @@
+//! all_reduce: every rank gets the sum over all ranks.
+
+use super::{ReduceOp, all_gather, reduce_scatter};
+use crate::shmem::Rank;
+use crate::{Element, Result};
+
+/// Sums `input` over all ranks; every rank gets the whole sum.
+///
+/// Done as a [`reduce_scatter`] (each rank sums its piece, in rank order) followed by an
+/// [`all_gather`] of the pieces: every element is summed once, by one rank, so every rank gets the
+/// same bits, and the same bits on every run.
+///
+/// # Errors
+/// As [`reduce_scatter`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// let out = World::threads(3)?.run(|rank| {
+///     collectives::all_reduce(rank, &[1.0f32, rank.rank() as f32])
+/// })?;
+/// assert!(out.iter().all(|o| o == &vec![3.0, 3.0]));
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_reduce<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
+    let piece = reduce_scatter(rank, input, ReduceOp::Sum)?;
+    all_gather(rank, &piece)
+}

@@ -1,0 +1,151 @@
+//! all_to_all: every rank sends a piece of its input to every rank (MPI_Alltoall, _Alltoallv).
+
+use super::workspace::{CHUNK_ELEMS, Chunks, RotatedTasks, exchange_checked, with_workspace};
+use crate::device::{LaunchMode, launch, tile};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
+use crate::tensor::split_offsets;
+use crate::{Element, Result};
+
+/// Sends the `p`-th of `world` equal pieces of `input` to rank `p`; returns the pieces received,
+/// in rank order.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) on every rank when a rank's input
+/// does not split into equal pieces; otherwise as [`all_to_all_v`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// let out = World::threads(2)?.run(|rank| {
+///     let r = rank.rank() as f32 * 10.0;
+///     collectives::all_to_all(rank, &[r, r + 1.0])
+/// })?;
+/// assert_eq!(out, vec![vec![0.0, 10.0], vec![1.0, 11.0]]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_to_all<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
+    let n = rank.num_ranks();
+    let counts = vec![input.len() / n; n];
+    let problem = (input.len() % n != 0)
+        .then(|| format!("{} elements do not split into {n} equal pieces", input.len()));
+    exchange_and_send(rank, input, &counts, problem)
+}
+
+/// Sends `send_counts[p]` elements of `input` (in order) to rank `p`; returns what every rank
+/// sent to this one, in rank order. Counts may differ between ranks and may be zero.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) on every rank when a rank's counts
+/// do not have one entry per rank or do not add up to its input length;
+/// [`Error::PeerFailed`](crate::Error::PeerFailed),
+/// [`Error::WaitTimeout`](crate::Error::WaitTimeout),
+/// [`Error::SymmetricMemoryExhausted`](crate::Error::SymmetricMemoryExhausted) as for every
+/// collective.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// let out = World::threads(2)?.run(|rank| {
+///     if rank.rank() == 0 {
+///         collectives::all_to_all_v(rank, &[1.0f64, 2.0, 3.0], &[1, 2])
+///     } else {
+///         collectives::all_to_all_v(rank, &[4.0f64], &[0, 1])
+///     }
+/// })?;
+/// assert_eq!(out, vec![vec![1.0], vec![2.0, 3.0, 4.0]]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_to_all_v<T: Element>(
+    rank: &Rank<'_>,
+    input: &[T],
+    send_counts: &[usize],
+) -> Result<Vec<T>> {
+    let n = rank.num_ranks();
+    let problem = if send_counts.len() != n {
+        Some(format!("{} send counts for a world of {n} ranks", send_counts.len()))
+    } else if send_counts.iter().sum::<usize>() != input.len() {
+        Some(format!(
+            "send counts add up to {}, the input has {} elements",
+            send_counts.iter().sum::<usize>(),
+            input.len()
+        ))
+    } else {
+        None
+    };
+    exchange_and_send(rank, input, send_counts, problem)
+}
+
+fn exchange_and_send<T: Element>(
+    rank: &Rank<'_>,
+    input: &[T],
+    send_counts: &[usize],
+    problem: Option<String>,
+) -> Result<Vec<T>> {
+    const OP: &str = "all_to_all";
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let mut words = vec![input.len() as u64];
+    words.extend(send_counts.iter().map(|&c| c as u64));
+    words.resize(1 + n, 0);
+    with_workspace::<T, _>(rank, |ws| {
+        let all = exchange_checked(ws, rank, OP, &words, problem)?;
+        // What rank p sends me, and where in p's input it starts.
+        let recv: Vec<usize> = all.iter().map(|w| w[1 + me] as usize).collect();
+        let send_start: Vec<usize> =
+            all.iter().map(|w| w[1..1 + me].iter().sum::<u64>() as usize).collect();
+        let recv_offsets = split_offsets(&recv);
+        let mut out = vec![T::zero(); recv_offsets[n]];
+        if n > 1 {
+            ws.reserve(rank, all.iter().map(|w| w[0] as usize).max().unwrap_or(0))?;
+        }
+
+        let grid = rank.topology().aivector_core_num();
+        let ready_at = ws.publish(|_| n > 1, grid);
+        let publish = Chunks::new(1, input.len(), CHUNK_ELEMS);
+        let pieces: Vec<Chunks> = recv.iter().map(|&c| Chunks::new(1, c, CHUNK_ELEMS)).collect();
+        let tasks = RotatedTasks::new(me, &pieces.iter().map(|c| c.count).collect::<Vec<_>>());
+        let input_ptr = GlobalPtr::from_slice(input);
+        let output = GlobalPtrMut::from_slice(&mut out);
+        let ws = &*ws;
+        // SAFETY: as in all_gather: a rank writes its own staging buffer before notifying, peers
+        // read it after waiting; each task writes its own chunk of `out`.
+        unsafe {
+            launch(rank, LaunchMode::VectorOnly, grid, |p| {
+                if n > 1 {
+                    let staging = ws.staging().ptr();
+                    for t in p.tasks(publish.count) {
+                        let c = publish.get(t);
+                        tile::copy_2d(
+                            staging + c.col,
+                            c.cols,
+                            input_ptr + c.col,
+                            c.cols,
+                            (1, c.cols),
+                        );
+                    }
+                    super::notify_peers(p, &ws.ready)?;
+                }
+                for t in p.tasks(tasks.total()) {
+                    let (src, task) = tasks.locate(t);
+                    let c = pieces[src].get(task);
+                    let from: GlobalPtr<'_, T> = if src == me {
+                        input_ptr
+                    } else {
+                        let token =
+                            p.wait(&ws.ready, src, WaitCmp::Ge(ready_at[src]), WaitSem::Acquire)?;
+                        consume_token(symm_at(ws.staging(), src), token).into()
+                    };
+                    let at = send_start[src] + c.col;
+                    tile::copy_2d(
+                        output + (recv_offsets[src] + c.col),
+                        c.cols,
+                        from + at,
+                        c.cols,
+                        (1, c.cols),
+                    );
+                }
+                Ok(())
+            })?;
+        }
+        Ok(out)
+    })
+}

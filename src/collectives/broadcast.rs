@@ -1,0 +1,75 @@
+//! broadcast: every rank gets the root's data.
+
+use super::workspace::{CHUNK_ELEMS, Chunks, check_agree, exchange_checked, with_workspace};
+use crate::device::{LaunchMode, launch, tile};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
+use crate::{Element, Result};
+
+/// Every rank gets a copy of `root`'s `data`; the other ranks' `data` is not read (pass `&[]`).
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `root` is outside the world,
+/// [`Error::RanksDisagree`](crate::Error::RanksDisagree) when ranks name different roots, on every
+/// rank; otherwise as for every collective.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// let out = World::threads(3)?.run(|rank| {
+///     let data = if rank.rank() == 1 { vec![7.0f32, 8.0] } else { vec![] };
+///     collectives::broadcast(rank, &data, 1)
+/// })?;
+/// assert!(out.iter().all(|o| o == &vec![7.0, 8.0]));
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn broadcast<T: Element>(rank: &Rank<'_>, data: &[T], root: usize) -> Result<Vec<T>> {
+    const OP: &str = "broadcast";
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let problem = (root >= n).then(|| format!("root {root} is outside a world of {n} ranks"));
+    with_workspace::<T, _>(rank, |ws| {
+        let all = exchange_checked(ws, rank, OP, &[root as u64, data.len() as u64], problem)?;
+        check_agree(OP, &all, 0, "root")?;
+        let len = all[root][1] as usize;
+        let mut out = vec![T::zero(); len];
+        if n > 1 {
+            ws.reserve(rank, len)?;
+        }
+
+        let grid = rank.topology().aivector_core_num();
+        let ready_at = ws.publish(|p| n > 1 && p == root, grid);
+        let chunks = Chunks::new(1, len, CHUNK_ELEMS);
+        let input = GlobalPtr::from_slice(data);
+        let output = GlobalPtrMut::from_slice(&mut out);
+        let ws = &*ws;
+        // SAFETY: the root writes its own staging buffer before notifying; the others read it
+        // after waiting; each task writes its own chunk of `out`.
+        unsafe {
+            launch(rank, LaunchMode::VectorOnly, grid, |p| {
+                if me == root && n > 1 {
+                    let staging = ws.staging().ptr();
+                    for t in p.tasks(chunks.count) {
+                        let c = chunks.get(t);
+                        tile::copy_2d(staging + c.col, c.cols, input + c.col, c.cols, (1, c.cols));
+                    }
+                    super::notify_peers(p, &ws.ready)?;
+                }
+                let from: GlobalPtr<'_, T> = if me == root {
+                    input
+                } else {
+                    if chunks.count == 0 {
+                        return Ok(());
+                    }
+                    let token =
+                        p.wait(&ws.ready, root, WaitCmp::Ge(ready_at[root]), WaitSem::Acquire)?;
+                    consume_token(symm_at(ws.staging(), root), token).into()
+                };
+                for t in p.tasks(chunks.count) {
+                    let c = chunks.get(t);
+                    tile::copy_2d(output + c.col, c.cols, from + c.col, c.cols, (1, c.cols));
+                }
+                Ok(())
+            })?;
+        }
+        Ok(out)
+    })
+}

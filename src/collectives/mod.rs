@@ -1,0 +1,38 @@
+//! Collectives as tile kernels on symmetric memory: [`all_gather`], [`reduce_scatter`],
+//! [`all_reduce`], [`all_to_all`] (and the uneven [`all_to_all_v`]), [`broadcast`].
+//!
+//! Each is collective: every rank of the world calls it, in the same order. Lengths may differ
+//! between ranks and may be zero. Reductions run in a fixed rank order, so their results are
+//! bitwise the same on every run; f16 and bf16 accumulate in f32 and round once. Buffers and
+//! signals are kept per rank between calls (see [`Rank::workspace_bytes`](crate::Rank::workspace_bytes)),
+//! and signals count calls instead of being reset, so a call needs no barrier.
+//!
+//! The kernels follow the seed: vector-only launches over the topology's vector cores, a
+//! grid-stride loop over tasks flattened across (peer, chunk), peers visited in an order rotated
+//! by the rank, masks at ragged ends.
+
+mod all_gather;
+mod all_reduce;
+mod all_to_all;
+mod broadcast;
+mod reduce_scatter;
+mod workspace;
+
+pub use all_gather::{all_gather, all_gather_cols};
+pub use all_reduce::all_reduce;
+pub use all_to_all::{all_to_all, all_to_all_v};
+pub use broadcast::broadcast;
+pub use reduce_scatter::{ReduceOp, reduce_scatter, reduce_scatter_cols};
+
+use crate::Result;
+use crate::device::Program;
+use crate::shmem::{NotifySem, Scope, SignalBuf, SignalOp};
+
+/// Tells every peer, rotated, that this program's part of the rank's publication is in place.
+fn notify_peers(p: &Program<'_>, ready: &SignalBuf) -> Result<()> {
+    let (me, n) = (p.rank(), p.num_ranks());
+    for i in 1..n {
+        p.notify(ready, me, (me + i) % n, SignalOp::Add(1), Scope::Peer, NotifySem::Release)?;
+    }
+    Ok(())
+}

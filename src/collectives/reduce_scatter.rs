@@ -1,0 +1,183 @@
+//! reduce_scatter: every rank gets its own piece of the sum (or mean) over all ranks.
+
+use super::workspace::{CHUNK_ELEMS, Chunks, check_agree, exchange_checked, with_workspace};
+use crate::device::tile::{self, Tile};
+use crate::device::{LaunchMode, launch};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
+use crate::tensor::{array_split, split_offsets};
+use crate::{Element, Result};
+
+/// Elements per reduction task: each program holds one tile per rank, so these are smaller than
+/// the copy chunks.
+const REDUCE_CHUNK_ELEMS: usize = 4 * 1024;
+
+/// How a reduction combines the ranks' values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// The sum over ranks.
+    Sum,
+    /// The sum over ranks divided by the number of ranks.
+    Mean,
+}
+
+/// Sums (or averages) `input` over all ranks and gives rank `r` the `r`-th piece, split as
+/// `numpy.array_split` splits `input.len()`: the first `len % world` ranks get one more element.
+///
+/// The sum runs in rank order 0, 1, 2, ... on every rank, accumulating in `T::Acc` and rounding
+/// once: the same bits on every run.
+///
+/// # Errors
+/// [`Error::RanksDisagree`](crate::Error::RanksDisagree) when the lengths (or ops) differ between
+/// ranks; otherwise as [`all_gather`](super::all_gather).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::collectives::{self, ReduceOp};
+/// use dist_tensor::World;
+/// let out = World::threads(2)?.run(|rank| {
+///     let x = [1.0f32, 2.0, 3.0].map(|v| v * (rank.rank() + 1) as f32);
+///     collectives::reduce_scatter(rank, &x, ReduceOp::Sum)
+/// })?;
+/// assert_eq!(out, vec![vec![3.0, 6.0], vec![9.0]]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn reduce_scatter<T: Element>(rank: &Rank<'_>, input: &[T], op: ReduceOp) -> Result<Vec<T>> {
+    reduce_scatter_cols(rank, input, 1, &array_split(input.len(), rank.num_ranks()), op)
+}
+
+/// Reduces row-major `[rows, sum of counts]` inputs over all ranks and gives rank `r` its column
+/// block `[rows, counts[r]]` (the reduce_scatter of a tensor onto a shard of any dimension).
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `counts` does not have one entry
+/// per rank or `input` is not `rows x sum(counts)`;
+/// [`Error::RanksDisagree`](crate::Error::RanksDisagree) when ranks pass different `rows`,
+/// `counts` or `op`. Every rank returns the error.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::collectives::{self, ReduceOp};
+/// use dist_tensor::World;
+/// let out = World::threads(2)?.run(|rank| {
+///     // [2, 3] on every rank; rank 0 gets columns 0..1, rank 1 columns 1..3.
+///     let x = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0];
+///     collectives::reduce_scatter_cols(rank, &x, 2, &[1, 2], ReduceOp::Mean)
+/// })?;
+/// assert_eq!(out, vec![vec![1.0, 4.0], vec![2.0, 3.0, 5.0, 6.0]]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn reduce_scatter_cols<T: Element>(
+    rank: &Rank<'_>,
+    input: &[T],
+    rows: usize,
+    counts: &[usize],
+    op: ReduceOp,
+) -> Result<Vec<T>> {
+    const OP: &str = "reduce_scatter";
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let total: usize = counts.iter().sum();
+    let problem = if counts.len() != n {
+        Some(format!("{} split counts for a world of {n} ranks", counts.len()))
+    } else if input.len() != rows * total {
+        Some(format!("{} elements are not {rows} rows of {total}", input.len()))
+    } else {
+        None
+    };
+    let mut words = vec![rows as u64, input.len() as u64, op as u64];
+    words.extend(counts.iter().map(|&c| c as u64));
+    words.resize(3 + n, u64::MAX);
+    with_workspace::<T, _>(rank, |ws| {
+        let all = exchange_checked(ws, rank, OP, &words, problem)?;
+        check_agree(OP, &all, 0, "rows")?;
+        check_agree(OP, &all, 1, "input length")?;
+        check_agree(OP, &all, 2, "reduce op")?;
+        for i in 0..n {
+            check_agree(OP, &all, 3 + i, &format!("count[{i}]"))?;
+        }
+        let col_offsets = split_offsets(counts);
+        let mine = counts[me];
+        let mut out = vec![T::zero(); rows * mine];
+        if n > 1 {
+            ws.reserve(rank, input.len())?;
+        }
+
+        let grid = rank.topology().aivector_core_num();
+        let ready_at = ws.publish(|_| n > 1, grid);
+        let publish = Chunks::new(rows, total, CHUNK_ELEMS);
+        let reduce = Chunks::new(rows, mine, REDUCE_CHUNK_ELEMS);
+        let ranks = <T::Acc as Element>::from_f64(n as f64);
+        let input_ptr = GlobalPtr::from_slice(input);
+        let output = GlobalPtrMut::from_slice(&mut out);
+        let ws = &*ws;
+        // SAFETY: as in all_gather: a rank writes its own staging buffer before notifying, peers
+        // read it after waiting; each task writes its own chunk of `out`.
+        unsafe {
+            launch(rank, LaunchMode::VectorOnly, grid, |p| {
+                if n > 1 {
+                    let staging = ws.staging().ptr();
+                    for t in p.tasks(publish.count) {
+                        let c = publish.get(t);
+                        let at = c.row * total + c.col;
+                        tile::copy_2d(staging + at, total, input_ptr + at, total, (c.rows, c.cols));
+                    }
+                    super::notify_peers(p, &ws.ready)?;
+                }
+                let (br, bc) = reduce.block();
+                let mut parts: Vec<Tile<T>> =
+                    (0..n).map(|_| Tile::new(br, bc, T::zero())).collect();
+                let mut acc = Tile::new(br, bc, <T::Acc as Element>::zero());
+                let mut rounded = Tile::new(br, bc, T::zero());
+                for t in p.tasks(reduce.count) {
+                    let c = reduce.get(t);
+                    let at = c.row * total + col_offsets[me] + c.col;
+                    // Load in rotated order, so ranks do not all read the same peer at once...
+                    for i in 0..n {
+                        let src = (me + i) % n;
+                        let from: GlobalPtr<'_, T> = if src == me {
+                            input_ptr
+                        } else {
+                            let token = p.wait(
+                                &ws.ready,
+                                src,
+                                WaitCmp::Ge(ready_at[src]),
+                                WaitSem::Acquire,
+                            )?;
+                            consume_token(symm_at(ws.staging(), src), token).into()
+                        };
+                        tile::load_2d(
+                            from + at,
+                            total,
+                            (c.rows, c.cols),
+                            T::zero(),
+                            &mut parts[src],
+                        );
+                    }
+                    // ...and add in rank order, so every run gives the same bits.
+                    let acc_data = acc.as_mut_slice();
+                    for (a, &x) in acc_data.iter_mut().zip(parts[0].as_slice()) {
+                        *a = x.to_acc();
+                    }
+                    for part in &parts[1..] {
+                        for (a, &x) in acc_data.iter_mut().zip(part.as_slice()) {
+                            *a += x.to_acc();
+                        }
+                    }
+                    if op == ReduceOp::Mean {
+                        for a in acc_data.iter_mut() {
+                            *a = *a / ranks;
+                        }
+                    }
+                    acc.cast_into(&mut rounded);
+                    tile::store_2d(
+                        output + (c.row * mine + c.col),
+                        mine,
+                        &rounded,
+                        (c.rows, c.cols),
+                    );
+                }
+                Ok(())
+            })?;
+        }
+        Ok(out)
+    })
+}

@@ -1,0 +1,281 @@
+//! What every collective keeps between calls: a metadata exchange, a staging buffer, signals.
+//!
+//! A call goes in three steps, none of them a barrier:
+//! 1. **Exchange**: each rank pushes a few words (its lengths, its arguments) into every peer's
+//!    metadata slot and sets the peer's signal to the call number. Every rank then knows every
+//!    rank's arguments, so they all validate them the same way and fail together, never leaving a
+//!    peer waiting. The slots alternate between calls, and a rank cannot get two calls ahead of a
+//!    peer (each exchange waits for every peer), so a slot is never overwritten while being read.
+//! 2. **Publish**: a rank copies its input into its own staging buffer, and each program then adds
+//!    one to a `ready` signal of every peer. Readers wait for `published x grid`: the count only
+//!    grows, so no signal is ever reset.
+//! 3. **Pull**: every rank reads what it needs from its peers' staging buffers (remote loads
+//!    through `symm_at`, after the wait's token is consumed). A rank overwrites its staging only in
+//!    its next call, after that call's exchange: by then every peer has finished this call.
+
+use crate::device::tile::valid_len;
+use crate::shmem::{
+    NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, WaitCmp, WaitSem, Workspace,
+    consume_token, symm_at,
+};
+use crate::{Element, Error, Result, device::tile};
+
+/// Elements a program moves per task: large enough to amortize the task, small enough to stay in
+/// the core's L2 cache.
+pub(crate) const CHUNK_ELEMS: usize = 16 * 1024;
+
+/// The buffers and signals of one element type's collectives on one rank.
+pub(crate) struct CollectiveWorkspace<T: Element> {
+    meta: SymmBuf<u64>,
+    meta_ready: SignalBuf,
+    words: usize,
+    calls: u64,
+    staging: Option<SymmBuf<T>>,
+    pub(crate) ready: SignalBuf,
+    published: Vec<u64>,
+}
+
+impl<T: Element> Workspace for CollectiveWorkspace<T> {
+    fn symmetric_bytes(&self) -> usize {
+        self.meta.len() * 8
+            + (self.meta_ready.len() + self.ready.len()) * 64
+            + self.staging.as_ref().map_or(0, |s| s.len() * size_of::<T>())
+    }
+}
+
+impl<T: Element> CollectiveWorkspace<T> {
+    fn new(rank: &Rank<'_>) -> Result<Self> {
+        let n = rank.num_ranks();
+        let words = n + 4;
+        Ok(CollectiveWorkspace {
+            meta: rank.alloc(2 * n * words)?,
+            meta_ready: rank.alloc_signals(n)?,
+            words,
+            calls: 0,
+            staging: None,
+            ready: rank.alloc_signals(n)?,
+            published: vec![0; n],
+        })
+    }
+
+    /// Exchanges `mine` with every rank; returns every rank's words, in rank order.
+    pub(crate) fn exchange(&mut self, rank: &Rank<'_>, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
+        let (me, n) = (rank.rank(), rank.num_ranks());
+        assert!(mine.len() <= self.words, "collective metadata of {} words", mine.len());
+        self.calls += 1;
+        let slot = (self.calls % 2) as usize * n;
+        for i in 0..n {
+            let peer = (me + i) % n;
+            tile::store_1d(symm_at(&self.meta, peer) + (slot + me) * self.words, mine, mine.len());
+            rank.notify(
+                &self.meta_ready,
+                me,
+                peer,
+                SignalOp::Set(self.calls),
+                Scope::Peer,
+                NotifySem::Release,
+            )?;
+        }
+        let mut all = Vec::with_capacity(n);
+        for p in 0..n {
+            let token =
+                rank.wait(&self.meta_ready, p, WaitCmp::Ge(self.calls), WaitSem::Acquire)?;
+            let mut words = vec![0u64; mine.len()];
+            let at = consume_token(self.meta.ptr(), token) + (slot + p) * self.words;
+            tile::load_1d(at, &mut words, mine.len(), 0);
+            all.push(words);
+        }
+        Ok(all)
+    }
+
+    /// Makes the staging buffer hold at least `len` elements. Collective: every rank passes the
+    /// same `len` (computed from exchanged metadata).
+    pub(crate) fn reserve(&mut self, rank: &Rank<'_>, len: usize) -> Result<()> {
+        if self.staging.as_ref().is_some_and(|s| s.len() >= len) {
+            return Ok(());
+        }
+        // Grow geometrically, so a slowly growing size does not reallocate every call.
+        let old = self.staging.as_ref().map_or(0, |s| s.len());
+        // Free the old one first, so the heap can reuse its space.
+        self.staging = None;
+        self.staging = Some(rank.alloc(len.max(old + old / 2))?);
+        Ok(())
+    }
+
+    /// The staging buffer (after [`CollectiveWorkspace::reserve`]).
+    pub(crate) fn staging(&self) -> &SymmBuf<T> {
+        self.staging.as_ref().expect("reserve() comes first")
+    }
+
+    /// Records that `publishers` publish in this call; returns, per rank, the `ready` count that
+    /// means its publication of this call is complete (`grid` programs each add one).
+    pub(crate) fn publish(&mut self, publishers: impl Fn(usize) -> bool, grid: usize) -> Vec<u64> {
+        for (p, count) in self.published.iter_mut().enumerate() {
+            if publishers(p) {
+                *count += 1;
+            }
+        }
+        self.published.iter().map(|&c| c * grid as u64).collect()
+    }
+}
+
+/// Runs `f` with this rank's collective workspace for `T`.
+pub(crate) fn with_workspace<T: Element, R>(
+    rank: &Rank<'_>,
+    f: impl FnOnce(&mut CollectiveWorkspace<T>) -> Result<R>,
+) -> Result<R> {
+    rank.with_workspace(CollectiveWorkspace::<T>::new, f)
+}
+
+/// Exchanges `words` and checks that no rank flagged its own input as invalid: word 0 of every
+/// rank is its problem (0 for none, else an index into `problems`). Every rank returns the same
+/// error, naming the rank at fault.
+pub(crate) fn exchange_checked<T: Element>(
+    ws: &mut CollectiveWorkspace<T>,
+    rank: &Rank<'_>,
+    op: &'static str,
+    words: &[u64],
+    problem: Option<String>,
+) -> Result<Vec<Vec<u64>>> {
+    let mut mine = words.to_vec();
+    mine.insert(0, u64::from(problem.is_some()));
+    let all = ws.exchange(rank, &mine)?;
+    if let Some(bad) = all.iter().position(|w| w[0] != 0) {
+        let reason = match (&problem, bad == rank.rank()) {
+            (Some(p), true) => p.clone(),
+            _ => format!("rank {bad} passed invalid arguments (its error says which)"),
+        };
+        return Err(Error::InvalidArgument { op, rank: bad, reason });
+    }
+    Ok(all.into_iter().map(|mut w| w.split_off(1)).collect())
+}
+
+/// Checks that word `index` is the same on every rank.
+pub(crate) fn check_agree(
+    op: &'static str,
+    all: &[Vec<u64>],
+    index: usize,
+    what: &str,
+) -> Result<u64> {
+    let first = all[0][index];
+    if let Some(bad) = all.iter().position(|w| w[index] != first) {
+        return Err(Error::RanksDisagree {
+            op,
+            rank_a: 0,
+            value_a: format!("{what} = {first}"),
+            rank_b: bad,
+            value_b: format!("{what} = {}", all[bad][index]),
+        });
+    }
+    Ok(first)
+}
+
+/// A `rows x cols` block cut into tasks of about `target` elements: whole rows when rows are
+/// short, pieces of one row when they are long.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chunks {
+    rows: usize,
+    cols: usize,
+    row_step: usize,
+    col_step: usize,
+    per_row: usize,
+    pub(crate) count: usize,
+}
+
+/// One task of [`Chunks`]: its first row and column, and how many of each the mask keeps.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chunk {
+    pub(crate) row: usize,
+    pub(crate) col: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+}
+
+impl Chunks {
+    pub(crate) fn new(rows: usize, cols: usize, target: usize) -> Self {
+        if rows == 0 || cols == 0 {
+            return Chunks { rows, cols, row_step: 1, col_step: 1, per_row: 1, count: 0 };
+        }
+        let col_step = cols.min(target);
+        let row_step = (target / col_step).clamp(1, rows);
+        let per_row = cols.div_ceil(col_step);
+        Chunks { rows, cols, row_step, col_step, per_row, count: rows.div_ceil(row_step) * per_row }
+    }
+
+    /// The largest task: the tile shape a program needs.
+    pub(crate) fn block(&self) -> (usize, usize) {
+        (self.row_step, self.col_step)
+    }
+
+    pub(crate) fn get(&self, task: usize) -> Chunk {
+        let row = (task / self.per_row) * self.row_step;
+        let col = (task % self.per_row) * self.col_step;
+        Chunk {
+            row,
+            col,
+            rows: valid_len(row, self.row_step, self.rows),
+            cols: valid_len(col, self.col_step, self.cols),
+        }
+    }
+}
+
+/// Tasks flattened over peers in rotated order (`i`-th group is rank `(me + i) % n`), each peer
+/// with its own number of chunks: finds the group and the chunk of a flat task index.
+pub(crate) struct RotatedTasks {
+    starts: Vec<usize>,
+    me: usize,
+}
+
+impl RotatedTasks {
+    pub(crate) fn new(me: usize, counts_by_rank: &[usize]) -> Self {
+        let n = counts_by_rank.len();
+        let mut starts = Vec::with_capacity(n + 1);
+        starts.push(0);
+        for i in 0..n {
+            starts.push(starts[i] + counts_by_rank[(me + i) % n]);
+        }
+        RotatedTasks { starts, me }
+    }
+
+    pub(crate) fn total(&self) -> usize {
+        *self.starts.last().expect("at least one rank")
+    }
+
+    /// `(source rank, chunk index within that rank's block)`.
+    pub(crate) fn locate(&self, task: usize) -> (usize, usize) {
+        let i = self.starts.partition_point(|&s| s <= task) - 1;
+        let n = self.starts.len() - 1;
+        ((self.me + i) % n, task - self.starts[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_a_block_exactly_once() {
+        for (rows, cols, target) in [(1, 1, 4), (7, 13, 16), (3, 100, 16), (100, 3, 16), (0, 5, 8)]
+        {
+            let chunks = Chunks::new(rows, cols, target);
+            let mut hits = vec![0u8; rows * cols];
+            for t in 0..chunks.count {
+                let c = chunks.get(t);
+                assert!(c.rows * c.cols <= target.max(cols.min(target)));
+                for r in c.row..c.row + c.rows {
+                    for k in c.col..c.col + c.cols {
+                        hits[r * cols + k] += 1;
+                    }
+                }
+            }
+            assert!(hits.iter().all(|&h| h == 1), "{rows}x{cols} by {target}");
+        }
+    }
+
+    #[test]
+    fn rotated_tasks_start_with_own_rank_and_skip_empty_ranks() {
+        let tasks = RotatedTasks::new(2, &[1, 0, 2, 3]);
+        let order: Vec<_> = (0..tasks.total()).map(|t| tasks.locate(t)).collect();
+        assert_eq!(order, vec![(2, 0), (2, 1), (3, 0), (3, 1), (3, 2), (0, 0)]);
+    }
+}
