@@ -111,7 +111,15 @@ impl<T: Element> Tensor<T> {
     pub fn random(shape: &[usize], seed: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         let len = shape.iter().product();
-        let data = (0..len).map(|_| T::from_f64(rng.random_range(-1.0..1.0))).collect();
+        // Redraw what rounds to 1.0 or 0 in the element type (only the half types ever do), so
+        // values stay in [-1, 1) and are never zero.
+        let mut draw = || loop {
+            let x = T::from_f64(rng.random_range(-1.0..1.0));
+            if x.to_f64() < 1.0 && x.to_f64() != 0.0 {
+                return x;
+            }
+        };
+        let data = (0..len).map(|_| draw()).collect();
         Self::from_shape_vec(shape, data).expect("length is the product of the shape")
     }
 
@@ -271,7 +279,7 @@ impl<T: Element> Tensor<T> {
                 reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
             });
         }
-        Ok(Self::from_array(self.data.view().permuted_axes(axes).to_owned()))
+        Ok(Tensor { data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned() })
     }
 
     /// Converts every element to another element type (through f64, so exactly where it fits).

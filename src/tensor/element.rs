@@ -179,6 +179,21 @@ macro_rules! native_element {
 native_element!(f32, std::sync::atomic::AtomicU32, DType::F32);
 native_element!(f64, std::sync::atomic::AtomicU64, DType::F64);
 
+/// Rounds `v` to f32 towards zero and sets the last bit when that was inexact ("round to odd").
+/// A value rounded to odd in a format with at least two more bits than the target then rounds
+/// correctly to the target: f64 to f16 or bf16 in two steps without double rounding.
+fn f64_to_f32_round_to_odd(v: f64) -> f32 {
+    let nearest = v as f32;
+    if !v.is_finite() || nearest as f64 == v {
+        return nearest;
+    }
+    let mut bits = nearest.to_bits();
+    if (nearest as f64).abs() > v.abs() {
+        bits -= 1; // one step towards zero: the truncated value (sign and magnitude bits)
+    }
+    f32::from_bits(bits | 1)
+}
+
 macro_rules! half_element {
     ($t:ty, $dtype:expr) => {
         impl Element for $t {
@@ -200,7 +215,9 @@ macro_rules! half_element {
             }
             #[inline(always)]
             fn from_f64(v: f64) -> $t {
-                <$t>::from_f64(v)
+                // Through f32 rounded to odd, then to nearest even: one correct rounding, unlike
+                // `half`'s own `from_f64`, which truncates or rounds twice.
+                <$t>::from_f32(f64_to_f32_round_to_odd(v))
             }
 
             unsafe fn gemm_acc(

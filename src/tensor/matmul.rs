@@ -102,8 +102,10 @@ pub fn matmul_into<T: Element>(
         } else {
             Array2::from_elem((m, n), <T::Acc as Element>::zero())
         };
-        let acc_raw = (acc.as_mut_ptr(), n as isize, 1);
-        // SAFETY: `acc` is a fresh contiguous m x n buffer; the operand views are valid.
+        // `mapv` keeps `c`'s memory order, which may be column-major or reversed: pass the strides.
+        let acc_raw = (acc.as_mut_ptr(), acc.strides()[0], acc.strides()[1]);
+        // SAFETY: `acc` is a fresh m x n array, its strides as ndarray reports them; the operand
+        // views are valid.
         unsafe { T::gemm_acc(m, n, k, acc_raw, accumulate, a_raw, b_raw, threads) };
         c.zip_mut_with(&acc, |ci, &ai| *ci = T::from_acc(ai));
     }

@@ -1,0 +1,78 @@
+//! Bus bandwidth of each collective beside memcpy of the same bytes, in one run.
+//!
+//! Bus bandwidth follows the usual convention (as NCCL's tests report it): the bytes each rank
+//! must move over its links for the algorithm to be done, so that numbers of different
+//! collectives and world sizes compare. For `S` bytes of input per rank and `n` ranks:
+//! all_gather and reduce_scatter move `S (n - 1)` and `S (n - 1) / n`, all_reduce twice the
+//! latter, all_to_all `S (n - 1) / n`, broadcast `S`. memcpy copies `S` bytes once on one thread.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use dist_tensor::collectives::{self, ReduceOp};
+use dist_tensor::{Rank, Result, World};
+
+type Collective = fn(&Rank<'_>, &[f32]) -> Result<Vec<f32>>;
+
+fn collectives_vs_memcpy(c: &mut Criterion) {
+    let ops: [(&str, Collective, fn(f64, f64) -> f64); 5] = [
+        ("all_gather", |r, x| collectives::all_gather(r, x), |s, n| s * (n - 1.0)),
+        (
+            "reduce_scatter",
+            |r, x| collectives::reduce_scatter(r, x, ReduceOp::Sum),
+            |s, n| s * (n - 1.0) / n,
+        ),
+        ("all_reduce", |r, x| collectives::all_reduce(r, x), |s, n| 2.0 * s * (n - 1.0) / n),
+        ("all_to_all", |r, x| collectives::all_to_all(r, x), |s, n| s * (n - 1.0) / n),
+        ("broadcast", |r, x| collectives::broadcast(r, x, 0), |s, _| s),
+    ];
+    for bytes in [64usize << 10, 16 << 20] {
+        let len = bytes / size_of::<f32>();
+        let label = if bytes >= 1 << 20 {
+            format!("{}MiB", bytes >> 20)
+        } else {
+            format!("{}KiB", bytes >> 10)
+        };
+        let mut group = c.benchmark_group(format!("collectives/{label}"));
+        group.throughput(Throughput::Bytes(bytes as u64));
+        let src: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        let mut dst = vec![0.0f32; len];
+        group.bench_function("memcpy", |b| b.iter(|| dst.copy_from_slice(black_box(&src))));
+        for world_size in [2usize, 4] {
+            let world = World::threads(world_size).unwrap();
+            for (name, op, bus_bytes) in ops {
+                let bus = bus_bytes(bytes as f64, world_size as f64) as u64;
+                group.throughput(Throughput::Bytes(bus));
+                group.bench_function(BenchmarkId::new(name, format!("world{world_size}")), |b| {
+                    b.iter_custom(|iters| {
+                        world
+                            .run(|rank| {
+                                let x: Vec<f32> =
+                                    (0..len).map(|i| (i + rank.rank()) as f32).collect();
+                                black_box(op(rank, &x)?); // warm: workspaces sized
+                                let _ = rank.barrier_all()?;
+                                let start = Instant::now();
+                                for _ in 0..iters {
+                                    black_box(op(rank, &x)?);
+                                }
+                                Ok(start.elapsed())
+                            })
+                            .unwrap()[0]
+                    })
+                });
+            }
+        }
+        group.finish();
+    }
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+}
+
+criterion_group! { name = benches; config = config(); targets = collectives_vs_memcpy }
+criterion_main!(benches);
