@@ -305,3 +305,31 @@ fn column_block_gather_and_reduce_scatter_equal_the_reference() {
         }
     }
 }
+
+#[test]
+fn into_forms_write_the_same_result_and_reject_a_wrong_output_length() {
+    let outs = World::threads(3)
+        .unwrap()
+        .run(|rank| {
+            let x = input::<f32>(11, rank.rank(), 101);
+            let mut gathered = vec![0.0f32; 303];
+            collectives::all_gather_into(rank, &x, &mut gathered)?;
+            assert_eq!(gathered, collectives::all_gather(rank, &x)?);
+            let mut piece = vec![0.0f32; array_split(101, 3)[rank.rank()]];
+            collectives::reduce_scatter_into(rank, &x, ReduceOp::Sum, &mut piece)?;
+            assert_eq!(piece, collectives::reduce_scatter(rank, &x, ReduceOp::Sum)?);
+            let mut summed = vec![0.0f32; 101];
+            collectives::all_reduce_into(rank, &x, &mut summed)?;
+            assert_eq!(summed, collectives::all_reduce(rank, &x)?);
+            // Rank 1 passes a buffer one too short: every rank gets the error.
+            let mut wrong = vec![0.0f32; if rank.rank() == 1 { 302 } else { 303 }];
+            Ok(collectives::all_gather_into(rank, &x, &mut wrong).unwrap_err().to_string())
+        })
+        .unwrap();
+    for text in &outs {
+        assert_eq!(
+            text,
+            "all_gather: invalid argument on rank 1: the output holds 302 elements, the result has 303"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! all_gather: every rank gets every rank's block, in rank order.
 
 use super::workspace::{
-    CHUNK_ELEMS, Chunks, RotatedTasks, check_agree, exchange_checked, with_workspace,
+    CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_agree, check_outputs, exchange_checked,
+    with_workspace,
 };
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
@@ -53,6 +54,49 @@ pub fn all_gather<T: Element>(rank: &Rank<'_>, local: &[T]) -> Result<Vec<T>> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub fn all_gather_cols<T: Element>(rank: &Rank<'_>, local: &[T], rows: usize) -> Result<Vec<T>> {
+    Ok(gather(rank, local, rows, Out::Alloc)?.expect("allocated"))
+}
+
+/// [`all_gather`] into the caller's `out`, which must hold the whole result.
+///
+/// # Errors
+/// As [`all_gather`], and [`Error::InvalidArgument`](crate::Error::InvalidArgument) on every rank
+/// when a rank's `out` has the wrong length.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// World::threads(2)?.run(|rank| {
+///     let mut out = [0.0f32; 2];
+///     collectives::all_gather_into(rank, &[rank.rank() as f32], &mut out)?;
+///     assert_eq!(out, [0.0, 1.0]);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_gather_into<T: Element>(rank: &Rank<'_>, local: &[T], out: &mut [T]) -> Result<()> {
+    gather(rank, local, 1, Out::Into(out)).map(drop)
+}
+
+/// [`all_gather_cols`] into the caller's `out`, which must hold the whole `[rows, sum of cols_r]`.
+///
+/// # Errors
+/// As [`all_gather_into`].
+pub fn all_gather_cols_into<T: Element>(
+    rank: &Rank<'_>,
+    local: &[T],
+    rows: usize,
+    out: &mut [T],
+) -> Result<()> {
+    gather(rank, local, rows, Out::Into(out)).map(drop)
+}
+
+fn gather<T: Element>(
+    rank: &Rank<'_>,
+    local: &[T],
+    rows: usize,
+    out: Out<'_, T>,
+) -> Result<Option<Vec<T>>> {
     const OP: &str = "all_gather";
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = match rows {
@@ -63,13 +107,14 @@ pub fn all_gather_cols<T: Element>(rank: &Rank<'_>, local: &[T], rows: usize) ->
         _ => None,
     };
     with_workspace::<T, _>(rank, |ws| {
-        let all = exchange_checked(ws, rank, OP, &[rows as u64, local.len() as u64], problem)?;
+        let words = [rows as u64, local.len() as u64, out.len_word()];
+        let all = exchange_checked(ws, rank, OP, &words, problem)?;
         check_agree(OP, &all, 0, "rows")?;
         let cols: Vec<usize> =
             all.iter().map(|w| (w[1] as usize).checked_div(rows).unwrap_or(0)).collect();
         let col_offsets = split_offsets(&cols);
         let total_cols = col_offsets[n];
-        let mut out = vec![T::zero(); rows * total_cols];
+        check_outputs(OP, &all, 2, |_| rows * total_cols)?;
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[1] as usize).max().unwrap_or(0))?;
         }
@@ -79,46 +124,57 @@ pub fn all_gather_cols<T: Element>(rank: &Rank<'_>, local: &[T], rows: usize) ->
         let chunks: Vec<Chunks> = cols.iter().map(|&c| Chunks::new(rows, c, CHUNK_ELEMS)).collect();
         let tasks = RotatedTasks::new(me, &chunks.iter().map(|c| c.count).collect::<Vec<_>>());
         let input = GlobalPtr::from_slice(local);
-        let output = GlobalPtrMut::from_slice(&mut out);
         let ws = &*ws;
-        // SAFETY: each rank writes only its own staging buffer, and only before it notifies;
-        // peers read it only after waiting for every program's notify. Each task writes its own
-        // chunk of `out`.
-        unsafe {
-            launch(rank, LaunchMode::VectorOnly, grid, |p| {
-                if n > 1 {
-                    let mine = &chunks[me];
-                    let staging = ws.staging().ptr();
-                    for t in p.tasks(mine.count) {
-                        let c = mine.get(t);
-                        let at = c.row * cols[me] + c.col;
+        out.fill(rows * total_cols, |out| {
+            let output = GlobalPtrMut::from_slice(out);
+            // SAFETY: each rank writes only its own staging buffer, and only before it notifies;
+            // peers read it only after waiting for every program's notify. Each task writes its own
+            // chunk of `out`.
+            unsafe {
+                launch(rank, LaunchMode::VectorOnly, grid, |p| {
+                    if n > 1 {
+                        let mine = &chunks[me];
+                        let staging = ws.staging().ptr();
+                        for t in p.tasks(mine.count) {
+                            let c = mine.get(t);
+                            let at = c.row * cols[me] + c.col;
+                            tile::copy_2d(
+                                staging + at,
+                                cols[me],
+                                input + at,
+                                cols[me],
+                                (c.rows, c.cols),
+                            );
+                        }
+                        super::notify_peers(p, &ws.ready)?;
+                    }
+                    for t in p.tasks(tasks.total()) {
+                        let (src, task) = tasks.locate(t);
+                        let c = chunks[src].get(task);
+                        let from = if src == me {
+                            input
+                        } else {
+                            let token = p.wait(
+                                &ws.ready,
+                                src,
+                                WaitCmp::Ge(ready_at[src]),
+                                WaitSem::Acquire,
+                            )?;
+                            consume_token(symm_at(ws.staging(), src), token).into()
+                        };
+                        let to = c.row * total_cols + col_offsets[src] + c.col;
+                        let at = c.row * cols[src] + c.col;
                         tile::copy_2d(
-                            staging + at,
-                            cols[me],
-                            input + at,
-                            cols[me],
+                            output + to,
+                            total_cols,
+                            from + at,
+                            cols[src],
                             (c.rows, c.cols),
                         );
                     }
-                    super::notify_peers(p, &ws.ready)?;
-                }
-                for t in p.tasks(tasks.total()) {
-                    let (src, task) = tasks.locate(t);
-                    let c = chunks[src].get(task);
-                    let from = if src == me {
-                        input
-                    } else {
-                        let token =
-                            p.wait(&ws.ready, src, WaitCmp::Ge(ready_at[src]), WaitSem::Acquire)?;
-                        consume_token(symm_at(ws.staging(), src), token).into()
-                    };
-                    let to = c.row * total_cols + col_offsets[src] + c.col;
-                    let at = c.row * cols[src] + c.col;
-                    tile::copy_2d(output + to, total_cols, from + at, cols[src], (c.rows, c.cols));
-                }
-                Ok(())
-            })?;
-        }
-        Ok(out)
+                    Ok(())
+                })
+            }
+        })
     })
 }

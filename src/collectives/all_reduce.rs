@@ -1,6 +1,6 @@
 //! all_reduce: every rank gets the sum over all ranks.
 
-use super::{ReduceOp, all_gather, reduce_scatter};
+use super::{ReduceOp, all_gather, all_gather_into, reduce_scatter};
 use crate::shmem::Rank;
 use crate::{Element, Result};
 
@@ -25,4 +25,26 @@ use crate::{Element, Result};
 pub fn all_reduce<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
     let piece = reduce_scatter(rank, input, ReduceOp::Sum)?;
     all_gather(rank, &piece)
+}
+
+/// [`all_reduce`] into the caller's `out`, which must be as long as `input`.
+///
+/// # Errors
+/// As [`all_reduce`], and [`Error::InvalidArgument`](crate::Error::InvalidArgument) on every rank
+/// when a rank's `out` has the wrong length.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// World::threads(2)?.run(|rank| {
+///     let mut out = [0.0f32; 2];
+///     collectives::all_reduce_into(rank, &[1.0, 2.0], &mut out)?;
+///     assert_eq!(out, [2.0, 4.0]);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_reduce_into<T: Element>(rank: &Rank<'_>, input: &[T], out: &mut [T]) -> Result<()> {
+    let piece = reduce_scatter(rank, input, ReduceOp::Sum)?;
+    all_gather_into(rank, &piece, out)
 }

@@ -1,6 +1,8 @@
 //! all_to_all: every rank sends a piece of its input to every rank (MPI_Alltoall, _Alltoallv).
 
-use super::workspace::{CHUNK_ELEMS, Chunks, RotatedTasks, exchange_checked, with_workspace};
+use super::workspace::{
+    CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_outputs, exchange_checked, with_workspace,
+};
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
 use crate::tensor::split_offsets;
@@ -28,7 +30,32 @@ pub fn all_to_all<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
     let counts = vec![input.len() / n; n];
     let problem = (input.len() % n != 0)
         .then(|| format!("{} elements do not split into {n} equal pieces", input.len()));
-    exchange_and_send(rank, input, &counts, problem)
+    Ok(exchange_and_send(rank, input, &counts, problem, Out::Alloc)?.expect("allocated"))
+}
+
+/// [`all_to_all`] into the caller's `out`, which must hold everything this rank receives.
+///
+/// # Errors
+/// As [`all_to_all`], and [`Error::InvalidArgument`](crate::Error::InvalidArgument) on every rank
+/// when a rank's `out` has the wrong length.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// World::threads(2)?.run(|rank| {
+///     let mut out = [0.0f32; 2];
+///     collectives::all_to_all_into(rank, &[1.0, 2.0], &mut out)?;
+///     assert_eq!(out, if rank.rank() == 0 { [1.0, 1.0] } else { [2.0, 2.0] });
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_to_all_into<T: Element>(rank: &Rank<'_>, input: &[T], out: &mut [T]) -> Result<()> {
+    let n = rank.num_ranks();
+    let counts = vec![input.len() / n; n];
+    let problem = (input.len() % n != 0)
+        .then(|| format!("{} elements do not split into {n} equal pieces", input.len()));
+    exchange_and_send(rank, input, &counts, problem, Out::Into(out)).map(drop)
 }
 
 /// Sends `send_counts[p]` elements of `input` (in order) to rank `p`; returns what every rank
@@ -72,7 +99,7 @@ pub fn all_to_all_v<T: Element>(
     } else {
         None
     };
-    exchange_and_send(rank, input, send_counts, problem)
+    Ok(exchange_and_send(rank, input, send_counts, problem, Out::Alloc)?.expect("allocated"))
 }
 
 fn exchange_and_send<T: Element>(
@@ -80,12 +107,14 @@ fn exchange_and_send<T: Element>(
     input: &[T],
     send_counts: &[usize],
     problem: Option<String>,
-) -> Result<Vec<T>> {
+    out: Out<'_, T>,
+) -> Result<Option<Vec<T>>> {
     const OP: &str = "all_to_all";
     let (me, n) = (rank.rank(), rank.num_ranks());
     let mut words = vec![input.len() as u64];
     words.extend(send_counts.iter().map(|&c| c as u64));
     words.resize(1 + n, 0);
+    words.push(out.len_word());
     with_workspace::<T, _>(rank, |ws| {
         let all = exchange_checked(ws, rank, OP, &words, problem)?;
         // What rank p sends me, and where in p's input it starts.
@@ -93,7 +122,7 @@ fn exchange_and_send<T: Element>(
         let send_start: Vec<usize> =
             all.iter().map(|w| w[1..1 + me].iter().sum::<u64>() as usize).collect();
         let recv_offsets = split_offsets(&recv);
-        let mut out = vec![T::zero(); recv_offsets[n]];
+        check_outputs(OP, &all, 1 + n, |r| all.iter().map(|w| w[1 + r] as usize).sum())?;
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[0] as usize).max().unwrap_or(0))?;
         }
@@ -104,48 +133,53 @@ fn exchange_and_send<T: Element>(
         let pieces: Vec<Chunks> = recv.iter().map(|&c| Chunks::new(1, c, CHUNK_ELEMS)).collect();
         let tasks = RotatedTasks::new(me, &pieces.iter().map(|c| c.count).collect::<Vec<_>>());
         let input_ptr = GlobalPtr::from_slice(input);
-        let output = GlobalPtrMut::from_slice(&mut out);
         let ws = &*ws;
-        // SAFETY: as in all_gather: a rank writes its own staging buffer before notifying, peers
-        // read it after waiting; each task writes its own chunk of `out`.
-        unsafe {
-            launch(rank, LaunchMode::VectorOnly, grid, |p| {
-                if n > 1 {
-                    let staging = ws.staging().ptr();
-                    for t in p.tasks(publish.count) {
-                        let c = publish.get(t);
+        out.fill(recv_offsets[n], |out| {
+            let output = GlobalPtrMut::from_slice(out);
+            // SAFETY: as in all_gather: a rank writes its own staging buffer before notifying, peers
+            // read it after waiting; each task writes its own chunk of `out`.
+            unsafe {
+                launch(rank, LaunchMode::VectorOnly, grid, |p| {
+                    if n > 1 {
+                        let staging = ws.staging().ptr();
+                        for t in p.tasks(publish.count) {
+                            let c = publish.get(t);
+                            tile::copy_2d(
+                                staging + c.col,
+                                c.cols,
+                                input_ptr + c.col,
+                                c.cols,
+                                (1, c.cols),
+                            );
+                        }
+                        super::notify_peers(p, &ws.ready)?;
+                    }
+                    for t in p.tasks(tasks.total()) {
+                        let (src, task) = tasks.locate(t);
+                        let c = pieces[src].get(task);
+                        let from: GlobalPtr<'_, T> = if src == me {
+                            input_ptr
+                        } else {
+                            let token = p.wait(
+                                &ws.ready,
+                                src,
+                                WaitCmp::Ge(ready_at[src]),
+                                WaitSem::Acquire,
+                            )?;
+                            consume_token(symm_at(ws.staging(), src), token).into()
+                        };
+                        let at = send_start[src] + c.col;
                         tile::copy_2d(
-                            staging + c.col,
+                            output + (recv_offsets[src] + c.col),
                             c.cols,
-                            input_ptr + c.col,
+                            from + at,
                             c.cols,
                             (1, c.cols),
                         );
                     }
-                    super::notify_peers(p, &ws.ready)?;
-                }
-                for t in p.tasks(tasks.total()) {
-                    let (src, task) = tasks.locate(t);
-                    let c = pieces[src].get(task);
-                    let from: GlobalPtr<'_, T> = if src == me {
-                        input_ptr
-                    } else {
-                        let token =
-                            p.wait(&ws.ready, src, WaitCmp::Ge(ready_at[src]), WaitSem::Acquire)?;
-                        consume_token(symm_at(ws.staging(), src), token).into()
-                    };
-                    let at = send_start[src] + c.col;
-                    tile::copy_2d(
-                        output + (recv_offsets[src] + c.col),
-                        c.cols,
-                        from + at,
-                        c.cols,
-                        (1, c.cols),
-                    );
-                }
-                Ok(())
-            })?;
-        }
-        Ok(out)
+                    Ok(())
+                })
+            }
+        })
     })
 }

@@ -1,6 +1,8 @@
 //! broadcast: every rank gets the root's data.
 
-use super::workspace::{CHUNK_ELEMS, Chunks, check_agree, exchange_checked, with_workspace};
+use super::workspace::{
+    CHUNK_ELEMS, Chunks, Out, check_agree, check_outputs, exchange_checked, with_workspace,
+};
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
 use crate::{Element, Result};
@@ -23,14 +25,50 @@ use crate::{Element, Result};
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub fn broadcast<T: Element>(rank: &Rank<'_>, data: &[T], root: usize) -> Result<Vec<T>> {
+    Ok(cast(rank, data, root, Out::Alloc)?.expect("allocated"))
+}
+
+/// [`broadcast`] into the caller's `out`, which must hold the root's data.
+///
+/// # Errors
+/// As [`broadcast`], and [`Error::InvalidArgument`](crate::Error::InvalidArgument) on every rank
+/// when a rank's `out` has the wrong length.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// World::threads(2)?.run(|rank| {
+///     let mut out = [0.0f64; 1];
+///     collectives::broadcast_into(rank, &[rank.rank() as f64 + 5.0], 0, &mut out)?;
+///     assert_eq!(out, [5.0]);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn broadcast_into<T: Element>(
+    rank: &Rank<'_>,
+    data: &[T],
+    root: usize,
+    out: &mut [T],
+) -> Result<()> {
+    cast(rank, data, root, Out::Into(out)).map(drop)
+}
+
+fn cast<T: Element>(
+    rank: &Rank<'_>,
+    data: &[T],
+    root: usize,
+    out: Out<'_, T>,
+) -> Result<Option<Vec<T>>> {
     const OP: &str = "broadcast";
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = (root >= n).then(|| format!("root {root} is outside a world of {n} ranks"));
     with_workspace::<T, _>(rank, |ws| {
-        let all = exchange_checked(ws, rank, OP, &[root as u64, data.len() as u64], problem)?;
+        let words = [root as u64, data.len() as u64, out.len_word()];
+        let all = exchange_checked(ws, rank, OP, &words, problem)?;
         check_agree(OP, &all, 0, "root")?;
         let len = all[root][1] as usize;
-        let mut out = vec![T::zero(); len];
+        check_outputs(OP, &all, 2, |_| len)?;
         if n > 1 {
             ws.reserve(rank, len)?;
         }
@@ -39,37 +77,44 @@ pub fn broadcast<T: Element>(rank: &Rank<'_>, data: &[T], root: usize) -> Result
         let ready_at = ws.publish(|p| n > 1 && p == root, grid);
         let chunks = Chunks::new(1, len, CHUNK_ELEMS);
         let input = GlobalPtr::from_slice(data);
-        let output = GlobalPtrMut::from_slice(&mut out);
         let ws = &*ws;
-        // SAFETY: the root writes its own staging buffer before notifying; the others read it
-        // after waiting; each task writes its own chunk of `out`.
-        unsafe {
-            launch(rank, LaunchMode::VectorOnly, grid, |p| {
-                if me == root && n > 1 {
-                    let staging = ws.staging().ptr();
+        out.fill(len, |out| {
+            let output = GlobalPtrMut::from_slice(out);
+            // SAFETY: the root writes its own staging buffer before notifying; the others read it
+            // after waiting; each task writes its own chunk of `out`.
+            unsafe {
+                launch(rank, LaunchMode::VectorOnly, grid, |p| {
+                    if me == root && n > 1 {
+                        let staging = ws.staging().ptr();
+                        for t in p.tasks(chunks.count) {
+                            let c = chunks.get(t);
+                            tile::copy_2d(
+                                staging + c.col,
+                                c.cols,
+                                input + c.col,
+                                c.cols,
+                                (1, c.cols),
+                            );
+                        }
+                        super::notify_peers(p, &ws.ready)?;
+                    }
+                    let from: GlobalPtr<'_, T> = if me == root {
+                        input
+                    } else {
+                        if chunks.count == 0 {
+                            return Ok(());
+                        }
+                        let token =
+                            p.wait(&ws.ready, root, WaitCmp::Ge(ready_at[root]), WaitSem::Acquire)?;
+                        consume_token(symm_at(ws.staging(), root), token).into()
+                    };
                     for t in p.tasks(chunks.count) {
                         let c = chunks.get(t);
-                        tile::copy_2d(staging + c.col, c.cols, input + c.col, c.cols, (1, c.cols));
+                        tile::copy_2d(output + c.col, c.cols, from + c.col, c.cols, (1, c.cols));
                     }
-                    super::notify_peers(p, &ws.ready)?;
-                }
-                let from: GlobalPtr<'_, T> = if me == root {
-                    input
-                } else {
-                    if chunks.count == 0 {
-                        return Ok(());
-                    }
-                    let token =
-                        p.wait(&ws.ready, root, WaitCmp::Ge(ready_at[root]), WaitSem::Acquire)?;
-                    consume_token(symm_at(ws.staging(), root), token).into()
-                };
-                for t in p.tasks(chunks.count) {
-                    let c = chunks.get(t);
-                    tile::copy_2d(output + c.col, c.cols, from + c.col, c.cols, (1, c.cols));
-                }
-                Ok(())
-            })?;
-        }
-        Ok(out)
+                    Ok(())
+                })
+            }
+        })
     })
 }

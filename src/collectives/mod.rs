@@ -1,7 +1,8 @@
 //! Collectives as tile kernels on symmetric memory: [`all_gather`], [`reduce_scatter`],
 //! [`all_reduce`], [`all_to_all`] (and the uneven [`all_to_all_v`]), [`broadcast`].
 //!
-//! Each is collective: every rank of the world calls it, in the same order. Lengths may differ
+//! Each returns a new vector; the `_into` forms write into the caller's slice instead, for
+//! callers that reuse their buffers. Each is collective: every rank of the world calls it, in the same order. Lengths may differ
 //! between ranks and may be zero. Reductions run in a fixed rank order, so their results are
 //! bitwise the same on every run; f16 and bf16 accumulate in f32 and round once. Buffers and
 //! signals are kept per rank between calls (see [`Rank::workspace_bytes`](crate::Rank::workspace_bytes)),
@@ -18,11 +19,13 @@ mod broadcast;
 mod reduce_scatter;
 mod workspace;
 
-pub use all_gather::{all_gather, all_gather_cols};
-pub use all_reduce::all_reduce;
-pub use all_to_all::{all_to_all, all_to_all_v};
-pub use broadcast::broadcast;
-pub use reduce_scatter::{ReduceOp, reduce_scatter, reduce_scatter_cols};
+pub use all_gather::{all_gather, all_gather_cols, all_gather_cols_into, all_gather_into};
+pub use all_reduce::{all_reduce, all_reduce_into};
+pub use all_to_all::{all_to_all, all_to_all_into, all_to_all_v};
+pub use broadcast::{broadcast, broadcast_into};
+pub use reduce_scatter::{
+    ReduceOp, reduce_scatter, reduce_scatter_cols, reduce_scatter_cols_into, reduce_scatter_into,
+};
 
 use crate::Result;
 use crate::device::Program;

@@ -1,6 +1,8 @@
 //! reduce_scatter: every rank gets its own piece of the sum (or mean) over all ranks.
 
-use super::workspace::{CHUNK_ELEMS, Chunks, check_agree, exchange_checked, with_workspace};
+use super::workspace::{
+    CHUNK_ELEMS, Chunks, Out, check_agree, check_outputs, exchange_checked, with_workspace,
+};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
@@ -45,6 +47,49 @@ pub fn reduce_scatter<T: Element>(rank: &Rank<'_>, input: &[T], op: ReduceOp) ->
     reduce_scatter_cols(rank, input, 1, &array_split(input.len(), rank.num_ranks()), op)
 }
 
+/// [`reduce_scatter`] into the caller's `out`, which must hold this rank's piece.
+///
+/// # Errors
+/// As [`reduce_scatter`], and [`Error::InvalidArgument`](crate::Error::InvalidArgument) on every
+/// rank when a rank's `out` has the wrong length.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::collectives::{self, ReduceOp};
+/// use dist_tensor::World;
+/// World::threads(2)?.run(|rank| {
+///     let mut out = [0.0f32; 1];
+///     collectives::reduce_scatter_into(rank, &[1.0, 2.0], ReduceOp::Sum, &mut out)?;
+///     assert_eq!(out[0], if rank.rank() == 0 { 2.0 } else { 4.0 });
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn reduce_scatter_into<T: Element>(
+    rank: &Rank<'_>,
+    input: &[T],
+    op: ReduceOp,
+    out: &mut [T],
+) -> Result<()> {
+    let counts = array_split(input.len(), rank.num_ranks());
+    reduce(rank, input, 1, &counts, op, Out::Into(out)).map(drop)
+}
+
+/// [`reduce_scatter_cols`] into the caller's `out`, which must hold `[rows, counts[rank]]`.
+///
+/// # Errors
+/// As [`reduce_scatter_into`].
+pub fn reduce_scatter_cols_into<T: Element>(
+    rank: &Rank<'_>,
+    input: &[T],
+    rows: usize,
+    counts: &[usize],
+    op: ReduceOp,
+    out: &mut [T],
+) -> Result<()> {
+    reduce(rank, input, rows, counts, op, Out::Into(out)).map(drop)
+}
+
 /// Reduces row-major `[rows, sum of counts]` inputs over all ranks and gives rank `r` its column
 /// block `[rows, counts[r]]` (the reduce_scatter of a tensor onto a shard of any dimension).
 ///
@@ -73,6 +118,17 @@ pub fn reduce_scatter_cols<T: Element>(
     counts: &[usize],
     op: ReduceOp,
 ) -> Result<Vec<T>> {
+    Ok(reduce(rank, input, rows, counts, op, Out::Alloc)?.expect("allocated"))
+}
+
+fn reduce<T: Element>(
+    rank: &Rank<'_>,
+    input: &[T],
+    rows: usize,
+    counts: &[usize],
+    op: ReduceOp,
+    out: Out<'_, T>,
+) -> Result<Option<Vec<T>>> {
     const OP: &str = "reduce_scatter";
     let (me, n) = (rank.rank(), rank.num_ranks());
     let total: usize = counts.iter().sum();
@@ -86,6 +142,7 @@ pub fn reduce_scatter_cols<T: Element>(
     let mut words = vec![rows as u64, input.len() as u64, op as u64];
     words.extend(counts.iter().map(|&c| c as u64));
     words.resize(3 + n, u64::MAX);
+    words.push(out.len_word());
     with_workspace::<T, _>(rank, |ws| {
         let all = exchange_checked(ws, rank, OP, &words, problem)?;
         check_agree(OP, &all, 0, "rows")?;
@@ -95,8 +152,8 @@ pub fn reduce_scatter_cols<T: Element>(
             check_agree(OP, &all, 3 + i, &format!("count[{i}]"))?;
         }
         let col_offsets = split_offsets(counts);
+        check_outputs(OP, &all, 3 + n, |r| rows * counts[r])?;
         let mine = counts[me];
-        let mut out = vec![T::zero(); rows * mine];
         if n > 1 {
             ws.reserve(rank, input.len())?;
         }
@@ -107,77 +164,84 @@ pub fn reduce_scatter_cols<T: Element>(
         let reduce = Chunks::new(rows, mine, REDUCE_CHUNK_ELEMS);
         let ranks = <T::Acc as Element>::from_f64(n as f64);
         let input_ptr = GlobalPtr::from_slice(input);
-        let output = GlobalPtrMut::from_slice(&mut out);
         let ws = &*ws;
-        // SAFETY: as in all_gather: a rank writes its own staging buffer before notifying, peers
-        // read it after waiting; each task writes its own chunk of `out`.
-        unsafe {
-            launch(rank, LaunchMode::VectorOnly, grid, |p| {
-                if n > 1 {
-                    let staging = ws.staging().ptr();
-                    for t in p.tasks(publish.count) {
-                        let c = publish.get(t);
-                        let at = c.row * total + c.col;
-                        tile::copy_2d(staging + at, total, input_ptr + at, total, (c.rows, c.cols));
+        out.fill(rows * mine, |out| {
+            let output = GlobalPtrMut::from_slice(out);
+            // SAFETY: as in all_gather: a rank writes its own staging buffer before notifying, peers
+            // read it after waiting; each task writes its own chunk of `out`.
+            unsafe {
+                launch(rank, LaunchMode::VectorOnly, grid, |p| {
+                    if n > 1 {
+                        let staging = ws.staging().ptr();
+                        for t in p.tasks(publish.count) {
+                            let c = publish.get(t);
+                            let at = c.row * total + c.col;
+                            tile::copy_2d(
+                                staging + at,
+                                total,
+                                input_ptr + at,
+                                total,
+                                (c.rows, c.cols),
+                            );
+                        }
+                        super::notify_peers(p, &ws.ready)?;
                     }
-                    super::notify_peers(p, &ws.ready)?;
-                }
-                let (br, bc) = reduce.block();
-                let mut parts: Vec<Tile<T>> =
-                    (0..n).map(|_| Tile::new(br, bc, T::zero())).collect();
-                let mut acc = Tile::new(br, bc, <T::Acc as Element>::zero());
-                let mut rounded = Tile::new(br, bc, T::zero());
-                for t in p.tasks(reduce.count) {
-                    let c = reduce.get(t);
-                    let at = c.row * total + col_offsets[me] + c.col;
-                    // Load in rotated order, so ranks do not all read the same peer at once...
-                    for i in 0..n {
-                        let src = (me + i) % n;
-                        let from: GlobalPtr<'_, T> = if src == me {
-                            input_ptr
-                        } else {
-                            let token = p.wait(
-                                &ws.ready,
-                                src,
-                                WaitCmp::Ge(ready_at[src]),
-                                WaitSem::Acquire,
-                            )?;
-                            consume_token(symm_at(ws.staging(), src), token).into()
-                        };
-                        tile::load_2d(
-                            from + at,
-                            total,
+                    let (br, bc) = reduce.block();
+                    let mut parts: Vec<Tile<T>> =
+                        (0..n).map(|_| Tile::new(br, bc, T::zero())).collect();
+                    let mut acc = Tile::new(br, bc, <T::Acc as Element>::zero());
+                    let mut rounded = Tile::new(br, bc, T::zero());
+                    for t in p.tasks(reduce.count) {
+                        let c = reduce.get(t);
+                        let at = c.row * total + col_offsets[me] + c.col;
+                        // Load in rotated order, so ranks do not all read the same peer at once...
+                        for i in 0..n {
+                            let src = (me + i) % n;
+                            let from: GlobalPtr<'_, T> = if src == me {
+                                input_ptr
+                            } else {
+                                let token = p.wait(
+                                    &ws.ready,
+                                    src,
+                                    WaitCmp::Ge(ready_at[src]),
+                                    WaitSem::Acquire,
+                                )?;
+                                consume_token(symm_at(ws.staging(), src), token).into()
+                            };
+                            tile::load_2d(
+                                from + at,
+                                total,
+                                (c.rows, c.cols),
+                                T::zero(),
+                                &mut parts[src],
+                            );
+                        }
+                        // ...and add in rank order, so every run gives the same bits.
+                        let acc_data = acc.as_mut_slice();
+                        for (a, &x) in acc_data.iter_mut().zip(parts[0].as_slice()) {
+                            *a = x.to_acc();
+                        }
+                        for part in &parts[1..] {
+                            for (a, &x) in acc_data.iter_mut().zip(part.as_slice()) {
+                                *a += x.to_acc();
+                            }
+                        }
+                        if op == ReduceOp::Mean {
+                            for a in acc_data.iter_mut() {
+                                *a = *a / ranks;
+                            }
+                        }
+                        acc.cast_into(&mut rounded);
+                        tile::store_2d(
+                            output + (c.row * mine + c.col),
+                            mine,
+                            &rounded,
                             (c.rows, c.cols),
-                            T::zero(),
-                            &mut parts[src],
                         );
                     }
-                    // ...and add in rank order, so every run gives the same bits.
-                    let acc_data = acc.as_mut_slice();
-                    for (a, &x) in acc_data.iter_mut().zip(parts[0].as_slice()) {
-                        *a = x.to_acc();
-                    }
-                    for part in &parts[1..] {
-                        for (a, &x) in acc_data.iter_mut().zip(part.as_slice()) {
-                            *a += x.to_acc();
-                        }
-                    }
-                    if op == ReduceOp::Mean {
-                        for a in acc_data.iter_mut() {
-                            *a = *a / ranks;
-                        }
-                    }
-                    acc.cast_into(&mut rounded);
-                    tile::store_2d(
-                        output + (c.row * mine + c.col),
-                        mine,
-                        &rounded,
-                        (c.rows, c.cols),
-                    );
-                }
-                Ok(())
-            })?;
-        }
-        Ok(out)
+                    Ok(())
+                })
+            }
+        })
     })
 }

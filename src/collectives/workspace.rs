@@ -46,7 +46,7 @@ impl<T: Element> Workspace for CollectiveWorkspace<T> {
 impl<T: Element> CollectiveWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
         let n = rank.num_ranks();
-        let words = n + 4;
+        let words = n + 6; // the longest metadata: reduce_scatter's
         Ok(CollectiveWorkspace {
             meta: rank.alloc(2 * n * words)?,
             meta_ready: rank.alloc_signals(n)?,
@@ -148,6 +148,61 @@ pub(crate) fn exchange_checked<T: Element>(
         return Err(Error::InvalidArgument { op, rank: bad, reason });
     }
     Ok(all.into_iter().map(|mut w| w.split_off(1)).collect())
+}
+
+/// Where a collective writes its result: a vector it allocates, or the caller's slice.
+pub(crate) enum Out<'a, T> {
+    Alloc,
+    Into(&'a mut [T]),
+}
+
+impl<T: Element> Out<'_, T> {
+    /// The metadata word that tells peers the caller's output length (`u64::MAX`: allocate).
+    pub(crate) fn len_word(&self) -> u64 {
+        match self {
+            Out::Alloc => u64::MAX,
+            Out::Into(s) => s.len() as u64,
+        }
+    }
+
+    /// Runs `fill` on an output of `len` elements; returns the vector if it allocated one.
+    pub(crate) fn fill(
+        self,
+        len: usize,
+        fill: impl FnOnce(&mut [T]) -> Result<()>,
+    ) -> Result<Option<Vec<T>>> {
+        match self {
+            Out::Alloc => {
+                let mut out = vec![T::zero(); len];
+                fill(&mut out)?;
+                Ok(Some(out))
+            }
+            Out::Into(out) => fill(out).map(|()| None),
+        }
+    }
+}
+
+/// Checks every rank's output length (metadata word `index`) against what its result will be.
+pub(crate) fn check_outputs(
+    op: &'static str,
+    all: &[Vec<u64>],
+    index: usize,
+    expected: impl Fn(usize) -> usize,
+) -> Result<()> {
+    for (r, words) in all.iter().enumerate() {
+        if words[index] != u64::MAX && words[index] != expected(r) as u64 {
+            return Err(Error::InvalidArgument {
+                op,
+                rank: r,
+                reason: format!(
+                    "the output holds {} elements, the result has {}",
+                    words[index],
+                    expected(r)
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks that word `index` is the same on every rank.

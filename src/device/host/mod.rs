@@ -1,10 +1,16 @@
-//! The host simulation of an NPU: every program instance of a launch is a thread.
+//! The host simulation of an NPU: every program instance of a launch is a thread of its own,
+//! resident in a per-rank pool between launches.
 //!
 //! Threads, not a work-stealing pool: kernels spin-wait on each other, and a pool that runs a
 //! waiting consumer before its producer would deadlock. Waits block after a brief spin (see
 //! `shmem::sync`), so instances that only wait give their core back.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Mutex;
+
+mod pool;
+
+use pool::ProgramPool;
 
 use crate::device::Program;
 use crate::error::ProgramLabel;
@@ -37,33 +43,19 @@ where
         }
         result
     };
-    if grid == 0 {
-        return Ok(());
-    }
-    let results: Vec<Result<()>> = std::thread::scope(|scope| {
-        let instance = &instance;
-        let handles: Vec<_> = (0..grid * sub_vec_num)
-            .skip(1)
-            .map(|i| {
-                std::thread::Builder::new()
-                    .name(format!(
-                        "rank-{}/program-{}.{}",
-                        rank.rank(),
-                        i / sub_vec_num,
-                        i % sub_vec_num
-                    ))
-                    .spawn_scoped(scope, move || instance(i / sub_vec_num, i % sub_vec_num))
-                    .expect("spawning a program thread")
-            })
-            .collect();
-        // The calling thread runs instance 0 itself rather than idling in join.
-        let mut results = vec![instance(0, 0)];
-        results
-            .extend(handles.into_iter().map(|h| h.join().expect("instances catch their panics")));
-        results
-    });
+    let instances = grid * sub_vec_num;
+    let results: Vec<Mutex<Result<()>>> = (0..instances).map(|_| Mutex::new(Ok(()))).collect();
+    let job = |i: usize| {
+        let outcome = instance(i / sub_vec_num, i % sub_vec_num);
+        *results[i].lock().unwrap_or_else(|e| e.into_inner()) = outcome;
+    };
+    rank.with_workspace(ProgramPool::new, |pool| {
+        pool.run(instances, &job);
+        Ok(())
+    })?;
+    let results = results.into_iter().map(|r| r.into_inner().unwrap_or_else(|e| e.into_inner()));
     // Report this rank's own failure before a "stopped because a peer failed".
-    let mut errors: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
+    let mut errors: Vec<Error> = results.filter_map(Result::err).collect();
     errors.sort_by_key(|e| matches!(e, Error::PeerFailed { .. }));
     match errors.into_iter().next() {
         Some(err) => Err(err),
