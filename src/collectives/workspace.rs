@@ -1,11 +1,8 @@
 //! What every collective keeps between calls: a metadata exchange, a staging buffer, signals.
 //!
 //! A call goes in three steps, none of them a barrier:
-//! 1. **Exchange**: each rank pushes a few words (its lengths, its arguments) into every peer's
-//!    metadata slot and sets the peer's signal to the call number. Every rank then knows every
-//!    rank's arguments, so they all validate them the same way and fail together, never leaving a
-//!    peer waiting. The slots alternate between calls, and a rank cannot get two calls ahead of a
-//!    peer (each exchange waits for every peer), so a slot is never overwritten while being read.
+//! 1. **Exchange** ([`WordExchange`]): every rank learns every rank's arguments (lengths, counts),
+//!    so they all validate them the same way and fail together, never leaving a peer waiting.
 //! 2. **Publish**: a rank copies its input into its own staging buffer, and each program then adds
 //!    one to a `ready` signal of every peer. Readers wait for `published x grid`: the count only
 //!    grows, so no signal is ever reset.
@@ -14,11 +11,9 @@
 //!    its next call, after that call's exchange: by then every peer has finished this call.
 
 use crate::device::tile::valid_len;
-use crate::shmem::{
-    NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, WaitCmp, WaitSem, Workspace,
-    consume_token, symm_at,
-};
-use crate::{Element, Error, Result, device::tile};
+pub(crate) use crate::shmem::check_agree;
+use crate::shmem::{Rank, SignalBuf, SymmBuf, WordExchange, Workspace};
+use crate::{Element, Error, Result};
 
 /// Elements a program moves per task: large enough to amortize the task, small enough to stay in
 /// the core's L2 cache.
@@ -26,10 +21,7 @@ pub(crate) const CHUNK_ELEMS: usize = 16 * 1024;
 
 /// The buffers and signals of one element type's collectives on one rank.
 pub(crate) struct CollectiveWorkspace<T: Element> {
-    meta: SymmBuf<u64>,
-    meta_ready: SignalBuf,
-    words: usize,
-    calls: u64,
+    pub(crate) meta: WordExchange,
     staging: Option<SymmBuf<T>>,
     pub(crate) ready: SignalBuf,
     published: Vec<u64>,
@@ -37,8 +29,8 @@ pub(crate) struct CollectiveWorkspace<T: Element> {
 
 impl<T: Element> Workspace for CollectiveWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.meta.len() * 8
-            + (self.meta_ready.len() + self.ready.len()) * 64
+        self.meta.symmetric_bytes()
+            + self.ready.len() * 64
             + self.staging.as_ref().map_or(0, |s| s.len() * size_of::<T>())
     }
 }
@@ -46,46 +38,12 @@ impl<T: Element> Workspace for CollectiveWorkspace<T> {
 impl<T: Element> CollectiveWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
         let n = rank.num_ranks();
-        let words = n + 6; // the longest metadata: reduce_scatter's
         Ok(CollectiveWorkspace {
-            meta: rank.alloc(2 * n * words)?,
-            meta_ready: rank.alloc_signals(n)?,
-            words,
-            calls: 0,
+            meta: WordExchange::new(rank, n + 5)?, // the longest metadata: reduce_scatter's
             staging: None,
             ready: rank.alloc_signals(n)?,
             published: vec![0; n],
         })
-    }
-
-    /// Exchanges `mine` with every rank; returns every rank's words, in rank order.
-    pub(crate) fn exchange(&mut self, rank: &Rank<'_>, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
-        let (me, n) = (rank.rank(), rank.num_ranks());
-        assert!(mine.len() <= self.words, "collective metadata of {} words", mine.len());
-        self.calls += 1;
-        let slot = (self.calls % 2) as usize * n;
-        for i in 0..n {
-            let peer = (me + i) % n;
-            tile::store_1d(symm_at(&self.meta, peer) + (slot + me) * self.words, mine, mine.len());
-            rank.notify(
-                &self.meta_ready,
-                me,
-                peer,
-                SignalOp::Set(self.calls),
-                Scope::Peer,
-                NotifySem::Release,
-            )?;
-        }
-        let mut all = Vec::with_capacity(n);
-        for p in 0..n {
-            let token =
-                rank.wait(&self.meta_ready, p, WaitCmp::Ge(self.calls), WaitSem::Acquire)?;
-            let mut words = vec![0u64; mine.len()];
-            let at = consume_token(self.meta.ptr(), token) + (slot + p) * self.words;
-            tile::load_1d(at, &mut words, mine.len(), 0);
-            all.push(words);
-        }
-        Ok(all)
     }
 
     /// Makes the staging buffer hold at least `len` elements. Collective: every rank passes the
@@ -127,9 +85,7 @@ pub(crate) fn with_workspace<T: Element, R>(
     rank.with_workspace(CollectiveWorkspace::<T>::new, f)
 }
 
-/// Exchanges `words` and checks that no rank flagged its own input as invalid: word 0 of every
-/// rank is its problem (0 for none, else an index into `problems`). Every rank returns the same
-/// error, naming the rank at fault.
+/// Exchanges `words` with every rank, with this rank's `problem` if its input is invalid.
 pub(crate) fn exchange_checked<T: Element>(
     ws: &mut CollectiveWorkspace<T>,
     rank: &Rank<'_>,
@@ -137,17 +93,7 @@ pub(crate) fn exchange_checked<T: Element>(
     words: &[u64],
     problem: Option<String>,
 ) -> Result<Vec<Vec<u64>>> {
-    let mut mine = words.to_vec();
-    mine.insert(0, u64::from(problem.is_some()));
-    let all = ws.exchange(rank, &mine)?;
-    if let Some(bad) = all.iter().position(|w| w[0] != 0) {
-        let reason = match (&problem, bad == rank.rank()) {
-            (Some(p), true) => p.clone(),
-            _ => format!("rank {bad} passed invalid arguments (its error says which)"),
-        };
-        return Err(Error::InvalidArgument { op, rank: bad, reason });
-    }
-    Ok(all.into_iter().map(|mut w| w.split_off(1)).collect())
+    ws.meta.exchange_checked(rank, op, words, problem)
 }
 
 /// Where a collective writes its result: a vector it allocates, or the caller's slice.
@@ -203,26 +149,6 @@ pub(crate) fn check_outputs(
         }
     }
     Ok(())
-}
-
-/// Checks that word `index` is the same on every rank.
-pub(crate) fn check_agree(
-    op: &'static str,
-    all: &[Vec<u64>],
-    index: usize,
-    what: &str,
-) -> Result<u64> {
-    let first = all[0][index];
-    if let Some(bad) = all.iter().position(|w| w[index] != first) {
-        return Err(Error::RanksDisagree {
-            op,
-            rank_a: 0,
-            value_a: format!("{what} = {first}"),
-            rank_b: bad,
-            value_b: format!("{what} = {}", all[bad][index]),
-        });
-    }
-    Ok(first)
 }
 
 /// A `rows x cols` block cut into tasks of about `target` elements: whole rows when rows are

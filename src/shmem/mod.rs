@@ -10,6 +10,7 @@
 //! | `barrier_all()` | [`Rank::barrier_all`] |
 
 mod buffer;
+mod exchange;
 mod heap;
 mod rank;
 mod signal;
@@ -20,6 +21,7 @@ pub use crate::tensor::Pod;
 pub use buffer::{
     GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
 };
+pub use exchange::{WordExchange, check_agree};
 pub use rank::Rank;
 pub use signal::{NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
 pub use world::{
