@@ -13,6 +13,7 @@
 pub mod collectives;
 pub mod device;
 pub mod error;
+pub mod fused;
 pub mod shmem;
 pub mod tensor;
 

@@ -1,0 +1,338 @@
+//! all_gather + matmul, fused: `[m_r, K]` row shards times a local `[K, n_r]` weight give the
+//! full `[M, n_r]` product, computing on each shard as soon as it arrives.
+//!
+//! The kernel runs in mix mode. On vector sub-core 0 of every AI core, the communication part
+//! pushes this rank's rows into every peer's symmetric `gathered` buffer (peers in rotated order,
+//! chunks spread over the programs) and adds one to the peer's signal for this shard per chunk.
+//! On the other sub-cores, the compute part walks output tiles grid-stride, its own shard first
+//! (read straight from the input, so work starts before any data arrives), then the shards in the
+//! order peers send them; before the first tile of a shard it waits for all of the shard's chunks,
+//! consumes the token, and runs `dot` on the tile in place, with masks at ragged edges.
+//!
+//! When shards are only a few rows (decode), tiles per shard would read the whole weight once per
+//! shard; then every rank also copies its own rows into its `gathered` buffer and tiles run over
+//! the gathered rows, waiting for the shards a tile covers, so the weight is read once.
+
+use ndarray::{Array2, ArrayView2};
+
+use super::plan::{GemmTiles, Shards, compute_lanes};
+use crate::collectives;
+use crate::device::tile::{self, Tile};
+use crate::device::{LaunchMode, launch};
+use crate::shmem::{
+    GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
+    WaitSem, WordExchange, Workspace, consume_token, symm_at,
+};
+use crate::tensor::{Element, matmul_into};
+use crate::{Error, Result};
+
+const OP: &str = "all_gather_matmul";
+/// The most weights one call takes (metadata words are sized for them).
+pub const MAX_WEIGHTS: usize = 16;
+/// Elements the communication part moves per chunk.
+const PUSH_CHUNK_ELEMS: usize = 64 * 1024;
+/// Below this many rows per shard, tiles run over the gathered rows instead of per shard.
+const MIN_SHARD_ROWS: usize = 64;
+
+/// The products of an all_gather_matmul: one `[M, n_i]` array per weight, and how the rows were
+/// sharded (`row_counts[r]` rows came from rank `r`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgMatmulOutput<T> {
+    /// One product per weight, `[M, n_i]`.
+    pub outputs: Vec<Array2<T>>,
+    /// Rows each rank contributed, in rank order.
+    pub row_counts: Vec<usize>,
+}
+
+struct AgMatmulWorkspace<T: Element> {
+    meta: WordExchange,
+    gathered: Option<SymmBuf<T>>,
+    /// `arrived[s]`: chunks of shard `s` that have landed in this rank's `gathered` buffer.
+    arrived: SignalBuf,
+    /// Cumulative count of chunks each shard has sent this rank, over all calls.
+    expected: Vec<u64>,
+}
+
+impl<T: Element> Workspace for AgMatmulWorkspace<T> {
+    fn symmetric_bytes(&self) -> usize {
+        self.meta.symmetric_bytes()
+            + self.arrived.len() * 64
+            + self.gathered.as_ref().map_or(0, |g| g.len() * size_of::<T>())
+    }
+}
+
+impl<T: Element> AgMatmulWorkspace<T> {
+    fn new(rank: &Rank<'_>) -> Result<Self> {
+        let n = rank.num_ranks();
+        Ok(AgMatmulWorkspace {
+            meta: WordExchange::new(rank, 3 + 2 * MAX_WEIGHTS)?,
+            gathered: None,
+            arrived: rank.alloc_signals(n)?,
+            expected: vec![0; n],
+        })
+    }
+
+    fn reserve(&mut self, rank: &Rank<'_>, len: usize) -> Result<()> {
+        if self.gathered.as_ref().is_none_or(|g| g.len() < len) {
+            self.gathered = None;
+            self.gathered = Some(rank.alloc(len)?);
+        }
+        Ok(())
+    }
+}
+
+/// What every rank agreed on.
+struct Agreed {
+    rows: Shards,
+    k: usize,
+}
+
+/// Exchanges shapes and checks them on every rank, so that all fail together.
+fn agree<T: Element>(
+    ws: &mut AgMatmulWorkspace<T>,
+    rank: &Rank<'_>,
+    x: &ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+) -> Result<Agreed> {
+    let problem = (weights.len() > MAX_WEIGHTS || weights.is_empty())
+        .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()));
+    let mut words = vec![x.nrows() as u64, x.ncols() as u64, weights.len() as u64];
+    for w in weights.iter().take(MAX_WEIGHTS) {
+        words.extend([w.nrows() as u64, w.ncols() as u64]);
+    }
+    let all = ws.meta.exchange_checked(rank, OP, &words, problem)?;
+    for (r, w) in all.iter().enumerate() {
+        let (m, k) = (w[0] as usize, w[1] as usize);
+        for i in 0..w[2] as usize {
+            let (kw, nw) = (w[3 + 2 * i] as usize, w[4 + 2 * i] as usize);
+            if kw != k {
+                return Err(Error::InnerDimMismatch {
+                    op: OP,
+                    rank: r,
+                    left: vec![m, k],
+                    right: vec![kw, nw],
+                });
+            }
+        }
+    }
+    let k = crate::shmem::check_agree(OP, &all, 1, "K (columns of x)")? as usize;
+    crate::shmem::check_agree(OP, &all, 2, "number of weights")?;
+    Ok(Agreed { rows: Shards::new(all.iter().map(|w| w[0] as usize).collect()), k })
+}
+
+/// `all_gather(x) @ w_i` for every weight: `x` is this rank's `[m_r, K]` row shard, each `w_i` a
+/// local `[K, n_i]` matrix (typically a column shard of a weight). Collective.
+///
+/// # Errors
+/// On every rank: [`Error::InnerDimMismatch`] naming the rank whose weight does not fit its `x`;
+/// [`Error::RanksDisagree`] when ranks have different `K` or numbers of weights;
+/// [`Error::InvalidArgument`] for no weights or more than [`MAX_WEIGHTS`]; and as every
+/// collective (a peer that fails, symmetric memory too small).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::all_gather_matmul;
+/// use dist_tensor::World;
+/// use ndarray::array;
+///
+/// let outs = World::threads(2)?.run(|rank| {
+///     let x = array![[rank.rank() as f32 + 1.0, 1.0]]; // one row per rank
+///     let w = array![[1.0f32], [10.0]];
+///     Ok(all_gather_matmul(rank, x.view(), &[w.view()])?.outputs.remove(0))
+/// })?;
+/// assert_eq!(outs[0], array![[11.0f32], [12.0]]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_gather_matmul<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+) -> Result<AgMatmulOutput<T>> {
+    rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| {
+        let agreed = agree(ws, rank, &x, weights)?;
+        run_fused(rank, ws, &agreed, x, weights)
+    })
+}
+
+/// The unfused baseline: [`collectives::all_gather`] of the rows, then one local product per
+/// weight on this rank's compute cores. Same results as [`all_gather_matmul`].
+///
+/// # Errors
+/// As [`all_gather_matmul`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::{all_gather_matmul, all_gather_matmul_unfused};
+/// use dist_tensor::{Tensor, World};
+///
+/// World::threads(3)?.run(|rank| {
+///     let x = Tensor::<f32>::random(&[5, 7], rank.rank() as u64);
+///     let w = Tensor::<f32>::random(&[7, 4], 99);
+///     let (x, w) = (x.view2("x")?, w.view2("w")?);
+///     let fused = all_gather_matmul(rank, x, &[w])?;
+///     let unfused = all_gather_matmul_unfused(rank, x, &[w])?;
+///     assert_eq!(fused.row_counts, unfused.row_counts);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_gather_matmul_unfused<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+) -> Result<AgMatmulOutput<T>> {
+    let agreed =
+        rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| agree(ws, rank, &x, weights))?;
+    let x = x.as_standard_layout();
+    let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
+    let a = ArrayView2::from_shape((agreed.rows.total(), agreed.k), &gathered).expect("M x K");
+    let threads = rank.topology().aicore_num();
+    let mut outputs = Vec::with_capacity(weights.len());
+    for w in weights {
+        let mut c = Array2::from_elem((a.nrows(), w.ncols()), T::zero());
+        matmul_into(c.view_mut(), a, *w, false, threads)?;
+        outputs.push(c);
+    }
+    Ok(AgMatmulOutput { outputs, row_counts: agreed.rows.counts().to_vec() })
+}
+
+fn run_fused<T: Element>(
+    rank: &Rank<'_>,
+    ws: &mut AgMatmulWorkspace<T>,
+    agreed: &Agreed,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+) -> Result<AgMatmulOutput<T>> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let (rows, k) = (&agreed.rows, agreed.k);
+    let m_total = rows.total();
+    // Tiles per shard, or over the gathered rows when shards are too short to be worth it.
+    let per_shard = n == 1 || rows.counts().iter().all(|&m| m == 0 || m >= MIN_SHARD_ROWS);
+    let x = x.as_standard_layout();
+    let input = GlobalPtr::from_slice(x.as_slice().expect("standard layout"));
+    let push = super::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
+    let chunks_of = |m: usize| if k == 0 { 0 } else { m.div_ceil(push) };
+    if n > 1 {
+        ws.reserve(rank, m_total * k)?;
+        for s in 0..n {
+            if s != me || !per_shard {
+                ws.expected[s] += chunks_of(rows.count(s)) as u64;
+            }
+        }
+    }
+    let weights: Vec<_> = weights.iter().map(|w| w.as_standard_layout()).collect();
+    let w_ptrs: Vec<GlobalPtr<'_, T>> = weights
+        .iter()
+        .map(|w| GlobalPtr::from_slice(w.as_slice().expect("standard layout")))
+        .collect();
+    let widths: Vec<usize> = weights.iter().map(|w| w.ncols()).collect();
+    let mut outputs: Vec<Array2<T>> =
+        widths.iter().map(|&nw| Array2::from_elem((m_total, nw), T::zero())).collect();
+    let out_ptrs: Vec<GlobalPtrMut<'_, T>> = outputs
+        .iter_mut()
+        .map(|o| GlobalPtrMut::from_slice(o.as_slice_mut().expect("fresh array")))
+        .collect();
+
+    // The compute tiles, in the order data becomes available: own shard, then the others rotated.
+    let order: Vec<usize> = (0..n).map(|i| (me + i) % n).collect();
+    let segments: Vec<(usize, usize)> = if per_shard {
+        order.iter().map(|&s| (rows.offset(s), rows.count(s))).collect()
+    } else {
+        vec![(0, m_total)]
+    };
+    let tiles = GemmTiles::new(&segments, &widths);
+    let ws = &*ws;
+    let gathered = ws.gathered.as_ref();
+    let (comm_lanes, first_compute) = compute_lanes(rank.topology().sub_vec_num());
+
+    // SAFETY: a rank's rows land in a peer's `gathered` buffer at the rows of that shard, written
+    // only by the pushing rank and read by the peer only after it acquired the shard's count of
+    // chunks; buffers are reused only after the next call's exchange (see WordExchange). Every
+    // output tile is written by exactly one task.
+    unsafe {
+        launch(rank, LaunchMode::Mix, rank.topology().aicore_num(), |p| {
+            if n > 1 && p.sub_vec_id() < comm_lanes {
+                push_rows(
+                    p,
+                    gathered.expect("reserved"),
+                    &ws.arrived,
+                    input,
+                    rows,
+                    k,
+                    push,
+                    per_shard,
+                )?;
+            }
+            let mut tokens: Vec<Option<Token>> = vec![None; n];
+            let mut acc =
+                Tile::new(tiles.block_rows, tiles.block_cols, <T::Acc as Element>::zero());
+            let mut rounded = Tile::new(tiles.block_rows, tiles.block_cols, T::zero());
+            for t in p.tasks_on_sub_vecs(first_compute, tiles.count()) {
+                let task = tiles.get(t);
+                let a = if n == 1 || (per_shard && order[task.segment] == me) {
+                    input + (task.row - rows.offset(me)) * k
+                } else {
+                    // Wait, once per program, for every shard the tile covers.
+                    let mut token = None;
+                    for s in rows.covering(task.row, task.rows) {
+                        if tokens[s].is_none() {
+                            let want = WaitCmp::Ge(ws.expected[s]);
+                            tokens[s] = Some(p.wait(&ws.arrived, s, want, WaitSem::Acquire)?);
+                        }
+                        token = tokens[s];
+                    }
+                    let Some(token) = token else { continue };
+                    let base = gathered.expect("reserved").ptr();
+                    GlobalPtr::from(consume_token(base, token)) + task.row * k
+                };
+                let nw = widths[task.weight];
+                acc.fill(<T::Acc as Element>::zero());
+                tile::dot(
+                    a,
+                    k,
+                    w_ptrs[task.weight] + task.col,
+                    nw,
+                    (task.rows, k, task.cols),
+                    &mut acc,
+                );
+                acc.cast_into(&mut rounded);
+                let at = task.row * nw + task.col;
+                tile::store_2d(out_ptrs[task.weight] + at, nw, &rounded, (task.rows, task.cols));
+            }
+            Ok(())
+        })?;
+    }
+    Ok(AgMatmulOutput { outputs, row_counts: rows.counts().to_vec() })
+}
+
+/// The communication part: this rank's rows into every peer's `gathered` buffer (and its own,
+/// when tiles read the gathered rows), `push` rows per chunk, one notify per chunk.
+#[allow(clippy::too_many_arguments)]
+fn push_rows<T: Element>(
+    p: &crate::device::Program<'_>,
+    gathered: &SymmBuf<T>,
+    arrived: &SignalBuf,
+    input: GlobalPtr<'_, T>,
+    rows: &Shards,
+    k: usize,
+    push: usize,
+    per_shard: bool,
+) -> Result<()> {
+    let (me, n) = (p.rank(), p.num_ranks());
+    let mine = rows.count(me);
+    let chunks = if k == 0 { 0 } else { mine.div_ceil(push) };
+    // Peers in rotated order, starting after this rank; itself last when it needs its own copy.
+    let targets: Vec<usize> =
+        (1..n).map(|i| (me + i) % n).chain((!per_shard).then_some(me)).collect();
+    // One communication lane per program: sub-core 0.
+    for task in p.tasks(targets.len() * chunks) {
+        let peer = targets[task / chunks];
+        let row = (task % chunks) * push;
+        let count = tile::valid_len(row, push, mine);
+        let dst = symm_at(gathered, peer) + (rows.offset(me) + row) * k;
+        tile::copy_2d(dst, k, input + row * k, k, (count, k));
+        let scope = if peer == me { Scope::Device } else { Scope::Peer };
+        p.notify(arrived, me, peer, SignalOp::Add(1), scope, NotifySem::Release)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,262 @@
+//! matmul + reduce_scatter, fused: `[M, k_r]` column shards times local `[k_r, N]` weights,
+//! summed over ranks, each rank keeping its own rows `[m_r, N]`.
+//!
+//! The kernel runs in mix mode. The compute part walks the partial product's tiles grid-stride,
+//! the rows other ranks need first (rank `me + 1`'s, then `me + 2`'s, ..., its own last), writes
+//! each tile in f32 (the accumulator type) into this rank's symmetric `partials` buffer, and adds
+//! one to the owning rank's signal for this source. The reduction part (vector sub-core 0 from the
+//! start, the compute sub-cores once their tiles are done) waits until every rank's partials for
+//! this rank's rows are complete, then pulls them through `symm_at` and adds them in rank order
+//! 0, 1, 2, ..., rounding once: the same bits on every run, whatever the timing.
+
+use ndarray::{Array2, ArrayView2};
+
+use super::plan::{GemmTiles, Shards, compute_lanes, row_chunks};
+use crate::collectives::{self, ReduceOp};
+use crate::device::tile::{self, Tile};
+use crate::device::{LaunchMode, launch};
+use crate::shmem::{
+    GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
+    WaitSem, WordExchange, Workspace, check_agree, consume_token, symm_at,
+};
+use crate::tensor::{Element, array_split, matmul_into};
+use crate::{Error, Result};
+
+const OP: &str = "matmul_reduce_scatter";
+/// Elements per reduction task.
+const REDUCE_CHUNK_ELEMS: usize = 16 * 1024;
+
+/// The workspace: partial products in the accumulator type, and per-source tile counts.
+struct MmRsWorkspace<T: Element> {
+    meta: WordExchange,
+    partials: Option<SymmBuf<T::Acc>>,
+    /// `done[s]`: tiles of this rank's rows that rank `s` has written into its `partials`.
+    done: SignalBuf,
+    /// Cumulative tile count each rank has announced to this one, over all calls.
+    expected: u64,
+}
+
+impl<T: Element> Workspace for MmRsWorkspace<T> {
+    fn symmetric_bytes(&self) -> usize {
+        self.meta.symmetric_bytes()
+            + self.done.len() * 64
+            + self.partials.as_ref().map_or(0, |p| p.len() * size_of::<T::Acc>())
+    }
+}
+
+impl<T: Element> MmRsWorkspace<T> {
+    fn new(rank: &Rank<'_>) -> Result<Self> {
+        Ok(MmRsWorkspace {
+            meta: WordExchange::new(rank, 4)?,
+            partials: None,
+            done: rank.alloc_signals(rank.num_ranks())?,
+            expected: 0,
+        })
+    }
+}
+
+/// Exchanges shapes and checks them on every rank; returns the row shards of the result and `N`.
+fn agree<T: Element>(
+    ws: &mut MmRsWorkspace<T>,
+    rank: &Rank<'_>,
+    x: &ArrayView2<T>,
+    w: &ArrayView2<T>,
+) -> Result<(Shards, usize)> {
+    let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols()].map(|v| v as u64);
+    let all = ws.meta.exchange_checked(rank, OP, &words, None)?;
+    for (r, v) in all.iter().enumerate() {
+        if v[1] != v[2] {
+            return Err(Error::InnerDimMismatch {
+                op: OP,
+                rank: r,
+                left: vec![v[0] as usize, v[1] as usize],
+                right: vec![v[2] as usize, v[3] as usize],
+            });
+        }
+    }
+    let m = check_agree(OP, &all, 0, "M (rows of x)")? as usize;
+    let n = check_agree(OP, &all, 3, "N (columns of w)")? as usize;
+    Ok((Shards::new(array_split(m, rank.num_ranks())), n))
+}
+
+/// `sum over ranks of x_r @ w_r`, each rank keeping its rows (split as `numpy.array_split`
+/// splits `M`): `x` is this rank's `[M, k_r]` (a column shard, or a partial sum with `k_r = K`),
+/// `w` its `[k_r, N]`. Collective; bitwise deterministic.
+///
+/// # Errors
+/// On every rank: [`Error::InnerDimMismatch`] naming the rank whose `w` does not fit its `x`;
+/// [`Error::RanksDisagree`] when ranks have different `M` or `N`; and as every collective.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::matmul_reduce_scatter;
+/// use dist_tensor::World;
+/// use ndarray::array;
+///
+/// let outs = World::threads(2)?.run(|rank| {
+///     let x = array![[1.0f32], [2.0], [3.0]]; // [M = 3, k_r = 1]
+///     let w = array![[rank.rank() as f32 + 1.0, 1.0]];
+///     matmul_reduce_scatter(rank, x.view(), w.view())
+/// })?;
+/// assert_eq!(outs[0], array![[3.0f32, 2.0], [6.0, 4.0]]); // rows 0..2 of the sum
+/// assert_eq!(outs[1], array![[9.0f32, 6.0]]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn matmul_reduce_scatter<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    w: ArrayView2<T>,
+) -> Result<Array2<T>> {
+    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
+        let (rows, n) = agree(ws, rank, &x, &w)?;
+        run_fused(rank, ws, &rows, n, x, w)
+    })
+}
+
+/// The unfused baseline: the local product on this rank's compute cores (rounded to `T`), then
+/// [`collectives::reduce_scatter_cols`] over the rows.
+///
+/// # Errors
+/// As [`matmul_reduce_scatter`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::{matmul_reduce_scatter, matmul_reduce_scatter_unfused};
+/// use dist_tensor::{Tensor, World};
+/// World::threads(2)?.run(|rank| {
+///     let x = Tensor::<f64>::random(&[5, 3], rank.rank() as u64);
+///     let w = Tensor::<f64>::random(&[3, 4], 7 + rank.rank() as u64);
+///     let (x, w) = (x.view2("x")?, w.view2("w")?);
+///     let (a, b) = (matmul_reduce_scatter(rank, x, w)?, matmul_reduce_scatter_unfused(rank, x, w)?);
+///     assert!((&a - &b).iter().all(|d| d.abs() < 1e-12));
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn matmul_reduce_scatter_unfused<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    w: ArrayView2<T>,
+) -> Result<Array2<T>> {
+    let (rows, n) = rank.with_workspace(MmRsWorkspace::<T>::new, |ws| agree(ws, rank, &x, &w))?;
+    let mut partial = Array2::from_elem((rows.total(), n), T::zero());
+    matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
+    let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();
+    let flat = partial.as_slice().expect("fresh array");
+    let mine = collectives::reduce_scatter_cols(rank, flat, 1, &counts, ReduceOp::Sum)?;
+    Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
+}
+
+fn run_fused<T: Element>(
+    rank: &Rank<'_>,
+    ws: &mut MmRsWorkspace<T>,
+    rows: &Shards,
+    n: usize,
+    x: ArrayView2<T>,
+    w: ArrayView2<T>,
+) -> Result<Array2<T>> {
+    let (me, world) = (rank.rank(), rank.num_ranks());
+    let (m, k) = (rows.total(), x.ncols());
+    if ws.partials.as_ref().is_none_or(|p| p.len() < m * n) {
+        ws.partials = None;
+        ws.partials = Some(rank.alloc(m * n)?);
+    }
+    // Tiles of the rows each rank owns, the other ranks' rows first and this rank's last.
+    let order: Vec<usize> = (1..=world).map(|i| (me + i) % world).collect();
+    let segments: Vec<(usize, usize)> =
+        order.iter().map(|&r| (rows.offset(r), rows.count(r))).collect();
+    let tiles = GemmTiles::new(&segments, &[n]);
+    // Every rank cuts the product the same way, so each announces the same number of tiles for
+    // this rank's rows.
+    let tiles_for_me = {
+        let mine = GemmTiles::new(&[(rows.offset(me), rows.count(me))], &[n]);
+        mine.count() as u64
+    };
+    ws.expected += tiles_for_me;
+
+    let x = x.as_standard_layout();
+    let w = w.as_standard_layout();
+    let x_ptr = GlobalPtr::from_slice(x.as_slice().expect("standard layout"));
+    let w_ptr = GlobalPtr::from_slice(w.as_slice().expect("standard layout"));
+    let mine = rows.count(me);
+    let mut out = Array2::from_elem((mine, n), T::zero());
+    let out_ptr = GlobalPtrMut::from_slice(out.as_slice_mut().expect("fresh array"));
+    let reduce_rows = row_chunks(n, REDUCE_CHUNK_ELEMS).min(mine.max(1));
+    let reduce_tasks = mine.div_ceil(reduce_rows);
+    let ws = &*ws;
+    let partials = ws.partials.as_ref().expect("allocated above");
+    let (_, first_compute) = compute_lanes(rank.topology().sub_vec_num());
+
+    // SAFETY: each rank writes only its own `partials`, each tile once, before announcing it;
+    // a rank reads a peer's partials for its rows only after acquiring all of them; the buffer
+    // is rewritten only after the next call's exchange. Each output chunk has one writer.
+    unsafe {
+        launch(rank, LaunchMode::Mix, rank.topology().aicore_num(), |p| {
+            let mut acc =
+                Tile::new(tiles.block_rows, tiles.block_cols, <T::Acc as Element>::zero());
+            for t in p.tasks_on_sub_vecs(first_compute, tiles.count()) {
+                let task = tiles.get(t);
+                acc.fill(<T::Acc as Element>::zero());
+                let valid = (task.rows, k, task.cols);
+                tile::dot(x_ptr + task.row * k, k, w_ptr + task.col, n, valid, &mut acc);
+                let at = task.row * n + task.col;
+                tile::store_2d(partials.ptr() + at, n, &acc, (task.rows, task.cols));
+                let owner = order[task.segment];
+                let scope = if owner == me { Scope::Device } else { Scope::Peer };
+                p.notify(&ws.done, me, owner, SignalOp::Add(1), scope, NotifySem::Release)?;
+            }
+            reduce_rows_of(p, ws, partials, rows, n, out_ptr, reduce_rows, reduce_tasks)
+        })?;
+    }
+    Ok(out)
+}
+
+/// The reduction part: this rank's rows of every rank's partials, added in rank order.
+#[allow(clippy::too_many_arguments)]
+fn reduce_rows_of<T: Element>(
+    p: &crate::device::Program<'_>,
+    ws: &MmRsWorkspace<T>,
+    partials: &SymmBuf<T::Acc>,
+    rows: &Shards,
+    n: usize,
+    out: GlobalPtrMut<'_, T>,
+    block: usize,
+    tasks: usize,
+) -> Result<()> {
+    let (me, world) = (p.rank(), p.num_ranks());
+    let mut tokens: Vec<Option<Token>> = vec![None; world];
+    let mut sum = Tile::new(block, n, <T::Acc as Element>::zero());
+    let mut part = Tile::new(block, n, <T::Acc as Element>::zero());
+    let mut rounded = Tile::new(block, n, T::zero());
+    for t in p.tasks_on_sub_vecs(0, tasks) {
+        let row = t * block;
+        let count = tile::valid_len(row, block, rows.count(me));
+        let at = (rows.offset(me) + row) * n;
+        for src in 0..world {
+            let token = match tokens[src] {
+                Some(token) => token,
+                None => {
+                    let want = WaitCmp::Ge(ws.expected);
+                    *tokens[src].insert(p.wait(&ws.done, src, want, WaitSem::Acquire)?)
+                }
+            };
+            let from = consume_token(symm_at(partials, src), token);
+            let target = if src == 0 { &mut sum } else { &mut part };
+            tile::load_2d(
+                GlobalPtr::from(from) + at,
+                n,
+                (count, n),
+                <T::Acc as Element>::zero(),
+                target,
+            );
+            if src > 0 {
+                for (s, &v) in sum.as_mut_slice().iter_mut().zip(part.as_slice()) {
+                    *s += v;
+                }
+            }
+        }
+        sum.cast_into(&mut rounded);
+        tile::store_2d(out + row * n, n, &rounded, (count, n));
+    }
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! Fused communication + compute ops, one per file, each a tile kernel with its host wrapper and
+//! its unfused baseline (the collective, then the local compute), which gives the same results and
+//! serves tests, benchmarks, and as a fallback.
+
+mod all_gather_matmul;
+mod matmul_reduce_scatter;
+mod plan;
+
+pub use all_gather_matmul::{
+    AgMatmulOutput, MAX_WEIGHTS, all_gather_matmul, all_gather_matmul_unfused,
+};
+pub use matmul_reduce_scatter::{matmul_reduce_scatter, matmul_reduce_scatter_unfused};

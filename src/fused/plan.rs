@@ -1,0 +1,169 @@
+//! What the fused kernels share: how rows are sharded, how a product is cut into tiles, and which
+//! vector sub-cores communicate and which compute.
+
+use crate::tensor::split_offsets;
+
+/// Rows per tile of a product: large enough that the GEMM kernel runs near its peak, small enough
+/// that a shard yields several tiles to overlap with communication.
+pub(crate) const BLOCK_ROWS: usize = 256;
+/// Columns per tile.
+pub(crate) const BLOCK_COLS: usize = 1024;
+
+/// How many rows of `row_len` elements make a chunk of about `target` elements (at least one).
+pub(crate) fn row_chunks(row_len: usize, target: usize) -> usize {
+    (target / row_len.max(1)).max(1)
+}
+
+/// Which sub-cores of a mix launch communicate and which compute, as
+/// `(communication lanes, first computing sub-core)`: sub-core 0 communicates and the others
+/// compute; with a single sub-core per AI core, it does both, communication first.
+pub(crate) fn compute_lanes(sub_vec_num: usize) -> (usize, usize) {
+    if sub_vec_num > 1 { (1, 1) } else { (1, 0) }
+}
+
+/// Rows per rank, and where each rank's rows start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shards {
+    counts: Vec<usize>,
+    offsets: Vec<usize>,
+}
+
+impl Shards {
+    pub(crate) fn new(counts: Vec<usize>) -> Self {
+        let offsets = split_offsets(&counts);
+        Shards { counts, offsets }
+    }
+
+    pub(crate) fn counts(&self) -> &[usize] {
+        &self.counts
+    }
+
+    pub(crate) fn count(&self, rank: usize) -> usize {
+        self.counts[rank]
+    }
+
+    pub(crate) fn offset(&self, rank: usize) -> usize {
+        self.offsets[rank]
+    }
+
+    pub(crate) fn total(&self) -> usize {
+        *self.offsets.last().expect("at least one rank")
+    }
+
+    /// The ranks whose (non-empty) rows intersect `start..start + len`.
+    pub(crate) fn covering(&self, start: usize, len: usize) -> impl Iterator<Item = usize> + '_ {
+        (0..self.counts.len()).filter(move |&r| {
+            self.counts[r] > 0 && self.offsets[r] < start + len && start < self.offsets[r + 1]
+        })
+    }
+}
+
+/// One output tile of a product: rows `row..row + rows` of segment `segment`, columns
+/// `col..col + cols` of weight `weight`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GemmTask {
+    pub(crate) segment: usize,
+    pub(crate) row: usize,
+    pub(crate) rows: usize,
+    pub(crate) weight: usize,
+    pub(crate) col: usize,
+    pub(crate) cols: usize,
+}
+
+/// The output tiles of products over row segments (in the order given) and several weights of
+/// their own widths, flattened: segment, then row block, then weight, then column block.
+#[derive(Debug, Clone)]
+pub(crate) struct GemmTiles {
+    segments: Vec<(usize, usize)>,
+    widths: Vec<usize>,
+    /// Tiles before each segment, and in all.
+    starts: Vec<usize>,
+    /// Tiles of one row block, before each weight, and in all.
+    per_row_block: Vec<usize>,
+    pub(crate) block_rows: usize,
+    pub(crate) block_cols: usize,
+}
+
+impl GemmTiles {
+    /// Tiles for row `segments` (start, rows) and weights of `widths` columns.
+    pub(crate) fn new(segments: &[(usize, usize)], widths: &[usize]) -> Self {
+        let longest = segments.iter().map(|s| s.1).max().unwrap_or(0);
+        let widest = widths.iter().copied().max().unwrap_or(0);
+        let block_rows = longest.clamp(1, BLOCK_ROWS);
+        let block_cols = widest.clamp(1, BLOCK_COLS);
+        let per_row_block =
+            split_offsets(&widths.iter().map(|&w| w.div_ceil(block_cols)).collect::<Vec<_>>());
+        let row_block_tiles = *per_row_block.last().expect("offsets end with the total");
+        let starts = split_offsets(
+            &segments
+                .iter()
+                .map(|s| s.1.div_ceil(block_rows) * row_block_tiles)
+                .collect::<Vec<_>>(),
+        );
+        GemmTiles {
+            segments: segments.to_vec(),
+            widths: widths.to_vec(),
+            starts,
+            per_row_block,
+            block_rows,
+            block_cols,
+        }
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        *self.starts.last().expect("offsets end with the total")
+    }
+
+    pub(crate) fn get(&self, task: usize) -> GemmTask {
+        let segment = self.starts.partition_point(|&s| s <= task) - 1;
+        let within = task - self.starts[segment];
+        let row_block_tiles = *self.per_row_block.last().expect("total");
+        let (row_block, in_block) = (within / row_block_tiles, within % row_block_tiles);
+        let weight = self.per_row_block.partition_point(|&s| s <= in_block) - 1;
+        let col = (in_block - self.per_row_block[weight]) * self.block_cols;
+        let (start, len) = self.segments[segment];
+        let row = row_block * self.block_rows;
+        GemmTask {
+            segment,
+            row: start + row,
+            rows: len.saturating_sub(row).min(self.block_rows),
+            weight,
+            col,
+            cols: self.widths[weight].saturating_sub(col).min(self.block_cols),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_cover_every_output_element_once() {
+        let segments = [(300, 5), (0, 300), (305, 0), (305, 600)];
+        let widths = [7, 2500, 1];
+        let tiles = GemmTiles::new(&segments, &widths);
+        let total_rows = 905;
+        let mut hits: Vec<Vec<u8>> = widths.iter().map(|&w| vec![0; total_rows * w]).collect();
+        for t in 0..tiles.count() {
+            let task = tiles.get(t);
+            assert!(task.rows > 0 && task.cols > 0, "{task:?}");
+            for r in task.row..task.row + task.rows {
+                for c in task.col..task.col + task.cols {
+                    hits[task.weight][r * widths[task.weight] + c] += 1;
+                }
+            }
+        }
+        assert!(hits.iter().flatten().all(|&h| h == 1));
+        // Segments come in the order given.
+        assert_eq!(tiles.get(0).row, 300);
+    }
+
+    #[test]
+    fn covering_skips_empty_shards() {
+        let shards = Shards::new(vec![2, 0, 3, 1]);
+        assert_eq!(shards.covering(0, 6).collect::<Vec<_>>(), vec![0, 2, 3]);
+        assert_eq!(shards.covering(2, 1).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(shards.total(), 6);
+    }
+}
