@@ -12,12 +12,14 @@
 
 pub mod collectives;
 pub mod device;
+pub mod dist;
 pub mod error;
 pub mod fused;
 pub mod shmem;
 pub mod tensor;
 
 pub use device::Device;
+pub use dist::{DistTensor, Placement};
 pub use error::{Error, Result};
 pub use shmem::{Rank, World};
 pub use tensor::{DType, Element, Tensor};

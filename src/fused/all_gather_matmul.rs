@@ -42,6 +42,9 @@ pub struct AgMatmulOutput<T> {
     pub outputs: Vec<Array2<T>>,
     /// Rows each rank contributed, in rank order.
     pub row_counts: Vec<usize>,
+    /// `col_counts[i][r]`: columns of rank `r`'s weight `i` (the global product of weight `i` has
+    /// their sum).
+    pub col_counts: Vec<Vec<usize>>,
 }
 
 struct AgMatmulWorkspace<T: Element> {
@@ -85,6 +88,7 @@ impl<T: Element> AgMatmulWorkspace<T> {
 struct Agreed {
     rows: Shards,
     k: usize,
+    col_counts: Vec<Vec<usize>>,
 }
 
 /// Exchanges shapes and checks them on every rank, so that all fail together.
@@ -117,7 +121,9 @@ fn agree<T: Element>(
     }
     let k = crate::shmem::check_agree(OP, &all, 1, "K (columns of x)")? as usize;
     crate::shmem::check_agree(OP, &all, 2, "number of weights")?;
-    Ok(Agreed { rows: Shards::new(all.iter().map(|w| w[0] as usize).collect()), k })
+    let col_counts =
+        (0..weights.len()).map(|i| all.iter().map(|w| w[4 + 2 * i] as usize).collect()).collect();
+    Ok(Agreed { rows: Shards::new(all.iter().map(|w| w[0] as usize).collect()), k, col_counts })
 }
 
 /// `all_gather(x) @ w_i` for every weight: `x` is this rank's `[m_r, K]` row shard, each `w_i` a
@@ -193,7 +199,11 @@ pub fn all_gather_matmul_unfused<T: Element>(
         matmul_into(c.view_mut(), a, *w, false, threads)?;
         outputs.push(c);
     }
-    Ok(AgMatmulOutput { outputs, row_counts: agreed.rows.counts().to_vec() })
+    Ok(AgMatmulOutput {
+        outputs,
+        row_counts: agreed.rows.counts().to_vec(),
+        col_counts: agreed.col_counts,
+    })
 }
 
 fn run_fused<T: Element>(
@@ -302,7 +312,11 @@ fn run_fused<T: Element>(
             Ok(())
         })?;
     }
-    Ok(AgMatmulOutput { outputs, row_counts: rows.counts().to_vec() })
+    Ok(AgMatmulOutput {
+        outputs,
+        row_counts: rows.counts().to_vec(),
+        col_counts: agreed.col_counts.clone(),
+    })
 }
 
 /// The communication part: this rank's rows into every peer's `gathered` buffer (and its own,

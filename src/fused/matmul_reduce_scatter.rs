@@ -232,12 +232,13 @@ fn reduce_rows_of<T: Element>(
         let row = t * block;
         let count = tile::valid_len(row, block, rows.count(me));
         let at = (rows.offset(me) + row) * n;
-        for src in 0..world {
-            let token = match tokens[src] {
+        // Added in rank order 0, 1, 2, ...: the same bits on every run.
+        for (src, held) in tokens.iter_mut().enumerate() {
+            let token = match *held {
                 Some(token) => token,
                 None => {
                     let want = WaitCmp::Ge(ws.expected);
-                    *tokens[src].insert(p.wait(&ws.done, src, want, WaitSem::Acquire)?)
+                    *held.insert(p.wait(&ws.done, src, want, WaitSem::Acquire)?)
                 }
             };
             let from = consume_token(symm_at(partials, src), token);

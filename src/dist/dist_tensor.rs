@@ -1,0 +1,271 @@
+//! [`DistTensor`]: one shard per rank, and how it is made and gathered back.
+
+use ndarray::{ArrayViewD, Axis, Slice};
+
+use super::Placement;
+use crate::collectives;
+use crate::shmem::{Rank, WordExchange, Workspace, check_agree};
+use crate::tensor::{Element, Tensor, array_split, split_offsets};
+use crate::{Error, Result};
+
+/// The most dimensions a distributed tensor may have (metadata words are sized for them).
+pub const MAX_DIMS: usize = 8;
+
+/// A tensor distributed over the ranks of a world: this rank's local part, how the parts make
+/// the whole ([`Placement`]), and the global shape every rank agreed on.
+///
+/// Made collectively ([`DistTensor::from_local`]) or from a global tensor every rank has
+/// ([`DistTensor::from_global`]); its methods that communicate are collective too: every rank calls
+/// them, in the same order.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+///
+/// let global = Tensor::<f32>::random(&[5, 3], 1);
+/// let back = World::threads(2)?.run(|rank| {
+///     let x = DistTensor::from_global(rank, &global, Placement::Shard(0))?;
+///     assert_eq!(x.local().shape(), &[3 - rank.rank(), 3]); // array_split: 3 rows, then 2
+///     x.to_global()
+/// })?;
+/// assert!(back.iter().all(|t| t == &global));
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct DistTensor<'r, T: Element> {
+    pub(crate) rank: &'r Rank<'r>,
+    pub(crate) local: Tensor<T>,
+    pub(crate) placement: Placement,
+    pub(crate) global_shape: Vec<usize>,
+    /// For `Shard(d)`: every rank's size along `d`. Empty otherwise.
+    pub(crate) splits: Vec<usize>,
+}
+
+/// The shape exchange of `from_local`.
+struct ShapeExchange(WordExchange);
+
+impl Workspace for ShapeExchange {
+    fn symmetric_bytes(&self) -> usize {
+        self.0.symmetric_bytes()
+    }
+}
+
+impl<'r, T: Element> DistTensor<'r, T> {
+    pub(crate) fn new(
+        rank: &'r Rank<'r>,
+        local: Tensor<T>,
+        placement: Placement,
+        global_shape: Vec<usize>,
+        splits: Vec<usize>,
+    ) -> Self {
+        DistTensor { rank, local, placement, global_shape, splits }
+    }
+
+    /// Wraps this rank's `local` part. Collective: the ranks exchange their local shapes, so
+    /// shards may differ in size (and be empty) along the sharded dimension.
+    ///
+    /// # Errors
+    /// On every rank: [`Error::RanksDisagree`] naming two ranks whose placements, numbers of
+    /// dimensions or sizes (other than along a sharded dimension) differ;
+    /// [`Error::InvalidArgument`] naming the rank whose shard dimension is out of range or whose
+    /// tensor has more than [`MAX_DIMS`] dimensions.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let shapes = World::threads(3)?.run(|rank| {
+    ///     let rows = [2, 0, 5][rank.rank()]; // uneven, one empty
+    ///     let x = DistTensor::from_local(rank, Tensor::<f64>::zeros(&[rows, 4]), Placement::Shard(0))?;
+    ///     Ok(x.global_shape())
+    /// })?;
+    /// assert_eq!(shapes[0], vec![7, 4]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn from_local(rank: &'r Rank<'r>, local: Tensor<T>, placement: Placement) -> Result<Self> {
+        const OP: &str = "DistTensor::from_local";
+        let shape = local.shape();
+        let problem = match placement {
+            _ if shape.len() > MAX_DIMS => {
+                Some(format!("{} dimensions; at most {MAX_DIMS}", shape.len()))
+            }
+            Placement::Shard(d) if d >= shape.len() => Some(format!(
+                "shard dimension {d} is out of range for a tensor of {} dimensions",
+                shape.len()
+            )),
+            _ => None,
+        };
+        let mut words = placement.code().to_vec();
+        words.push(shape.len() as u64);
+        words.extend(shape.iter().take(MAX_DIMS).map(|&d| d as u64));
+        let all = rank.with_workspace(
+            |r| Ok(ShapeExchange(WordExchange::new(r, 3 + MAX_DIMS)?)),
+            |ex| ex.0.exchange_checked(rank, OP, &words, problem),
+        )?;
+        check_agree(OP, &all, 0, "placement")?;
+        check_agree(OP, &all, 1, "placement dimension")?;
+        check_agree(OP, &all, 2, "number of dimensions")?;
+        let sharded = match placement {
+            Placement::Shard(d) => Some(d),
+            _ => None,
+        };
+        for d in (0..shape.len()).filter(|&d| Some(d) != sharded) {
+            check_agree(OP, &all, 3 + d, &format!("size of dimension {d}"))?;
+        }
+        let mut global_shape = shape.to_vec();
+        let splits = match sharded {
+            Some(d) => {
+                let splits: Vec<usize> = all.iter().map(|w| w[3 + d] as usize).collect();
+                global_shape[d] = splits.iter().sum();
+                splits
+            }
+            None => Vec::new(),
+        };
+        Ok(DistTensor { rank, local, placement, global_shape, splits })
+    }
+
+    /// This rank's part of `global`, which every rank holds: a `numpy.array_split` slice for
+    /// `Shard(d)` (the first `len % world` ranks get one more), a copy for `Replicate`, and for
+    /// `Partial` the tensor on rank 0 and zeros elsewhere (their sum is `global`). No
+    /// communication.
+    ///
+    /// # Errors
+    /// [`Error::DimOutOfRange`] when the shard dimension is not a dimension of `global`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let global = Tensor::<f32>::random(&[2, 10], 3);
+    /// let widths = World::threads(4)?.run(|rank| {
+    ///     Ok(DistTensor::from_global(rank, &global, Placement::Shard(1))?.local().shape()[1])
+    /// })?;
+    /// assert_eq!(widths, vec![3, 3, 2, 2]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn from_global(
+        rank: &'r Rank<'r>,
+        global: &Tensor<T>,
+        placement: Placement,
+    ) -> Result<Self> {
+        let shape = global.shape().to_vec();
+        match placement {
+            Placement::Shard(d) => {
+                if d >= shape.len() {
+                    return Err(Error::DimOutOfRange {
+                        op: "DistTensor::from_global",
+                        dim: d,
+                        ndim: shape.len(),
+                    });
+                }
+                let splits = array_split(shape[d], rank.num_ranks());
+                let local = shard_of(global.view(), d, &splits, rank.rank());
+                Ok(DistTensor { rank, local, placement, global_shape: shape, splits })
+            }
+            Placement::Replicate => Ok(DistTensor {
+                rank,
+                local: global.clone(),
+                placement,
+                global_shape: shape,
+                splits: vec![],
+            }),
+            Placement::Partial => {
+                let local = if rank.rank() == 0 { global.clone() } else { Tensor::zeros(&shape) };
+                Ok(DistTensor { rank, local, placement, global_shape: shape, splits: vec![] })
+            }
+        }
+    }
+
+    /// The whole tensor, on every rank: an all_gather for `Shard`, an all_reduce for `Partial`, a
+    /// copy for `Replicate`. Collective.
+    ///
+    /// # Errors
+    /// As the collectives (a peer that fails, symmetric memory too small).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let sums = World::threads(3)?.run(|rank| {
+    ///     let x = DistTensor::from_local(rank, Tensor::<f32>::from_shape_vec(&[1], vec![1.0])?, Placement::Partial)?;
+    ///     Ok(x.to_global()?.as_slice()[0])
+    /// })?;
+    /// assert_eq!(sums, vec![3.0, 3.0, 3.0]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn to_global(&self) -> Result<Tensor<T>> {
+        match self.placement {
+            Placement::Shard(d) => {
+                let rows: usize = self.global_shape[..d].iter().product();
+                let data = collectives::all_gather_cols(self.rank, self.local.as_slice(), rows)?;
+                Tensor::from_shape_vec(&self.global_shape, data)
+            }
+            Placement::Replicate => Ok(self.local.clone()),
+            Placement::Partial => {
+                let data = collectives::all_reduce(self.rank, self.local.as_slice())?;
+                Tensor::from_shape_vec(&self.global_shape, data)
+            }
+        }
+    }
+
+    /// This rank's part.
+    pub fn local(&self) -> &Tensor<T> {
+        &self.local
+    }
+
+    /// This rank's part, taken out.
+    pub fn into_local(self) -> Tensor<T> {
+        self.local
+    }
+
+    /// How the parts make the whole.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// The shape of the whole tensor.
+    pub fn global_shape(&self) -> Vec<usize> {
+        self.global_shape.clone()
+    }
+
+    /// For `Shard(d)`, every rank's size along `d`, in rank order; empty for other placements.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let global = Tensor::<f32>::zeros(&[5]);
+    /// let splits = World::threads(2)?.run(|rank| {
+    ///     Ok(DistTensor::from_global(rank, &global, Placement::Shard(0))?.shard_sizes().to_vec())
+    /// })?;
+    /// assert_eq!(splits[0], vec![3, 2]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn shard_sizes(&self) -> &[usize] {
+        &self.splits
+    }
+
+    /// The rank this part lives on.
+    pub fn rank(&self) -> &'r Rank<'r> {
+        self.rank
+    }
+}
+
+impl<T: Element> std::fmt::Debug for DistTensor<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DistTensor")
+            .field("rank", &self.rank.rank())
+            .field("placement", &self.placement)
+            .field("global_shape", &self.global_shape)
+            .field("local_shape", &self.local.shape())
+            .finish()
+    }
+}
+
+/// Rank `r`'s slice of `global` along `dim`, for the given split sizes.
+pub(crate) fn shard_of<T: Element>(
+    global: ArrayViewD<'_, T>,
+    dim: usize,
+    splits: &[usize],
+    r: usize,
+) -> Tensor<T> {
+    let offsets = split_offsets(splits);
+    let slice = global.slice_axis(Axis(dim), Slice::from(offsets[r]..offsets[r + 1]));
+    Tensor::from_array(slice.to_owned())
+}

@@ -1,0 +1,11 @@
+//! Distributed tensors: [`DistTensor`] and its [`Placement`], the user-facing layer. Methods here
+//! validate, choose a kernel and return new distributed tensors; they never touch raw memory.
+
+mod dist_tensor;
+mod matmul_ops;
+mod placement;
+mod redistribute;
+mod sequence;
+
+pub use dist_tensor::{DistTensor, MAX_DIMS};
+pub use placement::Placement;
