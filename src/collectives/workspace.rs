@@ -119,7 +119,8 @@ impl<T: Element> Out<'_, T> {
     ) -> Result<Option<Vec<T>>> {
         match self {
             Out::Alloc => {
-                let mut out = vec![T::zero(); len];
+                // Every element is written by the kernel: a cached buffer needs no zeroing.
+                let mut out = crate::tensor::pool::take(len);
                 fill(&mut out)?;
                 Ok(Some(out))
             }

@@ -15,6 +15,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
+use super::plan::scratch;
 use super::plan::{GemmTiles, Shards, compute_lanes};
 use crate::collectives;
 use crate::device::tile::{self, Tile};
@@ -23,7 +24,7 @@ use crate::shmem::{
     GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
     WaitSem, WordExchange, Workspace, consume_token, symm_at,
 };
-use crate::tensor::{Element, matmul_into};
+use crate::tensor::{Element, matmul_into, pool};
 use crate::{Error, Result};
 
 const OP: &str = "all_gather_matmul";
@@ -195,10 +196,11 @@ pub fn all_gather_matmul_unfused<T: Element>(
     let threads = rank.topology().aicore_num();
     let mut outputs = Vec::with_capacity(weights.len());
     for w in weights {
-        let mut c = Array2::from_elem((a.nrows(), w.ncols()), T::zero());
+        let mut c = scratch((a.nrows(), w.ncols()));
         matmul_into(c.view_mut(), a, *w, false, threads)?;
         outputs.push(c);
     }
+    pool::give(gathered);
     Ok(AgMatmulOutput {
         outputs,
         row_counts: agreed.rows.counts().to_vec(),
@@ -236,8 +238,7 @@ fn run_fused<T: Element>(
         .map(|w| GlobalPtr::from_slice(w.as_slice().expect("standard layout")))
         .collect();
     let widths: Vec<usize> = weights.iter().map(|w| w.ncols()).collect();
-    let mut outputs: Vec<Array2<T>> =
-        widths.iter().map(|&nw| Array2::from_elem((m_total, nw), T::zero())).collect();
+    let mut outputs: Vec<Array2<T>> = widths.iter().map(|&nw| scratch((m_total, nw))).collect();
     let out_ptrs: Vec<GlobalPtrMut<'_, T>> = outputs
         .iter_mut()
         .map(|o| GlobalPtrMut::from_slice(o.as_slice_mut().expect("fresh array")))

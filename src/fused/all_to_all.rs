@@ -14,7 +14,7 @@
 //! Each task adds one to the peer's signal for this source; once a source's count is complete,
 //! its blocks are copied from the receive buffer into the output tensor.
 
-use ndarray::{ArrayD, Axis, IxDyn};
+use ndarray::{ArrayViewD, Axis, IxDyn};
 
 use super::plan::row_chunks;
 use crate::collectives;
@@ -23,7 +23,7 @@ use crate::shmem::{
     GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
     WaitSem, WordExchange, Workspace, check_agree, consume_token, symm_at,
 };
-use crate::tensor::{Element, Tensor, array_split, split_offsets};
+use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};
 
 const OP: &str = "all_to_all";
@@ -290,7 +290,7 @@ pub fn all_to_all_unfused<T: Element>(
         let g_pos = perm.iter().position(|&d| d == gather_dim).expect("gather dim is permuted");
         shape[g_pos] = layout.gathers[src];
         let len: usize = shape.iter().product();
-        let piece = ArrayD::from_shape_vec(IxDyn(&shape), received[at..at + len].to_vec())
+        let piece = ArrayViewD::from_shape(IxDyn(&shape), &received[at..at + len])
             .expect("the piece's length is its shape's");
         at += len;
         pieces.push(piece.permuted_axes(inverse.clone()));
@@ -299,8 +299,10 @@ pub fn all_to_all_unfused<T: Element>(
     let joined = ndarray::concatenate(Axis(gather_dim), &views).map_err(|e| {
         Error::InvalidShape { op: OP, reason: format!("cannot join the received pieces: {e}") }
     })?;
+    let output = Tensor::from_array(joined);
+    pool::give(received);
     Ok(AllToAllOutput {
-        output: Tensor::from_array(joined),
+        output,
         gather_counts: layout.gathers.clone(),
         scatter_counts: layout.scatters.clone(),
     })
@@ -341,7 +343,8 @@ fn run_fused<T: Element>(
     let recv_starts =
         split_offsets(&recv_order.iter().map(|&s| receives[s].1 * ab).collect::<Vec<_>>());
 
-    let mut output = Tensor::<T>::zeros(&out_shape);
+    // Every element is written below (own part, then each source's blocks).
+    let mut output = Tensor::<T>::scratch(&out_shape);
     let out_ptr = GlobalPtrMut::from_slice(output.as_mut_slice());
     let input = GlobalPtr::from_slice(x.as_slice());
     let ws = &*ws;

@@ -11,6 +11,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
+use super::plan::scratch;
 use super::plan::{GemmTiles, Shards, compute_lanes, row_chunks};
 use crate::collectives::{self, ReduceOp};
 use crate::device::tile::{self, Tile};
@@ -19,7 +20,7 @@ use crate::shmem::{
     GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
     WaitSem, WordExchange, Workspace, check_agree, consume_token, symm_at,
 };
-use crate::tensor::{Element, array_split, matmul_into};
+use crate::tensor::{Element, array_split, matmul_into, pool};
 use crate::{Error, Result};
 
 const OP: &str = "matmul_reduce_scatter";
@@ -139,11 +140,12 @@ pub fn matmul_reduce_scatter_unfused<T: Element>(
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
     let (rows, n) = rank.with_workspace(MmRsWorkspace::<T>::new, |ws| agree(ws, rank, &x, &w))?;
-    let mut partial = Array2::from_elem((rows.total(), n), T::zero());
+    let mut partial = scratch((rows.total(), n));
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
     let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();
     let flat = partial.as_slice().expect("fresh array");
     let mine = collectives::reduce_scatter_cols(rank, flat, 1, &counts, ReduceOp::Sum)?;
+    pool::give(partial.into_raw_vec_and_offset().0);
     Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
 }
 
@@ -179,7 +181,7 @@ fn run_fused<T: Element>(
     let x_ptr = GlobalPtr::from_slice(x.as_slice().expect("standard layout"));
     let w_ptr = GlobalPtr::from_slice(w.as_slice().expect("standard layout"));
     let mine = rows.count(me);
-    let mut out = Array2::from_elem((mine, n), T::zero());
+    let mut out = scratch((mine, n));
     let out_ptr = GlobalPtrMut::from_slice(out.as_slice_mut().expect("fresh array"));
     let reduce_rows = row_chunks(n, REDUCE_CHUNK_ELEMS).min(mine.max(1));
     let reduce_tasks = mine.div_ceil(reduce_rows);

@@ -1,7 +1,15 @@
 //! What the fused kernels share: how rows are sharded, how a product is cut into tiles, and which
 //! vector sub-cores communicate and which compute.
 
-use crate::tensor::split_offsets;
+use ndarray::Array2;
+
+use crate::tensor::{Element, pool, split_offsets};
+
+/// An output array whose values are unspecified, from the buffer cache: every element is written
+/// by the kernel that fills it.
+pub(crate) fn scratch<T: Element>((rows, cols): (usize, usize)) -> Array2<T> {
+    Array2::from_shape_vec((rows, cols), pool::take(rows * cols)).expect("rows x cols")
+}
 
 /// Rows per tile of a product: large enough that the GEMM kernel runs near its peak, small enough
 /// that a shard yields several tiles to overlap with communication.

@@ -3,7 +3,7 @@
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-use super::{Element, matmul};
+use super::{Element, matmul, pool};
 use crate::{Error, Result};
 
 /// A local n-dimensional tensor, always row-major and contiguous.
@@ -21,6 +21,19 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor<T: Element> {
     data: ArrayD<T>,
+}
+
+impl<T: Element> Drop for Tensor<T> {
+    /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse.
+    fn drop(&mut self) {
+        let data = std::mem::replace(&mut self.data, empty());
+        pool::give(data.into_raw_vec_and_offset().0);
+    }
+}
+
+/// An array that owns no allocation.
+fn empty<T>() -> ArrayD<T> {
+    ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("an empty array")
 }
 
 impl<T: Element> Tensor<T> {
@@ -64,8 +77,8 @@ impl<T: Element> Tensor<T> {
     /// let a = Tensor::<f32>::zeros(&[3]).into_array();
     /// assert_eq!(a.len(), 3);
     /// ```
-    pub fn into_array(self) -> ArrayD<T> {
-        self.data
+    pub fn into_array(mut self) -> ArrayD<T> {
+        std::mem::replace(&mut self.data, empty())
     }
 
     /// A tensor of `shape` from row-major `data`.
@@ -95,7 +108,16 @@ impl<T: Element> Tensor<T> {
     /// assert!(Tensor::<f64>::zeros(&[2, 3]).as_slice().iter().all(|&x| x == 0.0));
     /// ```
     pub fn zeros(shape: &[usize]) -> Self {
-        Tensor { data: ArrayD::from_elem(IxDyn(shape), T::zero()) }
+        let mut t = Self::scratch(shape);
+        t.as_mut_slice().fill(T::zero());
+        t
+    }
+
+    /// A tensor whose values are unspecified (zeros, or what a dropped tensor held), taken from
+    /// the buffer cache: for outputs a kernel overwrites entirely.
+    pub(crate) fn scratch(shape: &[usize]) -> Self {
+        let data = pool::take(shape.iter().product());
+        Tensor { data: ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product") }
     }
 
     /// A tensor of values drawn uniformly from `[-1, 1)` by a generator seeded with `seed`: the same

@@ -42,7 +42,9 @@ fn check_inner<T>(op: &'static str, a: &ArrayView2<T>, b: &ArrayView2<T>) -> Res
 /// ```
 pub fn matmul<T: Element>(a: ArrayView2<T>, b: ArrayView2<T>, threads: usize) -> Result<Array2<T>> {
     check_inner("matmul", &a, &b)?;
-    let mut c = Array2::from_elem((a.nrows(), b.ncols()), T::zero());
+    // Overwritten entirely (accumulate = false): a cached buffer needs no zeroing.
+    let data = super::pool::take(a.nrows() * b.ncols());
+    let mut c = Array2::from_shape_vec((a.nrows(), b.ncols()), data).expect("m x n");
     matmul_into(c.view_mut(), a, b, false, threads)?;
     Ok(c)
 }

@@ -1,0 +1,234 @@
+//! Prints the performance table: each fused op beside its unfused baseline and the machine's
+//! ceiling (the `gemm` crate on the same total work with all cores, or memcpy of the same bytes
+//! split over all cores), medians of several runs, all measured in this one process.
+//!
+//! Run: `cargo run --release --example perf_report [-- --quick]`
+
+use std::time::{Duration, Instant};
+
+use dist_tensor::{DType, DistTensor, Element, Placement, Rank, Result, Tensor, World};
+use half::bf16;
+use rayon::prelude::*;
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// Times `fused` and `unfused` alternately, `reps` times each, every run started on all ranks
+/// together (a barrier) and ended when all are done (another): returns the medians of this
+/// rank's times, which include waiting for the slowest rank.
+fn timed_pair(
+    rank: &Rank<'_>,
+    reps: usize,
+    mut fused: impl FnMut() -> Result<()>,
+    mut unfused: impl FnMut() -> Result<()>,
+) -> Result<(Duration, Duration)> {
+    fused()?; // warm: workspaces sized, pages touched
+    unfused()?;
+    let mut times = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for _ in 0..reps {
+        for (op, out) in [
+            (&mut fused as &mut dyn FnMut() -> Result<()>, &mut times.0),
+            (&mut unfused, &mut times.1),
+        ] {
+            let _ = rank.barrier_all()?;
+            let start = Instant::now();
+            op()?;
+            let _ = rank.barrier_all()?;
+            out.push(start.elapsed());
+        }
+    }
+    Ok((median(times.0), median(times.1)))
+}
+
+fn time_local(reps: usize, mut op: impl FnMut()) -> Duration {
+    op();
+    let times = (0..reps)
+        .map(|_| {
+            let start = Instant::now();
+            op();
+            start.elapsed()
+        })
+        .collect();
+    median(times)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |t| t.get())
+}
+
+/// The `gemm` crate on `[m, k] x [k, n]` in f32 with every core, into a reused output.
+fn gemm_ceiling(m: usize, k: usize, n: usize, reps: usize) -> Duration {
+    let a = Tensor::<f32>::random(&[m, k], 1);
+    let b = Tensor::<f32>::random(&[k, n], 2);
+    let mut c = vec![0.0f32; m * n];
+    time_local(reps, || {
+        // SAFETY: row-major operands of the stated shapes; `c` is a separate m x n buffer.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_slice().as_ptr(),
+                1,
+                k as isize,
+                b.as_slice().as_ptr(),
+                1,
+                n as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(cores()),
+            )
+        }
+    })
+}
+
+/// Copying `bytes` once, split over every core.
+fn memcpy_ceiling(bytes: usize, reps: usize) -> Duration {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    let chunk = bytes.div_ceil(cores()).max(1);
+    time_local(reps, || {
+        dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s))
+    })
+}
+
+struct Row {
+    op: &'static str,
+    world: usize,
+    dtype: DType,
+    shape: String,
+    fused: Duration,
+    unfused: Duration,
+    ceiling: Duration,
+    ceiling_name: &'static str,
+}
+
+fn all_gather_matmul<T: Element>(
+    world: usize,
+    (m, k, n): (usize, usize, usize),
+    reps: usize,
+) -> Result<Row> {
+    let x = Tensor::<T>::random(&[m, k], 1);
+    let w = Tensor::<T>::random(&[k, n], 2);
+    let times = World::threads(world)?.run(|rank| {
+        let x = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+        let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?.into_local();
+        timed_pair(
+            rank,
+            reps,
+            || x.all_gather_matmul(&w).map(drop),
+            || x.all_gather_matmul_unfused(&w).map(drop),
+        )
+    })?;
+    Ok(Row {
+        op: "all_gather_matmul",
+        world,
+        dtype: T::DTYPE,
+        shape: format!("M={m} K={k} N={n}"),
+        fused: times[0].0,
+        unfused: times[0].1,
+        ceiling: gemm_ceiling(m, k, n, reps),
+        ceiling_name: "gemm f32",
+    })
+}
+
+fn matmul_reduce_scatter<T: Element>(
+    world: usize,
+    (m, k, n): (usize, usize, usize),
+    reps: usize,
+) -> Result<Row> {
+    let h = Tensor::<T>::random(&[m, k], 1);
+    let w = Tensor::<T>::random(&[k, n], 2);
+    let times = World::threads(world)?.run(|rank| {
+        let h = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
+        let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?.into_local();
+        timed_pair(
+            rank,
+            reps,
+            || h.matmul_reduce_scatter(&w).map(drop),
+            || h.matmul_reduce_scatter_unfused(&w).map(drop),
+        )
+    })?;
+    Ok(Row {
+        op: "matmul_reduce_scatter",
+        world,
+        dtype: T::DTYPE,
+        shape: format!("M={m} K={k} N={n}"),
+        fused: times[0].0,
+        unfused: times[0].1,
+        ceiling: gemm_ceiling(m, k, n, reps),
+        ceiling_name: "gemm f32",
+    })
+}
+
+fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize), reps: usize) -> Result<Row> {
+    let q = Tensor::<f32>::random(&[b, s, h, d], 1);
+    let times = World::threads(world)?.run(|rank| {
+        let q = DistTensor::from_global(rank, &q, Placement::Shard(1))?;
+        timed_pair(
+            rank,
+            reps,
+            || q.all_to_all(2, 1).map(drop),
+            || q.all_to_all_unfused(2, 1).map(drop),
+        )
+    })?;
+    Ok(Row {
+        op: "all_to_all (Ulysses)",
+        world,
+        dtype: DType::F32,
+        shape: format!("B={b} S={s} H={h} D={d}"),
+        fused: times[0].0,
+        unfused: times[0].1,
+        ceiling: memcpy_ceiling(b * s * h * d * size_of::<f32>(), reps),
+        ceiling_name: "memcpy",
+    })
+}
+
+fn main() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let reps = if quick { 3 } else { 9 };
+    let square = (2048, 2048, 2048);
+    let rows = [
+        all_gather_matmul::<f32>(2, square, reps)?,
+        matmul_reduce_scatter::<f32>(2, square, reps)?,
+        all_gather_matmul::<f32>(2, (16, 4096, 4096), reps)?,
+        all_gather_matmul::<f32>(4, square, reps)?,
+        matmul_reduce_scatter::<f32>(4, square, reps)?,
+        all_gather_matmul::<bf16>(2, square, reps)?,
+        ulysses(4, (1, 8192, 32, 128), reps)?,
+    ];
+    println!(
+        "{} cores; medians of {reps} runs; ceiling: the gemm crate on the same total work with all \
+         cores, or memcpy of the same bytes split over all cores",
+        cores()
+    );
+    println!(
+        "| op | world | dtype | shape | fused ms | unfused ms | fused/unfused | fused/ceiling |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for r in rows {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.3} ({}) |",
+            r.op,
+            r.world,
+            r.dtype,
+            r.shape,
+            ms(r.fused),
+            ms(r.unfused),
+            ms(r.fused) / ms(r.unfused),
+            ms(r.fused) / ms(r.ceiling),
+            r.ceiling_name,
+        );
+    }
+    Ok(())
+}
