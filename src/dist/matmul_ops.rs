@@ -3,15 +3,30 @@
 use ndarray::ArrayView2;
 
 use super::{DistTensor, Placement};
-use crate::fused::{self, AgMatmulOutput};
+use crate::fused::all_gather_matmul::all_gather_matmul_checked;
+use crate::fused::matmul_reduce_scatter::matmul_reduce_scatter_checked;
+
 use crate::tensor::{Element, Tensor, array_split};
 use crate::{Error, Result};
 
-/// A weight as a 2-D view. A weight that is not 2-D becomes an empty `[0, 0]` view, which the
-/// fused op's shape exchange rejects on every rank (naming this one) instead of this rank failing
-/// alone while its peers wait.
-fn weight_view<T: Element>(w: &Tensor<T>) -> ArrayView2<'_, T> {
-    w.view2("weight").unwrap_or_else(|_| ArrayView2::from_shape((0, 0), &[]).expect("empty"))
+/// Weights as 2-D views, and what is wrong with them on this rank: a weight that is not 2-D
+/// becomes an empty view, and its real shape travels with the fused op's shape exchange, so that
+/// every rank fails together instead of this one failing alone while its peers wait.
+fn weight_views<'a, T: Element>(ws: &[&'a Tensor<T>]) -> (Vec<ArrayView2<'a, T>>, Option<String>) {
+    let mut problem = None;
+    let views = ws
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            w.view2("weight").unwrap_or_else(|_| {
+                problem.get_or_insert_with(|| {
+                    format!("weight {i} has shape {:?}; weights are 2-D matrices", w.shape())
+                });
+                ArrayView2::from_shape((0, 0), &[]).expect("empty")
+            })
+        })
+        .collect();
+    (views, problem)
 }
 
 fn require<T: Element>(
@@ -61,7 +76,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
     }
 
     /// [`DistTensor::all_gather_matmul`] with several weights: one gather, several products (as
-    /// for fused Q, K, V projections). Up to [`fused::MAX_WEIGHTS`] weights.
+    /// for fused Q, K, V projections). Up to [`MAX_WEIGHTS`](crate::fused::MAX_WEIGHTS) weights.
     ///
     /// # Errors
     /// As [`DistTensor::all_gather_matmul`].
@@ -80,7 +95,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn all_gather_matmul_many(&self, ws: &[&Tensor<T>]) -> Result<Vec<Self>> {
-        self.gather_products(ws, fused::all_gather_matmul)
+        self.gather_products(ws, true)
     }
 
     /// The unfused baseline of [`DistTensor::all_gather_matmul`]: all_gather, then a local product.
@@ -88,26 +103,19 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Errors
     /// As [`DistTensor::all_gather_matmul`].
     pub fn all_gather_matmul_unfused(&self, w: &Tensor<T>) -> Result<Self> {
-        Ok(self.gather_products(&[w], fused::all_gather_matmul_unfused)?.remove(0))
+        Ok(self.gather_products(&[w], false)?.remove(0))
     }
 
-    fn gather_products(
-        &self,
-        ws: &[&Tensor<T>],
-        op: impl FnOnce(
-            &crate::Rank<'_>,
-            ArrayView2<'_, T>,
-            &[ArrayView2<'_, T>],
-        ) -> Result<AgMatmulOutput<T>>,
-    ) -> Result<Vec<Self>> {
+    fn gather_products(&self, ws: &[&Tensor<T>], fused: bool) -> Result<Vec<Self>> {
         require(
             self,
             "all_gather_matmul",
             &[Placement::Shard(0)],
             "a 2-D Shard(0) tensor [m_r, K]",
         )?;
-        let views: Vec<ArrayView2<'_, T>> = ws.iter().map(|w| weight_view(w)).collect();
-        let out = op(self.rank, self.local.view2("all_gather_matmul")?, &views)?;
+        let (views, problem) = weight_views(ws);
+        let x = self.local.view2("all_gather_matmul")?;
+        let out = all_gather_matmul_checked(self.rank, x, &views, problem, fused)?;
         let m: usize = out.row_counts.iter().sum();
         Ok(out
             .outputs
@@ -153,7 +161,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul_reduce_scatter(&self, w: &Tensor<T>) -> Result<Self> {
-        self.reduce_product(w, fused::matmul_reduce_scatter)
+        self.reduce_product(w, true)
     }
 
     /// The unfused baseline of [`DistTensor::matmul_reduce_scatter`]: a local product, then
@@ -162,25 +170,19 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Errors
     /// As [`DistTensor::matmul_reduce_scatter`].
     pub fn matmul_reduce_scatter_unfused(&self, w: &Tensor<T>) -> Result<Self> {
-        self.reduce_product(w, fused::matmul_reduce_scatter_unfused)
+        self.reduce_product(w, false)
     }
 
-    fn reduce_product(
-        &self,
-        w: &Tensor<T>,
-        op: impl FnOnce(
-            &crate::Rank<'_>,
-            ArrayView2<'_, T>,
-            ArrayView2<'_, T>,
-        ) -> Result<ndarray::Array2<T>>,
-    ) -> Result<Self> {
+    fn reduce_product(&self, w: &Tensor<T>, fused: bool) -> Result<Self> {
         require(
             self,
             "matmul_reduce_scatter",
             &[Placement::Shard(1), Placement::Partial],
             "a 2-D Shard(1) tensor [M, k_r] or a 2-D Partial tensor [M, K]",
         )?;
-        let local = op(self.rank, self.local.view2("matmul_reduce_scatter")?, weight_view(w))?;
+        let (mut views, problem) = weight_views(&[w]);
+        let x = self.local.view2("matmul_reduce_scatter")?;
+        let local = matmul_reduce_scatter_checked(self.rank, x, views.remove(0), problem, fused)?;
         let m = self.global_shape[0];
         let global = vec![m, local.ncols()];
         let splits = array_split(m, self.rank.num_ranks());

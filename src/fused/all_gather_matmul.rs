@@ -9,6 +9,9 @@
 //! order peers send them; before the first tile of a shard it waits for all of the shard's chunks,
 //! consumes the token, and runs `dot` on the tile in place, with masks at ragged edges.
 //!
+//! Half types are widened to f32 once: the weights before the launch, the rows as they are pushed
+//! (the `gathered` buffer holds f32), so that tiles run the f32 kernel in place.
+//!
 //! When shards are only a few rows (decode), tiles per shard would read the whole weight once per
 //! shard; then every rank also copies its own rows into its `gathered` buffer and tiles run over
 //! the gathered rows, waiting for the shards a tile covers, so the weight is read once.
@@ -16,7 +19,7 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::plan::scratch;
-use super::plan::{GemmTiles, Shards, compute_lanes};
+use super::plan::{AccData, GemmTiles, Shards, compute_lanes};
 use crate::collectives;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
@@ -50,7 +53,8 @@ pub struct AgMatmulOutput<T> {
 
 struct AgMatmulWorkspace<T: Element> {
     meta: WordExchange,
-    gathered: Option<SymmBuf<T>>,
+    /// The gathered rows, in the accumulator type (half types are widened as they are pushed).
+    gathered: Option<SymmBuf<T::Acc>>,
     /// `arrived[s]`: chunks of shard `s` that have landed in this rank's `gathered` buffer.
     arrived: SignalBuf,
     /// Cumulative count of chunks each shard has sent this rank, over all calls.
@@ -61,7 +65,7 @@ impl<T: Element> Workspace for AgMatmulWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
         self.meta.symmetric_bytes()
             + self.arrived.len() * 64
-            + self.gathered.as_ref().map_or(0, |g| g.len() * size_of::<T>())
+            + self.gathered.as_ref().map_or(0, |g| g.len() * size_of::<T::Acc>())
     }
 }
 
@@ -98,9 +102,12 @@ fn agree<T: Element>(
     rank: &Rank<'_>,
     x: &ArrayView2<T>,
     weights: &[ArrayView2<T>],
+    problem: Option<String>,
 ) -> Result<Agreed> {
-    let problem = (weights.len() > MAX_WEIGHTS || weights.is_empty())
-        .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()));
+    let problem = problem.or_else(|| {
+        (weights.len() > MAX_WEIGHTS || weights.is_empty())
+            .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()))
+    });
     let mut words = vec![x.nrows() as u64, x.ncols() as u64, weights.len() as u64];
     for w in weights.iter().take(MAX_WEIGHTS) {
         words.extend([w.nrows() as u64, w.ncols() as u64]);
@@ -155,8 +162,23 @@ pub fn all_gather_matmul<T: Element>(
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
 ) -> Result<AgMatmulOutput<T>> {
+    all_gather_matmul_checked(rank, x, weights, None, true)
+}
+
+/// [`all_gather_matmul`] (or its unfused baseline) with a problem this rank found in its inputs
+/// before the call: the problem travels with the shape exchange, so every rank fails together.
+pub(crate) fn all_gather_matmul_checked<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+    problem: Option<String>,
+    fused: bool,
+) -> Result<AgMatmulOutput<T>> {
+    if !fused {
+        return unfused(rank, x, weights, problem);
+    }
     rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| {
-        let agreed = agree(ws, rank, &x, weights)?;
+        let agreed = agree(ws, rank, &x, weights, problem)?;
         run_fused(rank, ws, &agreed, x, weights)
     })
 }
@@ -188,8 +210,17 @@ pub fn all_gather_matmul_unfused<T: Element>(
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
 ) -> Result<AgMatmulOutput<T>> {
-    let agreed =
-        rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| agree(ws, rank, &x, weights))?;
+    unfused(rank, x, weights, None)
+}
+
+fn unfused<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+    problem: Option<String>,
+) -> Result<AgMatmulOutput<T>> {
+    let agreed = rank
+        .with_workspace(AgMatmulWorkspace::<T>::new, |ws| agree(ws, rank, &x, weights, problem))?;
     let x = x.as_standard_layout();
     let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
     let a = ArrayView2::from_shape((agreed.rows.total(), agreed.k), &gathered).expect("M x K");
@@ -221,7 +252,8 @@ fn run_fused<T: Element>(
     // Tiles per shard, or over the gathered rows when shards are too short to be worth it.
     let per_shard = n == 1 || rows.counts().iter().all(|&m| m == 0 || m >= MIN_SHARD_ROWS);
     let x = x.as_standard_layout();
-    let input = GlobalPtr::from_slice(x.as_slice().expect("standard layout"));
+    let x_acc = AccData::new(x.as_slice().expect("standard layout"));
+    let input = GlobalPtr::from_slice(&x_acc);
     let push = super::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
     let chunks_of = |m: usize| if k == 0 { 0 } else { m.div_ceil(push) };
     if n > 1 {
@@ -233,10 +265,10 @@ fn run_fused<T: Element>(
         }
     }
     let weights: Vec<_> = weights.iter().map(|w| w.as_standard_layout()).collect();
-    let w_ptrs: Vec<GlobalPtr<'_, T>> = weights
-        .iter()
-        .map(|w| GlobalPtr::from_slice(w.as_slice().expect("standard layout")))
-        .collect();
+    let w_acc: Vec<AccData<'_, T::Acc>> =
+        weights.iter().map(|w| AccData::new(w.as_slice().expect("standard layout"))).collect();
+    let w_ptrs: Vec<GlobalPtr<'_, T::Acc>> =
+        w_acc.iter().map(|w| GlobalPtr::from_slice(w)).collect();
     let widths: Vec<usize> = weights.iter().map(|w| w.ncols()).collect();
     let mut outputs: Vec<Array2<T>> = widths.iter().map(|&nw| scratch((m_total, nw))).collect();
     let out_ptrs: Vec<GlobalPtrMut<'_, T>> = outputs
@@ -323,11 +355,11 @@ fn run_fused<T: Element>(
 /// The communication part: this rank's rows into every peer's `gathered` buffer (and its own,
 /// when tiles read the gathered rows), `push` rows per chunk, one notify per chunk.
 #[allow(clippy::too_many_arguments)]
-fn push_rows<T: Element>(
+fn push_rows<A: Element>(
     p: &crate::device::Program<'_>,
-    gathered: &SymmBuf<T>,
+    gathered: &SymmBuf<A>,
     arrived: &SignalBuf,
-    input: GlobalPtr<'_, T>,
+    input: GlobalPtr<'_, A>,
     rows: &Shards,
     k: usize,
     push: usize,

@@ -12,7 +12,7 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::plan::scratch;
-use super::plan::{GemmTiles, Shards, compute_lanes, row_chunks};
+use super::plan::{AccData, GemmTiles, Shards, compute_lanes, row_chunks};
 use crate::collectives::{self, ReduceOp};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
@@ -62,9 +62,10 @@ fn agree<T: Element>(
     rank: &Rank<'_>,
     x: &ArrayView2<T>,
     w: &ArrayView2<T>,
+    problem: Option<String>,
 ) -> Result<(Shards, usize)> {
     let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols()].map(|v| v as u64);
-    let all = ws.meta.exchange_checked(rank, OP, &words, None)?;
+    let all = ws.meta.exchange_checked(rank, OP, &words, problem)?;
     for (r, v) in all.iter().enumerate() {
         if v[1] != v[2] {
             return Err(Error::InnerDimMismatch {
@@ -108,8 +109,24 @@ pub fn matmul_reduce_scatter<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
+    matmul_reduce_scatter_checked(rank, x, w, None, true)
+}
+
+/// [`matmul_reduce_scatter`] (or its unfused baseline) with a problem this rank found in its
+/// inputs before the call: the problem travels with the shape exchange, so every rank fails
+/// together.
+pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    w: ArrayView2<T>,
+    problem: Option<String>,
+    fused: bool,
+) -> Result<Array2<T>> {
+    if !fused {
+        return unfused(rank, x, w, problem);
+    }
     rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
-        let (rows, n) = agree(ws, rank, &x, &w)?;
+        let (rows, n) = agree(ws, rank, &x, &w, problem)?;
         run_fused(rank, ws, &rows, n, x, w)
     })
 }
@@ -139,7 +156,17 @@ pub fn matmul_reduce_scatter_unfused<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
-    let (rows, n) = rank.with_workspace(MmRsWorkspace::<T>::new, |ws| agree(ws, rank, &x, &w))?;
+    unfused(rank, x, w, None)
+}
+
+fn unfused<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    w: ArrayView2<T>,
+    problem: Option<String>,
+) -> Result<Array2<T>> {
+    let (rows, n) =
+        rank.with_workspace(MmRsWorkspace::<T>::new, |ws| agree(ws, rank, &x, &w, problem))?;
     let mut partial = scratch((rows.total(), n));
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
     let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();
@@ -178,8 +205,10 @@ fn run_fused<T: Element>(
 
     let x = x.as_standard_layout();
     let w = w.as_standard_layout();
-    let x_ptr = GlobalPtr::from_slice(x.as_slice().expect("standard layout"));
-    let w_ptr = GlobalPtr::from_slice(w.as_slice().expect("standard layout"));
+    // Half types widened once, so that every tile runs the f32 kernel in place.
+    let x_acc = AccData::new(x.as_slice().expect("standard layout"));
+    let w_acc = AccData::new(w.as_slice().expect("standard layout"));
+    let (x_ptr, w_ptr) = (GlobalPtr::from_slice(&x_acc), GlobalPtr::from_slice(&w_acc));
     let mine = rows.count(me);
     let mut out = scratch((mine, n));
     let out_ptr = GlobalPtrMut::from_slice(out.as_slice_mut().expect("fresh array"));

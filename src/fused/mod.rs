@@ -2,9 +2,9 @@
 //! its unfused baseline (the collective, then the local compute), which gives the same results and
 //! serves tests, benchmarks, and as a fallback.
 
-mod all_gather_matmul;
+pub(crate) mod all_gather_matmul;
 mod all_to_all;
-mod matmul_reduce_scatter;
+pub(crate) mod matmul_reduce_scatter;
 mod plan;
 
 pub use all_gather_matmul::{

@@ -1,9 +1,56 @@
 //! What the fused kernels share: how rows are sharded, how a product is cut into tiles, and which
 //! vector sub-cores communicate and which compute.
 
+use std::any::TypeId;
+use std::ops::Deref;
+
 use ndarray::Array2;
 
 use crate::tensor::{Element, pool, split_offsets};
+
+/// An operand in its accumulator type: borrowed as it is when the element type is its own
+/// accumulator (f32, f64), widened once otherwise (f16, bf16 to f32), so that the tiles of a
+/// product never widen the same operand twice.
+pub(crate) enum AccData<'a, A: Element> {
+    Borrowed(&'a [A]),
+    Widened(Vec<A>),
+}
+
+impl<'a, A: Element> AccData<'a, A> {
+    pub(crate) fn new<T: Element<Acc = A>>(data: &'a [T]) -> Self {
+        if TypeId::of::<T>() == TypeId::of::<A>() {
+            // SAFETY: `T` and `A` are the same type, so the slice is reinterpreted as itself.
+            AccData::Borrowed(unsafe {
+                std::slice::from_raw_parts(data.as_ptr().cast(), data.len())
+            })
+        } else {
+            let mut widened = pool::take::<A>(data.len());
+            for (w, &x) in widened.iter_mut().zip(data) {
+                *w = x.to_acc();
+            }
+            AccData::Widened(widened)
+        }
+    }
+}
+
+impl<A: Element> Deref for AccData<'_, A> {
+    type Target = [A];
+
+    fn deref(&self) -> &[A] {
+        match self {
+            AccData::Borrowed(data) => data,
+            AccData::Widened(data) => data,
+        }
+    }
+}
+
+impl<A: Element> Drop for AccData<'_, A> {
+    fn drop(&mut self) {
+        if let AccData::Widened(data) = self {
+            pool::give(std::mem::take(data));
+        }
+    }
+}
 
 /// An output array whose values are unspecified, from the buffer cache: every element is written
 /// by the kernel that fills it.
