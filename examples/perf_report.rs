@@ -15,43 +15,62 @@ fn median(mut times: Vec<Duration>) -> Duration {
     times[times.len() / 2]
 }
 
-/// Times `fused` and `unfused` alternately, `reps` times each, every run started on all ranks
-/// together (a barrier) and ended when all are done (another): returns the medians of this
-/// rank's times, which include waiting for the slowest rank.
-fn timed_pair(
+/// Medians of one case: times, and ratios taken run by run (the machine is shared and noisy;
+/// a ratio of two runs made one right after the other is steadier than a ratio of medians).
+struct Measured {
+    fused: Duration,
+    unfused: Duration,
+    fused_over_unfused: f64,
+    fused_over_ceiling: f64,
+}
+
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs fused, unfused and the ceiling one after the other, `reps` times: fused and unfused on
+/// every rank, started together (a barrier) and ended when all are done (another); the ceiling
+/// on rank 0 alone while the other ranks wait, blocked, at a barrier.
+fn measure(
     rank: &Rank<'_>,
     reps: usize,
     mut fused: impl FnMut() -> Result<()>,
     mut unfused: impl FnMut() -> Result<()>,
-) -> Result<(Duration, Duration)> {
-    fused()?; // warm: workspaces sized, pages touched
-    unfused()?;
-    let mut times = (Vec::with_capacity(reps), Vec::with_capacity(reps));
-    for _ in 0..reps {
-        for (op, out) in [
-            (&mut fused as &mut dyn FnMut() -> Result<()>, &mut times.0),
-            (&mut unfused, &mut times.1),
-        ] {
-            let _ = rank.barrier_all()?;
-            let start = Instant::now();
-            op()?;
-            let _ = rank.barrier_all()?;
-            out.push(start.elapsed());
+    mut ceiling: impl FnMut(),
+) -> Result<Measured> {
+    let timed = |op: &mut dyn FnMut() -> Result<()>| -> Result<Duration> {
+        let _ = rank.barrier_all()?;
+        let start = Instant::now();
+        op()?;
+        let _ = rank.barrier_all()?;
+        Ok(start.elapsed())
+    };
+    timed(&mut fused)?; // warm: workspaces sized, buffers cached, pages touched
+    timed(&mut unfused)?;
+    let mut ceiling_run = || {
+        if rank.rank() == 0 {
+            ceiling();
         }
+        Ok(())
+    };
+    timed(&mut ceiling_run)?;
+    let (mut f, mut u, mut fu, mut fc) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..reps {
+        let tf = timed(&mut fused)?;
+        let tu = timed(&mut unfused)?;
+        let tc = timed(&mut ceiling_run)?;
+        fu.push(tf.as_secs_f64() / tu.as_secs_f64());
+        fc.push(tf.as_secs_f64() / tc.as_secs_f64());
+        f.push(tf);
+        u.push(tu);
     }
-    Ok((median(times.0), median(times.1)))
-}
-
-fn time_local(reps: usize, mut op: impl FnMut()) -> Duration {
-    op();
-    let times = (0..reps)
-        .map(|_| {
-            let start = Instant::now();
-            op();
-            start.elapsed()
-        })
-        .collect();
-    median(times)
+    Ok(Measured {
+        fused: median(f),
+        unfused: median(u),
+        fused_over_unfused: median_f64(fu),
+        fused_over_ceiling: median_f64(fc),
+    })
 }
 
 fn cores() -> usize {
@@ -59,11 +78,11 @@ fn cores() -> usize {
 }
 
 /// The `gemm` crate on `[m, k] x [k, n]` in f32 with every core, into a reused output.
-fn gemm_ceiling(m: usize, k: usize, n: usize, reps: usize) -> Duration {
+fn gemm_ceiling(m: usize, k: usize, n: usize) -> impl FnMut() {
     let a = Tensor::<f32>::random(&[m, k], 1);
     let b = Tensor::<f32>::random(&[k, n], 2);
     let mut c = vec![0.0f32; m * n];
-    time_local(reps, || {
+    move || {
         // SAFETY: row-major operands of the stated shapes; `c` is a separate m x n buffer.
         unsafe {
             gemm::gemm(
@@ -88,17 +107,17 @@ fn gemm_ceiling(m: usize, k: usize, n: usize, reps: usize) -> Duration {
                 gemm::Parallelism::Rayon(cores()),
             )
         }
-    })
+    }
 }
 
 /// Copying `bytes` once, split over every core.
-fn memcpy_ceiling(bytes: usize, reps: usize) -> Duration {
+fn memcpy_ceiling(bytes: usize) -> impl FnMut() {
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
     let chunk = bytes.div_ceil(cores()).max(1);
-    time_local(reps, || {
+    move || {
         dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s))
-    })
+    }
 }
 
 struct Row {
@@ -106,9 +125,7 @@ struct Row {
     world: usize,
     dtype: DType,
     shape: String,
-    fused: Duration,
-    unfused: Duration,
-    ceiling: Duration,
+    measured: Measured,
     ceiling_name: &'static str,
 }
 
@@ -122,11 +139,12 @@ fn all_gather_matmul<T: Element>(
     let times = World::threads(world)?.run(|rank| {
         let x = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
         let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?.into_local();
-        timed_pair(
+        measure(
             rank,
             reps,
             || x.all_gather_matmul(&w).map(drop),
             || x.all_gather_matmul_unfused(&w).map(drop),
+            gemm_ceiling(m, k, n),
         )
     })?;
     Ok(Row {
@@ -134,9 +152,7 @@ fn all_gather_matmul<T: Element>(
         world,
         dtype: T::DTYPE,
         shape: format!("M={m} K={k} N={n}"),
-        fused: times[0].0,
-        unfused: times[0].1,
-        ceiling: gemm_ceiling(m, k, n, reps),
+        measured: times.into_iter().next().expect("rank 0"),
         ceiling_name: "gemm f32",
     })
 }
@@ -151,11 +167,12 @@ fn matmul_reduce_scatter<T: Element>(
     let times = World::threads(world)?.run(|rank| {
         let h = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
         let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?.into_local();
-        timed_pair(
+        measure(
             rank,
             reps,
             || h.matmul_reduce_scatter(&w).map(drop),
             || h.matmul_reduce_scatter_unfused(&w).map(drop),
+            gemm_ceiling(m, k, n),
         )
     })?;
     Ok(Row {
@@ -163,9 +180,7 @@ fn matmul_reduce_scatter<T: Element>(
         world,
         dtype: T::DTYPE,
         shape: format!("M={m} K={k} N={n}"),
-        fused: times[0].0,
-        unfused: times[0].1,
-        ceiling: gemm_ceiling(m, k, n, reps),
+        measured: times.into_iter().next().expect("rank 0"),
         ceiling_name: "gemm f32",
     })
 }
@@ -174,11 +189,12 @@ fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize), reps: usize
     let q = Tensor::<f32>::random(&[b, s, h, d], 1);
     let times = World::threads(world)?.run(|rank| {
         let q = DistTensor::from_global(rank, &q, Placement::Shard(1))?;
-        timed_pair(
+        measure(
             rank,
             reps,
             || q.all_to_all(2, 1).map(drop),
             || q.all_to_all_unfused(2, 1).map(drop),
+            memcpy_ceiling(b * s * h * d * size_of::<f32>()),
         )
     })?;
     Ok(Row {
@@ -186,9 +202,7 @@ fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize), reps: usize
         world,
         dtype: DType::F32,
         shape: format!("B={b} S={s} H={h} D={d}"),
-        fused: times[0].0,
-        unfused: times[0].1,
-        ceiling: memcpy_ceiling(b * s * h * d * size_of::<f32>(), reps),
+        measured: times.into_iter().next().expect("rank 0"),
         ceiling_name: "memcpy",
     })
 }
@@ -207,8 +221,8 @@ fn main() -> Result<()> {
         ulysses(4, (1, 8192, 32, 128), reps)?,
     ];
     println!(
-        "{} cores; medians of {reps} runs; ceiling: the gemm crate on the same total work with all \
-         cores, or memcpy of the same bytes split over all cores",
+        "{} cores; medians of {reps} runs, ratios taken run by run; ceiling: the gemm crate on the \
+         same total work with all cores, or memcpy of the same bytes split over all cores",
         cores()
     );
     println!(
@@ -217,16 +231,17 @@ fn main() -> Result<()> {
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in rows {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let m = &r.measured;
         println!(
             "| {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.3} ({}) |",
             r.op,
             r.world,
             r.dtype,
             r.shape,
-            ms(r.fused),
-            ms(r.unfused),
-            ms(r.fused) / ms(r.unfused),
-            ms(r.fused) / ms(r.ceiling),
+            ms(m.fused),
+            ms(m.unfused),
+            m.fused_over_unfused,
+            m.fused_over_ceiling,
             r.ceiling_name,
         );
     }

@@ -19,13 +19,13 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::plan::scratch;
-use super::plan::{AccData, GemmTiles, Shards, compute_lanes};
+use super::plan::{AccData, GemmTiles, Output, Shards, compute_lanes, computing_programs};
 use crate::collectives;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
-    GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
-    WaitSem, WordExchange, Workspace, consume_token, symm_at,
+    GlobalPtr, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp, WaitSem,
+    WordExchange, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, matmul_into, pool};
 use crate::{Error, Result};
@@ -271,10 +271,8 @@ fn run_fused<T: Element>(
         w_acc.iter().map(|w| GlobalPtr::from_slice(w)).collect();
     let widths: Vec<usize> = weights.iter().map(|w| w.ncols()).collect();
     let mut outputs: Vec<Array2<T>> = widths.iter().map(|&nw| scratch((m_total, nw))).collect();
-    let out_ptrs: Vec<GlobalPtrMut<'_, T>> = outputs
-        .iter_mut()
-        .map(|o| GlobalPtrMut::from_slice(o.as_slice_mut().expect("fresh array")))
-        .collect();
+    let out_ptrs: Vec<Output<'_, T>> =
+        outputs.iter_mut().map(|o| Output::new(o.as_slice_mut().expect("fresh array"))).collect();
 
     // The compute tiles, in the order data becomes available: own shard, then the others rotated.
     let order: Vec<usize> = (0..n).map(|i| (me + i) % n).collect();
@@ -283,17 +281,18 @@ fn run_fused<T: Element>(
     } else {
         vec![(0, m_total)]
     };
-    let tiles = GemmTiles::new(&segments, &widths);
+    let (grid, sub_vec_num) = (rank.topology().aicore_num(), rank.topology().sub_vec_num());
+    let tiles = GemmTiles::new(&segments, &widths, computing_programs(grid, sub_vec_num));
     let ws = &*ws;
     let gathered = ws.gathered.as_ref();
-    let (comm_lanes, first_compute) = compute_lanes(rank.topology().sub_vec_num());
+    let (comm_lanes, first_compute) = compute_lanes(sub_vec_num);
 
     // SAFETY: a rank's rows land in a peer's `gathered` buffer at the rows of that shard, written
     // only by the pushing rank and read by the peer only after it acquired the shard's count of
     // chunks; buffers are reused only after the next call's exchange (see WordExchange). Every
     // output tile is written by exactly one task.
     unsafe {
-        launch(rank, LaunchMode::Mix, rank.topology().aicore_num(), |p| {
+        launch(rank, LaunchMode::Mix, grid, |p| {
             if n > 1 && p.sub_vec_id() < comm_lanes {
                 push_rows(
                     p,
@@ -307,9 +306,8 @@ fn run_fused<T: Element>(
                 )?;
             }
             let mut tokens: Vec<Option<Token>> = vec![None; n];
-            let mut acc =
-                Tile::new(tiles.block_rows, tiles.block_cols, <T::Acc as Element>::zero());
-            let mut rounded = Tile::new(tiles.block_rows, tiles.block_cols, T::zero());
+            // Accumulator tiles, for outputs that must be rounded (half types) only.
+            let mut tiles_for_rounding = None;
             for t in p.tasks_on_sub_vecs(first_compute, tiles.count()) {
                 let task = tiles.get(t);
                 let a = if n == 1 || (per_shard && order[task.segment] == me) {
@@ -329,18 +327,25 @@ fn run_fused<T: Element>(
                     GlobalPtr::from(consume_token(base, token)) + task.row * k
                 };
                 let nw = widths[task.weight];
-                acc.fill(<T::Acc as Element>::zero());
-                tile::dot(
-                    a,
-                    k,
-                    w_ptrs[task.weight] + task.col,
-                    nw,
-                    (task.rows, k, task.cols),
-                    &mut acc,
-                );
-                acc.cast_into(&mut rounded);
+                let b = w_ptrs[task.weight] + task.col;
+                let valid = (task.rows, k, task.cols);
                 let at = task.row * nw + task.col;
-                tile::store_2d(out_ptrs[task.weight] + at, nw, &rounded, (task.rows, task.cols));
+                match out_ptrs[task.weight] {
+                    Output::Direct(out) => tile::dot_store(out + at, nw, a, k, b, nw, valid, false),
+                    Output::Rounded(out) => {
+                        let (acc, rounded) = tiles_for_rounding.get_or_insert_with(|| {
+                            let (r, c) = (tiles.block_rows, tiles.block_cols);
+                            (
+                                Tile::new(r, c, <T::Acc as Element>::zero()),
+                                Tile::new(r, c, T::zero()),
+                            )
+                        });
+                        acc.fill(<T::Acc as Element>::zero());
+                        tile::dot(a, k, b, nw, valid, acc);
+                        acc.cast_into(rounded);
+                        tile::store_2d(out + at, nw, rounded, (task.rows, task.cols));
+                    }
+                }
             }
             Ok(())
         })?;

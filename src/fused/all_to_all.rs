@@ -12,7 +12,9 @@
 //! into the peer's symmetric receive buffer, laid out as the peer's output (tasks flattened over
 //! peer, a, b and row block; peers rotated). The rank's own part goes straight to its output.
 //! Each task adds one to the peer's signal for this source; once a source's count is complete,
-//! its blocks are copied from the receive buffer into the output tensor.
+//! its blocks are copied from the receive buffer into the output tensor. Every copy streams past
+//! the cache (`copy_2d_streaming`): the blocks are far larger than the cache, and nothing here
+//! reads them again before they would be evicted anyway.
 
 use ndarray::{ArrayViewD, Axis, IxDyn};
 
@@ -366,7 +368,7 @@ fn run_fused<T: Element>(
                 let from = input + (block.src + row * block.src_stride);
                 let at = block.dst + row * block.dst_stride;
                 if dst == me {
-                    tile::copy_2d(
+                    tile::copy_2d_streaming(
                         out_ptr + at,
                         block.dst_stride,
                         from,
@@ -375,7 +377,13 @@ fn run_fused<T: Element>(
                     );
                 } else {
                     let to = symm_at(recv.expect("allocated for n > 1"), dst) + at;
-                    tile::copy_2d(to, block.dst_stride, from, block.src_stride, (rows, block.cols));
+                    tile::copy_2d_streaming(
+                        to,
+                        block.dst_stride,
+                        from,
+                        block.src_stride,
+                        (rows, block.cols),
+                    );
                     p.notify(
                         &ws.arrived,
                         me,
@@ -405,7 +413,7 @@ fn run_fused<T: Element>(
                 };
                 let at = block.dst + row * block.dst_stride;
                 let from = GlobalPtr::from(consume_token(recv.expect("n > 1").ptr(), token)) + at;
-                tile::copy_2d(
+                tile::copy_2d_streaming(
                     out_ptr + at,
                     block.dst_stride,
                     from,

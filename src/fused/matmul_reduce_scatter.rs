@@ -12,7 +12,7 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::plan::scratch;
-use super::plan::{AccData, GemmTiles, Shards, compute_lanes, row_chunks};
+use super::plan::{AccData, GemmTiles, Shards, compute_lanes, computing_programs, row_chunks};
 use crate::collectives::{self, ReduceOp};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
@@ -194,11 +194,13 @@ fn run_fused<T: Element>(
     let order: Vec<usize> = (1..=world).map(|i| (me + i) % world).collect();
     let segments: Vec<(usize, usize)> =
         order.iter().map(|&r| (rows.offset(r), rows.count(r))).collect();
-    let tiles = GemmTiles::new(&segments, &[n]);
+    let (grid, sub_vec_num) = (rank.topology().aicore_num(), rank.topology().sub_vec_num());
+    let lanes = computing_programs(grid, sub_vec_num);
+    let tiles = GemmTiles::new(&segments, &[n], lanes);
     // Every rank cuts the product the same way, so each announces the same number of tiles for
     // this rank's rows.
     let tiles_for_me = {
-        let mine = GemmTiles::new(&[(rows.offset(me), rows.count(me))], &[n]);
+        let mine = GemmTiles::new(&[(rows.offset(me), rows.count(me))], &[n], lanes);
         mine.count() as u64
     };
     ws.expected += tiles_for_me;
@@ -216,22 +218,20 @@ fn run_fused<T: Element>(
     let reduce_tasks = mine.div_ceil(reduce_rows);
     let ws = &*ws;
     let partials = ws.partials.as_ref().expect("allocated above");
-    let (_, first_compute) = compute_lanes(rank.topology().sub_vec_num());
+    let (_, first_compute) = compute_lanes(sub_vec_num);
 
     // SAFETY: each rank writes only its own `partials`, each tile once, before announcing it;
     // a rank reads a peer's partials for its rows only after acquiring all of them; the buffer
     // is rewritten only after the next call's exchange. Each output chunk has one writer.
     unsafe {
-        launch(rank, LaunchMode::Mix, rank.topology().aicore_num(), |p| {
-            let mut acc =
-                Tile::new(tiles.block_rows, tiles.block_cols, <T::Acc as Element>::zero());
+        launch(rank, LaunchMode::Mix, grid, |p| {
             for t in p.tasks_on_sub_vecs(first_compute, tiles.count()) {
                 let task = tiles.get(t);
-                acc.fill(<T::Acc as Element>::zero());
                 let valid = (task.rows, k, task.cols);
-                tile::dot(x_ptr + task.row * k, k, w_ptr + task.col, n, valid, &mut acc);
                 let at = task.row * n + task.col;
-                tile::store_2d(partials.ptr() + at, n, &acc, (task.rows, task.cols));
+                // The partial product goes straight into the symmetric buffer, in f32.
+                let (a, b) = (x_ptr + task.row * k, w_ptr + task.col);
+                tile::dot_store(partials.ptr() + at, n, a, k, b, n, valid, false);
                 let owner = order[task.segment];
                 let scope = if owner == me { Scope::Device } else { Scope::Peer };
                 p.notify(&ws.done, me, owner, SignalOp::Add(1), scope, NotifySem::Release)?;

@@ -6,6 +6,7 @@ use std::ops::Deref;
 
 use ndarray::Array2;
 
+use crate::shmem::GlobalPtrMut;
 use crate::tensor::{Element, pool, split_offsets};
 
 /// An operand in its accumulator type: borrowed as it is when the element type is its own
@@ -58,11 +59,14 @@ pub(crate) fn scratch<T: Element>((rows, cols): (usize, usize)) -> Array2<T> {
     Array2::from_shape_vec((rows, cols), pool::take(rows * cols)).expect("rows x cols")
 }
 
-/// Rows per tile of a product: large enough that the GEMM kernel runs near its peak, small enough
-/// that a shard yields several tiles to overlap with communication.
-pub(crate) const BLOCK_ROWS: usize = 256;
-/// Columns per tile.
-pub(crate) const BLOCK_COLS: usize = 1024;
+/// Most rows per tile of a product, and most columns. Measured on the development machine (two
+/// threads, each running the `gemm` crate single-threaded over its half of a 2048 x 2048 x 2048
+/// product in tiles): 512 x 512 tiles took 87 ms, 1024 x 1024 tiles 148 ms and 2048 x 1024 tiles
+/// 178 ms, as the kernel's cache blocking falls apart on large single-threaded calls; 128-row
+/// tiles lost again (101 ms) to packing the weight block once per tile.
+pub(crate) const BLOCK_ROWS: usize = 512;
+/// See [`BLOCK_ROWS`].
+pub(crate) const BLOCK_COLS: usize = 512;
 
 /// How many rows of `row_len` elements make a chunk of about `target` elements (at least one).
 pub(crate) fn row_chunks(row_len: usize, target: usize) -> usize {
@@ -74,6 +78,39 @@ pub(crate) fn row_chunks(row_len: usize, target: usize) -> usize {
 /// compute; with a single sub-core per AI core, it does both, communication first.
 pub(crate) fn compute_lanes(sub_vec_num: usize) -> (usize, usize) {
     if sub_vec_num > 1 { (1, 1) } else { (1, 0) }
+}
+
+/// How many programs of a mix launch of `grid` programs compute.
+pub(crate) fn computing_programs(grid: usize, sub_vec_num: usize) -> usize {
+    grid * (sub_vec_num - compute_lanes(sub_vec_num).1)
+}
+
+/// Where a product's tiles go: straight into the output when the element type is its own
+/// accumulator (f32, f64), through an accumulator tile and one rounding otherwise.
+pub(crate) enum Output<'a, T: Element> {
+    Direct(GlobalPtrMut<'a, T::Acc>),
+    Rounded(GlobalPtrMut<'a, T>),
+}
+
+impl<T: Element> Clone for Output<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: Element> Copy for Output<'_, T> {}
+
+impl<'a, T: Element> Output<'a, T> {
+    pub(crate) fn new(data: &'a mut [T]) -> Self {
+        if TypeId::of::<T>() == TypeId::of::<T::Acc>() {
+            // SAFETY: `T` and `T::Acc` are the same type, so the slice is reinterpreted as itself.
+            let same =
+                unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr().cast(), data.len()) };
+            Output::Direct(GlobalPtrMut::from_slice(same))
+        } else {
+            Output::Rounded(GlobalPtrMut::from_slice(data))
+        }
+    }
 }
 
 /// Rows per rank, and where each rank's rows start.
@@ -140,11 +177,12 @@ pub(crate) struct GemmTiles {
 }
 
 impl GemmTiles {
-    /// Tiles for row `segments` (start, rows) and weights of `widths` columns.
-    pub(crate) fn new(segments: &[(usize, usize)], widths: &[usize]) -> Self {
+    /// Tiles for row `segments` (start, rows) and weights of `widths` columns, cut so that each of
+    /// `lanes` computing programs gets a tile of every segment.
+    pub(crate) fn new(segments: &[(usize, usize)], widths: &[usize], lanes: usize) -> Self {
         let longest = segments.iter().map(|s| s.1).max().unwrap_or(0);
         let widest = widths.iter().copied().max().unwrap_or(0);
-        let block_rows = longest.clamp(1, BLOCK_ROWS);
+        let block_rows = longest.div_ceil(lanes.max(1)).clamp(1, BLOCK_ROWS);
         let block_cols = widest.clamp(1, BLOCK_COLS);
         let per_row_block =
             split_offsets(&widths.iter().map(|&w| w.div_ceil(block_cols)).collect::<Vec<_>>());
@@ -197,7 +235,7 @@ mod tests {
     fn tiles_cover_every_output_element_once() {
         let segments = [(300, 5), (0, 300), (305, 0), (305, 600)];
         let widths = [7, 2500, 1];
-        let tiles = GemmTiles::new(&segments, &widths);
+        let tiles = GemmTiles::new(&segments, &widths, 1);
         let total_rows = 905;
         let mut hits: Vec<Vec<u8>> = widths.iter().map(|&w| vec![0; total_rows * w]).collect();
         for t in 0..tiles.count() {
