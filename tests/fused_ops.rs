@@ -1314,3 +1314,39 @@ fn weights_of_the_wrong_shape_on_one_rank_fail_every_rank_without_a_hang() {
     });
     assert_no_failures(out);
 }
+
+/// Regression: ranks used to count the tiles of their own rows with a plan of their rows alone,
+/// which cut ragged shards differently from the real plan when several programs compute: a rank
+/// then waited for tiles that never came. Many compute lanes (a 910B-like topology), ragged rows.
+#[test]
+fn matmul_reduce_scatter_tile_counts_agree_with_many_compute_lanes() {
+    use dist_tensor::device::Topology;
+    // World 2, M = 5: shards of 3 and 2 rows; with 2 computing programs the plan cuts 2-row
+    // tiles, so the 2-row shard is one tile, where a plan of that shard alone made two.
+    for (ranks, topology) in [
+        (2, Topology::new(2, 2).unwrap()),
+        (3, Topology::new(2, 2).unwrap()),
+        (3, Topology::ascend_910b()),
+    ] {
+        let world = World::builder(ranks)
+            .topology(topology.clone())
+            .wait_timeout(std::time::Duration::from_secs(20))
+            .build()
+            .unwrap();
+        for (m, k, n) in [(5, 3, 4), (515, 6, 7), (1031, 5, 3)] {
+            let h = Tensor::<f64>::random(&[m, k], 1);
+            let w = Tensor::<f64>::random(&[k, n], 2);
+            let want = h.matmul(&w).unwrap();
+            let got = world
+                .run(|rank| {
+                    let hs = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
+                    let ws = DistTensor::from_global(rank, &w, Placement::Shard(0))?;
+                    hs.matmul_reduce_scatter(ws.local())?.to_global()
+                })
+                .unwrap_or_else(|e| panic!("{topology:?}, M={m}: {e}"));
+            for (g, r) in got[0].as_slice().iter().zip(want.as_slice()) {
+                assert!((g - r).abs() < 1e-12, "{topology:?}, M={m}");
+            }
+        }
+    }
+}

@@ -12,14 +12,16 @@
 //! Half types are widened to f32 once: the weights before the launch, the rows as they are pushed
 //! (the `gathered` buffer holds f32), so that tiles run the f32 kernel in place.
 //!
-//! When shards are only a few rows (decode), tiles per shard would read the whole weight once per
-//! shard; then every rank also copies its own rows into its `gathered` buffer and tiles run over
+//! When shards are short (decode, or many ranks), tiles per shard would read the whole weight once
+//! per shard; then every rank also copies its own rows into its `gathered` buffer and tiles run over
 //! the gathered rows, waiting for the shards a tile covers, so the weight is read once.
 
 use ndarray::{Array2, ArrayView2};
 
 use super::plan::scratch;
-use super::plan::{AccData, GemmTiles, Output, Shards, compute_lanes, computing_programs};
+use super::plan::{
+    AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, compute_lanes, computing_programs,
+};
 use crate::collectives;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
@@ -35,8 +37,6 @@ const OP: &str = "all_gather_matmul";
 pub const MAX_WEIGHTS: usize = 16;
 /// Elements the communication part moves per chunk.
 const PUSH_CHUNK_ELEMS: usize = 64 * 1024;
-/// Below this many rows per shard, tiles run over the gathered rows instead of per shard.
-const MIN_SHARD_ROWS: usize = 64;
 
 /// The products of an all_gather_matmul: one `[M, n_i]` array per weight, and how the rows were
 /// sharded (`row_counts[r]` rows came from rank `r`).

@@ -12,7 +12,9 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::plan::scratch;
-use super::plan::{AccData, GemmTiles, Shards, compute_lanes, computing_programs, row_chunks};
+use super::plan::{
+    AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
+};
 use crate::collectives::{self, ReduceOp};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
@@ -190,20 +192,26 @@ fn run_fused<T: Element>(
         ws.partials = None;
         ws.partials = Some(rank.alloc(m * n)?);
     }
-    // Tiles of the rows each rank owns, the other ranks' rows first and this rank's last.
+    // Tiles of the rows each rank owns, the other ranks' rows first and this rank's last; when
+    // shards are short, tiles over all rows instead (a tile then serves several owners).
     let order: Vec<usize> = (1..=world).map(|i| (me + i) % world).collect();
-    let segments: Vec<(usize, usize)> =
-        order.iter().map(|&r| (rows.offset(r), rows.count(r))).collect();
-    let (grid, sub_vec_num) = (rank.topology().aicore_num(), rank.topology().sub_vec_num());
-    let lanes = computing_programs(grid, sub_vec_num);
-    let tiles = GemmTiles::new(&segments, &[n], lanes);
-    // Every rank cuts the product the same way, so each announces the same number of tiles for
-    // this rank's rows.
-    let tiles_for_me = {
-        let mine = GemmTiles::new(&[(rows.offset(me), rows.count(me))], &[n], lanes);
-        mine.count() as u64
+    let per_owner = rows.counts().iter().all(|&c| c == 0 || c >= MIN_SHARD_ROWS);
+    let segments: Vec<(usize, usize)> = if per_owner {
+        order.iter().map(|&r| (rows.offset(r), rows.count(r))).collect()
+    } else {
+        vec![(0, m)]
     };
-    ws.expected += tiles_for_me;
+    let (grid, sub_vec_num) = (rank.topology().aicore_num(), rank.topology().sub_vec_num());
+    let tiles = GemmTiles::new(&segments, &[n], computing_programs(grid, sub_vec_num));
+    // Every rank cuts the product the same way (the plan depends on M, N and the topology only),
+    // so every rank announces the same tiles for this rank's rows: those that cover them.
+    let covering_me = (0..tiles.count())
+        .filter(|&t| {
+            let task = tiles.get(t);
+            rows.covering(task.row, task.rows).any(|owner| owner == me)
+        })
+        .count();
+    ws.expected += covering_me as u64;
 
     let x = x.as_standard_layout();
     let w = w.as_standard_layout();
@@ -232,9 +240,10 @@ fn run_fused<T: Element>(
                 // The partial product goes straight into the symmetric buffer, in f32.
                 let (a, b) = (x_ptr + task.row * k, w_ptr + task.col);
                 tile::dot_store(partials.ptr() + at, n, a, k, b, n, valid, false);
-                let owner = order[task.segment];
-                let scope = if owner == me { Scope::Device } else { Scope::Peer };
-                p.notify(&ws.done, me, owner, SignalOp::Add(1), scope, NotifySem::Release)?;
+                for owner in rows.covering(task.row, task.rows) {
+                    let scope = if owner == me { Scope::Device } else { Scope::Peer };
+                    p.notify(&ws.done, me, owner, SignalOp::Add(1), scope, NotifySem::Release)?;
+                }
             }
             reduce_rows_of(p, ws, partials, rows, n, out_ptr, reduce_rows, reduce_tasks)
         })?;

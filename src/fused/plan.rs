@@ -67,6 +67,9 @@ pub(crate) fn scratch<T: Element>((rows, cols): (usize, usize)) -> Array2<T> {
 pub(crate) const BLOCK_ROWS: usize = 512;
 /// See [`BLOCK_ROWS`].
 pub(crate) const BLOCK_COLS: usize = 512;
+/// Below this many rows per shard, a product is cut into tiles over all its rows rather than
+/// shard by shard: tiles of a few rows would pack the weight once per shard for little work.
+pub(crate) const MIN_SHARD_ROWS: usize = BLOCK_ROWS / 2;
 
 /// How many rows of `row_len` elements make a chunk of about `target` elements (at least one).
 pub(crate) fn row_chunks(row_len: usize, target: usize) -> usize {
