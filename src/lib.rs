@@ -1,14 +1,108 @@
-#![doc = include_str!("../README.md")]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 #![doc(test(attr(deny(warnings))))]
 
+//! # dist-tensor
+//!
+//! Tensors distributed over the ranks of a world, and fused communication + compute ops on them,
+//! each a tile kernel in the programming model of Triton-distributed for Ascend NPUs. Where no NPU
+//! is present (the default), the same kernels run on a host simulation of the NPU.
+//!
+//! # The model in a page
+//!
+//! **Ranks.** A [`World`] is a set of ranks; [`World::run`] runs a closure once per rank, each on
+//! its own thread, and returns the results in rank order. A [`Rank`] is a rank's handle: who it
+//! is, its symmetric memory, its signals.
+//!
+//! **Symmetric memory.** Every rank owns a heap segment of the same capacity.
+//! [`Rank::alloc`] is collective: every rank gets a [`SymmBuf`](shmem::SymmBuf) at the same
+//! offset. [`symm_at`](shmem::symm_at)`(&buf, peer)` is the peer's copy, a plain pointer: offsets
+//! are added after it, and loads, stores and copies through it are the same as on local memory.
+//! The local copy is `buf.ptr()`, equal to `symm_at(&buf, my_rank)`.
+//!
+//! **Signals and tokens.** [`Rank::notify`] sets or adds to a peer's signal (with release or
+//! relaxed ordering); [`Rank::wait`] waits for a value on one's own and returns a
+//! [`Token`](shmem::Token). Symmetric memory can be read only through
+//! [`consume_token`](shmem::consume_token)`(ptr, token)`: forgetting it does not compile.
+//! [`Rank::barrier_all`] waits for every rank and returns a token too. Waits spin briefly, then
+//! block; they time out with an error naming the rank, program and signal.
+//!
+//! **Tile kernels.** [`device::launch`] runs a kernel as a grid of programs, every program
+//! resident at once; each is told its [`Program`](device::Program) context (`program_id`,
+//! `num_programs`, `sub_vec_id`, `sub_vec_num`, rank). Kernels walk flattened task spaces
+//! grid-stride ([`Program::tasks`](device::Program::tasks)), rotate their target rank by their own,
+//! and use masked tile operations ([`device::tile`]): loads and stores with masks instead of
+//! padding, `atomic_add`, and `dot` with f32 accumulation reading tiles in place.
+//!
+//! **Launch modes.** A kernel with a cube part (`dot`) runs in [`LaunchMode::Mix`](device::LaunchMode):
+//! each program runs once per vector sub-core of the [`Topology`](device::Topology) (1 cube : 2
+//! vector on an Ascend AI core), and communication is gated to `sub_vec_id() == 0`. A kernel
+//! without one runs [`LaunchMode::VectorOnly`](device::LaunchMode). Core counts come from the
+//! topology, never from constants.
+//!
+//! **The host simulation.** Ranks and program instances are threads over real shared memory: the
+//! heap is one anonymous mapping per rank, program threads stay resident between launches, and the
+//! default topology shares the machine's cores between the ranks. A panic or error anywhere fails
+//! the whole world: every waiting rank stops with [`Error::PeerFailed`], and `run` returns
+//! [`Error::RankFailed`] naming the rank that failed first.
+//!
+//! **Ascend.** [`device::ascend`] opens the CANN runtime at run time (no build-time dependency);
+//! where it is absent, asking for an NPU returns an error that lists every path tried. Kernels do
+//! not run on NPUs yet: [`Device::Ascend`] reports that clearly, and an NPU's true topology can
+//! drive the host simulation.
+//!
+//! # Layers
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | [`dist`] | [`DistTensor`], [`Placement`]: validate, choose a kernel, never touch raw memory |
+//! | [`fused`] | one file per fused op, with its unfused baseline |
+//! | [`collectives`] | all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, as tile kernels |
+//! | [`device`] | topologies, launches, programs, tile operations; `host` and `ascend` backends |
+//! | [`shmem`] | the world, ranks, the symmetric heap, signals, tokens, barriers |
+//! | [`tensor`] | [`Tensor`], [`Element`] (f32, f64, f16, bf16), local matmul through `gemm` |
+//!
+//! # Features
+//!
+//! | what | where |
+//! | --- | --- |
+//! | element types | f32, f64, `half::f16`, `half::bf16` (half types accumulate in f32, round once) |
+//! | placements | `Shard(d)` (uneven, empty shards allowed), `Replicate`, `Partial` |
+//! | fused ops | `all_gather_matmul` (one or several weights), `matmul_reduce_scatter`, `all_to_all` |
+//! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
+//! | determinism | reductions in a fixed rank order: the same bits on every run |
+//! | devices | host simulation (default); Ascend NPUs found and queried through CANN |
+//!
 //! # Errors and panics
 //!
 //! Anything one rank can get wrong at run time (a shape, a placement, a peer that failed or never
 //! signalled, symmetric memory running out) returns [`Error`], because a panic on one rank would
-//! leave the others waiting. Only programmer mistakes that cannot depend on run-time data panic,
-//! and those functions say so under `# Panics`.
+//! leave the others waiting. Collective ops exchange their arguments first, so a bad argument on
+//! one rank fails every rank at once, naming that rank. Only programmer mistakes that cannot depend
+//! on run-time data panic (a tile access out of bounds inside a kernel, which then fails the
+//! launch and the world rather than hanging them), and those functions say so under `# Panics`.
+//!
+//! # Example
+//!
+//! ```
+//! use dist_tensor::{DistTensor, Placement, Tensor, World};
+//!
+//! let x = Tensor::<f32>::random(&[64, 32], 1);
+//! let w1 = Tensor::<f32>::random(&[32, 48], 2);
+//! let w2 = Tensor::<f32>::random(&[48, 16], 3);
+//! let want = x.matmul(&w1)?.matmul(&w2)?;
+//! let outs = World::threads(4)?.run(|rank| {
+//!     let x = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+//!     let w1 = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
+//!     let w2 = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
+//!     let h = x.all_gather_matmul(w1.local())?; // [64, 12] per rank, Shard(1)
+//!     let y = h.matmul_reduce_scatter(w2.local())?; // [16, 16] per rank, Shard(0)
+//!     y.to_global()
+//! })?;
+//! let err = outs[0].as_slice().iter().zip(want.as_slice()).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+//! assert!(err < 1e-4);
+//! # Ok::<(), dist_tensor::Error>(())
+//! ```
 
 pub mod collectives;
 pub mod device;
@@ -23,3 +117,8 @@ pub use dist::{DistTensor, Placement};
 pub use error::{Error, Result};
 pub use shmem::{Rank, World};
 pub use tensor::{DType, Element, Tensor};
+
+/// The README's examples, compiled and run as doc-tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

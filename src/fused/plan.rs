@@ -186,7 +186,9 @@ impl GemmTiles {
         let longest = segments.iter().map(|s| s.1).max().unwrap_or(0);
         let widest = widths.iter().copied().max().unwrap_or(0);
         let block_rows = longest.div_ceil(lanes.max(1)).clamp(1, BLOCK_ROWS);
-        let block_cols = widest.clamp(1, BLOCK_COLS);
+        // Short tiles get wider, keeping about the same area: fewer calls, each weight row read
+        // in longer runs.
+        let block_cols = widest.clamp(1, BLOCK_COLS * (BLOCK_ROWS / block_rows).max(1));
         let per_row_block =
             split_offsets(&widths.iter().map(|&w| w.div_ceil(block_cols)).collect::<Vec<_>>());
         let row_block_tiles = *per_row_block.last().expect("offsets end with the total");

@@ -39,7 +39,7 @@ mod sealed {
     impl Sealed for half::bf16 {}
 }
 
-/// A tensor element: f32, f64, [`f16`] or [`bf16`].
+/// A tensor element: f32, f64, [`f16`](half::f16) or [`bf16`](half::bf16).
 ///
 /// Products accumulate in [`Element::Acc`] (f32 for the half types, f64 for f64) and are rounded
 /// to the element type once, at the end.
