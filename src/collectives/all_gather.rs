@@ -133,20 +133,7 @@ fn gather<T: Element>(
             unsafe {
                 launch(rank, LaunchMode::VectorOnly, grid, |p| {
                     if n > 1 {
-                        let mine = &chunks[me];
-                        let staging = ws.staging().ptr();
-                        for t in p.tasks(mine.count) {
-                            let c = mine.get(t);
-                            let at = c.row * cols[me] + c.col;
-                            tile::copy_2d(
-                                staging + at,
-                                cols[me],
-                                input + at,
-                                cols[me],
-                                (c.rows, c.cols),
-                            );
-                        }
-                        super::notify_peers(p, &ws.ready)?;
+                        ws.publish_part(p, input, &chunks[me], cols[me])?;
                     }
                     for t in p.tasks(tasks.total()) {
                         let (src, task) = tasks.locate(t);

@@ -141,18 +141,7 @@ fn exchange_and_send<T: Element>(
             unsafe {
                 launch(rank, LaunchMode::VectorOnly, grid, |p| {
                     if n > 1 {
-                        let staging = ws.staging().ptr();
-                        for t in p.tasks(publish.count) {
-                            let c = publish.get(t);
-                            tile::copy_2d(
-                                staging + c.col,
-                                c.cols,
-                                input_ptr + c.col,
-                                c.cols,
-                                (1, c.cols),
-                            );
-                        }
-                        super::notify_peers(p, &ws.ready)?;
+                        ws.publish_part(p, input_ptr, &publish, input.len())?;
                     }
                     for t in p.tasks(tasks.total()) {
                         let (src, task) = tasks.locate(t);

@@ -85,18 +85,7 @@ fn cast<T: Element>(
             unsafe {
                 launch(rank, LaunchMode::VectorOnly, grid, |p| {
                     if me == root && n > 1 {
-                        let staging = ws.staging().ptr();
-                        for t in p.tasks(chunks.count) {
-                            let c = chunks.get(t);
-                            tile::copy_2d(
-                                staging + c.col,
-                                c.cols,
-                                input + c.col,
-                                c.cols,
-                                (1, c.cols),
-                            );
-                        }
-                        super::notify_peers(p, &ws.ready)?;
+                        ws.publish_part(p, input, &chunks, len)?;
                     }
                     let from: GlobalPtr<'_, T> = if me == root {
                         input

@@ -26,16 +26,3 @@ pub use broadcast::{broadcast, broadcast_into};
 pub use reduce_scatter::{
     ReduceOp, reduce_scatter, reduce_scatter_cols, reduce_scatter_cols_into, reduce_scatter_into,
 };
-
-use crate::Result;
-use crate::device::Program;
-use crate::shmem::{NotifySem, Scope, SignalBuf, SignalOp};
-
-/// Tells every peer, rotated, that this program's part of the rank's publication is in place.
-fn notify_peers(p: &Program<'_>, ready: &SignalBuf) -> Result<()> {
-    let (me, n) = (p.rank(), p.num_ranks());
-    for i in 1..n {
-        p.notify(ready, me, (me + i) % n, SignalOp::Add(1), Scope::Peer, NotifySem::Release)?;
-    }
-    Ok(())
-}

@@ -172,19 +172,7 @@ fn reduce<T: Element>(
             unsafe {
                 launch(rank, LaunchMode::VectorOnly, grid, |p| {
                     if n > 1 {
-                        let staging = ws.staging().ptr();
-                        for t in p.tasks(publish.count) {
-                            let c = publish.get(t);
-                            let at = c.row * total + c.col;
-                            tile::copy_2d(
-                                staging + at,
-                                total,
-                                input_ptr + at,
-                                total,
-                                (c.rows, c.cols),
-                            );
-                        }
-                        super::notify_peers(p, &ws.ready)?;
+                        ws.publish_part(p, input_ptr, &publish, total)?;
                     }
                     let (br, bc) = reduce.block();
                     let mut parts: Vec<Tile<T>> =

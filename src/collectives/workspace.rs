@@ -11,8 +11,11 @@
 //!    its next call, after that call's exchange: by then every peer has finished this call.
 
 use crate::device::tile::valid_len;
+use crate::device::{Program, tile};
 pub(crate) use crate::shmem::check_agree;
-use crate::shmem::{Rank, SignalBuf, SymmBuf, WordExchange, Workspace};
+use crate::shmem::{
+    GlobalPtr, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, WordExchange, Workspace,
+};
 use crate::{Element, Error, Result};
 
 /// Elements a program moves per task: large enough to amortize the task, small enough to stay in
@@ -57,6 +60,30 @@ impl<T: Element> CollectiveWorkspace<T> {
         // Free the old one first, so the heap can reuse its space.
         self.staging = None;
         self.staging = Some(rank.alloc(len.max(old + old / 2))?);
+        Ok(())
+    }
+
+    /// The publish step, run by every program of a launch: copies this program's chunks of
+    /// `input` (rows of `row_len` elements) into this rank's staging buffer at the same place,
+    /// then tells every peer, rotated, that this program's part is in place.
+    pub(crate) fn publish_part(
+        &self,
+        p: &Program<'_>,
+        input: GlobalPtr<'_, T>,
+        chunks: &Chunks,
+        row_len: usize,
+    ) -> Result<()> {
+        let staging = self.staging().ptr();
+        for t in p.tasks(chunks.count) {
+            let c = chunks.get(t);
+            let at = c.row * row_len + c.col;
+            tile::copy_2d(staging + at, row_len, input + at, row_len, (c.rows, c.cols));
+        }
+        let (me, n) = (p.rank(), p.num_ranks());
+        for i in 1..n {
+            let peer = (me + i) % n;
+            p.notify(&self.ready, me, peer, SignalOp::Add(1), Scope::Peer, NotifySem::Release)?;
+        }
         Ok(())
     }
 
