@@ -29,7 +29,9 @@ fn main() -> Result<(), Error> {
             let peer = (me + i) % n; // rotated, so no rank is everyone's first target
             // A remote pointer is a plain pointer: offsets are added after symm_at.
             let dst = symm_at(&inbox, peer) + me * ROW;
-            tile::store_1d(dst, &mine, ROW);
+            // SAFETY: only this rank writes its row of the peer's inbox, and the peer reads it
+            // only after this rank's notify below.
+            unsafe { tile::store_1d(dst, &mine, ROW) };
             rank.notify(&arrived, me, peer, SignalOp::Set(1), Scope::Peer, NotifySem::Release)?;
         }
 
@@ -38,7 +40,8 @@ fn main() -> Result<(), Error> {
             let token = rank.wait(&arrived, peer, WaitCmp::Eq(1), WaitSem::Acquire)?;
             // The inbox is readable only through the token (rule 3).
             let row = consume_token(inbox.ptr(), token) + peer * ROW;
-            tile::load_1d(row, &mut got[peer * ROW..(peer + 1) * ROW], ROW, f32::NAN);
+            // SAFETY: rank `peer` wrote this row before its release notify, acquired above.
+            unsafe { tile::load_1d(row, &mut got[peer * ROW..(peer + 1) * ROW], ROW, f32::NAN) };
         }
         let _ = rank.barrier_all()?; // nobody frees its inbox while a peer may still write
         Ok(got)

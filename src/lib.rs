@@ -23,7 +23,7 @@
 //! **Signals and tokens.** [`Rank::notify`] sets or adds to a peer's signal (with release or
 //! relaxed ordering); [`Rank::wait`] waits for a value on one's own and returns a
 //! [`Token`](shmem::Token). Symmetric memory can be read only through
-//! [`consume_token`](shmem::consume_token)`(ptr, token)`: forgetting it does not compile.
+//! [`consume_token`](shmem::consume_token)`(ptr, token)`: reading without it does not compile.
 //! [`Rank::barrier_all`] waits for every rank and returns a token too. Waits spin briefly, then
 //! block; they time out with an error naming the rank, program and signal.
 //!

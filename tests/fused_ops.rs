@@ -1350,3 +1350,28 @@ fn matmul_reduce_scatter_tile_counts_agree_with_many_compute_lanes() {
         }
     }
 }
+
+/// Regression: a product with no columns (N = 0) used to panic in the reduction's tile load.
+#[test]
+fn matmul_reduce_scatter_with_no_columns_gives_empty_rows() {
+    let outs = World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            let h = DistTensor::from_global(
+                rank,
+                &Tensor::<f32>::random(&[5, 4], 1),
+                Placement::Shard(1),
+            )?;
+            let w = Tensor::<f32>::zeros(&[2, 0]);
+            let fused = h.matmul_reduce_scatter(&w)?;
+            let unfused = h.matmul_reduce_scatter_unfused(&w)?;
+            Ok((
+                fused.local().shape().to_vec(),
+                unfused.local().shape().to_vec(),
+                fused.global_shape(),
+            ))
+        })
+        .unwrap();
+    assert_eq!(outs[0], (vec![3, 0], vec![3, 0], vec![5, 0]));
+    assert_eq!(outs[1].0, vec![2, 0]);
+}

@@ -81,7 +81,9 @@ fn producer_store_then_release_is_seen_by_acquire_exactly() {
                     for (w, p) in payload.iter_mut().enumerate() {
                         *p = (round * 1000 + me as u64) as f64 + w as f64 / 128.0;
                     }
-                    tile::store_1d(symm_at(&slot, right), &payload, WORDS);
+                    // SAFETY: the right neighbour reads the slot only after `full`, and released it
+                    // (through `empty`) before this round.
+                    unsafe { tile::store_1d(symm_at(&slot, right), &payload, WORDS) };
                     rank.notify(
                         &full,
                         0,
@@ -92,7 +94,9 @@ fn producer_store_then_release_is_seen_by_acquire_exactly() {
                     )?;
 
                     let token = rank.wait(&full, 0, WaitCmp::Eq(round), WaitSem::Acquire)?;
-                    tile::load_1d(consume_token(slot.ptr(), token), &mut got, WORDS, f64::NAN);
+                    let slot_data = consume_token(slot.ptr(), token);
+                    // SAFETY: the left neighbour wrote the slot before its release notify.
+                    unsafe { tile::load_1d(slot_data, &mut got, WORDS, f64::NAN) };
                     for (w, &g) in got.iter().enumerate() {
                         let want = (round * 1000 + left as u64) as f64 + w as f64 / 128.0;
                         assert_eq!(g, want, "rank {me} round {round} word {w}");
@@ -126,15 +130,13 @@ fn barrier_all_repeated_a_thousand_times() {
                 let counter = rank.alloc::<f64>(1)?;
                 let mut seen = vec![0.0f64; 1];
                 for round in 1..=1000u32 {
-                    tile::store_1d(counter.ptr(), &[round as f64], 1);
+                    // SAFETY: peers read the counter only between the two barriers of a round.
+                    unsafe { tile::store_1d(counter.ptr(), &[round as f64], 1) };
                     let token = rank.barrier_all()?;
                     for peer in 0..n {
-                        tile::load_1d(
-                            consume_token(symm_at(&counter, peer), token),
-                            &mut seen,
-                            1,
-                            0.0,
-                        );
+                        let theirs = consume_token(symm_at(&counter, peer), token);
+                        // SAFETY: written before the barrier; rewritten only after the next one.
+                        unsafe { tile::load_1d(theirs, &mut seen, 1, 0.0) };
                         assert_eq!(seen[0], round as f64, "round {round}, peer {peer}");
                     }
                     // Nobody may overwrite a counter before everyone has read it.
@@ -224,20 +226,12 @@ fn wait_timeout_inside_a_kernel_names_the_program() {
     let err = world
         .run(|rank| {
             let sigs = rank.alloc_signals(1)?;
-            // SAFETY: the kernel touches no memory but the signal.
-            unsafe {
-                dist_tensor::device::launch(
-                    rank,
-                    dist_tensor::device::LaunchMode::VectorOnly,
-                    3,
-                    |p| {
-                        if p.program_id() == 2 {
-                            let _ = p.wait(&sigs, 0, WaitCmp::Eq(1), WaitSem::Relaxed)?;
-                        }
-                        Ok(())
-                    },
-                )
-            }
+            dist_tensor::device::launch(rank, dist_tensor::device::LaunchMode::VectorOnly, 3, |p| {
+                if p.program_id() == 2 {
+                    let _ = p.wait(&sigs, 0, WaitCmp::Eq(1), WaitSem::Relaxed)?;
+                }
+                Ok(())
+            })
         })
         .unwrap_err();
     match err {
@@ -281,25 +275,19 @@ fn a_panicking_program_fails_the_launch_and_the_world() {
         .unwrap()
         .run(|rank| {
             let sigs = rank.alloc_signals(1)?;
-            // SAFETY: the kernel touches no memory but the signal.
-            unsafe {
-                dist_tensor::device::launch(rank, dist_tensor::device::LaunchMode::Mix, 2, |p| {
-                    if rank.rank() == 1 && p.program_id() == 1 && p.sub_vec_id() == 0 {
-                        let tiny = [0.0f32; 2];
-                        let mut out = [0.0f32; 4];
-                        // Out of bounds: the tile op panics instead of reading past the end.
-                        tile::load_1d(
-                            dist_tensor::shmem::GlobalPtr::from_slice(&tiny),
-                            &mut out,
-                            4,
-                            0.0,
-                        );
-                    }
-                    // Everyone else waits for a signal that never comes.
-                    let _ = p.wait(&sigs, 0, WaitCmp::Eq(1), WaitSem::Acquire)?;
-                    Ok(())
-                })
-            }
+            dist_tensor::device::launch(rank, dist_tensor::device::LaunchMode::Mix, 2, |p| {
+                if rank.rank() == 1 && p.program_id() == 1 && p.sub_vec_id() == 0 {
+                    let tiny = [0.0f32; 2];
+                    let mut out = [0.0f32; 4];
+                    // Out of bounds: the tile op panics instead of reading past the end.
+                    let src = dist_tensor::shmem::GlobalPtr::from_slice(&tiny);
+                    // SAFETY: local arrays only; the bounds check panics before any access.
+                    unsafe { tile::load_1d(src, &mut out, 4, 0.0) };
+                }
+                // Everyone else waits for a signal that never comes.
+                let _ = p.wait(&sigs, 0, WaitCmp::Eq(1), WaitSem::Acquire)?;
+                Ok(())
+            })
         })
         .unwrap_err();
     let text = err.to_string();
@@ -431,4 +419,29 @@ fn symm_at_own_rank_is_the_local_buffer_and_device_scope_stays_local() {
             Ok(())
         })
         .unwrap();
+}
+
+/// A launch from inside a kernel would need the rank's program threads, which are busy running
+/// the outer launch: an error, not a deadlock.
+#[test]
+fn a_launch_inside_a_kernel_is_an_error() {
+    let err = World::threads(1)
+        .unwrap()
+        .run(|rank| {
+            dist_tensor::device::launch(
+                rank,
+                dist_tensor::device::LaunchMode::VectorOnly,
+                2,
+                |_| {
+                    dist_tensor::device::launch(
+                        rank,
+                        dist_tensor::device::LaunchMode::VectorOnly,
+                        2,
+                        |_| Ok(()),
+                    )
+                },
+            )
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("already in use on this rank"), "{err}");
 }

@@ -8,20 +8,14 @@ use crate::shmem::Rank;
 /// may spin-wait on each other). In [`LaunchMode::Mix`] each program runs once per vector
 /// sub-core of the topology, told its `sub_vec_id`; in [`LaunchMode::VectorOnly`] once.
 ///
-/// On the host every program instance is a thread; `kernel` returns when all have.
+/// On the host every program instance is a thread; `launch` returns when all have. What the
+/// programs do to shared memory is governed by the tile operations' access contract (see
+/// [`tile`](super::tile)).
 ///
 /// # Errors
 /// The first error a program returned, or [`Error::KernelPanicked`](crate::Error::KernelPanicked)
 /// if one panicked. Either also fails the world, so that programs and ranks waiting on this one
 /// stop with [`Error::PeerFailed`](crate::Error::PeerFailed) instead of hanging.
-///
-/// # Safety
-/// Pointers are plain pointers, as in the seed: nothing stops two programs, or two ranks, from
-/// touching the same memory at once. The kernel must order every access that another program or
-/// rank may also make, with signals (a release notify before an acquire wait) or barriers, and
-/// programs must write disjoint parts of shared outputs. A data race through the kernel's
-/// pointers is undefined behaviour. Host code that uses tile operations on symmetric memory
-/// outside a launch is under the same contract.
 ///
 /// # Examples
 /// ```
@@ -32,23 +26,21 @@ use crate::shmem::Rank;
 /// let out = World::threads(1)?.run(|rank| {
 ///     let mut out = vec![0.0f32; 100];
 ///     let ptr = GlobalPtrMut::from_slice(&mut out);
-///     // SAFETY: each task writes its own block of 16 elements; blocks are disjoint.
-///     unsafe {
-///         launch(rank, LaunchMode::VectorOnly, 4, |p| {
-///             for block in p.tasks(100usize.div_ceil(16)) {
-///                 let start = block * 16;
-///                 let valid = tile::valid_len(start, 16, 100); // a mask, not padding
-///                 tile::store_1d(ptr + start, &[block as f32; 16], valid);
-///             }
-///             Ok(())
-///         })?;
-///     }
+///     launch(rank, LaunchMode::VectorOnly, 4, |p| {
+///         for block in p.tasks(100usize.div_ceil(16)) {
+///             let start = block * 16;
+///             let valid = tile::valid_len(start, 16, 100); // a mask, not padding
+///             // SAFETY: each task writes its own block of 16 elements; blocks are disjoint.
+///             unsafe { tile::store_1d(ptr + start, &[block as f32; 16], valid) };
+///         }
+///         Ok(())
+///     })?;
 ///     Ok(out)
 /// })?;
 /// assert_eq!(out[0][99], 6.0);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub unsafe fn launch<F>(rank: &Rank<'_>, mode: LaunchMode, grid: usize, kernel: F) -> Result<()>
+pub fn launch<F>(rank: &Rank<'_>, mode: LaunchMode, grid: usize, kernel: F) -> Result<()>
 where
     F: Fn(&Program<'_>) -> Result<()> + Sync,
 {

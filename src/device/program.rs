@@ -18,13 +18,10 @@ use crate::shmem::{NotifySem, Rank, Scope, SignalBuf, SignalOp, Token, WaitCmp, 
 ///
 /// let seen = Mutex::new(Vec::new());
 /// World::threads(1)?.run(|rank| {
-///     // SAFETY: the kernel touches no shared memory.
-///     unsafe {
-///         launch(rank, LaunchMode::Mix, 2, |p| {
-///             seen.lock().unwrap().push((p.program_id(), p.sub_vec_id(), p.sub_vec_num()));
-///             Ok(())
-///         })
-///     }
+///     launch(rank, LaunchMode::Mix, 2, |p| {
+///         seen.lock().unwrap().push((p.program_id(), p.sub_vec_id(), p.sub_vec_num()));
+///         Ok(())
+///     })
 /// })?;
 /// let mut seen = seen.into_inner().unwrap();
 /// seen.sort();
@@ -71,11 +68,6 @@ impl<'a> Program<'a> {
         self.rank.num_ranks()
     }
 
-    /// The rank handle, for what a kernel reads from it (topology, timeouts).
-    pub fn rank_handle(&self) -> &'a Rank<'a> {
-        self.rank
-    }
-
     /// The grid-stride task loop: `program_id, program_id + num_programs, ...` below `total`.
     ///
     /// # Examples
@@ -86,15 +78,12 @@ impl<'a> Program<'a> {
     ///
     /// let done = AtomicUsize::new(0);
     /// World::threads(1)?.run(|rank| {
-    ///     // SAFETY: the kernel touches no shared memory.
-    ///     unsafe {
-    ///         launch(rank, LaunchMode::VectorOnly, 3, |p| {
-    ///             for _task in p.tasks(10) {
-    ///                 done.fetch_add(1, Ordering::Relaxed);
-    ///             }
-    ///             Ok(())
-    ///         })
-    ///     }
+    ///     launch(rank, LaunchMode::VectorOnly, 3, |p| {
+    ///         for _task in p.tasks(10) {
+    ///             done.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///         Ok(())
+    ///     })
     /// })?;
     /// assert_eq!(done.into_inner(), 10);
     /// # Ok::<(), dist_tensor::Error>(())

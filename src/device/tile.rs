@@ -5,6 +5,16 @@
 //! `(offs_m < M)[:, None] & (offs_n < N)[None, :]`, which for a block is "the first `valid.0` rows
 //! and the first `valid.1` columns". Masked-off elements are neither read nor written: masks
 //! instead of padding. Every access is bounds-checked against the memory the pointer came from.
+//!
+//! # The access contract
+//!
+//! Pointers are plain pointers, as in the seed: nothing stops two programs, or two ranks, from
+//! touching the same memory at once, so the operations that access memory through them are
+//! `unsafe`, like dereferencing a raw pointer. The caller promises that while an operation runs,
+//! no other program, rank or thread writes what it reads or accesses what it writes (a kernel
+//! orders such accesses with a release `notify` before an acquire `wait`, or a barrier; programs
+//! write disjoint parts of shared outputs), and that its source and destination do not overlap.
+//! Bounds are checked regardless: an access outside its memory panics.
 
 use crate::Element;
 use crate::shmem::{GlobalPtrMut, Readable, Writable};
@@ -42,8 +52,13 @@ pub struct Tile<T> {
 
 impl<T: Copy> Tile<T> {
     /// A `rows x cols` tile filled with `fill` (`tl.full`, `tl.zeros`).
+    ///
+    /// # Panics
+    /// If `rows * cols` overflows.
+    #[track_caller]
     pub fn new(rows: usize, cols: usize, fill: T) -> Self {
-        Tile { rows, cols, data: vec![fill; rows * cols] }
+        let len = rows.checked_mul(cols).expect("Tile::new: rows * cols overflows");
+        Tile { rows, cols, data: vec![fill; len] }
     }
 
     /// Rows.
@@ -122,7 +137,10 @@ fn check_fits(op: &str, len: usize, row_stride: usize, rows: usize, cols: usize)
     if rows == 0 || cols == 0 {
         return;
     }
-    let last = (rows - 1) * row_stride + cols;
+    let last = (rows - 1).checked_mul(row_stride).and_then(|r| r.checked_add(cols));
+    let Some(last) = last else {
+        panic!("{op}: access of {rows}x{cols} with row stride {row_stride} overflows")
+    };
     assert!(
         cols <= row_stride || rows == 1,
         "{op}: rows of {cols} elements overlap with a row stride of {row_stride}"
@@ -135,6 +153,11 @@ fn check_fits(op: &str, len: usize, row_stride: usize, rows: usize, cols: usize)
 
 /// `out[i] = src[i]` for `i < valid`, `fill` beyond (`tl.load(ptr + arange, mask, other)`).
 ///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
 /// # Panics
 /// If `valid > out.len()` or the access leaves the pointer's memory.
 ///
@@ -144,11 +167,12 @@ fn check_fits(op: &str, len: usize, row_stride: usize, rows: usize, cols: usize)
 /// use dist_tensor::shmem::GlobalPtr;
 /// let src = [1.0f32, 2.0, 3.0];
 /// let mut out = [0.0f32; 4];
-/// tile::load_1d(GlobalPtr::from_slice(&src) + 1, &mut out, 2, -1.0);
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe { tile::load_1d(GlobalPtr::from_slice(&src) + 1, &mut out, 2, -1.0); }
 /// assert_eq!(out, [2.0, 3.0, -1.0, -1.0]);
 /// ```
 #[track_caller]
-pub fn load_1d<T: Copy, P: Readable<T>>(src: P, out: &mut [T], valid: usize, fill: T) {
+pub unsafe fn load_1d<T: Copy, P: Readable<T>>(src: P, out: &mut [T], valid: usize, fill: T) {
     assert!(valid <= out.len(), "load_1d: mask of {valid} longer than the block of {}", out.len());
     let (ptr, len) = src.raw_read();
     check_fits("load_1d", len, valid, 1, valid);
@@ -159,6 +183,11 @@ pub fn load_1d<T: Copy, P: Readable<T>>(src: P, out: &mut [T], valid: usize, fil
 
 /// `dst[i] = data[i]` for `i < valid` (`tl.store(ptr + arange, data, mask)`).
 ///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
 /// # Panics
 /// If `valid > data.len()` or the access leaves the pointer's memory.
 ///
@@ -167,11 +196,12 @@ pub fn load_1d<T: Copy, P: Readable<T>>(src: P, out: &mut [T], valid: usize, fil
 /// use dist_tensor::device::tile;
 /// use dist_tensor::shmem::GlobalPtrMut;
 /// let mut dst = [0.0f64; 3];
-/// tile::store_1d(GlobalPtrMut::from_slice(&mut dst), &[5.0, 6.0, 7.0, 8.0], 2);
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe { tile::store_1d(GlobalPtrMut::from_slice(&mut dst), &[5.0, 6.0, 7.0, 8.0], 2); }
 /// assert_eq!(dst, [5.0, 6.0, 0.0]);
 /// ```
 #[track_caller]
-pub fn store_1d<T: Copy, P: Writable<T>>(dst: P, data: &[T], valid: usize) {
+pub unsafe fn store_1d<T: Copy, P: Writable<T>>(dst: P, data: &[T], valid: usize) {
     assert!(
         valid <= data.len(),
         "store_1d: mask of {valid} longer than the block of {}",
@@ -186,6 +216,11 @@ pub fn store_1d<T: Copy, P: Writable<T>>(dst: P, data: &[T], valid: usize) {
 /// Loads the first `valid.0` rows and `valid.1` columns of a 2-D block into `tile`, and `fill`
 /// everywhere else.
 ///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
 /// # Panics
 /// If the mask is larger than the tile or the access leaves the pointer's memory.
 ///
@@ -195,11 +230,12 @@ pub fn store_1d<T: Copy, P: Writable<T>>(dst: P, data: &[T], valid: usize) {
 /// use dist_tensor::shmem::GlobalPtr;
 /// let m = [1, 2, 3, 4, 5, 6].map(|x| x as f32); // 2 x 3, row stride 3
 /// let mut t = Tile::new(2, 2, 0.0f32);
-/// tile::load_2d(GlobalPtr::from_slice(&m) + 1, 3, (2, 1), 9.0, &mut t);
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe { tile::load_2d(GlobalPtr::from_slice(&m) + 1, 3, (2, 1), 9.0, &mut t); }
 /// assert_eq!(t.as_slice(), &[2.0, 9.0, 5.0, 9.0]);
 /// ```
 #[track_caller]
-pub fn load_2d<T: Copy, P: Readable<T>>(
+pub unsafe fn load_2d<T: Copy, P: Readable<T>>(
     src: P,
     row_stride: usize,
     valid: (usize, usize),
@@ -211,6 +247,9 @@ pub fn load_2d<T: Copy, P: Readable<T>>(
     let (ptr, len) = src.raw_read();
     check_fits("load_2d", len, row_stride, rows, cols);
     let tile_cols = tile.cols;
+    if tile_cols == 0 {
+        return;
+    }
     for (i, row) in tile.data.chunks_exact_mut(tile_cols).enumerate() {
         if i < rows {
             // SAFETY: row i's `cols` elements are inside the source (checked above).
@@ -226,6 +265,11 @@ pub fn load_2d<T: Copy, P: Readable<T>>(
 
 /// Stores the first `valid.0` rows and `valid.1` columns of `tile` into a 2-D block.
 ///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
 /// # Panics
 /// If the mask is larger than the tile or the access leaves the pointer's memory.
 ///
@@ -235,11 +279,12 @@ pub fn load_2d<T: Copy, P: Readable<T>>(
 /// use dist_tensor::shmem::GlobalPtrMut;
 /// let mut m = [0.0f32; 6]; // 2 x 3
 /// let t = Tile::new(2, 2, 1.0f32);
-/// tile::store_2d(GlobalPtrMut::from_slice(&mut m) + 1, 3, &t, (2, 2));
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe { tile::store_2d(GlobalPtrMut::from_slice(&mut m) + 1, 3, &t, (2, 2)); }
 /// assert_eq!(m, [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]);
 /// ```
 #[track_caller]
-pub fn store_2d<T: Copy, P: Writable<T>>(
+pub unsafe fn store_2d<T: Copy, P: Writable<T>>(
     dst: P,
     row_stride: usize,
     tile: &Tile<T>,
@@ -264,6 +309,11 @@ pub fn store_2d<T: Copy, P: Writable<T>>(
 /// store, without holding the block in a tile in between (what a communication kernel does when it
 /// pushes rows to a peer).
 ///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
 /// # Panics
 /// If either access leaves its pointer's memory.
 ///
@@ -273,11 +323,12 @@ pub fn store_2d<T: Copy, P: Writable<T>>(
 /// use dist_tensor::shmem::{GlobalPtr, GlobalPtrMut};
 /// let src = [1.0f32, 2.0, 3.0, 4.0]; // 2 x 2
 /// let mut dst = [0.0f32; 6];         // 2 x 3
-/// tile::copy_2d(GlobalPtrMut::from_slice(&mut dst), 3, GlobalPtr::from_slice(&src), 2, (2, 2));
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe { tile::copy_2d(GlobalPtrMut::from_slice(&mut dst), 3, GlobalPtr::from_slice(&src), 2, (2, 2)); }
 /// assert_eq!(dst, [1.0, 2.0, 0.0, 3.0, 4.0, 0.0]);
 /// ```
 #[track_caller]
-pub fn copy_2d<T: Copy, D: Writable<T>, S: Readable<T>>(
+pub unsafe fn copy_2d<T: Copy, D: Writable<T>, S: Readable<T>>(
     dst: D,
     dst_row_stride: usize,
     src: S,
@@ -290,8 +341,8 @@ pub fn copy_2d<T: Copy, D: Writable<T>, S: Readable<T>>(
     check_fits("copy_2d (destination)", dlen, dst_row_stride, rows, cols);
     check_fits("copy_2d (source)", slen, src_row_stride, rows, cols);
     if rows > 0 && dst_row_stride == cols && src_row_stride == cols {
-        // SAFETY: both blocks are contiguous and inside their memory (checked); a kernel never
-        // copies a block onto itself.
+        // SAFETY: both blocks are contiguous and inside their memory (checked); `copy` allows
+        // overlap, and the caller's contract keeps other writers away.
         unsafe { std::ptr::copy(s, d, rows * cols) };
         return;
     }
@@ -306,6 +357,11 @@ pub fn copy_2d<T: Copy, D: Writable<T>, S: Readable<T>>(
 /// go to memory without first being read into the cache (on x86-64; a plain copy elsewhere).
 /// Ordered before any later notify or barrier.
 ///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
 /// # Panics
 /// If either access leaves its pointer's memory.
 ///
@@ -315,11 +371,12 @@ pub fn copy_2d<T: Copy, D: Writable<T>, S: Readable<T>>(
 /// use dist_tensor::shmem::{GlobalPtr, GlobalPtrMut};
 /// let src = vec![1.0f32; 1 << 16];
 /// let mut dst = vec![0.0f32; 1 << 16];
-/// tile::copy_2d_streaming(GlobalPtrMut::from_slice(&mut dst), 256, GlobalPtr::from_slice(&src), 256, (256, 256));
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe { tile::copy_2d_streaming(GlobalPtrMut::from_slice(&mut dst), 256, GlobalPtr::from_slice(&src), 256, (256, 256)); }
 /// assert_eq!(dst, src);
 /// ```
 #[track_caller]
-pub fn copy_2d_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
+pub unsafe fn copy_2d_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
     dst: D,
     dst_row_stride: usize,
     src: S,
@@ -328,7 +385,8 @@ pub fn copy_2d_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
 ) {
     let (rows, cols) = valid;
     if rows * cols * size_of::<T>() < stream::MIN_BYTES {
-        return copy_2d(dst, dst_row_stride, src, src_row_stride, valid);
+        // SAFETY: forwarded from this function's contract.
+        return unsafe { copy_2d(dst, dst_row_stride, src, src_row_stride, valid) };
     }
     let (d, dlen) = dst.raw_write();
     let (s, slen) = src.raw_read();
@@ -336,7 +394,7 @@ pub fn copy_2d_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
     check_fits("copy_2d_streaming (source)", slen, src_row_stride, rows, cols);
     if dst_row_stride == cols && src_row_stride == cols {
         // SAFETY: both blocks are contiguous and inside their memory (checked); they do not
-        // overlap (a kernel never copies a block onto itself).
+        // overlap, by the caller's contract.
         unsafe { stream::copy_unfenced(s, d, rows * cols) };
     } else {
         for i in 0..rows {
@@ -352,6 +410,11 @@ pub fn copy_2d_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
 /// Atomically adds the first `valid` rows and columns of `tile` into local memory
 /// (`tl.atomic_add`). The target is local, the source typically remote, as the seed advises.
 ///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
 /// # Panics
 /// If the mask is larger than the tile or the access leaves the pointer's memory.
 ///
@@ -361,11 +424,12 @@ pub fn copy_2d_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
 /// use dist_tensor::shmem::GlobalPtrMut;
 /// let mut acc = [1.0f32; 4];
 /// let t = Tile::new(2, 2, 0.5f32);
-/// tile::atomic_add_2d(GlobalPtrMut::from_slice(&mut acc), 2, &t, (1, 2));
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe { tile::atomic_add_2d(GlobalPtrMut::from_slice(&mut acc), 2, &t, (1, 2)); }
 /// assert_eq!(acc, [1.5, 1.5, 1.0, 1.0]);
 /// ```
 #[track_caller]
-pub fn atomic_add_2d<T: Element>(
+pub unsafe fn atomic_add_2d<T: Element>(
     dst: GlobalPtrMut<'_, T>,
     row_stride: usize,
     tile: &Tile<T>,
@@ -395,6 +459,11 @@ pub fn atomic_add_2d<T: Element>(
 /// shrinks the product and masked-off rows and columns are never touched. Elements of `acc`
 /// outside the mask are left as they were; the store that follows masks them off.
 ///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
 /// # Panics
 /// If the mask is larger than `acc` or an operand access leaves its pointer's memory.
 ///
@@ -405,11 +474,12 @@ pub fn atomic_add_2d<T: Element>(
 /// let a = [1.0f32, 2.0, 3.0, 4.0]; // 2 x 2
 /// let b = [1.0f32, 0.0, 0.0, 1.0]; // identity
 /// let mut acc = Tile::new(2, 2, 0.0f32);
-/// tile::dot(GlobalPtr::from_slice(&a), 2, GlobalPtr::from_slice(&b), 2, (2, 2, 2), &mut acc);
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe { tile::dot(GlobalPtr::from_slice(&a), 2, GlobalPtr::from_slice(&b), 2, (2, 2, 2), &mut acc); }
 /// assert_eq!(acc.as_slice(), &a);
 /// ```
 #[track_caller]
-pub fn dot<T: Element, A: Readable<T>, B: Readable<T>>(
+pub unsafe fn dot<T: Element, A: Readable<T>, B: Readable<T>>(
     a: A,
     a_row_stride: usize,
     b: B,
@@ -450,6 +520,11 @@ pub fn dot<T: Element, A: Readable<T>, B: Readable<T>>(
 /// product where it is finally wanted (an f32 output, a symmetric buffer of partial sums) saves
 /// the copy out of an accumulator tile, and lets a tile be as large as the GEMM kernel likes.
 ///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
 /// # Panics
 /// If an access leaves its pointer's memory.
 ///
@@ -460,12 +535,13 @@ pub fn dot<T: Element, A: Readable<T>, B: Readable<T>>(
 /// let a = [1.0f32, 2.0]; // 1 x 2
 /// let b = [3.0f32, 4.0]; // 2 x 1
 /// let mut c = [10.0f32];
-/// tile::dot_store(GlobalPtrMut::from_slice(&mut c), 1, GlobalPtr::from_slice(&a), 2, GlobalPtr::from_slice(&b), 1, (1, 2, 1), true);
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe { tile::dot_store(GlobalPtrMut::from_slice(&mut c), 1, GlobalPtr::from_slice(&a), 2, GlobalPtr::from_slice(&b), 1, (1, 2, 1), true); }
 /// assert_eq!(c, [21.0]);
 /// ```
 #[track_caller]
 #[allow(clippy::too_many_arguments)]
-pub fn dot_store<T: Element, D: Writable<T::Acc>, A: Readable<T>, B: Readable<T>>(
+pub unsafe fn dot_store<T: Element, D: Writable<T::Acc>, A: Readable<T>, B: Readable<T>>(
     dst: D,
     dst_row_stride: usize,
     a: A,
@@ -486,7 +562,7 @@ pub fn dot_store<T: Element, D: Writable<T::Acc>, A: Readable<T>, B: Readable<T>
         return;
     }
     let dst_raw = (pd, dst_row_stride as isize, 1);
-    // SAFETY: all three blocks are inside their memory (checked); the kernel's launch contract
+    // SAFETY: all three blocks are inside their memory (checked); the caller's access contract
     // makes the destination this program's alone while it writes.
     unsafe {
         T::gemm_acc(

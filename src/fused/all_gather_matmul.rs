@@ -382,7 +382,9 @@ fn push_rows<A: Element>(
         let row = (task % chunks) * push;
         let count = tile::valid_len(row, push, mine);
         let dst = symm_at(gathered, peer) + (rows.offset(me) + row) * k;
-        tile::copy_2d(dst, k, input + row * k, k, (count, k));
+        // SAFETY: only this rank writes its shard's rows of a peer's `gathered` buffer, each chunk
+        // once; the peer reads them only after acquiring the chunk count.
+        unsafe { tile::copy_2d(dst, k, input + row * k, k, (count, k)) };
         let scope = if peer == me { Scope::Device } else { Scope::Peer };
         p.notify(arrived, me, peer, SignalOp::Add(1), scope, NotifySem::Release)?;
     }

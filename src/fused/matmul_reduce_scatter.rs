@@ -223,7 +223,7 @@ fn run_fused<T: Element>(
     let mut out = scratch((mine, n));
     let out_ptr = GlobalPtrMut::from_slice(out.as_slice_mut().expect("fresh array"));
     let reduce_rows = row_chunks(n, REDUCE_CHUNK_ELEMS).min(mine.max(1));
-    let reduce_tasks = mine.div_ceil(reduce_rows);
+    let reduce_tasks = if n == 0 { 0 } else { mine.div_ceil(reduce_rows) };
     let ws = &*ws;
     let partials = ws.partials.as_ref().expect("allocated above");
     let (_, first_compute) = compute_lanes(sub_vec_num);
@@ -283,13 +283,10 @@ fn reduce_rows_of<T: Element>(
             };
             let from = consume_token(symm_at(partials, src), token);
             let target = if src == 0 { &mut sum } else { &mut part };
-            tile::load_2d(
-                GlobalPtr::from(from) + at,
-                n,
-                (count, n),
-                <T::Acc as Element>::zero(),
-                target,
-            );
+            let zero = <T::Acc as Element>::zero();
+            // SAFETY: rank `src` finished writing these partials before its release notifies,
+            // all acquired above; nobody writes them again before the next call's exchange.
+            unsafe { tile::load_2d(GlobalPtr::from(from) + at, n, (count, n), zero, target) };
             if src > 0 {
                 for (s, &v) in sum.as_mut_slice().iter_mut().zip(part.as_slice()) {
                     *s += v;
@@ -297,7 +294,8 @@ fn reduce_rows_of<T: Element>(
             }
         }
         sum.cast_into(&mut rounded);
-        tile::store_2d(out + row * n, n, &rounded, (count, n));
+        // SAFETY: each chunk of this rank's output is written by one task.
+        unsafe { tile::store_2d(out + row * n, n, &rounded, (count, n)) };
     }
     Ok(())
 }

@@ -98,7 +98,7 @@ impl<T: Pod> std::fmt::Debug for SymmBuf<T> {
 /// The base pointer of `buf` in `peer`'s segment: a remote pointer that is a plain pointer.
 ///
 /// It takes the buffer handle itself, so an offset pointer cannot be passed (rule 1):
-/// ```compile_fail
+/// ```compile_fail,E0308
 /// use dist_tensor::{shmem::symm_at, World};
 /// World::threads(2)?.run(|rank| {
 ///     let buf = rank.alloc::<f32>(64)?;
@@ -122,7 +122,9 @@ impl<T: Pod> std::fmt::Debug for SymmBuf<T> {
 ///     let buf = rank.alloc::<f64>(4)?;
 ///     let peer = (rank.rank() + 1) % rank.num_ranks();
 ///     // Offsets come after symm_at.
-///     tile::store_1d(symm_at(&buf, peer) + 1, &[rank.rank() as f64], 1);
+///     // SAFETY: nobody reads the buffer in this example.
+///     unsafe { tile::store_1d(symm_at(&buf, peer) + 1, &[rank.rank() as f64], 1) };
+///     let _ = rank.barrier_all()?;
 ///     Ok(())
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
@@ -141,13 +143,14 @@ pub fn symm_at<T: Pod>(buf: &SymmBuf<T>, peer: usize) -> SymmPtr<'_, T> {
 /// at run time: it only ties the read to the token.
 ///
 /// Without it, symmetric memory cannot be read at all:
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// use dist_tensor::{device::tile, World};
 /// World::threads(1)?.run(|rank| {
 ///     let buf = rank.alloc::<f32>(4)?;
 ///     let _token = rank.barrier_all()?;
 ///     let mut out = [0.0f32; 4];
-///     tile::load_1d(buf.ptr(), &mut out, 4, 0.0); // SymmPtr is not readable: does not compile
+///     // SymmPtr is not readable: does not compile (the unsafe block is not what is missing)
+///     unsafe { tile::load_1d(buf.ptr(), &mut out, 4, 0.0) };
 ///     Ok(())
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
@@ -163,11 +166,14 @@ pub fn symm_at<T: Pod>(buf: &SymmBuf<T>, peer: usize) -> SymmPtr<'_, T> {
 ///     let data = rank.alloc::<f32>(1)?;
 ///     let ready = rank.alloc_signals(1)?;
 ///     let peer = 1 - rank.rank();
-///     tile::store_1d(symm_at(&data, peer), &[10.0 + rank.rank() as f32], 1);
+///     // SAFETY: the peer reads `data` only after the release notify below.
+///     unsafe { tile::store_1d(symm_at(&data, peer), &[10.0 + rank.rank() as f32], 1) };
 ///     rank.notify(&ready, 0, peer, SignalOp::Set(1), Scope::Peer, NotifySem::Release)?;
 ///     let token = rank.wait(&ready, 0, WaitCmp::Eq(1), WaitSem::Acquire)?;
 ///     let mut got = [0.0f32];
-///     tile::load_1d(consume_token(data.ptr(), token), &mut got, 1, 0.0);
+///     // SAFETY: the peer wrote `data` before its release notify, acquired by the wait.
+///     unsafe { tile::load_1d(consume_token(data.ptr(), token), &mut got, 1, 0.0) };
+///     let _ = rank.barrier_all()?; // nobody frees `data` while the peer may still write it
 ///     Ok(got[0])
 /// })?;
 /// assert_eq!(seen, vec![11.0, 10.0]);
@@ -257,8 +263,8 @@ macro_rules! pointer_common {
             }
         }
 
-        // SAFETY: these are addresses into memory shared by the world's threads; what is done
-        // through them is governed by the launch contract (see `device::launch`).
+        // SAFETY: these are addresses, like raw pointers; every access through them is an
+        // `unsafe` tile operation whose caller upholds the access contract (see `device::tile`).
         unsafe impl<T: Send> Send for $name<'_, T> {}
         // SAFETY: as above.
         unsafe impl<T: Sync> Sync for $name<'_, T> {}

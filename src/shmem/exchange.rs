@@ -44,9 +44,9 @@ impl WordExchange {
     /// As [`Rank::alloc`].
     pub fn new(rank: &Rank<'_>, words: usize) -> Result<Self> {
         let n = rank.num_ranks();
-        let words = words + 1; // room for exchange_checked's flag
         Ok(WordExchange {
-            slots: rank.alloc(2 * n * (words + 1))?, // each slot starts with its length
+            // Each slot: its length, exchange_checked's flag, then the words.
+            slots: rank.alloc(2 * n * (words + 2))?,
             ready: rank.alloc_signals(n)?,
             words,
             calls: 0,
@@ -65,15 +65,20 @@ impl WordExchange {
     /// [`Error::InvalidArgument`] when `mine` is longer than the exchange holds (on this rank
     /// only: a programmer mistake); otherwise as [`Rank::wait`].
     pub fn exchange(&mut self, rank: &Rank<'_>, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
+        self.send(rank, mine, self.words)
+    }
+
+    /// Sends up to `limit` words (the flag of `exchange_checked` comes on top of `words`).
+    fn send(&mut self, rank: &Rank<'_>, mine: &[u64], limit: usize) -> Result<Vec<Vec<u64>>> {
         let (me, n) = (rank.rank(), rank.num_ranks());
-        if mine.len() > self.words {
+        if mine.len() > limit {
             return Err(Error::InvalidArgument {
                 op: "WordExchange::exchange",
                 rank: me,
-                reason: format!("{} words do not fit an exchange of {}", mine.len(), self.words),
+                reason: format!("{} words do not fit an exchange of {limit}", mine.len()),
             });
         }
-        let stride = self.words + 1;
+        let stride = self.words + 2;
         self.calls += 1;
         let slot = (self.calls % 2) as usize * n;
         let mut message = vec![mine.len() as u64];
@@ -81,7 +86,9 @@ impl WordExchange {
         for i in 0..n {
             let peer = (me + i) % n;
             let at = symm_at(&self.slots, peer) + (slot + me) * stride;
-            tile::store_1d(at, &message, message.len());
+            // SAFETY: this rank's slot in the peer's current half is written only by this rank,
+            // and the peer read it two calls ago at the latest (see the module docs).
+            unsafe { tile::store_1d(at, &message, message.len()) };
             let set = SignalOp::Set(self.calls);
             rank.notify(&self.ready, me, peer, set, Scope::Peer, NotifySem::Release)?;
         }
@@ -90,7 +97,8 @@ impl WordExchange {
             let token = rank.wait(&self.ready, p, WaitCmp::Ge(self.calls), WaitSem::Acquire)?;
             let mut words = vec![0u64; stride];
             let at = consume_token(self.slots.ptr(), token) + (slot + p) * stride;
-            tile::load_1d(at, &mut words, stride, 0);
+            // SAFETY: rank p wrote this slot before its release notify, which was acquired.
+            unsafe { tile::load_1d(at, &mut words, stride, 0) };
             let len = words[0] as usize;
             words.truncate(len + 1);
             words.remove(0);
@@ -129,7 +137,7 @@ impl WordExchange {
         let mut mine = Vec::with_capacity(words.len() + 1);
         mine.push(u64::from(problem.is_some()));
         mine.extend_from_slice(words);
-        let all = self.exchange(rank, &mine)?;
+        let all = self.send(rank, &mine, self.words + 1)?;
         if let Some(bad) = all.iter().position(|w| w[0] != 0) {
             let reason = match problem {
                 Some(p) if bad == rank.rank() => p,

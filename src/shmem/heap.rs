@@ -146,7 +146,7 @@ impl Heap {
     /// Allocates `bytes` on `rank`, and checks that every rank's allocation of the same number in
     /// the sequence got the same offset and size.
     pub(crate) fn alloc(&self, rank: usize, bytes: usize) -> Result<usize> {
-        let rounded = bytes.max(1).next_multiple_of(ALIGN);
+        let rounded = bytes.max(1).checked_next_multiple_of(ALIGN).unwrap_or(usize::MAX);
         let (offset, sequence) = {
             let mut list = lock(&self.free_lists[rank]);
             let Some(offset) = list.alloc(rounded) else {

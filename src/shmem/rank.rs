@@ -89,7 +89,8 @@ impl<'w> Rank<'w> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<SymmBuf<T>> {
-        let offset = self.world.heap.alloc(self.rank, len * size_of::<T>())?;
+        let bytes = self.bytes_of(len, size_of::<T>())?;
+        let offset = self.world.heap.alloc(self.rank, bytes)?;
         let buf = SymmBuf::new(self.world.heap.clone(), self.rank, offset, len);
         let _ = self.barrier_all()?;
         Ok(buf)
@@ -100,7 +101,7 @@ impl<'w> Rank<'w> {
     /// # Errors
     /// As [`Rank::alloc`].
     pub fn alloc_signals(&self, len: usize) -> Result<SignalBuf> {
-        let bytes = SignalBuf::bytes(len);
+        let bytes = self.bytes_of(len, SIGNAL_STRIDE)?;
         let offset = self.world.heap.alloc(self.rank, bytes)?;
         for i in 0..len {
             cell(&self.world.heap, self.rank, offset + i * SIGNAL_STRIDE)
@@ -109,6 +110,15 @@ impl<'w> Rank<'w> {
         let sigs = SignalBuf::new(self.world.heap.clone(), self.rank, offset, len);
         let _ = self.barrier_all()?;
         Ok(sigs)
+    }
+
+    /// `len` items of `size` bytes, or an error if that does not fit in a `usize`.
+    fn bytes_of(&self, len: usize, size: usize) -> Result<usize> {
+        len.checked_mul(size).ok_or_else(|| crate::Error::InvalidArgument {
+            op: "Rank::alloc",
+            rank: self.rank,
+            reason: format!("{len} items of {size} bytes overflow the address space"),
+        })
     }
 
     /// Waits until every rank has reached this barrier. Everything each rank wrote before it is
@@ -217,22 +227,46 @@ impl<'w> Rank<'w> {
         f: impl FnOnce(&mut W) -> Result<R>,
     ) -> Result<R> {
         let key = std::any::TypeId::of::<W>();
-        let taken = lock(&self.world.workspaces[self.rank]).remove(&key);
+        // Taken out while in use; the entry stays, empty, so that a second user of the same
+        // workspace on this rank (a collective called from two threads of one rank, or from
+        // inside another) is an error rather than a one-rank collective allocation.
+        let taken = lock(&self.world.workspaces[self.rank]).insert(key, None);
         let mut ws: Box<W> = match taken {
-            Some(boxed) => {
+            Some(Some(boxed)) => {
                 let any: Box<dyn std::any::Any> = boxed;
                 any.downcast().expect("workspaces are keyed by their type")
             }
-            None => Box::new(init(self)?),
+            Some(None) => {
+                return Err(crate::Error::InvalidArgument {
+                    op: "Rank::with_workspace",
+                    rank: self.rank,
+                    reason: format!(
+                        "{} is already in use on this rank: collectives and fused ops of one rank \
+                         must be called one at a time, from the rank's own thread",
+                        std::any::type_name::<W>()
+                    ),
+                });
+            }
+            None => match init(self) {
+                Ok(ws) => Box::new(ws),
+                Err(err) => {
+                    lock(&self.world.workspaces[self.rank]).remove(&key);
+                    return Err(err);
+                }
+            },
         };
         let result = f(&mut ws);
-        lock(&self.world.workspaces[self.rank]).insert(key, ws);
+        lock(&self.world.workspaces[self.rank]).insert(key, Some(ws));
         result
     }
 
     /// Bytes of symmetric memory this rank's workspaces hold.
     pub fn workspace_bytes(&self) -> usize {
-        lock(&self.world.workspaces[self.rank]).values().map(|w| w.symmetric_bytes()).sum()
+        lock(&self.world.workspaces[self.rank])
+            .values()
+            .flatten()
+            .map(|w| w.symmetric_bytes())
+            .sum()
     }
 
     /// Frees every workspace of this rank. Collective: every rank must call it at the same point,

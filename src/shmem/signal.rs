@@ -17,8 +17,11 @@ pub(crate) const SIGNAL_STRIDE: usize = 64;
 /// Proof that a wait or barrier completed. Symmetric memory becomes readable only by passing a
 /// token to [`consume_token`](crate::shmem::consume_token) (rule 3).
 ///
-/// Dropping a token unused is allowed, but then the synchronized data stays unreadable:
-/// ```compile_fail
+/// A token proves that some wait or barrier completed on this rank; it is not tied to a particular
+/// signal or buffer (as in the seed, where `consume_token` only adds a dependency edge): the types
+/// make reading symmetric memory without any synchronization fail to compile, and leave choosing
+/// the right wait to the kernel. Tokens come only from waits and barriers:
+/// ```compile_fail,E0451
 /// use dist_tensor::shmem::{Token};
 /// fn needs_token(t: Token) {}
 /// needs_token(Token { _private: () }); // tokens come only from waits and barriers
@@ -161,7 +164,7 @@ impl std::fmt::Debug for SignalBuf {
 
 /// The signal at byte `offset` of `rank`'s segment.
 pub(crate) fn cell(heap: &Heap, rank: usize, offset: usize) -> &AtomicU64 {
-    debug_assert!(offset % SIGNAL_STRIDE == 0 && offset + 8 <= heap.capacity());
+    assert!(offset + 8 <= heap.capacity(), "signal at byte {offset} outside the heap segment");
     // SAFETY: the offset is inside the segment and 8-byte aligned (signal blocks are ALIGNed and
     // strided by 64 bytes); signals are only ever accessed atomically.
     unsafe { &*(heap.base(rank).add(offset) as *const AtomicU64) }

@@ -33,9 +33,12 @@ pub(crate) struct WorldShared {
     /// Per rank: how many barriers it has entered (the epoch its barrier signals carry).
     pub(crate) barrier_epochs: Vec<AtomicU64>,
     /// Per rank: workspaces kept from one call (and one run) to the next, by type.
-    pub(crate) workspaces: Vec<Mutex<HashMap<TypeId, Box<dyn Workspace>>>>,
+    pub(crate) workspaces: Vec<Mutex<Workspaces>>,
     run_lock: Mutex<()>,
 }
+
+/// One rank's workspaces by type; `None` while the workspace is in use.
+pub(crate) type Workspaces = HashMap<TypeId, Option<Box<dyn Workspace>>>;
 
 /// State a rank keeps between calls: the symmetric buffers and signals of a collective or a
 /// fused op, sized lazily and reused, so that a second call needs no allocation and no reset.
@@ -229,7 +232,7 @@ impl World {
         self.shared
             .workspaces
             .iter()
-            .map(|w| lock(w).values().map(|ws| ws.symmetric_bytes()).sum())
+            .map(|w| lock(w).values().flatten().map(|ws| ws.symmetric_bytes()).sum())
             .collect()
     }
 

@@ -60,12 +60,12 @@ pub(crate) fn take<T: Element>(len: usize) -> Vec<T> {
         let best = buffers
             .iter()
             .enumerate()
-            .filter(|(_, b)| b.len() >= len && b.len() <= 2 * len)
-            .min_by_key(|(_, b)| b.len())
+            .filter(|(_, b)| b.len() >= len && b.capacity() <= 2 * len)
+            .min_by_key(|(_, b)| b.capacity())
             .map(|(i, _)| i);
         if let Some(i) = best {
             let mut buffer = buffers.swap_remove(i);
-            pool.bytes -= buffer.len() * size_of::<T>();
+            pool.bytes -= buffer.capacity() * size_of::<T>();
             buffer.truncate(len);
             return buffer;
         }
@@ -75,7 +75,7 @@ pub(crate) fn take<T: Element>(len: usize) -> Vec<T> {
 
 /// Gives a buffer back for later [`take`]s (or to the allocator, if small or the cache is full).
 pub(crate) fn give<T: Element>(buffer: Vec<T>) {
-    let bytes = buffer.len() * size_of::<T>();
+    let bytes = buffer.capacity() * size_of::<T>();
     if bytes < MIN_POOLED_BYTES {
         return;
     }
@@ -91,9 +91,12 @@ pub(crate) fn give<T: Element>(buffer: Vec<T>) {
 /// # Examples
 /// ```
 /// use dist_tensor::{tensor, Tensor};
-/// let before = tensor::pooled_bytes();
-/// drop(Tensor::<f32>::zeros(&[1 << 20])); // 4 MiB, given back when dropped
-/// assert!(tensor::pooled_bytes() >= before);
+/// let t = Tensor::<f32>::zeros(&[1 << 20]); // 4 MiB
+/// let buffer = t.as_slice().as_ptr();
+/// drop(t); // given back to the cache...
+/// assert!(tensor::pooled_bytes() >= 4 << 20);
+/// let u = Tensor::<f32>::zeros(&[1 << 20]); // ...and taken again
+/// assert_eq!(u.as_slice().as_ptr(), buffer);
 /// ```
 pub fn pooled_bytes() -> usize {
     lock().bytes

@@ -115,9 +115,21 @@ impl ProgramPool {
             shared.generation.fetch_add(1, Ordering::Release);
         }
         shared.work.notify_all();
+        // Waits for the workers when it goes out of scope, even if `job(0)` unwinds: the job they
+        // run lives on this stack frame.
+        let _join = JoinOnDrop(shared);
         if instances > 0 {
             job(0);
         }
+    }
+}
+
+/// Waits until every worker of the current launch has reported back.
+struct JoinOnDrop<'a>(&'a Shared);
+
+impl Drop for JoinOnDrop<'_> {
+    fn drop(&mut self) {
+        let shared = self.0;
         if !spin_until(|| shared.remaining.load(Ordering::Acquire) == 0) {
             let mut state = lock(&shared.state);
             while shared.remaining.load(Ordering::Acquire) > 0 {
@@ -146,8 +158,11 @@ fn worker(shared: &Shared, index: usize) {
             }
             state.job.expect("a launch publishes its job with its generation")
         };
-        // SAFETY: the launch that published this job waits for this worker's report below.
-        unsafe { (*job.0)(index) };
+        // SAFETY: the launch that published this job waits for this worker's report below. A
+        // panic is caught so that the report is always made (the job itself catches its
+        // kernel's panics; this is the last line of defence).
+        let _ =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job.0)(index) }));
         if shared.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             let _state = lock(&shared.state);
             shared.done.notify_one();
