@@ -445,3 +445,11 @@ fn a_launch_inside_a_kernel_is_an_error() {
         .unwrap_err();
     assert!(err.to_string().contains("already in use on this rank"), "{err}");
 }
+
+#[test]
+fn a_run_inside_a_run_is_an_error_not_a_deadlock() {
+    let world = World::threads(2).unwrap();
+    let inner = world.run(|_rank| Ok(world.run(|_| Ok(())).unwrap_err().to_string())).unwrap();
+    assert!(inner[0].contains("already running"), "{}", inner[0]);
+    world.run(|_| Ok(())).unwrap(); // and the world still works
+}

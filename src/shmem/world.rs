@@ -238,7 +238,8 @@ impl World {
 
     /// Runs `f` once per rank, each on its own thread, and returns the results in rank order.
     ///
-    /// `f` may borrow from the caller. Runs of one world are serialized; buffers a rank keeps
+    /// `f` may borrow from the caller. Runs of one world cannot overlap (a second `run` while one
+    /// is going, or from inside `f`, is an error); buffers a rank keeps
     /// (such as workspaces cached by the collectives) stay valid from one run to the next.
     ///
     /// # Errors
@@ -267,7 +268,21 @@ impl World {
         R: Send,
         F: Fn(&Rank<'_>) -> Result<R> + Sync,
     {
-        let _serialized = lock(&self.shared.run_lock);
+        // Runs of one world must not overlap (their ranks would share signals and workspaces); a
+        // `run` inside a rank's closure would wait for itself for ever.
+        let _serialized = match self.shared.run_lock.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(Error::InvalidArgument {
+                    op: "World::run",
+                    rank: 0,
+                    reason:
+                        "this world is already running (runs of one world cannot overlap or nest)"
+                            .into(),
+                });
+            }
+        };
         if let Some((rank, reason)) = self.shared.failure.first() {
             return Err(Error::RankFailed {
                 rank,
