@@ -61,9 +61,9 @@ pub(crate) fn scratch<T: Element>((rows, cols): (usize, usize)) -> Array2<T> {
 
 /// Most rows per tile of a product, and most columns. Measured on the development machine (two
 /// threads, each running the `gemm` crate single-threaded over its half of a 2048 x 2048 x 2048
-/// product in tiles): 512 x 512 tiles took 87 ms, 1024 x 1024 tiles 148 ms and 2048 x 1024 tiles
-/// 178 ms, as the kernel's cache blocking falls apart on large single-threaded calls; 128-row
-/// tiles lost again (101 ms) to packing the weight block once per tile.
+/// product in tiles, all in one run): against 512 x 512 tiles, 1024 x 1024 tiles took 1.7 times as
+/// long and 2048 x 1024 tiles 2.0 times, as the kernel's cache blocking falls apart on large
+/// single-threaded calls; 128-row tiles took 1.15 times, packing the weight block once per tile.
 pub(crate) const BLOCK_ROWS: usize = 512;
 /// See [`BLOCK_ROWS`].
 pub(crate) const BLOCK_COLS: usize = 512;
