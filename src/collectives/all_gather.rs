@@ -5,7 +5,7 @@ use super::workspace::{
     with_workspace,
 };
 use crate::device::{LaunchMode, launch, tile};
-use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::split_offsets;
 use crate::{Element, Result};
 
@@ -138,17 +138,7 @@ fn gather<T: Element>(
                     for t in p.tasks(tasks.total()) {
                         let (src, task) = tasks.locate(t);
                         let c = chunks[src].get(task);
-                        let from = if src == me {
-                            input
-                        } else {
-                            let token = p.wait(
-                                &ws.ready,
-                                src,
-                                WaitCmp::Ge(ready_at[src]),
-                                WaitSem::Acquire,
-                            )?;
-                            consume_token(symm_at(ws.staging(), src), token).into()
-                        };
+                        let from = ws.source(p, src, input, &ready_at)?;
                         let to = c.row * total_cols + col_offsets[src] + c.col;
                         let at = c.row * cols[src] + c.col;
                         tile::copy_2d(

@@ -4,7 +4,7 @@ use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::{LaunchMode, launch, tile};
-use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::split_offsets;
 use crate::{Element, Result};
 
@@ -146,17 +146,7 @@ fn exchange_and_send<T: Element>(
                     for t in p.tasks(tasks.total()) {
                         let (src, task) = tasks.locate(t);
                         let c = pieces[src].get(task);
-                        let from: GlobalPtr<'_, T> = if src == me {
-                            input_ptr
-                        } else {
-                            let token = p.wait(
-                                &ws.ready,
-                                src,
-                                WaitCmp::Ge(ready_at[src]),
-                                WaitSem::Acquire,
-                            )?;
-                            consume_token(symm_at(ws.staging(), src), token).into()
-                        };
+                        let from = ws.source(p, src, input_ptr, &ready_at)?;
                         let at = send_start[src] + c.col;
                         tile::copy_2d(
                             output + (recv_offsets[src] + c.col),

@@ -4,7 +4,7 @@ use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, check_agree, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::{LaunchMode, launch, tile};
-use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::{Element, Result};
 
 /// Every rank gets a copy of `root`'s `data`; the other ranks' `data` is not read (pass `&[]`).
@@ -87,16 +87,10 @@ fn cast<T: Element>(
                     if me == root && n > 1 {
                         ws.publish_part(p, input, &chunks, len)?;
                     }
-                    let from: GlobalPtr<'_, T> = if me == root {
-                        input
-                    } else {
-                        if chunks.count == 0 {
-                            return Ok(());
-                        }
-                        let token =
-                            p.wait(&ws.ready, root, WaitCmp::Ge(ready_at[root]), WaitSem::Acquire)?;
-                        consume_token(symm_at(ws.staging(), root), token).into()
-                    };
+                    if chunks.count == 0 {
+                        return Ok(());
+                    }
+                    let from = ws.source(p, root, input, &ready_at)?;
                     for t in p.tasks(chunks.count) {
                         let c = chunks.get(t);
                         tile::copy_2d(output + c.col, c.cols, from + c.col, c.cols, (1, c.cols));

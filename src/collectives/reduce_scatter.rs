@@ -5,7 +5,7 @@ use super::workspace::{
 };
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
-use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank, WaitCmp, WaitSem, consume_token, symm_at};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::{array_split, split_offsets};
 use crate::{Element, Result};
 
@@ -185,17 +185,7 @@ fn reduce<T: Element>(
                         // Load in rotated order, so ranks do not all read the same peer at once...
                         for i in 0..n {
                             let src = (me + i) % n;
-                            let from: GlobalPtr<'_, T> = if src == me {
-                                input_ptr
-                            } else {
-                                let token = p.wait(
-                                    &ws.ready,
-                                    src,
-                                    WaitCmp::Ge(ready_at[src]),
-                                    WaitSem::Acquire,
-                                )?;
-                                consume_token(symm_at(ws.staging(), src), token).into()
-                            };
+                            let from = ws.source(p, src, input_ptr, &ready_at)?;
                             tile::load_2d(
                                 from + at,
                                 total,

@@ -14,7 +14,8 @@ use crate::device::tile::valid_len;
 use crate::device::{Program, tile};
 pub(crate) use crate::shmem::check_agree;
 use crate::shmem::{
-    GlobalPtr, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, WordExchange, Workspace,
+    GlobalPtr, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, WaitCmp, WaitSem,
+    WordExchange, Workspace, consume_token, symm_at,
 };
 use crate::{Element, Error, Result};
 
@@ -87,6 +88,23 @@ impl<T: Element> CollectiveWorkspace<T> {
             p.notify(&self.ready, me, peer, SignalOp::Add(1), Scope::Peer, NotifySem::Release)?;
         }
         Ok(())
+    }
+
+    /// Where to read rank `src`'s published input: this rank's own `input`, or, once all of
+    /// `src`'s programs have published (`ready_at`, from [`CollectiveWorkspace::publish`]),
+    /// its staging buffer through `symm_at`.
+    pub(crate) fn source<'a>(
+        &'a self,
+        p: &Program<'_>,
+        src: usize,
+        input: GlobalPtr<'a, T>,
+        ready_at: &[u64],
+    ) -> Result<GlobalPtr<'a, T>> {
+        if src == p.rank() {
+            return Ok(input);
+        }
+        let token = p.wait(&self.ready, src, WaitCmp::Ge(ready_at[src]), WaitSem::Acquire)?;
+        Ok(consume_token(symm_at(self.staging(), src), token).into())
     }
 
     /// The staging buffer (after [`CollectiveWorkspace::reserve`]).
