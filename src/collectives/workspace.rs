@@ -53,15 +53,7 @@ impl<T: Element> CollectiveWorkspace<T> {
     /// Makes the staging buffer hold at least `len` elements. Collective: every rank passes the
     /// same `len` (computed from exchanged metadata).
     pub(crate) fn reserve(&mut self, rank: &Rank<'_>, len: usize) -> Result<()> {
-        if self.staging.as_ref().is_some_and(|s| s.len() >= len) {
-            return Ok(());
-        }
-        // Grow geometrically, so a slowly growing size does not reallocate every call.
-        let old = self.staging.as_ref().map_or(0, |s| s.len());
-        // Free the old one first, so the heap can reuse its space.
-        self.staging = None;
-        self.staging = Some(rank.alloc(len.max(old + old / 2))?);
-        Ok(())
+        rank.reserve(&mut self.staging, len)
     }
 
     /// The publish step, run by every program of a launch: copies this program's chunks of

@@ -81,11 +81,7 @@ impl<T: Element> AgMatmulWorkspace<T> {
     }
 
     fn reserve(&mut self, rank: &Rank<'_>, len: usize) -> Result<()> {
-        if self.gathered.as_ref().is_none_or(|g| g.len() < len) {
-            self.gathered = None;
-            self.gathered = Some(rank.alloc(len)?);
-        }
-        Ok(())
+        rank.reserve(&mut self.gathered, len)
     }
 }
 

@@ -323,9 +323,8 @@ fn run_fused<T: Element>(
     out_shape[gather_dim] = layout.gather_total();
     out_shape[scatter_dim] = layout.scatters[me];
     let recv_len = (0..n).map(|r| layout.output_len(r)).max().unwrap_or(0);
-    if n > 1 && ws.recv.as_ref().is_none_or(|b| b.len() < recv_len) {
-        ws.recv = None;
-        ws.recv = Some(rank.alloc(recv_len)?);
+    if n > 1 {
+        rank.reserve(&mut ws.recv, recv_len)?;
     }
     // Tasks: (peer i, a, b, row block), peers rotated; the same plan on every rank.
     let plan = |src: usize, dst: usize| {

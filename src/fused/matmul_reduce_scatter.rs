@@ -188,10 +188,7 @@ fn run_fused<T: Element>(
 ) -> Result<Array2<T>> {
     let (me, world) = (rank.rank(), rank.num_ranks());
     let (m, k) = (rows.total(), x.ncols());
-    if ws.partials.as_ref().is_none_or(|p| p.len() < m * n) {
-        ws.partials = None;
-        ws.partials = Some(rank.alloc(m * n)?);
-    }
+    rank.reserve(&mut ws.partials, m * n)?;
     // Tiles of the rows each rank owns, the other ranks' rows first and this rank's last; when
     // shards are short, tiles over all rows instead (a tile then serves several owners).
     let order: Vec<usize> = (1..=world).map(|i| (me + i) % world).collect();

@@ -96,6 +96,38 @@ impl<'w> Rank<'w> {
         Ok(buf)
     }
 
+    /// Makes `buf` hold at least `len` elements: keeps it if it does, else frees it and allocates
+    /// one 1.5 times as large as before (or `len`, if more), so that a slowly growing size does
+    /// not reallocate on every call. Collective, like [`Rank::alloc`]: every rank passes the
+    /// same `len` and the same kind of `buf`.
+    ///
+    /// # Errors
+    /// As [`Rank::alloc`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     let mut buf = None;
+    ///     rank.reserve::<f32>(&mut buf, 100)?;
+    ///     rank.reserve::<f32>(&mut buf, 120)?; // grows to 150
+    ///     assert_eq!(buf.as_ref().map(|b| b.len()), Some(150));
+    ///     rank.reserve::<f32>(&mut buf, 140)?; // fits: kept
+    ///     assert_eq!(buf.map(|b| b.len()), Some(150));
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn reserve<T: Pod>(&self, buf: &mut Option<SymmBuf<T>>, len: usize) -> Result<()> {
+        let old = buf.as_ref().map_or(0, |b| b.len());
+        if buf.is_some() && old >= len {
+            return Ok(());
+        }
+        *buf = None; // freed first, so the heap can reuse its space
+        *buf = Some(self.alloc(len.max(old + old / 2))?);
+        Ok(())
+    }
+
     /// Allocates `len` signals, all zero: collective, like [`Rank::alloc`].
     ///
     /// # Errors
