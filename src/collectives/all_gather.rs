@@ -82,6 +82,19 @@ pub fn all_gather_into<T: Element>(rank: &Rank<'_>, local: &[T], out: &mut [T]) 
 ///
 /// # Errors
 /// As [`all_gather_into`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// World::threads(2)?.run(|rank| {
+///     let r = rank.rank() as f32;
+///     let mut out = [0.0f32; 4];
+///     collectives::all_gather_cols_into(rank, &[r, r + 0.5], 2, &mut out)?; // [2, 1] per rank
+///     assert_eq!(out, [0.0, 1.0, 0.5, 1.5]); // [[0, 1], [0.5, 1.5]]
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
 pub fn all_gather_cols_into<T: Element>(
     rank: &Rank<'_>,
     local: &[T],

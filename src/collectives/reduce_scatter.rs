@@ -79,6 +79,21 @@ pub fn reduce_scatter_into<T: Element>(
 ///
 /// # Errors
 /// As [`reduce_scatter_into`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::collectives::{self, ReduceOp};
+/// use dist_tensor::World;
+/// World::threads(2)?.run(|rank| {
+///     let x = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0]; // [2, 3] on every rank
+///     let mut out = vec![0.0; 2 * [1, 2][rank.rank()]]; // [2, counts[rank]]
+///     collectives::reduce_scatter_cols_into(rank, &x, 2, &[1, 2], ReduceOp::Sum, &mut out)?;
+///     let want: &[f64] = if rank.rank() == 0 { &[2.0, 8.0] } else { &[4.0, 6.0, 10.0, 12.0] };
+///     assert_eq!(out, want);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
 pub fn reduce_scatter_cols_into<T: Element>(
     rank: &Rank<'_>,
     input: &[T],

@@ -39,31 +39,105 @@ pub struct Program<'a> {
 
 impl<'a> Program<'a> {
     /// This program's index in the grid (`tl.program_id(0)`).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::World;
+    /// let sum = AtomicUsize::new(0);
+    /// World::threads(1)?.run(|rank| launch(rank, LaunchMode::VectorOnly, 4, |p| {
+    ///     sum.fetch_add(p.program_id(), Ordering::Relaxed);
+    ///     Ok(())
+    /// }))?;
+    /// assert_eq!(sum.into_inner(), 0 + 1 + 2 + 3);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn program_id(&self) -> usize {
         self.program_id
     }
 
     /// Programs in the grid (`tl.num_programs(0)`).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::World;
+    /// World::threads(1)?.run(|rank| launch(rank, LaunchMode::VectorOnly, 5, |p| {
+    ///     assert_eq!(p.num_programs(), 5);
+    ///     Ok(())
+    /// }))?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn num_programs(&self) -> usize {
         self.num_programs
     }
 
     /// The vector sub-core this instance runs on (`sub_vec_id()`); 0 in vector-only launches.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use dist_tensor::device::{launch, LaunchMode, Topology};
+    /// use dist_tensor::World;
+    /// let sum = AtomicUsize::new(0);
+    /// let world = World::builder(1).topology(Topology::new(1, 2)?).build()?;
+    /// world.run(|rank| launch(rank, LaunchMode::Mix, 1, |p| {
+    ///     sum.fetch_add(p.sub_vec_id(), Ordering::Relaxed);
+    ///     Ok(())
+    /// }))?;
+    /// assert_eq!(sum.into_inner(), 0 + 1); // one instance per sub-core
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn sub_vec_id(&self) -> usize {
         self.sub_vec_id
     }
 
     /// Vector sub-cores per program (`sub_vec_num()`); 1 in vector-only launches.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{launch, LaunchMode, Topology};
+    /// use dist_tensor::World;
+    /// let world = World::builder(1).topology(Topology::ascend_910b()).build()?;
+    /// world.run(|rank| {
+    ///     launch(rank, LaunchMode::Mix, 1, |p| { assert_eq!(p.sub_vec_num(), 2); Ok(()) })?;
+    ///     launch(rank, LaunchMode::VectorOnly, 1, |p| { assert_eq!(p.sub_vec_num(), 1); Ok(()) })
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn sub_vec_num(&self) -> usize {
         self.sub_vec_num
     }
 
     /// The rank this program runs on.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| launch(rank, LaunchMode::VectorOnly, 2, |p| {
+    ///     assert_eq!(p.rank(), rank.rank());
+    ///     Ok(())
+    /// }))?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn rank(&self) -> usize {
         self.rank.rank()
     }
 
     /// Ranks in the world.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::World;
+    /// World::threads(3)?.run(|rank| launch(rank, LaunchMode::VectorOnly, 1, |p| {
+    ///     assert_eq!(p.num_ranks(), 3);
+    ///     Ok(())
+    /// }))?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn num_ranks(&self) -> usize {
         self.rank.num_ranks()
     }
@@ -95,6 +169,23 @@ impl<'a> Program<'a> {
     /// The grid-stride loop over `total` tasks shared by the programs' instances on sub-cores
     /// `first_sub_vec..sub_vec_num` only (for example the compute part, when sub-core 0
     /// communicates). Empty on the other sub-cores.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use dist_tensor::device::{launch, LaunchMode, Topology};
+    /// use dist_tensor::World;
+    /// let done = AtomicUsize::new(0);
+    /// let world = World::builder(1).topology(Topology::new(1, 2)?).build()?;
+    /// world.run(|rank| launch(rank, LaunchMode::Mix, 2, |p| {
+    ///     let mine = p.tasks_on_sub_vecs(1, 10).count();
+    ///     assert!(p.sub_vec_id() == 1 || mine == 0); // sub-core 0 gets none
+    ///     done.fetch_add(mine, Ordering::Relaxed);
+    ///     Ok(())
+    /// }))?;
+    /// assert_eq!(done.into_inner(), 10);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn tasks_on_sub_vecs(&self, first_sub_vec: usize, total: usize) -> StepBy<Range<usize>> {
         if self.sub_vec_id < first_sub_vec {
             return (0..0).step_by(1);
@@ -108,6 +199,23 @@ impl<'a> Program<'a> {
     ///
     /// # Errors
     /// As [`Rank::wait`], naming this program.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::shmem::{WaitCmp, WaitSem};
+    /// use dist_tensor::World;
+    /// let world = World::builder(1).wait_timeout(Duration::from_millis(10)).build()?;
+    /// let err = world.run(|rank| {
+    ///     let sigs = rank.alloc_signals(1)?;
+    ///     launch(rank, LaunchMode::VectorOnly, 1, |p| {
+    ///         p.wait(&sigs, 0, WaitCmp::Eq(1), WaitSem::Acquire).map(drop) // nobody notifies
+    ///     })
+    /// }).unwrap_err();
+    /// assert!(err.to_string().contains("program 0 (sub_vec 0): wait on signal 0"), "{err}");
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn wait(&self, sig: &SignalBuf, index: usize, cmp: WaitCmp, sem: WaitSem) -> Result<Token> {
         self.rank.wait_labeled(self.label(), sig, index, cmp, sem)
     }
@@ -116,6 +224,24 @@ impl<'a> Program<'a> {
     ///
     /// # Errors
     /// As [`Rank::notify`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::shmem::{NotifySem, Scope, SignalOp, WaitCmp, WaitSem};
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     let sigs = rank.alloc_signals(1)?;
+    ///     launch(rank, LaunchMode::VectorOnly, 4, |p| {
+    ///         let peer = (p.rank() + 1) % p.num_ranks();
+    ///         p.notify(&sigs, 0, peer, SignalOp::Add(1), Scope::Peer, NotifySem::Release)
+    ///     })?;
+    ///     // One add from each of the peer's 4 programs.
+    ///     assert!(rank.wait(&sigs, 0, WaitCmp::Eq(4), WaitSem::Acquire).is_ok());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn notify(
         &self,
         sig: &SignalBuf,

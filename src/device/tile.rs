@@ -55,6 +55,13 @@ impl<T: Copy> Tile<T> {
     ///
     /// # Panics
     /// If `rows * cols` overflows.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::tile::Tile;
+    /// let t = Tile::new(2, 3, 7u32);
+    /// assert_eq!(t.as_slice(), &[7; 6]);
+    /// ```
     #[track_caller]
     pub fn new(rows: usize, cols: usize, fill: T) -> Self {
         let len = rows.checked_mul(cols).expect("Tile::new: rows * cols overflows");
@@ -62,11 +69,23 @@ impl<T: Copy> Tile<T> {
     }
 
     /// Rows.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::tile::Tile;
+    /// assert_eq!(Tile::new(2, 3, 0.0f32).rows(), 2);
+    /// ```
     pub fn rows(&self) -> usize {
         self.rows
     }
 
     /// Columns.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::tile::Tile;
+    /// assert_eq!(Tile::new(2, 3, 0.0f32).cols(), 3);
+    /// ```
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -75,6 +94,14 @@ impl<T: Copy> Tile<T> {
     ///
     /// # Panics
     /// If `(i, j)` is outside the tile.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::tile::Tile;
+    /// let mut t = Tile::new(2, 2, 0);
+    /// t.as_mut_slice().copy_from_slice(&[1, 2, 3, 4]);
+    /// assert_eq!(t.get(1, 0), 3);
+    /// ```
     #[track_caller]
     pub fn get(&self, i: usize, j: usize) -> T {
         assert!(
@@ -87,21 +114,54 @@ impl<T: Copy> Tile<T> {
     }
 
     /// Row `i`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::tile::Tile;
+    /// let mut t = Tile::new(2, 3, 0.0f32);
+    /// t.as_mut_slice()[3..].fill(1.0);
+    /// assert_eq!(t.row(0), &[0.0; 3]);
+    /// assert_eq!(t.row(1), &[1.0; 3]);
+    /// ```
     pub fn row(&self, i: usize) -> &[T] {
         &self.data[i * self.cols..(i + 1) * self.cols]
     }
 
     /// All elements, row-major.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::tile::Tile;
+    /// let t = Tile::new(3, 2, 1.5f64);
+    /// assert_eq!(t.as_slice().len(), 6);
+    /// assert!(t.as_slice().iter().all(|&v| v == 1.5));
+    /// ```
     pub fn as_slice(&self) -> &[T] {
         &self.data
     }
 
     /// All elements, row-major, mutably.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::tile::Tile;
+    /// let mut t = Tile::new(2, 2, 0);
+    /// t.as_mut_slice()[1] = 9; // row 0, column 1
+    /// assert_eq!(t.get(0, 1), 9);
+    /// ```
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         &mut self.data
     }
 
     /// Sets every element to `v`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::tile::Tile;
+    /// let mut t = Tile::new(2, 2, 0.0f32);
+    /// t.fill(2.5);
+    /// assert_eq!(t, Tile::new(2, 2, 2.5));
+    /// ```
     pub fn fill(&mut self, v: T) {
         self.data.fill(v);
     }

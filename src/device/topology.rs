@@ -38,6 +38,15 @@ impl Topology {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when either count is zero.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::Topology;
+    /// let t = Topology::new(8, 4)?;
+    /// assert_eq!(t.aivector_core_num(), 32);
+    /// assert!(Topology::new(8, 0).is_err());
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn new(aicore_num: usize, sub_vec_num: usize) -> Result<Self> {
         if aicore_num == 0 || sub_vec_num == 0 {
             return Err(Error::InvalidArgument {
@@ -53,6 +62,13 @@ impl Topology {
     }
 
     /// An Ascend 910B: 24 AI cores, 48 vector cores (2 per AI core).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::Topology;
+    /// assert_eq!(Topology::ascend_910b(), Topology::new(24, 2)?);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn ascend_910b() -> Self {
         Topology { aicore_num: 24, sub_vec_num: 2 }
     }
@@ -80,16 +96,37 @@ impl Topology {
     }
 
     /// Number of AI cores (`get_aicore_num`).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::Topology;
+    /// assert_eq!(Topology::new(6, 2)?.aicore_num(), 6);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn aicore_num(&self) -> usize {
         self.aicore_num
     }
 
     /// Vector sub-cores per AI core (`sub_vec_num`).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::Topology;
+    /// assert_eq!(Topology::new(6, 2)?.sub_vec_num(), 2);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn sub_vec_num(&self) -> usize {
         self.sub_vec_num
     }
 
     /// All vector cores (`get_aivector_core_num`).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::Topology;
+    /// assert_eq!(Topology::new(6, 2)?.aivector_core_num(), 12);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn aivector_core_num(&self) -> usize {
         self.aicore_num * self.sub_vec_num
     }

@@ -206,21 +206,69 @@ impl<'r, T: Element> DistTensor<'r, T> {
     }
 
     /// This rank's part.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let global = Tensor::<f32>::random(&[2, 3], 1);
+    /// World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global(rank, &global, Placement::Replicate)?;
+    ///     assert_eq!(x.local(), &global);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn local(&self) -> &Tensor<T> {
         &self.local
     }
 
     /// This rank's part, taken out.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let global = Tensor::<f64>::random(&[4, 3], 1);
+    /// let shapes = World::threads(2)?.run(|rank| {
+    ///     let local = DistTensor::from_global(rank, &global, Placement::Shard(0))?.into_local();
+    ///     Ok(local.shape().to_vec())
+    /// })?;
+    /// assert_eq!(shapes, vec![vec![2, 3], vec![2, 3]]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn into_local(self) -> Tensor<T> {
         self.local
     }
 
     /// How the parts make the whole.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let global = Tensor::<f32>::random(&[3], 1);
+    /// World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global(rank, &global, Placement::Partial)?;
+    ///     assert_eq!(x.placement(), Placement::Partial);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn placement(&self) -> Placement {
         self.placement
     }
 
     /// The shape of the whole tensor.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let shapes = World::threads(2)?.run(|rank| {
+    ///     let local = Tensor::<f32>::zeros(&[2, 3]);
+    ///     let x = DistTensor::from_local(rank, local, Placement::Shard(1))?;
+    ///     Ok(x.global_shape())
+    /// })?;
+    /// assert_eq!(shapes, vec![vec![2, 6], vec![2, 6]]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn global_shape(&self) -> Vec<usize> {
         self.global_shape.clone()
     }
@@ -242,6 +290,18 @@ impl<'r, T: Element> DistTensor<'r, T> {
     }
 
     /// The rank this part lives on.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let global = Tensor::<f32>::zeros(&[4]);
+    /// World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global(rank, &global, Placement::Shard(0))?;
+    ///     assert_eq!(x.rank().rank(), rank.rank());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn rank(&self) -> &'r Rank<'r> {
         self.rank
     }

@@ -102,6 +102,21 @@ impl<'r, T: Element> DistTensor<'r, T> {
     ///
     /// # Errors
     /// As [`DistTensor::all_gather_matmul`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let x = Tensor::<f32>::random(&[6, 4], 1);
+    /// let w = Tensor::<f32>::random(&[4, 5], 2);
+    /// let want = x.matmul(&w)?;
+    /// let got = World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?;
+    ///     x.all_gather_matmul_unfused(w.local())?.to_global()
+    /// })?;
+    /// assert_eq!(got[0], want);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn all_gather_matmul_unfused(&self, w: &Tensor<T>) -> Result<Self> {
         Ok(self.gather_products(&[w], false)?.remove(0))
     }
@@ -169,6 +184,22 @@ impl<'r, T: Element> DistTensor<'r, T> {
     ///
     /// # Errors
     /// As [`DistTensor::matmul_reduce_scatter`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let h = Tensor::<f64>::random(&[5, 6], 1);
+    /// let w = Tensor::<f64>::random(&[6, 3], 2);
+    /// let want = h.matmul(&w)?;
+    /// let got = World::threads(3)?.run(|rank| {
+    ///     let h = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?;
+    ///     h.matmul_reduce_scatter_unfused(w.local())?.to_global()
+    /// })?;
+    /// let err = (&got[0].to_array() - &want.to_array()).iter().fold(0.0f64, |m, d| m.max(d.abs()));
+    /// assert!(err < 1e-12);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn matmul_reduce_scatter_unfused(&self, w: &Tensor<T>) -> Result<Self> {
         self.reduce_product(w, false)
     }

@@ -40,6 +40,19 @@ impl<'r, T: Element> DistTensor<'r, T> {
     ///
     /// # Errors
     /// As [`DistTensor::all_to_all`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let q = Tensor::<f32>::random(&[1, 7, 3, 4], 1); // [B, S, H, D]
+    /// World::threads(2)?.run(|rank| {
+    ///     let seq = DistTensor::from_global(rank, &q, Placement::Shard(1))?;
+    ///     let unfused = seq.all_to_all_unfused(2, 1)?;
+    ///     assert_eq!(unfused.local(), seq.all_to_all(2, 1)?.local());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn all_to_all_unfused(&self, scatter_dim: usize, gather_dim: usize) -> Result<Self> {
         self.reshard(scatter_dim, gather_dim, fused::all_to_all_unfused)
     }

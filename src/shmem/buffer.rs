@@ -51,21 +51,62 @@ impl<T: Pod> SymmBuf<T> {
     }
 
     /// Number of elements.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     assert_eq!(rank.alloc::<f32>(10)?.len(), 10);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the buffer holds no elements.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// World::threads(1)?.run(|rank| {
+    ///     assert!(rank.alloc::<u8>(0)?.is_empty());
+    ///     assert!(!rank.alloc::<u8>(1)?.is_empty());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Byte offset of the buffer in every rank's segment.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let offsets = World::threads(3)?.run(|rank| Ok(rank.alloc::<u32>(64)?.offset()))?;
+    /// assert!(offsets.iter().all(|&o| o == offsets[0])); // the same on every rank
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn offset(&self) -> usize {
         self.offset
     }
 
     /// The local buffer's base pointer (rule 2: no `symm_at` needed for the local rank).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{shmem::symm_at, World};
+    /// World::threads(2)?.run(|rank| {
+    ///     let buf = rank.alloc::<f64>(8)?;
+    ///     assert_eq!(buf.ptr(), symm_at(&buf, rank.rank()));
+    ///     assert_eq!(buf.ptr().len(), 8);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn ptr(&self) -> SymmPtr<'_, T> {
         self.at(self.owner)
     }
@@ -231,11 +272,29 @@ macro_rules! pointer_common {
 
         impl<'a, T> $name<'a, T> {
             /// Elements from here to the end of the memory.
+            ///
+            /// # Examples
+            /// ```
+            /// use dist_tensor::shmem::GlobalPtr;
+            /// let data = [1, 2, 3];
+            /// let p = GlobalPtr::from_slice(&data);
+            /// assert_eq!(p.len(), 3);
+            /// assert_eq!((p + 2).len(), 1);
+            /// ```
             pub fn len(&self) -> usize {
                 self.len
             }
 
             /// Whether no element is left.
+            ///
+            /// # Examples
+            /// ```
+            /// use dist_tensor::shmem::GlobalPtr;
+            /// let data = [1.0f32, 2.0];
+            /// let p = GlobalPtr::from_slice(&data);
+            /// assert!(!p.is_empty());
+            /// assert!((p + 2).is_empty());
+            /// ```
             pub fn is_empty(&self) -> bool {
                 self.len == 0
             }

@@ -42,6 +42,19 @@ impl WordExchange {
     ///
     /// # Errors
     /// As [`Rank::alloc`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::shmem::WordExchange;
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     let mut ex = WordExchange::new(rank, 2)?;
+    ///     assert!(ex.exchange(rank, &[1, 2, 3]).is_err()); // more than 2 words
+    ///     assert_eq!(ex.exchange(rank, &[1, 2])?.len(), 2);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn new(rank: &Rank<'_>, words: usize) -> Result<Self> {
         let n = rank.num_ranks();
         Ok(WordExchange {
@@ -54,6 +67,20 @@ impl WordExchange {
     }
 
     /// Bytes of symmetric memory it holds.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::shmem::WordExchange;
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     let free = rank.heap_free_bytes();
+    ///     let ex = WordExchange::new(rank, 4)?;
+    ///     assert!(ex.symmetric_bytes() > 0);
+    ///     assert!(ex.symmetric_bytes() <= free - rank.heap_free_bytes());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn symmetric_bytes(&self) -> usize {
         self.slots.len() * 8 + self.ready.len() * 64
     }
@@ -64,6 +91,19 @@ impl WordExchange {
     /// # Errors
     /// [`Error::InvalidArgument`] when `mine` is longer than the exchange holds (on this rank
     /// only: a programmer mistake); otherwise as [`Rank::wait`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::shmem::WordExchange;
+    /// use dist_tensor::World;
+    /// let seen = World::threads(2)?.run(|rank| {
+    ///     let mut ex = WordExchange::new(rank, 2)?;
+    ///     ex.exchange(rank, &[7, 7][..rank.rank()]) // rank 0 sends no words, rank 1 one
+    /// })?;
+    /// assert_eq!(seen[0], vec![vec![], vec![7]]);
+    /// assert_eq!(seen[1], seen[0]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn exchange(&mut self, rank: &Rank<'_>, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
         self.send(rank, mine, self.words)
     }

@@ -33,21 +33,56 @@ impl<'w> Rank<'w> {
     }
 
     /// This rank's index, `0..num_ranks()`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let ids = World::threads(3)?.run(|rank| Ok(rank.rank()))?;
+    /// assert_eq!(ids, vec![0, 1, 2]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn rank(&self) -> usize {
         self.rank
     }
 
     /// Number of ranks in the world.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let sizes = World::threads(4)?.run(|rank| Ok(rank.num_ranks()))?;
+    /// assert_eq!(sizes, vec![4; 4]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn num_ranks(&self) -> usize {
         self.world.num_ranks()
     }
 
     /// The topology of this rank's device.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::Topology, World};
+    /// let world = World::builder(2).topology(Topology::ascend_910b()).build()?;
+    /// let cores = world.run(|rank| Ok(rank.topology().aicore_num()))?;
+    /// assert_eq!(cores, vec![24, 24]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn topology(&self) -> &Topology {
         &self.world.topology
     }
 
     /// How long waits give a peer before reporting a timeout.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dist_tensor::World;
+    /// let world = World::builder(2).wait_timeout(Duration::from_secs(2)).build()?;
+    /// let seen = world.run(|rank| Ok(rank.wait_timeout()))?;
+    /// assert_eq!(seen, vec![Duration::from_secs(2); 2]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn wait_timeout(&self) -> Duration {
         self.world.wait_timeout
     }
@@ -132,6 +167,19 @@ impl<'w> Rank<'w> {
     ///
     /// # Errors
     /// As [`Rank::alloc`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::shmem::{WaitCmp, WaitSem};
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     let sigs = rank.alloc_signals(4)?;
+    ///     assert_eq!(sigs.len(), 4);
+    ///     let _t = rank.wait(&sigs, 3, WaitCmp::Eq(0), WaitSem::Relaxed)?; // all zero
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn alloc_signals(&self, len: usize) -> Result<SignalBuf> {
         let bytes = self.bytes_of(len, SIGNAL_STRIDE)?;
         let offset = self.world.heap.alloc(self.rank, bytes)?;
@@ -293,6 +341,18 @@ impl<'w> Rank<'w> {
     }
 
     /// Bytes of symmetric memory this rank's workspaces hold.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{collectives, World};
+    /// World::threads(2)?.run(|rank| {
+    ///     assert_eq!(rank.workspace_bytes(), 0);
+    ///     assert_eq!(collectives::all_reduce(rank, &[1.0f32])?, vec![2.0]);
+    ///     assert!(rank.workspace_bytes() > 0); // the collective keeps its buffers
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn workspace_bytes(&self) -> usize {
         lock(&self.world.workspaces[self.rank])
             .values()

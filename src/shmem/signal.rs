@@ -127,11 +127,32 @@ impl SignalBuf {
     }
 
     /// Number of signals.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     assert_eq!(rank.alloc_signals(5)?.len(), 5);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether there are none.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// World::threads(1)?.run(|rank| {
+    ///     assert!(rank.alloc_signals(0)?.is_empty());
+    ///     assert!(!rank.alloc_signals(1)?.is_empty());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

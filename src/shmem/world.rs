@@ -125,12 +125,28 @@ fn env_number(name: &'static str) -> Result<Option<u64>> {
 impl WorldBuilder {
     /// Capacity of each rank's heap segment in bytes (default [`DEFAULT_HEAP_BYTES`], or the
     /// environment variable [`HEAP_BYTES_ENV`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let world = World::builder(2).heap_capacity(1 << 20).build()?;
+    /// assert!(world.heap_capacity() <= 1 << 20); // less what the runtime keeps for barriers
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn heap_capacity(mut self, bytes: usize) -> Self {
         self.heap_capacity = Some(bytes);
         self
     }
 
     /// The topology each rank's simulated device has (default [`Topology::host_default`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::Topology, World};
+    /// let world = World::builder(2).topology(Topology::new(4, 2)?).build()?;
+    /// assert_eq!(world.topology().aivector_core_num(), 8);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn topology(mut self, topology: Topology) -> Self {
         self.topology = Some(topology);
         self
@@ -138,6 +154,16 @@ impl WorldBuilder {
 
     /// How long a wait gives a peer (default [`DEFAULT_WAIT_TIMEOUT`], or the environment variable
     /// [`WAIT_TIMEOUT_ENV`] in milliseconds). Code wins over the environment.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dist_tensor::World;
+    /// let world = World::builder(2).wait_timeout(Duration::from_millis(500)).build()?;
+    /// let seen = world.run(|rank| Ok(rank.wait_timeout()))?;
+    /// assert_eq!(seen, vec![Duration::from_millis(500); 2]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = Some(timeout);
         self
@@ -148,6 +174,14 @@ impl WorldBuilder {
     /// # Errors
     /// [`Error::InvalidArgument`] for a world of zero ranks, an environment override that is not
     /// a number, or a heap that cannot be mapped.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// assert!(World::builder(0).build().is_err());
+    /// assert_eq!(World::builder(3).build()?.num_ranks(), 3);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn build(self) -> Result<World> {
         let n = self.num_ranks;
         if n == 0 {
@@ -189,31 +223,79 @@ impl World {
     ///
     /// # Errors
     /// As [`WorldBuilder::build`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let world = World::threads(2)?;
+    /// assert_eq!(world.run(|rank| Ok(rank.rank() * 10))?, vec![0, 10]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn threads(num_ranks: usize) -> Result<World> {
         Self::builder(num_ranks).build()
     }
 
     /// Settings for a world of `num_ranks` ranks.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let world = World::builder(4).build()?;
+    /// assert_eq!(world.num_ranks(), 4);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn builder(num_ranks: usize) -> WorldBuilder {
         WorldBuilder { num_ranks, heap_capacity: None, topology: None, wait_timeout: None }
     }
 
     /// Number of ranks.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// assert_eq!(World::threads(3)?.num_ranks(), 3);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn num_ranks(&self) -> usize {
         self.shared.num_ranks()
     }
 
     /// The topology of each rank's device.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::Topology, World};
+    /// assert_eq!(World::threads(2)?.topology(), &Topology::host_default(2));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn topology(&self) -> &Topology {
         &self.shared.topology
     }
 
     /// How long waits give a peer.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dist_tensor::World;
+    /// let world = World::builder(1).wait_timeout(Duration::from_secs(3)).build()?;
+    /// assert_eq!(world.wait_timeout(), Duration::from_secs(3));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn wait_timeout(&self) -> Duration {
         self.shared.wait_timeout
     }
 
     /// Capacity of each rank's heap segment for allocations, in bytes.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let world = World::builder(2).heap_capacity(1 << 20).build()?;
+    /// let free = world.run(|rank| Ok(rank.heap_free_bytes()))?;
+    /// assert_eq!(free, vec![world.heap_capacity(); 2]); // all of it free in a new world
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     pub fn heap_capacity(&self) -> usize {
         self.shared.heap.capacity() - self.shared.heap.reserved()
     }
