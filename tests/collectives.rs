@@ -333,3 +333,44 @@ fn into_forms_write_the_same_result_and_reject_a_wrong_output_length() {
         );
     }
 }
+
+/// Outputs past `STREAM_OUTPUT_BYTES` (8 MiB) are written with streaming stores, contiguous and
+/// row by row: the same results as the plain copies of smaller calls.
+#[test]
+fn large_outputs_written_with_streaming_stores_equal_the_reference() {
+    let (rows, width) = (3, 700_001); // odd widths: unaligned rows for the 16-byte stores
+    let outs = World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            let block = input::<f32>(950, rank.rank(), rows * (width + rank.rank()));
+            let gathered = collectives::all_gather_cols(rank, &block, rows)?;
+            let flat = input::<f32>(951, rank.rank(), 2 * 1_500_001);
+            let exchanged = collectives::all_to_all(rank, &flat)?;
+            let root_data = input::<f32>(952, 0, 2_500_003);
+            let cast = collectives::broadcast(rank, &root_data, 0)?;
+            Ok((gathered, exchanged, cast == root_data))
+        })
+        .unwrap();
+    let blocks: Vec<Vec<f32>> = (0..2).map(|r| input::<f32>(950, r, rows * (width + r))).collect();
+    let total = 2 * width + 1;
+    for (r, (gathered, exchanged, cast_ok)) in outs.iter().enumerate() {
+        for i in 0..rows {
+            assert_eq!(
+                gathered[i * total..i * total + width],
+                blocks[0][i * width..(i + 1) * width]
+            );
+            let w1 = width + 1;
+            assert_eq!(
+                gathered[i * total + width..(i + 1) * total],
+                blocks[1][i * w1..(i + 1) * w1]
+            );
+        }
+        let want: Vec<f32> = (0..2)
+            .flat_map(|p| {
+                input::<f32>(951, p, 2 * 1_500_001)[r * 1_500_001..(r + 1) * 1_500_001].to_vec()
+            })
+            .collect();
+        assert_eq!(exchanged, &want);
+        assert!(cast_ok);
+    }
+}

@@ -137,6 +137,7 @@ fn gather<T: Element>(
         let chunks: Vec<Chunks> = cols.iter().map(|&c| Chunks::new(rows, c, CHUNK_ELEMS)).collect();
         let tasks = RotatedTasks::new(me, &chunks.iter().map(|c| c.count).collect::<Vec<_>>());
         let input = GlobalPtr::from_slice(local);
+        let stream = rows * total_cols * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
         let ws = &*ws;
         out.fill(rows * total_cols, |out| {
             let output = GlobalPtrMut::from_slice(out);
@@ -154,7 +155,8 @@ fn gather<T: Element>(
                         let from = ws.source(p, src, input, &ready_at)?;
                         let to = c.row * total_cols + col_offsets[src] + c.col;
                         let at = c.row * cols[src] + c.col;
-                        tile::copy_2d(
+                        tile::copy_2d_maybe_streaming(
+                            stream,
                             output + to,
                             total_cols,
                             from + at,

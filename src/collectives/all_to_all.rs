@@ -133,6 +133,7 @@ fn exchange_and_send<T: Element>(
         let pieces: Vec<Chunks> = recv.iter().map(|&c| Chunks::new(1, c, CHUNK_ELEMS)).collect();
         let tasks = RotatedTasks::new(me, &pieces.iter().map(|c| c.count).collect::<Vec<_>>());
         let input_ptr = GlobalPtr::from_slice(input);
+        let stream = recv_offsets[n] * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
         let ws = &*ws;
         out.fill(recv_offsets[n], |out| {
             let output = GlobalPtrMut::from_slice(out);
@@ -148,7 +149,8 @@ fn exchange_and_send<T: Element>(
                         let c = pieces[src].get(task);
                         let from = ws.source(p, src, input_ptr, &ready_at)?;
                         let at = send_start[src] + c.col;
-                        tile::copy_2d(
+                        tile::copy_2d_maybe_streaming(
+                            stream,
                             output + (recv_offsets[src] + c.col),
                             c.cols,
                             from + at,

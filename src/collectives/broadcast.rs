@@ -77,6 +77,7 @@ fn cast<T: Element>(
         let ready_at = ws.publish(|p| n > 1 && p == root, grid);
         let chunks = Chunks::new(1, len, CHUNK_ELEMS);
         let input = GlobalPtr::from_slice(data);
+        let stream = len * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
         let ws = &*ws;
         out.fill(len, |out| {
             let output = GlobalPtrMut::from_slice(out);
@@ -93,7 +94,15 @@ fn cast<T: Element>(
                     let from = ws.source(p, root, input, &ready_at)?;
                     for t in p.tasks(chunks.count) {
                         let c = chunks.get(t);
-                        tile::copy_2d(output + c.col, c.cols, from + c.col, c.cols, (1, c.cols));
+                        let (to, from) = (output + c.col, from + c.col);
+                        tile::copy_2d_maybe_streaming(
+                            stream,
+                            to,
+                            c.cols,
+                            from,
+                            c.cols,
+                            (1, c.cols),
+                        );
                     }
                     Ok(())
                 })

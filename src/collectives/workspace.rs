@@ -67,12 +67,23 @@ impl<T: Element> CollectiveWorkspace<T> {
         row_len: usize,
     ) -> Result<()> {
         let staging = self.staging().ptr();
+        let stream = chunks.rows * chunks.cols * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
         for t in p.tasks(chunks.count) {
             let c = chunks.get(t);
             let at = c.row * row_len + c.col;
+            let valid = (c.rows, c.cols);
             // SAFETY: only this rank writes its staging buffer, each chunk by one program, and
             // peers read it only after every program's notify below; the input is the caller's.
-            unsafe { tile::copy_2d(staging + at, row_len, input + at, row_len, (c.rows, c.cols)) };
+            unsafe {
+                tile::copy_2d_maybe_streaming(
+                    stream,
+                    staging + at,
+                    row_len,
+                    input + at,
+                    row_len,
+                    valid,
+                )
+            };
         }
         let (me, n) = (p.rank(), p.num_ranks());
         for i in 1..n {

@@ -467,6 +467,34 @@ pub unsafe fn copy_2d_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
     stream::fence();
 }
 
+/// Outputs at least this large are written with streaming stores by the library's kernels: they
+/// do not fit in the cache beside their inputs, so caching them only evicts data that is still
+/// needed. Smaller outputs are likely read soon, from cache.
+pub(crate) const STREAM_OUTPUT_BYTES: usize = 8 << 20;
+
+/// [`copy_2d_streaming`] when `stream` is true, [`copy_2d`] otherwise.
+///
+/// # Safety
+/// As [`copy_2d`].
+#[track_caller]
+pub(crate) unsafe fn copy_2d_maybe_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
+    stream: bool,
+    dst: D,
+    dst_row_stride: usize,
+    src: S,
+    src_row_stride: usize,
+    valid: (usize, usize),
+) {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        if stream {
+            copy_2d_streaming(dst, dst_row_stride, src, src_row_stride, valid)
+        } else {
+            copy_2d(dst, dst_row_stride, src, src_row_stride, valid)
+        }
+    }
+}
+
 /// Atomically adds the first `valid` rows and columns of `tile` into local memory
 /// (`tl.atomic_add`). The target is local, the source typically remote, as the seed advises.
 ///

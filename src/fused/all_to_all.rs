@@ -12,9 +12,9 @@
 //! into the peer's symmetric receive buffer, laid out as the peer's output (tasks flattened over
 //! peer, a, b and row block; peers rotated). The rank's own part goes straight to its output.
 //! Each task adds one to the peer's signal for this source; once a source's count is complete,
-//! its blocks are copied from the receive buffer into the output tensor. Every copy streams past
-//! the cache (`copy_2d_streaming`): the blocks are far larger than the cache, and nothing here
-//! reads them again before they would be evicted anyway.
+//! its blocks are copied from the receive buffer into the output tensor. When the output is large
+//! (`tile::STREAM_OUTPUT_BYTES`), every copy streams past the cache: nothing here reads the blocks
+//! again before they would be evicted anyway.
 
 use ndarray::{ArrayViewD, Axis, IxDyn};
 
@@ -346,6 +346,7 @@ fn run_fused<T: Element>(
 
     // Every element is written below (own part, then each source's blocks).
     let mut output = Tensor::<T>::scratch(&out_shape);
+    let stream = output.len() * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
     let out_ptr = GlobalPtrMut::from_slice(output.as_mut_slice());
     let input = GlobalPtr::from_slice(x.as_slice());
     let ws = &*ws;
@@ -367,7 +368,8 @@ fn run_fused<T: Element>(
                 let from = input + (block.src + row * block.src_stride);
                 let at = block.dst + row * block.dst_stride;
                 if dst == me {
-                    tile::copy_2d_streaming(
+                    tile::copy_2d_maybe_streaming(
+                        stream,
                         out_ptr + at,
                         block.dst_stride,
                         from,
@@ -376,7 +378,8 @@ fn run_fused<T: Element>(
                     );
                 } else {
                     let to = symm_at(recv.expect("allocated for n > 1"), dst) + at;
-                    tile::copy_2d_streaming(
+                    tile::copy_2d_maybe_streaming(
+                        stream,
                         to,
                         block.dst_stride,
                         from,
@@ -412,7 +415,8 @@ fn run_fused<T: Element>(
                 };
                 let at = block.dst + row * block.dst_stride;
                 let from = GlobalPtr::from(consume_token(recv.expect("n > 1").ptr(), token)) + at;
-                tile::copy_2d_streaming(
+                tile::copy_2d_maybe_streaming(
+                    stream,
                     out_ptr + at,
                     block.dst_stride,
                     from,
