@@ -26,8 +26,8 @@ use crate::collectives;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
-    GlobalPtr, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp, WaitSem,
-    WordExchange, Workspace, consume_token, symm_at,
+    GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
+    WaitSem, WordExchange, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, matmul_into, pool};
 use crate::{Error, Result};
@@ -336,8 +336,11 @@ fn run_fused<T: Element>(
                                 Tile::new(r, c, T::zero()),
                             )
                         });
-                        acc.fill(<T::Acc as Element>::zero());
-                        tile::dot(a, k, b, nw, valid, acc);
+                        // The product overwrites the accumulator (no zeroing, no read of it),
+                        // then is rounded once. Only the valid part is rounded and stored.
+                        let width = acc.cols();
+                        let acc_mem = GlobalPtrMut::from_slice(acc.as_mut_slice());
+                        tile::dot_store(acc_mem, width, a, k, b, nw, valid, false);
                         acc.cast_into(rounded);
                         tile::store_2d(out + at, nw, rounded, (task.rows, task.cols));
                     }
