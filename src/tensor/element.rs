@@ -104,6 +104,15 @@ pub trait Element:
     unsafe fn atomic_add(dst: *mut Self, v: Self);
 }
 
+// The atomic types `atomic_add` reinterprets elements as must match them in size and alignment
+// (f64 is only 4-byte aligned on some 32-bit targets: refuse to build there).
+const _: () = assert!(
+    size_of::<std::sync::atomic::AtomicU64>() == size_of::<f64>()
+        && align_of::<std::sync::atomic::AtomicU64>() == align_of::<f64>()
+        && align_of::<std::sync::atomic::AtomicU32>() == align_of::<f32>()
+        && align_of::<std::sync::atomic::AtomicU16>() == align_of::<half::f16>()
+);
+
 /// `*dst += v` as a compare-and-swap loop on the bits of the value.
 macro_rules! cas_add {
     ($atomic:ty, $dst:expr, $v:expr, $t:ty, $add:expr) => {{
