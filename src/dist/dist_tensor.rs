@@ -8,8 +8,9 @@ use crate::shmem::{Rank, WordExchange, Workspace, check_agree};
 use crate::tensor::{Element, Tensor, array_split, split_offsets};
 use crate::{Error, Result};
 
-/// The most dimensions a distributed tensor may have (metadata words are sized for them).
-pub const MAX_DIMS: usize = 8;
+/// The most dimensions a distributed tensor may have: the fused ops' limit (their shape
+/// exchanges are sized for it).
+pub use crate::fused::MAX_DIMS;
 
 /// A tensor distributed over the ranks of a world: this rank's local part, how the parts make
 /// the whole ([`Placement`]), and the global shape every rank agreed on.
