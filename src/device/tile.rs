@@ -191,6 +191,12 @@ impl<A: Element> Tile<A> {
     }
 }
 
+/// Panics unless a mask of `valid` rows and columns fits a tile of `block` rows and columns.
+#[track_caller]
+fn check_mask(op: &str, valid: (usize, usize), block: (usize, usize)) {
+    assert!(valid.0 <= block.0 && valid.1 <= block.1, "{op}: mask {valid:?} larger than the tile");
+}
+
 /// Panics unless a `rows x cols` access with `row_stride` fits in `len` elements.
 #[track_caller]
 fn check_fits(op: &str, len: usize, row_stride: usize, rows: usize, cols: usize) {
@@ -303,7 +309,7 @@ pub unsafe fn load_2d<T: Copy, P: Readable<T>>(
     tile: &mut Tile<T>,
 ) {
     let (rows, cols) = valid;
-    assert!(rows <= tile.rows && cols <= tile.cols, "load_2d: mask {valid:?} larger than the tile");
+    check_mask("load_2d", valid, (tile.rows, tile.cols));
     let (ptr, len) = src.raw_read();
     check_fits("load_2d", len, row_stride, rows, cols);
     let tile_cols = tile.cols;
@@ -351,10 +357,7 @@ pub unsafe fn store_2d<T: Copy, P: Writable<T>>(
     valid: (usize, usize),
 ) {
     let (rows, cols) = valid;
-    assert!(
-        rows <= tile.rows && cols <= tile.cols,
-        "store_2d: mask {valid:?} larger than the tile"
-    );
+    check_mask("store_2d", valid, (tile.rows, tile.cols));
     let (ptr, len) = dst.raw_write();
     check_fits("store_2d", len, row_stride, rows, cols);
     for i in 0..rows {
@@ -524,10 +527,7 @@ pub unsafe fn atomic_add_2d<T: Element>(
     valid: (usize, usize),
 ) {
     let (rows, cols) = valid;
-    assert!(
-        rows <= tile.rows && cols <= tile.cols,
-        "atomic_add_2d: mask {valid:?} larger than the tile"
-    );
+    check_mask("atomic_add_2d", valid, (tile.rows, tile.cols));
     let (ptr, len) = dst.raw_write();
     check_fits("atomic_add_2d", len, row_stride, rows, cols);
     for i in 0..rows {
