@@ -1,8 +1,7 @@
 //! all_gather: every rank gets every rank's block, in rank order.
 
 use super::workspace::{
-    CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_agree, check_outputs, exchange_checked,
-    with_workspace,
+    CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
@@ -119,10 +118,10 @@ fn gather<T: Element>(
         }
         _ => None,
     };
+    let words = [rows as u64, local.len() as u64, out.len_word()];
+    let all = exchange_checked::<T>(rank, OP, &words, problem, &[])?;
+    all.agree(OP, 0, "rows")?;
     with_workspace::<T, _>(rank, |ws| {
-        let words = [rows as u64, local.len() as u64, out.len_word()];
-        let all = exchange_checked(ws, rank, OP, &words, problem)?;
-        check_agree(OP, &all, 0, "rows")?;
         let cols: Vec<usize> =
             all.iter().map(|w| (w[1] as usize).checked_div(rows).unwrap_or(0)).collect();
         let col_offsets = split_offsets(&cols);
@@ -139,7 +138,7 @@ fn gather<T: Element>(
         let input = GlobalPtr::from_slice(local);
         let stream = rows * total_cols * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
         let ws = &*ws;
-        out.fill(rows * total_cols, |out| {
+        out.fill(OP, rows.checked_mul(total_cols).unwrap_or(usize::MAX), |out| {
             let output = GlobalPtrMut::from_slice(out);
             // SAFETY: each rank writes only its own staging buffer, and only before it notifies;
             // peers read it only after waiting for every program's notify. Each task writes its own
