@@ -70,7 +70,7 @@ pub fn reduce_scatter_into<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     let counts = array_split(input.len(), rank.num_ranks());
-    reduce(rank, input, 1, &counts, op, Out::Into(out)).map(drop)
+    reduce("reduce_scatter", rank, input, 1, &counts, op, Out::Into(out)).map(drop)
 }
 
 /// [`reduce_scatter_cols`] into the caller's `out`, which must hold `[rows, counts[rank]]`.
@@ -100,7 +100,7 @@ pub fn reduce_scatter_cols_into<T: Element>(
     op: ReduceOp,
     out: &mut [T],
 ) -> Result<()> {
-    reduce(rank, input, rows, counts, op, Out::Into(out)).map(drop)
+    reduce("reduce_scatter", rank, input, rows, counts, op, Out::Into(out)).map(drop)
 }
 
 /// Reduces row-major `[rows, sum of counts]` inputs over all ranks and gives rank `r` its column
@@ -131,10 +131,12 @@ pub fn reduce_scatter_cols<T: Element>(
     counts: &[usize],
     op: ReduceOp,
 ) -> Result<Vec<T>> {
-    Ok(reduce(rank, input, rows, counts, op, Out::Alloc)?.expect("allocated"))
+    Ok(reduce("reduce_scatter", rank, input, rows, counts, op, Out::Alloc)?.expect("allocated"))
 }
 
-fn reduce<T: Element>(
+/// The reduce_scatter, for the call `name` (see `all_gather::gather`).
+pub(crate) fn reduce<T: Element>(
+    name: &'static str,
     rank: &Rank<'_>,
     input: &[T],
     rows: usize,
@@ -142,7 +144,6 @@ fn reduce<T: Element>(
     op: ReduceOp,
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
-    const OP: &str = "reduce_scatter";
     let (me, n) = (rank.rank(), rank.num_ranks());
     let total = counts.iter().try_fold(0usize, |t, &c| t.checked_add(c));
     let problem = if counts.len() != n {
@@ -166,17 +167,17 @@ fn reduce<T: Element>(
     if spelled {
         words.extend((0..n).map(|i| counts.get(i).map_or(u64::MAX, |&c| c as u64)));
     }
-    let all = exchange_checked::<T>(rank, OP, &words, problem, &[])?;
-    all.agree(OP, 0, "rows")?;
-    all.agree(OP, 1, "input length")?;
-    all.agree(OP, 2, "reduce op")?;
+    let all = exchange_checked::<T>(rank, name, &words, problem, &[])?;
+    all.agree(name, 0, "rows")?;
+    all.agree(name, 1, "input length")?;
+    all.agree(name, 2, "reduce op")?;
     if spelled {
         for i in 0..n {
-            all.agree(OP, 5 + i, &format!("count[{i}]"))?;
+            all.agree(name, 5 + i, &format!("count[{i}]"))?;
         }
     }
-    all.agree(OP, 3, "digest of the split counts")?;
-    check_outputs(OP, &all, 4, |r| rows * counts[r])?;
+    all.agree(name, 3, "digest of the split counts")?;
+    check_outputs(name, &all, 4, |r| rows * counts[r])?;
     with_workspace::<T, _>(rank, |ws| {
         let col_offsets = split_offsets(counts);
         let mine = counts[me];
@@ -191,7 +192,7 @@ fn reduce<T: Element>(
         let ranks = <T::Acc as Element>::from_f64(n as f64);
         let input_ptr = GlobalPtr::from_slice(input);
         let ws = &*ws;
-        out.fill(OP, rows.checked_mul(mine).unwrap_or(usize::MAX), |out| {
+        out.fill(name, rows.saturating_mul(mine), |out| {
             let output = GlobalPtrMut::from_slice(out);
             // SAFETY: as in all_gather: a rank writes its own staging buffer before notifying, peers
             // read it after waiting; each task writes its own chunk of `out`.

@@ -192,7 +192,7 @@ fn run_fused<T: Element>(
     let w_acc = AccData::new(OP, w.as_slice().expect("standard layout"))?;
     let mine = rows.count(me);
     let mut out = scratch(OP, (mine, n))?;
-    let partial_len = m.checked_mul(n).unwrap_or(usize::MAX);
+    let partial_len = m.saturating_mul(n);
     rank.reserve_for("matmul_reduce_scatter partials", &mut ws.partials, partial_len)?;
     // Tiles of the rows each rank owns, the other ranks' rows first and this rank's last; when
     // shards are short, tiles over all rows instead (a tile then serves several owners).

@@ -134,6 +134,7 @@ impl Heap {
     }
 
     /// The mapping of `rank`'s segment.
+    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn segment(&self, rank: usize) -> &Mapping {
         &self.segments[rank]
     }

@@ -428,8 +428,29 @@ impl World {
     ///
     /// # Errors
     /// If any rank returns an error or panics, the world fails: every rank's waits return
-    /// [`Error::PeerFailed`] at once, and `run` returns [`Error::RankFailed`] naming the rank that
-    /// failed first and why. A failed world stays failed: later runs return the same error.
+    /// [`Error::PeerFailed`] at once (saying what the failed rank said), and `run` returns
+    /// [`Error::RankFailed`] naming the rank that failed first, with its error typed as `source`
+    /// (see [`Error::rank_error`], [`Error::downcast_ref`]) and every rank that failed of its own.
+    /// A rank that returns from `f` while a peer still waits for it (in a collective, a barrier,
+    /// or a wait only it could satisfy) ends that wait at once with [`Error::PeerGone`]. A
+    /// failed world stays failed: later runs return the same error.
+    ///
+    /// `?` works on the user's own errors inside `f`: the standard ones convert through `From`
+    /// into [`Error::User`], any other through [`Error::user`]:
+    /// ```
+    /// use dist_tensor::{Error, World};
+    ///
+    /// let err = World::threads(2)?
+    ///     .run(|rank| {
+    ///         let config = std::fs::read_to_string(format!("/no/config-{}.toml", rank.rank()))?;
+    ///         Ok(config.len())
+    ///     })
+    ///     .unwrap_err();
+    /// let io: &std::io::Error = err.downcast_ref().expect("the io::Error, typed");
+    /// assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    /// assert!(matches!(&err, Error::RankFailed { failed_ranks, .. } if failed_ranks == &[0, 1]));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     ///
     /// # Examples
     /// ```
