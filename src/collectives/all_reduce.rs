@@ -20,12 +20,12 @@ fn reduced_piece<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
 
 /// Sums `input` over all ranks; every rank gets the whole sum.
 ///
-/// Done as a [`reduce_scatter`] (each rank sums its piece, in rank order) followed by an
-/// [`all_gather`] of the pieces: every element is summed once, by one rank, so every rank gets the
+/// Done as a [`reduce_scatter`](super::reduce_scatter) (each rank sums its piece, in rank order) followed by an
+/// [`all_gather`](super::all_gather) of the pieces: every element is summed once, by one rank, so every rank gets the
 /// same bits, and the same bits on every run.
 ///
 /// # Errors
-/// As [`reduce_scatter`].
+/// As [`reduce_scatter`](super::reduce_scatter).
 ///
 /// # Examples
 /// ```
