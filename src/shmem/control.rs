@@ -255,7 +255,8 @@ impl Control {
 /// A wait status in words: `exited with status 3`, `was killed by signal 9`.
 pub(crate) fn describe_status(status: i32) -> String {
     if status < 0 {
-        "ended (its process is gone)".into()
+        "ended without returning from run (its process is gone: killed, or exited inside run)"
+            .into()
     } else if status & 0x7f == 0 {
         format!("exited with status {} without returning from run", (status >> 8) & 0xff)
     } else {

@@ -68,7 +68,7 @@ pub(crate) struct Watch<'a> {
     pub(crate) rank: usize,
     pub(crate) deadline: Option<Instant>,
     /// Called on every tick while blocked (a process world looks for dead peers here).
-    pub(crate) on_tick: Option<&'a (dyn Fn() + Send + Sync)>,
+    pub(crate) on_tick: Option<&'a (dyn Fn(&Control) + Send + Sync)>,
 }
 
 /// Waits on `cell` until `ready()`, a failure, `gone()` reporting a reason (asked whenever a rank
@@ -147,7 +147,7 @@ fn block<E>(
         // ETIMEDOUT) all mean "look again".
         let _ = futex::wait(&cell.doorbell, futex::Flags::empty(), ring, Some(&timeout));
         if let Some(on_tick) = watch.on_tick {
-            on_tick();
+            on_tick(control);
         }
         tick = (tick * 2).min(MAX_TICK);
     }
