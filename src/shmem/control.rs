@@ -74,7 +74,6 @@ impl Control {
     }
 
     /// Opens a control block another process created; checks it is one, for this world size.
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn open(map: Mapping, num_ranks: usize) -> Result<Control, String> {
         if map.len() < Self::bytes(num_ranks) {
             return Err(format!("a control block of {} bytes is too small", map.len()));
@@ -92,7 +91,6 @@ impl Control {
         Ok(control)
     }
 
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn mapping(&self) -> &Mapping {
         &self.map
     }
@@ -199,7 +197,6 @@ impl Control {
 
     /// Marks a running `rank` as died (a peer found its process gone); returns whether this
     /// call changed it.
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn mark_died(&self, rank: usize, status: i32) -> bool {
         let cell = self.half(self.record(rank));
         let changed = cell
@@ -223,7 +220,6 @@ impl Control {
     }
 
     /// `rank`'s process id (0 until it joined).
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn pid(&self, rank: usize) -> &AtomicU32 {
         self.half(self.record(rank) + 8)
     }
@@ -232,12 +228,6 @@ impl Control {
     pub(crate) fn exit_status(&self, rank: usize) -> &AtomicI32 {
         // SAFETY: as in `half`; i32 and u32 atomics have the same layout.
         unsafe { &*(self.map.base().add(self.record(rank) + 12) as *const AtomicI32) }
-    }
-
-    /// How many ranks have joined (a process world's start-up count).
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
-    pub(crate) fn joined(&self) -> &AtomicU32 {
-        self.half(36)
     }
 
     /// How a rank that is no longer running left, for messages.

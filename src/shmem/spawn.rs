@@ -29,6 +29,8 @@ use crate::{Error, Result};
 pub struct RankExit {
     /// The rank.
     pub rank: usize,
+    /// Its process id (reaped: no such process is left).
+    pub pid: u32,
     /// Its exit status.
     pub status: ExitStatus,
     /// Whether it was killed for running past the job's timeout.
@@ -216,9 +218,16 @@ impl LocalJob {
             .into_iter()
             .zip(statuses)
             .enumerate()
-            .map(|(rank, ((_, out, err), status))| {
+            .map(|(rank, ((child, out, err), status))| {
                 let (status, timed_out) = status.expect("every rank ended");
-                RankExit { rank, status, timed_out, stdout: out.finish(), stderr: err.finish() }
+                RankExit {
+                    rank,
+                    pid: child.id(),
+                    status,
+                    timed_out,
+                    stdout: out.finish(),
+                    stderr: err.finish(),
+                }
             })
             .collect())
     }

@@ -45,9 +45,12 @@ pub(crate) struct WorldShared {
     /// Per rank, what stays in the rank's own process.
     pub(crate) local: Vec<RankLocal>,
     /// Looks at the world while a wait is blocked (a process world looks for dead peers).
-    pub(crate) on_tick: Option<Box<dyn Fn(&Control) + Send + Sync>>,
+    pub(crate) on_tick: Option<Box<OnTick>>,
     run_lock: Mutex<()>,
 }
+
+/// What a blocked waiter calls on every tick (a process world looks for dead peers).
+pub(crate) type OnTick = dyn Fn(&Control) + Send + Sync;
 
 /// One rank's workspaces by type; `None` while the workspace is in use.
 pub(crate) type Workspaces = HashMap<TypeId, Option<Box<dyn Workspace>>>;
