@@ -385,3 +385,38 @@ fn a_peer_that_never_joins_is_a_bounded_error_naming_it() {
         "{guest}"
     );
 }
+
+// ---- agreement across processes -------------------------------------------------------------
+
+#[test]
+fn ranks_in_different_calls_or_allocations_fail_together_across_processes() {
+    if in_rank(|world| {
+        let out = world.run(|rank| {
+            let me = rank.rank();
+            let start = Instant::now();
+            let op = if me == 0 {
+                collectives::all_gather(rank, &[1.0f32]).map(drop).unwrap_err()
+            } else {
+                collectives::broadcast(rank, &[1.0f32], 0).map(drop).unwrap_err()
+            };
+            let alloc = rank.alloc::<f64>(if me == 0 { 10 } else { 20 }).map(drop).unwrap_err();
+            // Both failed together, and the ranks are still in step.
+            let sum = collectives::all_reduce(rank, &[1.0f32])?[0];
+            Ok(format!("{} ms | {op} | {alloc} | {sum}", start.elapsed().as_millis()))
+        })?;
+        Ok(out[0].clone())
+    }) {
+        return;
+    }
+    let exits =
+        job("ranks_in_different_calls_or_allocations_fail_together_across_processes", 2, &[]);
+    for exit in &exits {
+        let text = result(exit);
+        let ms: u128 = text.split(" ms").next().unwrap().parse().unwrap();
+        assert!(ms < BOUND.as_millis(), "{text}");
+        assert!(text.contains("rank 0 is in all_gather<f32> #"), "{text}");
+        assert!(text.contains("rank 1 in broadcast<f32> #"), "{text}");
+        assert!(text.contains("rank 0 allocated 80 bytes for Rank::alloc<f64>"), "{text}");
+        assert!(text.ends_with("| 2"), "{text}");
+    }
+}
