@@ -7,7 +7,7 @@
 //! | --- | --- | --- |
 //! | failure flag and first-failure record (rank, message) | header, text area | the first rank to fail |
 //! | `exits`: how many times a rank left the running state | header | a rank that returns or fails, a peer that finds a rank dead |
-//! | per rank: state (idle, running, returned, failed, died) | rank record | the rank; a peer for `died` |
+//! | per rank: state (idle, running, returned, failed, died, left) and how many runs it entered | rank record | the rank; a peer for `died` |
 //! | per rank: blocked waiters (who to wake) | rank record | the rank's waiting threads |
 //! | per rank: pid, exit status | rank record | the rank; a peer that reaps it |
 //!
@@ -38,6 +38,8 @@ pub(crate) enum RankState {
     Failed = 3,
     /// Its process ended without returning (killed, or exited from inside `run`).
     Died = 4,
+    /// Its process dropped its world: no more runs will come from it.
+    Left = 5,
 }
 
 impl RankState {
@@ -47,6 +49,7 @@ impl RankState {
             2 => RankState::Returned,
             3 => RankState::Failed,
             4 => RankState::Died,
+            5 => RankState::Left,
             _ => RankState::Idle,
         }
     }
@@ -186,11 +189,36 @@ impl Control {
         RankState::from_u32(self.half(self.record(rank)).load(Ordering::Acquire))
     }
 
+    /// How many runs `rank` has entered.
+    pub(crate) fn runs(&self, rank: usize) -> &AtomicU32 {
+        self.half(self.record(rank) + 16)
+    }
+
+    /// Enters a run: counts it, then sets the state to running.
+    pub(crate) fn enter_run(&self, rank: usize) {
+        self.runs(rank).fetch_add(1, Ordering::AcqRel);
+        self.set_state(rank, RankState::Running);
+    }
+
+    /// Whether `peer` will never again send anything to `me` in `me`'s current run: it failed,
+    /// died or dropped its world, or returned from the run `me` is in (a peer that returned from
+    /// an earlier run, in a world of processes, is still on its way to this one).
+    pub(crate) fn has_left(&self, peer: usize, me: usize) -> bool {
+        match self.state(peer) {
+            RankState::Idle | RankState::Running => false,
+            RankState::Returned => {
+                self.runs(peer).load(Ordering::Acquire) >= self.runs(me).load(Ordering::Acquire)
+            }
+            RankState::Failed | RankState::Died | RankState::Left => true,
+        }
+    }
+
     /// Sets `rank`'s state. Leaving `Running` is published with release ordering after
     /// everything the rank did, so a peer that sees it also sees every signal it sent.
     pub(crate) fn set_state(&self, rank: usize, state: RankState) {
         let old = self.half(self.record(rank)).swap(state as u32, Ordering::AcqRel);
-        if old == RankState::Running as u32 && state != RankState::Running {
+        // Waiters look at who left when this count changes.
+        if old != state as u32 && state != RankState::Running {
             self.half(32).fetch_add(1, Ordering::AcqRel);
         }
     }
@@ -237,6 +265,7 @@ impl Control {
             RankState::Failed => "failed".into(),
             RankState::Died => describe_status(self.exit_status(rank).load(Ordering::Acquire)),
             RankState::Idle => "is not in run".into(),
+            RankState::Left => "dropped its world".into(),
             RankState::Running => "is running".into(),
         }
     }

@@ -26,7 +26,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Rank;
-use super::control::RankState;
 use super::sync::{Cell, WaitOutcome, wait_until};
 use crate::tensor::{Element, Pod};
 use crate::{Error, Result};
@@ -363,9 +362,7 @@ impl Rank<'_> {
             mine,
             || mine.value.load(Ordering::Acquire) >= target,
             || {
-                let gone = missing()
-                    .into_iter()
-                    .find(|&p| !matches!(control.state(p), RankState::Running))?;
+                let gone = missing().into_iter().find(|&p| control.has_left(p, me))?;
                 Some(Error::PeerGone {
                     rank: me,
                     peer: gone,

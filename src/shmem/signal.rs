@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::control::RankState;
 use super::heap::Heap;
 use super::sync::{Cell, WaitOutcome, wait_until};
 use super::world::WorldShared;
@@ -312,7 +311,7 @@ pub(crate) fn wait_cell(
         let seen = cell.value.load(Ordering::Relaxed);
         format!("on signal {index} (awaited {cmp}, saw {seen}) in program {program}")
     };
-    let left = |p: usize| p != rank && !matches!(control.state(p), RankState::Running);
+    let left = |p: usize| p != rank && control.has_left(p, rank);
     let outcome = wait_until(
         &world.watch(rank),
         cell,

@@ -680,7 +680,7 @@ impl World {
         }
         if let Some(me) = self.here {
             // A world of processes: this process is one rank.
-            shared.control.set_state(me, RankState::Running);
+            shared.control.enter_run(me);
             return match run_rank(shared, me, &f) {
                 Some(value) => Ok(vec![value]),
                 None => Err(shared.world_error(false).expect("the rank failed")),
@@ -688,7 +688,7 @@ impl World {
         }
         let n = shared.num_ranks();
         for r in 0..n {
-            shared.control.set_state(r, RankState::Running);
+            shared.control.enter_run(r);
         }
         let f = &f;
         let outcomes: Vec<Option<R>> = std::thread::scope(|scope| {
@@ -752,11 +752,11 @@ where
 
 impl Drop for World {
     fn drop(&mut self) {
-        // A process that leaves its world outside `run` is done with it: peers that still wait
-        // for it learn so at once instead of when its process ends.
+        // A process that drops its world is done with it: peers that still wait for it (in this
+        // run or a later one) learn so at once instead of when its process ends.
         if let Some(me) = self.here {
-            if self.shared.control.state(me) == RankState::Running {
-                self.shared.control.set_state(me, RankState::Returned);
+            if self.shared.control.state(me) != RankState::Failed {
+                self.shared.control.set_state(me, RankState::Left);
             }
         }
     }
