@@ -607,6 +607,8 @@ impl World {
     }
 
     /// Runs `f` once per rank, each on its own thread, and returns the results in rank order.
+    /// For a world of processes ([`World::from_env`]) it runs `f` once, for this process's rank,
+    /// and returns that one result (see [`World::ranks_here`]).
     ///
     /// `f` may borrow from the caller. Runs of one world cannot overlap (a second `run` while one
     /// is going, or from inside `f`, is an error); buffers a rank keeps
