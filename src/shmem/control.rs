@@ -8,8 +8,10 @@
 //! | failure flag and first-failure record (rank, message) | header, text area | the first rank to fail |
 //! | `exits`: how many times a rank left the running state | header | a rank that returns or fails, a peer that finds a rank dead |
 //! | per rank: state (idle, running, returned, failed, died, left) and how many runs it entered | rank record | the rank; a peer for `died` |
-//! | per rank: blocked waiters (who to wake) | rank record | the rank's waiting threads |
 //! | per rank: pid, exit status | rank record | the rank; a peer that reaps it |
+//!
+//! Blocked waits sleep on futexes beside each signal (in the heap, see `sync`), which are
+//! process-shared like everything here.
 //!
 //! Per-rank state that no peer reads (the free list of the rank's own segment, its call
 //! counter, its workspaces) stays in the rank's own process.
@@ -240,11 +242,6 @@ impl Control {
             self.half(32).fetch_add(1, Ordering::AcqRel);
         }
         changed
-    }
-
-    /// Threads of `rank` blocked in a wait: a notifier wakes them only when there are some.
-    pub(crate) fn waiters(&self, rank: usize) -> &AtomicU32 {
-        self.half(self.record(rank) + 4)
     }
 
     /// `rank`'s process id (0 until it joined).

@@ -347,7 +347,7 @@ impl Rank<'_> {
             let peer = (me + i) % n;
             let cell = self.arrivals(peer, parity);
             if cell.value.fetch_add(1, Ordering::AcqRel) + 1 == target {
-                cell.ring(control, peer);
+                cell.ring();
             }
         }
 
@@ -358,7 +358,7 @@ impl Rank<'_> {
             (0..n).filter(|&p| self.outbox_seq(p, parity).load(Ordering::Acquire) != seq).collect()
         };
         let outcome = wait_until(
-            &self.world.watch(me),
+            &self.world.watch(),
             mine,
             || mine.value.load(Ordering::Acquire) >= target,
             || {

@@ -260,7 +260,7 @@ pub(crate) fn notify(
             target.value.fetch_add(v, order);
         }
     }
-    target.ring(&world.control, peer);
+    target.ring();
     Ok(())
 }
 
@@ -313,7 +313,7 @@ pub(crate) fn wait_cell(
     };
     let left = |p: usize| p != rank && control.has_left(p, rank);
     let outcome = wait_until(
-        &world.watch(rank),
+        &world.watch(),
         cell,
         || cmp.holds(cell.value.load(order)),
         || {

@@ -67,11 +67,10 @@ impl WorldShared {
         self.heap.num_ranks()
     }
 
-    /// What a wait of `rank` looks at besides its condition.
-    pub(crate) fn watch(&self, rank: usize) -> Watch<'_> {
+    /// What a wait looks at besides its condition.
+    pub(crate) fn watch(&self) -> Watch<'_> {
         Watch {
             control: &self.control,
-            rank,
             deadline: deadline_after(self.wait_timeout),
             on_tick: self.on_tick.as_deref(),
         }
