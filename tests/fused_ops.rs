@@ -1011,6 +1011,70 @@ fn all_to_all_between_any_two_dims_of_3d_tensors() {
     check_all_to_all_3d::<f64>(4);
 }
 
+// ---- many calls, new data each time ---------------------------------------------------------
+
+/// The fused products keep their symmetric buffers and signal counts from call to call; a call
+/// that read a peer's data before it landed would see the previous call's. With the same inputs
+/// every call that goes unseen, so here every call has new inputs: 12 calls of each product on
+/// one world, rank 1 with no rows (it reads peers' rows first, as soon as they are announced),
+/// shards of several push chunks (K = 1024), short shards and shards of 256 rows or more.
+#[test]
+fn fused_products_over_many_calls_with_new_data_each_time() {
+    const CALLS: u64 = 12;
+    let n = 3;
+    let (k, nn) = (1024, 48);
+    let world = World::threads(n).unwrap();
+    let mut fails = Vec::new();
+    for counts in [[300, 0, 599], [3, 0, 5]] {
+        let offsets = split_offsets(&counts);
+        let m = offsets[n];
+        let cases: Vec<_> = (0..CALLS)
+            .map(|call| {
+                let x = Tensor::<f32>::random(&[m, k], 5000 + call);
+                let w = Tensor::<f32>::random(&[k, nn], 6000 + call);
+                let tol = tolerance::<f32>(k + n);
+                let reference = Reference::new(&to_f64_2(&x), &to_f64_2(&w), tol, 0..0);
+                (x, w, reference)
+            })
+            .collect();
+        let out = world
+            .run(|rank| {
+                let r = rank.rank();
+                let mut fails = Vec::new();
+                for (call, (x, w, reference)) in cases.iter().enumerate() {
+                    let what = |op: &str| {
+                        format!("{op}, call {call} of {CALLS}, rows per rank {counts:?}, rank {r}")
+                    };
+                    let rows = offsets[r]..offsets[r + 1];
+                    let xd = DistTensor::from_local(rank, slice(x, 0, rows), Placement::Shard(0))?;
+                    let cols = pieces(nn, n)[r].clone();
+                    let y = xd.all_gather_matmul(&slice(w, 1, cols.clone()))?;
+                    fails.extend(reference.check(
+                        y.local(),
+                        0..m,
+                        cols,
+                        &what("all_gather_matmul"),
+                    ));
+                    let ks = pieces(k, n)[r].clone();
+                    let x1 =
+                        DistTensor::from_local(rank, slice(x, 1, ks.clone()), Placement::Shard(1))?;
+                    let y = x1.matmul_reduce_scatter(&slice(w, 0, ks))?;
+                    let rows = pieces(m, n)[r].clone();
+                    fails.extend(reference.check(
+                        y.local(),
+                        rows,
+                        0..nn,
+                        &what("matmul_reduce_scatter"),
+                    ));
+                }
+                Ok(fails)
+            })
+            .unwrap_or_else(|e| panic!("rows per rank {counts:?}: {e}"));
+        fails.extend(out);
+    }
+    assert_no_failures(fails);
+}
+
 // ---- a tensor-parallel MLP -------------------------------------------------------------------
 
 /// x Shard(0) -> all_gather_matmul(w1 columns) -> matmul_reduce_scatter(w2 rows) on 4 ranks,
