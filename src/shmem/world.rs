@@ -35,6 +35,8 @@ pub(crate) struct WorldShared {
     /// Per rank: workspaces kept from one call (and one run) to the next, by type.
     pub(crate) workspaces: Vec<Mutex<Workspaces>>,
     run_lock: Mutex<()>,
+    /// The GPUs of a world made by [`World::cuda`]: rank `r` runs on GPU `r` of it.
+    pub(crate) cuda: Option<Arc<crate::device::cuda::CudaWorld>>,
 }
 
 /// One rank's workspaces by type; `None` while the workspace is in use.
@@ -61,6 +63,10 @@ impl WorldShared {
     /// Records a failure of `rank` and wakes every waiter of every rank so that they give up.
     pub(crate) fn fail(&self, rank: usize, reason: String) {
         self.failure.set(rank, reason);
+        if let Some(gpus) = &self.cuda {
+            // Kernels on the GPUs wait on device signals, not on the parkers: end them too.
+            crate::device::cuda::world_failed(gpus, rank);
+        }
         for parker in &self.parkers {
             parker.wake();
         }
@@ -109,6 +115,7 @@ pub struct WorldBuilder {
     heap_capacity: Option<usize>,
     topology: Option<Topology>,
     wait_timeout: Option<Duration>,
+    cuda: Option<Vec<usize>>,
 }
 
 fn env_number(name: &'static str) -> Result<Option<u64>> {
@@ -123,6 +130,24 @@ fn env_number(name: &'static str) -> Result<Option<u64>> {
 }
 
 impl WorldBuilder {
+    /// Runs the world on NVIDIA GPUs: rank `r` on CUDA device `devices[r]` (feature `cuda`; see
+    /// [`World::cuda`]). The number of devices must be the number of ranks.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dist_tensor::World;
+    /// // Without GPUs (or without the `cuda` feature) building fails with a typed error.
+    /// match World::builder(1).cuda(&[0]).wait_timeout(Duration::from_secs(5)).build() {
+    ///     Ok(world) => assert_eq!(world.num_ranks(), 1),
+    ///     Err(e) => println!("no GPU world: {e}"),
+    /// }
+    /// ```
+    pub fn cuda(mut self, devices: &[usize]) -> Self {
+        self.cuda = Some(devices.to_vec());
+        self
+    }
+
     /// Capacity of each rank's heap segment in bytes (default [`DEFAULT_HEAP_BYTES`], or the
     /// environment variable [`HEAP_BYTES_ENV`]).
     ///
@@ -184,6 +209,15 @@ impl WorldBuilder {
     /// ```
     pub fn build(self) -> Result<World> {
         let n = self.num_ranks;
+        if let Some(devices) = &self.cuda
+            && devices.len() != n
+        {
+            return Err(Error::InvalidArgument {
+                op: "World::build",
+                rank: 0,
+                reason: format!("{n} ranks on {} GPUs: one rank per GPU", devices.len()),
+            });
+        }
         if n == 0 {
             return Err(Error::InvalidArgument {
                 op: "World::build",
@@ -203,6 +237,10 @@ impl WorldBuilder {
         };
         // The runtime keeps one barrier signal per rank at the start of every segment.
         let heap = Heap::new(n, heap_capacity, n * SIGNAL_STRIDE)?;
+        let cuda = match &self.cuda {
+            Some(devices) => Some(crate::device::cuda::open_world(devices, wait_timeout)?),
+            None => None,
+        };
         Ok(World {
             shared: Arc::new(WorldShared {
                 heap: Arc::new(heap),
@@ -213,6 +251,7 @@ impl WorldBuilder {
                 barrier_epochs: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 workspaces: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
                 run_lock: Mutex::new(()),
+                cuda,
             }),
         })
     }
@@ -245,7 +284,7 @@ impl World {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn builder(num_ranks: usize) -> WorldBuilder {
-        WorldBuilder { num_ranks, heap_capacity: None, topology: None, wait_timeout: None }
+        WorldBuilder { num_ranks, heap_capacity: None, topology: None, wait_timeout: None, cuda: None }
     }
 
     /// Number of ranks.
@@ -380,7 +419,15 @@ impl World {
                         .name(format!("rank-{r}"))
                         .spawn_scoped(scope, move || {
                             let rank = Rank::new(shared, r);
-                            match catch_unwind(AssertUnwindSafe(|| f(&rank))) {
+                            // On a GPU world, a rank's part ends once its GPU work is done.
+                            let body = || {
+                                let value = f(&rank)?;
+                                match &shared.cuda {
+                                    Some(gpus) => crate::device::cuda::finish_rank(gpus, r).map(|()| value),
+                                    None => Ok(value),
+                                }
+                            };
+                            match catch_unwind(AssertUnwindSafe(body)) {
                                 Ok(Ok(value)) => Some(value),
                                 Ok(Err(err)) => {
                                     shared.fail_with(r, &err);

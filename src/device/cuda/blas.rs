@@ -1,0 +1,200 @@
+//! GEMM through cuBLASLt: row-major `C[m, n] = A[m, k] B[k, n]`, half types in, f32 accumulate,
+//! output in the element type or in f32 (partials of matmul_reduce_scatter). Plans (descriptors,
+//! layouts and the chosen algorithm) are cached per shape and alignment: the safe cudarc call
+//! rebuilds them on every call, which costs host time at decode sizes.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::cublaslt::{result as lt, sys as lt_sys};
+use cudarc::driver::{result as cu, sys};
+
+use super::driver::{Check, Gpu, guarded, require_library};
+use super::memory::DeviceBuffer;
+use crate::tensor::DType;
+use crate::{Error, Result};
+
+/// Workspace cuBLASLt may use per call (what NVIDIA recommends for Hopper).
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+fn blas_error(call: &'static str, e: lt::CublasError) -> Error {
+    Error::DeviceStatus { call, code: e.0 as i32, message: format!("{:?}", e.0) }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    m: usize,
+    n: usize,
+    k: usize,
+    input: DType,
+    output: DType,
+    align: [u32; 3],
+}
+
+struct Plan {
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    layouts: [lt_sys::cublasLtMatrixLayout_t; 3],
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+}
+
+/// One GPU's cuBLASLt handle, workspace and plans.
+pub(crate) struct Blas {
+    handle: lt_sys::cublasLtHandle_t,
+    workspace: DeviceBuffer,
+    plans: HashMap<PlanKey, Plan>,
+}
+
+fn cuda_type(d: DType) -> lt_sys::cudaDataType {
+    match d {
+        DType::F32 => lt_sys::cudaDataType::CUDA_R_32F,
+        DType::F64 => lt_sys::cudaDataType::CUDA_R_64F,
+        DType::F16 => lt_sys::cudaDataType::CUDA_R_16F,
+        DType::BF16 => lt_sys::cudaDataType::CUDA_R_16BF,
+    }
+}
+
+pub(crate) fn dtype_bytes(d: DType) -> usize {
+    match d {
+        DType::F32 => 4,
+        DType::F64 => 8,
+        DType::F16 | DType::BF16 => 2,
+    }
+}
+
+/// The largest power of two (at most 256) dividing `ptr`: what cuBLASLt may assume.
+fn alignment(ptr: u64) -> u32 {
+    if ptr == 0 { 256 } else { (1u64 << ptr.trailing_zeros().min(8)) as u32 }
+}
+
+impl Blas {
+    fn new(gpu: &Arc<Gpu>) -> Result<Blas> {
+        require_library("cuBLASLt (libcublasLt)", "cublasLt", lt_sys::is_culib_present)?;
+        // The handle belongs to the context current now: bind this GPU's first (a handle made
+        // under another GPU's context fails with EXECUTION_FAILED).
+        gpu.bind()?;
+        let handle = guarded("libcublasLt", || {
+            lt::create_handle().map_err(|e| blas_error("cublasLtCreate", e))
+        })?;
+        Ok(Blas { handle, workspace: DeviceBuffer::new(gpu, WORKSPACE_BYTES)?, plans: HashMap::new() })
+    }
+
+    fn plan(&mut self, key: PlanKey) -> Result<&Plan> {
+        if !self.plans.contains_key(&key) {
+            let plan = self.make_plan(key)?;
+            self.plans.insert(key, plan);
+        }
+        Ok(&self.plans[&key])
+    }
+
+    fn make_plan(&self, key: PlanKey) -> Result<Plan> {
+        let (compute, scale) = if key.input == DType::F64 {
+            (lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F, lt_sys::cudaDataType::CUDA_R_64F)
+        } else {
+            (lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt_sys::cudaDataType::CUDA_R_32F)
+        };
+        let desc = lt::create_matmul_desc(compute, scale).map_err(|e| blas_error("cublasLtMatmulDescCreate", e))?;
+        // Column-major view of the row-major product: C^T (n x m) = B^T (n x k) * A^T (k x m).
+        let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
+        let layout = |t, rows, cols, ld| {
+            lt::create_matrix_layout(cuda_type(t), rows, cols, ld as i64)
+                .map_err(|e| blas_error("cublasLtMatrixLayoutCreate", e))
+        };
+        let b_layout = layout(key.input, n, k, n)?;
+        let a_layout = layout(key.input, k, m, k)?;
+        let c_layout = layout(key.output, n, m, n)?;
+        let pref = lt::create_matmul_pref().map_err(|e| blas_error("cublasLtMatmulPreferenceCreate", e))?;
+        let set = |attr, value: &[u8]| {
+            // SAFETY: `pref` is valid; `value` is the attribute's value in native layout.
+            unsafe { lt::set_matmul_pref_attribute(pref, attr, value.as_ptr() as *const c_void, value.len()) }
+                .map_err(|e| blas_error("cublasLtMatmulPreferenceSetAttribute", e))
+        };
+        use lt_sys::cublasLtMatmulPreferenceAttributes_t::*;
+        set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(WORKSPACE_BYTES as u64).to_ne_bytes())?;
+        // Operand "A" of the column-major call is our B, "B" our A.
+        set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align[1].to_ne_bytes())?;
+        set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align[0].to_ne_bytes())?;
+        set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align[2].to_ne_bytes())?;
+        set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align[2].to_ne_bytes())?;
+        // SAFETY: every descriptor is valid and describes this product.
+        let heuristic = unsafe {
+            lt::get_matmul_algo_heuristic(self.handle, desc, b_layout, a_layout, c_layout, c_layout, pref)
+        };
+        // SAFETY: `pref` is not used after this.
+        let _ = unsafe { lt::destroy_matmul_pref(pref) };
+        let heuristic = heuristic.map_err(|e| Error::DeviceStatus {
+            call: "cublasLtMatmulAlgoGetHeuristic",
+            code: e.0 as i32,
+            message: format!(
+                "no cuBLASLt algorithm for [{m}, {k}] x [{k}, {n}] ({} -> {}): {:?}",
+                key.input, key.output, e.0
+            ),
+        })?;
+        Ok(Plan { desc, layouts: [a_layout, b_layout, c_layout], algo: heuristic.algo })
+    }
+}
+
+/// Row-major `c[m, n] = a[m, k] * b[k, n]` on `stream` of `gpu`; `input` is the type of `a` and
+/// `b`, `output` the type of `c` (the input type, or its accumulator type for partials).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul(
+    gpu: &Arc<Gpu>,
+    stream: sys::CUstream,
+    (a, b, c): (u64, u64, u64),
+    (m, n, k): (usize, usize, usize),
+    input: DType,
+    output: DType,
+) -> Result<()> {
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        // An empty sum: zeros.
+        // SAFETY: `c` holds m * n elements of `output`.
+        return unsafe { cu::memset_d8_async(c, 0, m * n * dtype_bytes(output), stream) }
+            .check("cuMemsetD8Async");
+    }
+    let mut guard = gpu.blas.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.is_none() {
+        *guard = Some(Blas::new(gpu)?);
+    }
+    let blas = guard.as_mut().expect("made above");
+    let key = PlanKey { m, n, k, input, output, align: [alignment(a), alignment(b), alignment(c)] };
+    let (handle, workspace) = (blas.handle, blas.workspace.ptr);
+    let plan = blas.plan(key)?;
+    let (alpha64, beta64) = (1.0f64, 0.0f64);
+    let (alpha32, beta32) = (1.0f32, 0.0f32);
+    let (alpha, beta) = if input == DType::F64 {
+        (&alpha64 as *const f64 as *const c_void, &beta64 as *const f64 as *const c_void)
+    } else {
+        (&alpha32 as *const f32 as *const c_void, &beta32 as *const f32 as *const c_void)
+    };
+    let [a_layout, b_layout, c_layout] = plan.layouts;
+    // SAFETY: the plan describes these operands; the pointers hold the described matrices on
+    // this GPU (or a peer's, reachable through peer access); alpha and beta outlive the call.
+    unsafe {
+        lt::matmul(
+            handle,
+            plan.desc,
+            alpha,
+            beta,
+            b as *const c_void,
+            b_layout,
+            a as *const c_void,
+            a_layout,
+            c as *const c_void,
+            c_layout,
+            c as *mut c_void,
+            c_layout,
+            &plan.algo,
+            workspace as *mut c_void,
+            WORKSPACE_BYTES,
+            stream as lt_sys::cudaStream_t,
+        )
+    }
+    .map_err(|e| Error::DeviceStatus {
+        call: "cublasLtMatmul",
+        code: e.0 as i32,
+        message: format!("[{m}, {k}] x [{k}, {n}] ({input} -> {output}) on cuda:{}: {:?}", gpu.ordinal, e.0),
+    })
+}
