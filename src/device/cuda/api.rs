@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::driver::{self, Event, Gpu};
 use super::ops::{all_gather_matmul as ag, all_to_all as a2a, collectives, matmul_reduce_scatter as rs};
+use super::storage::Home;
 use super::world::GpuRank;
 use crate::shmem::Rank;
 use crate::tensor::Element;
@@ -45,13 +46,17 @@ pub(crate) fn upload<T: Element>(
 ) -> Result<DeviceStorage<T>> {
     let gpu = Gpu::get(ordinal)?;
     gpu.bind()?;
-    let watch = world.map(|(w, r)| (w.watch.clone(), r));
-    DeviceStorage::upload(&gpu, host, shape, watch)
+    let home = match world {
+        Some((w, r)) if w.gpus[r].ordinal == ordinal => GpuRank::new(w, r)?.home(),
+        _ => Home::default(),
+    };
+    DeviceStorage::upload(&gpu, host, shape, home)
 }
 
 /// A product of two device tensors on their GPU (cuBLASLt).
 pub(crate) fn matmul<T: Element>(a: &DeviceStorage<T>, b: &DeviceStorage<T>) -> Result<DeviceStorage<T>> {
-    ag::matmul(a.gpu(), a, b, None)
+    // Queued where `a` lives (a world rank's stream, or the GPU's own), ordered after its writer.
+    ag::matmul(a, b, a.home())
 }
 
 fn rank_of<'w>(world: &'w CudaWorld, rank: usize) -> Result<GpuRank<'w>> {
@@ -112,14 +117,15 @@ pub(crate) fn reduce_sum<T: Element>(world: &CudaWorld, rank: usize, x: &DeviceS
     collectives::reduce_sum(&rank_of(world, rank)?, x, dim)
 }
 
-/// Rank `root`'s tensor on every rank.
-pub(crate) fn broadcast<T: Element>(world: &CudaWorld, rank: usize, x: &DeviceStorage<T>, root: usize) -> Result<DeviceStorage<T>> {
-    collectives::broadcast(&rank_of(world, rank)?, x, root)
-}
-
 /// Elements `[start, start + len)` of `dim`, on this rank's GPU.
 pub(crate) fn slice<T: Element>(world: &CudaWorld, rank: usize, x: &DeviceStorage<T>, dim: usize, start: usize, len: usize) -> Result<DeviceStorage<T>> {
     collectives::slice(&rank_of(world, rank)?, x, dim, start, len)
+}
+
+/// Every rank's `values` (a host exchange between the ranks' threads).
+pub(crate) fn exchange_counts(world: &CudaWorld, rank: usize, values: &[usize]) -> Result<Vec<Vec<usize>>> {
+    let all = rank_of(world, rank)?.exchange(values.iter().map(|&v| v as u64).collect())?;
+    Ok(all.iter().map(|w| w.iter().map(|&v| v as usize).collect()).collect())
 }
 
 fn gpu_rank<'a>(rank: &'a Rank<'a>) -> Result<GpuRank<'a>> {
@@ -288,6 +294,30 @@ pub(crate) mod public {
         pub fn elapsed_ms(&self) -> Result<f32> {
             self.start.elapsed_ms(&self.stop)
         }
+    }
+
+    /// Rank `root`'s `t` on every rank's GPU (every rank passes a tensor of the same length; the
+    /// others' contents are not read). Collective.
+    ///
+    /// # Errors
+    /// On every rank: [`Error::InvalidArgument`] for a root outside the world;
+    /// [`Error::RanksDisagree`] when lengths differ; as [`synchronize`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, Tensor, World};
+    /// if let Ok(world) = World::cuda(&[0]) {
+    ///     let t = Tensor::<f32>::random(&[4], 3);
+    ///     let got = world.run(|rank| cuda::broadcast(rank, &t.to_rank(rank)?, 0)?.to_host())?;
+    ///     assert_eq!(got[0], t);
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn broadcast<T: Element>(rank: &Rank<'_>, t: &Tensor<T>, root: usize) -> Result<Tensor<T>> {
+        let g = gpu_rank(rank)?;
+        let t = if t.device() == rank.device() { t.clone() } else { t.to_rank(rank)? };
+        let data = t.device_storage().expect("on the rank's GPU");
+        Ok(Tensor::from_device_storage(collectives::broadcast(&g, data, root)?))
     }
 
     /// A tensor of `shape` on `rank`'s GPU, uniform in `[-1, 1)`, drawn on the GPU by a

@@ -62,13 +62,29 @@ pub(crate) fn dtype_bytes(d: DType) -> usize {
     }
 }
 
+impl Drop for Blas {
+    fn drop(&mut self) {
+        for plan in self.plans.values() {
+            // SAFETY: each descriptor is destroyed once, and no call uses it any more.
+            unsafe {
+                let _ = lt::destroy_matmul_desc(plan.desc);
+                for l in plan.layouts {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+        }
+        // SAFETY: the handle is not used after this.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
 /// The largest power of two (at most 256) dividing `ptr`: what cuBLASLt may assume.
 fn alignment(ptr: u64) -> u32 {
     if ptr == 0 { 256 } else { (1u64 << ptr.trailing_zeros().min(8)) as u32 }
 }
 
 impl Blas {
-    fn new(gpu: &Arc<Gpu>) -> Result<Blas> {
+    fn new(gpu: &Arc<Gpu>, stream: sys::CUstream) -> Result<Blas> {
         require_library("cuBLASLt (libcublasLt)", "cublasLt", lt_sys::is_culib_present)?;
         // The handle belongs to the context current now: bind this GPU's first (a handle made
         // under another GPU's context fails with EXECUTION_FAILED).
@@ -76,7 +92,7 @@ impl Blas {
         let handle = guarded("libcublasLt", || {
             lt::create_handle().map_err(|e| blas_error("cublasLtCreate", e))
         })?;
-        Ok(Blas { handle, workspace: DeviceBuffer::new(gpu, WORKSPACE_BYTES)?, plans: HashMap::new() })
+        Ok(Blas { handle, workspace: DeviceBuffer::new(gpu, WORKSPACE_BYTES, stream)?, plans: HashMap::new() })
     }
 
     fn plan(&mut self, key: PlanKey) -> Result<&Plan> {
@@ -155,10 +171,11 @@ pub(crate) fn matmul(
             .check("cuMemsetD8Async");
     }
     let mut guard = gpu.blas.lock().unwrap_or_else(|p| p.into_inner());
-    if guard.is_none() {
-        *guard = Some(Blas::new(gpu)?);
+    if !guard.contains_key(&(stream as usize)) {
+        let blas = Blas::new(gpu, stream)?;
+        guard.insert(stream as usize, blas);
     }
-    let blas = guard.as_mut().expect("made above");
+    let blas = guard.get_mut(&(stream as usize)).expect("made above");
     let key = PlanKey { m, n, k, input, output, align: [alignment(a), alignment(b), alignment(c)] };
     let (handle, workspace) = (blas.handle, blas.workspace.ptr);
     let plan = blas.plan(key)?;

@@ -89,8 +89,9 @@ pub(crate) fn device_count() -> Result<usize> {
     Ok(cu::device::get_count().check("cuDeviceGetCount")? as usize)
 }
 
-/// One GPU of this process: its primary context, a compute stream and a high-priority copy
-/// stream, a cache of freed device memory, compiled modules and cuBLASLt plans.
+/// One GPU of this process: its primary context, a stream for tensors outside GPU worlds (each
+/// world has streams of its own, see `Streams`), a cache of freed device memory, compiled modules
+/// and cuBLASLt plans.
 pub(crate) struct Gpu {
     pub(crate) ordinal: usize,
     dev: sys::CUdevice,
@@ -98,14 +99,13 @@ pub(crate) struct Gpu {
     pub(crate) name: String,
     pub(crate) sm_count: usize,
     pub(crate) arch: (i32, i32),
-    /// Where every op of this GPU runs, in order.
+    /// Where work on tensors outside GPU worlds runs, in order.
     pub(crate) stream: sys::CUstream,
-    /// Copy-engine transfers that overlap the compute stream.
-    pub(crate) copy_stream: sys::CUstream,
-    /// Freed allocations by size, for the next allocation of that size.
-    pub(crate) free_cache: Mutex<HashMap<usize, Vec<sys::CUdeviceptr>>>,
+    /// Freed allocations by (stream, size), for the next allocation of that size on that stream.
+    pub(crate) free_cache: Mutex<HashMap<(usize, usize), Vec<sys::CUdeviceptr>>>,
     pub(crate) modules: ModuleCache,
-    pub(crate) blas: Mutex<Option<Blas>>,
+    /// cuBLASLt per stream (each with its own workspace, which two streams must not share).
+    pub(crate) blas: Mutex<HashMap<usize, Blas>>,
 }
 
 // SAFETY: the raw handles are plain identifiers of driver objects, usable from any thread once
@@ -153,9 +153,6 @@ impl Gpu {
         );
         let name = cu::device::get_name(dev).check("cuDeviceGetName")?;
         let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
-        let (_, greatest) = cu::stream::get_priority_range().check("cuCtxGetStreamPriorityRange")?;
-        let copy_stream = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, greatest)
-            .check("cuStreamCreateWithPriority")?;
         Ok(Gpu {
             ordinal,
             dev,
@@ -164,10 +161,9 @@ impl Gpu {
             sm_count,
             arch,
             stream,
-            copy_stream,
             free_cache: Mutex::new(HashMap::new()),
             modules: ModuleCache::default(),
-            blas: Mutex::new(None),
+            blas: Mutex::new(HashMap::new()),
         })
     }
 
@@ -222,6 +218,45 @@ impl Drop for Gpu {
         }
         // SAFETY: the context was retained in `open`.
         let _ = unsafe { cu::primary_ctx::release(self.dev) };
+    }
+}
+
+/// A compute stream and a high-priority copy stream of one GPU, owned by a world's rank and by
+/// every tensor made there (so that a tensor outlives its world); destroyed, once idle, when the
+/// last owner goes.
+pub(crate) struct Streams {
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) main: sys::CUstream,
+    pub(crate) copy: sys::CUstream,
+}
+
+// SAFETY: stream handles are usable from any thread of the process.
+unsafe impl Send for Streams {}
+// SAFETY: as for Send.
+unsafe impl Sync for Streams {}
+
+impl Streams {
+    pub(crate) fn new(gpu: &Arc<Gpu>) -> Result<Streams> {
+        gpu.bind()?;
+        let main = cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
+        let (_, greatest) = cu::stream::get_priority_range().check("cuCtxGetStreamPriorityRange")?;
+        let copy = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, greatest)
+            .check("cuStreamCreateWithPriority")?;
+        Ok(Streams { gpu: gpu.clone(), main, copy })
+    }
+}
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        for s in [self.main, self.copy] {
+            // SAFETY: the stream is valid; waiting leaves it idle before its buffers are freed.
+            let _ = unsafe { cu::stream::synchronize(s) };
+            super::memory::release_stream_cache(&self.gpu, s);
+            self.gpu.blas.lock().unwrap_or_else(|p| p.into_inner()).remove(&(s as usize));
+            // SAFETY: idle, and no owner is left.
+            let _ = unsafe { cu::stream::destroy(s) };
+        }
     }
 }
 

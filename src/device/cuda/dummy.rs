@@ -121,11 +121,11 @@ pub(crate) fn reduce_sum<T: Element>(world: &CudaWorld, _rank: usize, _x: &Devic
     match *world {}
 }
 
-pub(crate) fn broadcast<T: Element>(world: &CudaWorld, _rank: usize, _x: &DeviceStorage<T>, _root: usize) -> Result<DeviceStorage<T>> {
+pub(crate) fn slice<T: Element>(world: &CudaWorld, _rank: usize, _x: &DeviceStorage<T>, _dim: usize, _start: usize, _len: usize) -> Result<DeviceStorage<T>> {
     match *world {}
 }
 
-pub(crate) fn slice<T: Element>(world: &CudaWorld, _rank: usize, _x: &DeviceStorage<T>, _dim: usize, _start: usize, _len: usize) -> Result<DeviceStorage<T>> {
+pub(crate) fn exchange_counts(world: &CudaWorld, _rank: usize, _values: &[usize]) -> Result<Vec<Vec<usize>>> {
     match *world {}
 }
 
@@ -244,6 +244,22 @@ pub(crate) mod public {
         pub fn elapsed_ms(&self) -> Result<f32> {
             match self._never {}
         }
+    }
+
+    /// Rank `root`'s tensor on every rank's GPU.
+    ///
+    /// # Errors
+    /// Always [`Error::DeviceUnavailable`] in this build.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, Tensor, World};
+    /// let t = Tensor::<f32>::zeros(&[2]);
+    /// assert!(World::threads(1)?.run(|rank| cuda::broadcast(rank, &t, 0).map(|_| ())).is_err());
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn broadcast<T: Element>(_rank: &Rank<'_>, _t: &Tensor<T>, _root: usize) -> Result<Tensor<T>> {
+        Err(unavailable("broadcast"))
     }
 
     /// A random tensor on `rank`'s GPU.

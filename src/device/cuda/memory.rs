@@ -16,26 +16,35 @@ fn bucket(bytes: usize) -> usize {
     if bytes <= LARGE { bytes.div_ceil(SMALL) * SMALL } else { bytes.div_ceil(LARGE) * LARGE }
 }
 
-/// One allocation of device memory on one GPU, given back to the GPU's cache when dropped.
+/// One allocation of device memory on one GPU, for work on one stream, given back to the GPU's
+/// cache for that stream when dropped.
 ///
-/// Every op of a GPU runs on its compute stream in order, so memory given back while work that
-/// uses it is still queued is only reused by work queued after it.
+/// Work on a stream runs in order, so memory given back while work that uses it is still queued
+/// is only reused by work queued after it on the same stream (hence a cache per stream).
 pub(crate) struct DeviceBuffer {
     pub(crate) ptr: sys::CUdeviceptr,
     pub(crate) bytes: usize,
     pub(crate) gpu: Arc<Gpu>,
+    stream: usize,
 }
 
 impl DeviceBuffer {
-    /// At least `bytes` bytes on `gpu` (none for zero bytes), contents unspecified.
-    pub(crate) fn new(gpu: &Arc<Gpu>, bytes: usize) -> Result<DeviceBuffer> {
+    /// At least `bytes` bytes on `gpu` (none for zero bytes), contents unspecified, for work
+    /// queued on `stream`.
+    pub(crate) fn new(gpu: &Arc<Gpu>, bytes: usize, stream: sys::CUstream) -> Result<DeviceBuffer> {
+        let stream = stream as usize;
         if bytes == 0 {
-            return Ok(DeviceBuffer { ptr: 0, bytes: 0, gpu: gpu.clone() });
+            return Ok(DeviceBuffer { ptr: 0, bytes: 0, gpu: gpu.clone(), stream });
         }
         let size = bucket(bytes);
-        let cached = gpu.free_cache.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&size).and_then(Vec::pop);
+        let cached = gpu
+            .free_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&(stream, size))
+            .and_then(Vec::pop);
         if let Some(ptr) = cached {
-            return Ok(DeviceBuffer { ptr, bytes: size, gpu: gpu.clone() });
+            return Ok(DeviceBuffer { ptr, bytes: size, gpu: gpu.clone(), stream });
         }
         gpu.bind()?;
         // SAFETY: plain allocation; freed when the cache is dropped.
@@ -56,7 +65,7 @@ impl DeviceBuffer {
                 })?
             }
         };
-        Ok(DeviceBuffer { ptr, bytes: size, gpu: gpu.clone() })
+        Ok(DeviceBuffer { ptr, bytes: size, gpu: gpu.clone(), stream })
     }
 }
 
@@ -75,7 +84,19 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if self.bytes > 0 {
             let mut cache = self.gpu.free_cache.lock().unwrap_or_else(|p| p.into_inner());
-            cache.entry(self.bytes).or_default().push(self.ptr);
+            cache.entry((self.stream, self.bytes)).or_default().push(self.ptr);
+        }
+    }
+}
+
+/// Frees the cached buffers of `stream` on `gpu` (the stream is going away; it must be idle).
+pub(crate) fn release_stream_cache(gpu: &Gpu, stream: sys::CUstream) {
+    let mut cache = gpu.free_cache.lock().unwrap_or_else(|p| p.into_inner());
+    let keys: Vec<(usize, usize)> = cache.keys().filter(|k| k.0 == stream as usize).copied().collect();
+    for key in keys {
+        for ptr in cache.remove(&key).unwrap_or_default() {
+            // SAFETY: cached pointers came from cuMemAlloc; their stream is idle.
+            let _ = unsafe { cu::free_sync(ptr) };
         }
     }
 }
@@ -127,11 +148,6 @@ impl SymmetricHeap {
             sequence: (0..n).map(|_| Mutex::new(0)).collect(),
             record: Mutex::new(Vec::new()),
         })
-    }
-
-    /// Capacity of each rank's segment in bytes.
-    pub(crate) fn capacity(&self) -> usize {
-        self.capacity
     }
 
     /// Collective: allocates `bytes` on `rank`'s segment. Every rank must make the same calls

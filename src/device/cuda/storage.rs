@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use cudarc::driver::result as cu;
 
-use super::driver::{Check, Event, Gpu};
+use cudarc::driver::sys;
+
+use super::driver::{Check, Event, Gpu, Streams};
 use super::memory::DeviceBuffer;
 use super::world::Watch;
 use crate::tensor::Element;
@@ -17,38 +19,60 @@ use crate::{Error, Result};
 pub(crate) struct DeviceData<T> {
     buf: Arc<DeviceBuffer>,
     shape: Vec<usize>,
+    /// The world rank's streams that write it; `None`: the GPU's own stream (outside worlds).
+    streams: Option<Arc<Streams>>,
     watch: Option<(Arc<Watch>, usize)>,
     _elem: PhantomData<T>,
 }
 
+/// Where a new tensor belongs: a world rank's streams and failure state, or neither.
+#[derive(Clone, Default)]
+pub(crate) struct Home {
+    pub(crate) streams: Option<Arc<Streams>>,
+    pub(crate) watch: Option<(Arc<Watch>, usize)>,
+}
+
 impl<T> Clone for DeviceData<T> {
     fn clone(&self) -> Self {
-        DeviceData { buf: self.buf.clone(), shape: self.shape.clone(), watch: self.watch.clone(), _elem: PhantomData }
+        DeviceData {
+            buf: self.buf.clone(),
+            shape: self.shape.clone(),
+            streams: self.streams.clone(),
+            watch: self.watch.clone(),
+            _elem: PhantomData,
+        }
     }
 }
 
 impl<T: Element> DeviceData<T> {
     /// Room for a tensor of `shape` on `gpu`, contents unspecified (for outputs an op writes
     /// entirely).
-    pub(crate) fn uninit(gpu: &Arc<Gpu>, shape: &[usize], watch: Option<(Arc<Watch>, usize)>) -> Result<Self> {
+    pub(crate) fn uninit(gpu: &Arc<Gpu>, shape: &[usize], home: Home) -> Result<Self> {
         let len: usize = shape.iter().product();
-        let buf = DeviceBuffer::new(gpu, len * size_of::<T>())?;
-        Ok(DeviceData { buf: Arc::new(buf), shape: shape.to_vec(), watch, _elem: PhantomData })
+        let stream = home.streams.as_ref().map_or(gpu.stream, |s| s.main);
+        let buf = DeviceBuffer::new(gpu, len * size_of::<T>(), stream)?;
+        Ok(DeviceData { buf: Arc::new(buf), shape: shape.to_vec(), streams: home.streams, watch: home.watch, _elem: PhantomData })
+    }
+
+    /// The stream work on this tensor is queued on.
+    pub(crate) fn stream(&self) -> sys::CUstream {
+        self.streams.as_ref().map_or(self.buf.gpu.stream, |s| s.main)
     }
 
     /// A copy of `host` (row-major, of `shape`) on `gpu`.
-    pub(crate) fn upload(
-        gpu: &Arc<Gpu>,
-        host: &[T],
-        shape: &[usize],
-        watch: Option<(Arc<Watch>, usize)>,
-    ) -> Result<Self> {
-        let data = Self::uninit(gpu, shape, watch)?;
+    /// Outside a world (`home` without streams) this waits until the copy is done, so that a
+    /// world's streams may use the tensor without ordering against the GPU's own stream.
+    pub(crate) fn upload(gpu: &Arc<Gpu>, host: &[T], shape: &[usize], home: Home) -> Result<Self> {
+        let outside = home.streams.is_none();
+        let data = Self::uninit(gpu, shape, home)?;
         if !host.is_empty() {
             gpu.bind()?;
             // SAFETY: the buffer holds host.len() elements; the copy from pageable memory is
             // staged before this returns, so `host` may go away after.
-            unsafe { cu::memcpy_htod_async(data.ptr(), host, gpu.stream) }.check("cuMemcpyHtoDAsync")?;
+            unsafe { cu::memcpy_htod_async(data.ptr(), host, data.stream()) }.check("cuMemcpyHtoDAsync")?;
+            if outside {
+                data.wait()?;
+            }
         }
         Ok(data)
     }
@@ -61,7 +85,7 @@ impl<T: Element> DeviceData<T> {
         let mut host = vec![T::zero(); self.len()];
         if !host.is_empty() {
             // SAFETY: the buffer holds len() elements, all written (the stream is idle).
-            unsafe { cu::memcpy_dtoh_async(&mut host, self.ptr(), gpu.stream) }.check("cuMemcpyDtoHAsync")?;
+            unsafe { cu::memcpy_dtoh_async(&mut host, self.ptr(), self.stream()) }.check("cuMemcpyDtoHAsync")?;
             self.wait()?;
         }
         Ok(host)
@@ -69,9 +93,9 @@ impl<T: Element> DeviceData<T> {
 
     /// Waits until the GPU's queued work is done, reporting the world's failure if there is one.
     pub(crate) fn wait(&self) -> Result<()> {
-        let gpu = &self.buf.gpu;
+        self.buf.gpu.bind()?;
         let event = Event::new(false)?;
-        event.record(gpu.stream)?;
+        event.record(self.stream())?;
         match &self.watch {
             Some((watch, rank)) => watch.wait_event(*rank, &event),
             None => {
@@ -82,6 +106,11 @@ impl<T: Element> DeviceData<T> {
                 Ok(())
             }
         }
+    }
+
+    /// Where this tensor belongs, for tensors made from it.
+    pub(crate) fn home(&self) -> Home {
+        Home { streams: self.streams.clone(), watch: self.watch.clone() }
     }
 
     pub(crate) fn ptr(&self) -> u64 {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 
-use super::driver::{Event, Gpu, HostMapped};
+use super::driver::{Event, Gpu, HostMapped, Streams};
 use super::kernels::{Ctl, MAX_RANKS, SyncArgs};
 use super::memory::{DeviceBuffer, SymmRegion, SymmetricHeap};
 use super::nccl::Nccl;
@@ -157,6 +157,9 @@ struct RendezvousState {
 /// A world of GPUs, one rank per GPU.
 pub(crate) struct CudaWorld {
     pub(crate) gpus: Vec<Arc<Gpu>>,
+    /// Per rank: the streams its ops run on (a world of its own, so that two worlds on the same
+    /// GPUs never queue behind each other's waits).
+    pub(crate) streams: Vec<Arc<Streams>>,
     pub(crate) heap: SymmetricHeap,
     pub(crate) watch: Arc<Watch>,
     /// Per rank: a u32 in device memory that the first failing wait claims.
@@ -215,7 +218,9 @@ impl CudaWorld {
             unsafe { cudarc::driver::result::memset_d8_sync(heap.symm_at(claims, r), 0, 256) }
                 .map_err(|e| super::driver::status("cuMemsetD8", e))?;
         }
+        let streams = gpus.iter().map(|g| Streams::new(g).map(Arc::new)).collect::<Result<_>>()?;
         Ok(CudaWorld {
+            streams,
             gpus,
             heap,
             watch,
@@ -265,11 +270,19 @@ impl<'w> GpuRank<'w> {
     }
 
     pub(crate) fn stream(&self) -> sys::CUstream {
-        self.gpu().stream
+        self.world.streams[self.rank].main
     }
 
-    pub(crate) fn watch(&self) -> &'w Arc<Watch> {
-        &self.world.watch
+    pub(crate) fn copy_stream(&self) -> sys::CUstream {
+        self.world.streams[self.rank].copy
+    }
+
+    /// Where tensors this rank makes belong.
+    pub(crate) fn home(&self) -> super::storage::Home {
+        super::storage::Home {
+            streams: Some(self.world.streams[self.rank].clone()),
+            watch: Some((self.world.watch.clone(), self.rank)),
+        }
     }
 
     /// What this rank's kernels of op `op` report to.
@@ -292,10 +305,9 @@ impl<'w> GpuRank<'w> {
 
     /// Waits (failure-aware) until everything queued on this rank's streams is done.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        let gpu = self.gpu();
         let (main, copy) = (Event::new(false)?, Event::new(false)?);
-        main.record(gpu.stream)?;
-        copy.record(gpu.copy_stream)?;
+        main.record(self.stream())?;
+        copy.record(self.copy_stream())?;
         self.world.watch.wait_event(self.rank, &main)?;
         self.world.watch.wait_event(self.rank, &copy)
     }
@@ -431,7 +443,7 @@ impl<'w> GpuRank<'w> {
         {
             return Ok(b.ptr);
         }
-        let buf = DeviceBuffer::new(self.gpu(), bytes)?;
+        let buf = DeviceBuffer::new(self.gpu(), bytes, self.stream())?;
         let ptr = buf.ptr;
         // The old buffer goes back to the cache; only work queued after this reuses it.
         state.locals.insert(name, buf);

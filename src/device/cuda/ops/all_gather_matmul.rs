@@ -14,7 +14,7 @@ use super::{
 };
 use crate::device::cuda::blas;
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
-use crate::device::cuda::storage::DeviceData;
+use crate::device::cuda::storage::{DeviceData, Home};
 use crate::device::cuda::world::{GpuRank, OP_ALL_GATHER_MATMUL};
 use crate::tensor::Element;
 use crate::{Error, Result};
@@ -79,7 +79,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
             let epoch = st.epoch;
             let buf = g.symmetric(st, "gathered", m * k * es)?;
             let sync = g.sync_args(st);
-            let (main, copies) = (g.stream(), g.gpu().copy_stream);
+            let (main, copies) = (g.stream(), g.copy_stream());
             let peers: Vec<usize> = (1..n).map(|i| (r + i) % n).collect();
             // Copy stream: once every peer's buffer is free of the last call, push our rows.
             join(main, copies)?;
@@ -160,7 +160,8 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
 
 /// A local GEMM `a[m, k] @ b[k, n]` on this rank's GPU: the one-GPU ceiling of the report, and
 /// `Tensor::matmul` for tensors on a GPU.
-pub(crate) fn matmul<T: Element>(gpu: &std::sync::Arc<crate::device::cuda::driver::Gpu>, a: &DeviceData<T>, b: &DeviceData<T>, watch: Option<(std::sync::Arc<crate::device::cuda::world::Watch>, usize)>) -> Result<DeviceData<T>> {
+pub(crate) fn matmul<T: Element>(a: &DeviceData<T>, b: &DeviceData<T>, home: Home) -> Result<DeviceData<T>> {
+    let gpu = a.gpu();
     let (sa, sb) = (a.shape(), b.shape());
     if sa.len() != 2 || sb.len() != 2 {
         return Err(Error::InvalidShape {
@@ -171,7 +172,7 @@ pub(crate) fn matmul<T: Element>(gpu: &std::sync::Arc<crate::device::cuda::drive
     if sa[1] != sb[0] {
         return Err(Error::InnerDimMismatch { op: "Tensor::matmul", rank: 0, left: sa.to_vec(), right: sb.to_vec() });
     }
-    if a.ordinal() != b.ordinal() || a.ordinal() != gpu.ordinal {
+    if a.ordinal() != b.ordinal() {
         return Err(Error::InvalidArgument {
             op: "Tensor::matmul",
             rank: 0,
@@ -179,7 +180,7 @@ pub(crate) fn matmul<T: Element>(gpu: &std::sync::Arc<crate::device::cuda::drive
         });
     }
     gpu.bind()?;
-    let out = DeviceData::uninit(gpu, &[sa[0], sb[1]], watch)?;
-    blas::matmul(gpu, gpu.stream, (a.ptr(), b.ptr(), out.ptr()), (sa[0], sb[1], sa[1]), T::DTYPE, T::DTYPE)?;
+    let out = DeviceData::uninit(gpu, &[sa[0], sb[1]], home)?;
+    blas::matmul(gpu, out.stream(), (a.ptr(), b.ptr(), out.ptr()), (sa[0], sb[1], sa[1]), T::DTYPE, T::DTYPE)?;
     Ok(out)
 }

@@ -65,7 +65,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
         let recv = g.symmetric(st, "received", n * max_rows * big_n * pb)?;
         let partials = g.local(st, "partials", m * big_n * pb)?;
         let sync = g.sync_args(st);
-        let (main, copies) = (g.stream(), g.gpu().copy_stream);
+        let (main, copies) = (g.stream(), g.copy_stream());
         let rows_at = |d: usize| partials + (off[d] * big_n * pb) as u64;
         let product = |row0: usize, rows: usize| {
             blas::matmul(

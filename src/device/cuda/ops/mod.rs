@@ -89,7 +89,7 @@ pub(crate) fn same_everywhere(op: &'static str, all: &[Vec<u64>], index: usize, 
 
 /// The watch new tensors of this rank carry.
 pub(crate) fn out_tensor<T: Element>(g: &GpuRank<'_>, shape: &[usize]) -> Result<DeviceData<T>> {
-    DeviceData::uninit(g.gpu(), shape, Some((g.watch().clone(), g.rank)))
+    DeviceData::uninit(g.gpu(), shape, g.home())
 }
 
 /// Launches `dt_exchange`: `parts[i]` are the runs for rank (rank + i) % world.
