@@ -149,7 +149,9 @@ impl FromStr for Device {
         let invalid = || Error::InvalidArgument {
             op: "Device::from_str",
             rank: 0,
-            reason: format!("{s:?} is not a device: expected host, cpu, ascend:N, npu:N, cuda:N or gpu:N"),
+            reason: format!(
+                "{s:?} is not a device: expected host, cpu, ascend:N, npu:N, cuda:N or gpu:N"
+            ),
         };
         match text.as_str() {
             "host" | "cpu" => Ok(Device::Host),

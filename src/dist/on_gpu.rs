@@ -46,11 +46,23 @@ impl<'r, T: Element> DistTensor<'r, T> {
     }
 
     /// `all_gather_matmul(_many)` and its unfused baseline on GPUs.
-    pub(crate) fn gpu_gather_products(&self, world: &CudaWorld, ws: &[&Tensor<T>], fused: bool) -> Result<Vec<Self>> {
+    pub(crate) fn gpu_gather_products(
+        &self,
+        world: &CudaWorld,
+        ws: &[&Tensor<T>],
+        fused: bool,
+    ) -> Result<Vec<Self>> {
         let x = self.local_on_gpu()?;
         let ws: Vec<Tensor<T>> = ws.iter().map(|w| on_rank(self.rank, w)).collect::<Result<_>>()?;
         let refs: Vec<&DeviceStorage<T>> = ws.iter().map(storage).collect();
-        let outs = cuda::all_gather_matmul(world, self.rank.rank(), storage(&x), &self.splits, &refs, fused)?;
+        let outs = cuda::all_gather_matmul(
+            world,
+            self.rank.rank(),
+            storage(&x),
+            &self.splits,
+            &refs,
+            fused,
+        )?;
         let m = self.global_shape[0];
         // Every rank's output widths, for the Shard(1) splits.
         let cols: Vec<usize> = outs.iter().map(|o| o.shape()[1]).collect();
@@ -61,26 +73,64 @@ impl<'r, T: Element> DistTensor<'r, T> {
             .map(|(j, out)| {
                 let widths: Vec<usize> = all.iter().map(|c| c[j]).collect();
                 let global = vec![m, widths.iter().sum()];
-                DistTensor::new(self.rank, Tensor::from_device_storage(out), Placement::Shard(1), global, widths)
+                DistTensor::new(
+                    self.rank,
+                    Tensor::from_device_storage(out),
+                    Placement::Shard(1),
+                    global,
+                    widths,
+                )
             })
             .collect())
     }
 
     /// `matmul_reduce_scatter` and its unfused baseline on GPUs.
-    pub(crate) fn gpu_reduce_product(&self, world: &CudaWorld, w: &Tensor<T>, fused: bool) -> Result<Self> {
+    pub(crate) fn gpu_reduce_product(
+        &self,
+        world: &CudaWorld,
+        w: &Tensor<T>,
+        fused: bool,
+    ) -> Result<Self> {
         let x = self.local_on_gpu()?;
         let w = on_rank(self.rank, w)?;
         let m = self.global_shape[0];
         let splits = array_split(m, self.rank.num_ranks());
-        let out = cuda::matmul_reduce_scatter(world, self.rank.rank(), storage(&x), storage(&w), &splits, fused)?;
+        let out = cuda::matmul_reduce_scatter(
+            world,
+            self.rank.rank(),
+            storage(&x),
+            storage(&w),
+            &splits,
+            fused,
+        )?;
         let global = vec![m, out.shape()[1]];
-        Ok(DistTensor::new(self.rank, Tensor::from_device_storage(out), Placement::Shard(0), global, splits))
+        Ok(DistTensor::new(
+            self.rank,
+            Tensor::from_device_storage(out),
+            Placement::Shard(0),
+            global,
+            splits,
+        ))
     }
 
     /// `all_to_all` and its unfused baseline on GPUs (`self` is `Shard(gather_dim)`).
-    pub(crate) fn gpu_all_to_all(&self, world: &CudaWorld, scatter_dim: usize, gather_dim: usize, fused: bool) -> Result<Self> {
+    pub(crate) fn gpu_all_to_all(
+        &self,
+        world: &CudaWorld,
+        scatter_dim: usize,
+        gather_dim: usize,
+        fused: bool,
+    ) -> Result<Self> {
         let x = self.local_on_gpu()?;
-        let out = cuda::all_to_all(world, self.rank.rank(), storage(&x), scatter_dim, gather_dim, &self.splits, fused)?;
+        let out = cuda::all_to_all(
+            world,
+            self.rank.rank(),
+            storage(&x),
+            scatter_dim,
+            gather_dim,
+            &self.splits,
+            fused,
+        )?;
         let splits = array_split(self.global_shape[scatter_dim], self.rank.num_ranks());
         Ok(DistTensor::new(
             self.rank,
@@ -100,7 +150,9 @@ impl<'r, T: Element> DistTensor<'r, T> {
         match (self.placement, to) {
             (from, to) if from == to => Ok(self.clone()),
             (Placement::Shard(i), Placement::Shard(j)) => self.gpu_all_to_all(world, j, i, true),
-            (_, Placement::Replicate) => Ok(DistTensor::new(rank, self.gpu_to_global(world)?, to, shape, vec![])),
+            (_, Placement::Replicate) => {
+                Ok(DistTensor::new(rank, self.gpu_to_global(world)?, to, shape, vec![]))
+            }
             (Placement::Replicate, Placement::Shard(j)) => {
                 let splits = array_split(shape[j], n);
                 let start = split_offsets(&splits)[me];
@@ -115,7 +167,13 @@ impl<'r, T: Element> DistTensor<'r, T> {
             (Placement::Shard(_) | Placement::Replicate, Placement::Partial) => {
                 // Local: this rank's part in place, zeros around it (built on the host: a change
                 // of representation, not a hot path).
-                let host = DistTensor::new(rank, local.to_host()?, self.placement, shape.clone(), self.splits.clone());
+                let host = DistTensor::new(
+                    rank,
+                    local.to_host()?,
+                    self.placement,
+                    shape.clone(),
+                    self.splits.clone(),
+                );
                 let partial = host.host_redistribute(to)?;
                 let local = partial.local.to_rank(rank)?;
                 Ok(DistTensor::new(rank, local, to, shape, vec![]))

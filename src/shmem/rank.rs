@@ -71,7 +71,9 @@ impl<'w> Rank<'w> {
     /// ```
     pub fn device(&self) -> crate::Device {
         match &self.world.cuda {
-            Some(gpus) => crate::Device::Cuda(crate::device::cuda::ordinal_of(gpus, self.rank) as u32),
+            Some(gpus) => {
+                crate::Device::Cuda(crate::device::cuda::ordinal_of(gpus, self.rank) as u32)
+            }
             None => crate::Device::Host,
         }
     }

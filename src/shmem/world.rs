@@ -284,7 +284,13 @@ impl World {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn builder(num_ranks: usize) -> WorldBuilder {
-        WorldBuilder { num_ranks, heap_capacity: None, topology: None, wait_timeout: None, cuda: None }
+        WorldBuilder {
+            num_ranks,
+            heap_capacity: None,
+            topology: None,
+            wait_timeout: None,
+            cuda: None,
+        }
     }
 
     /// Number of ranks.
@@ -423,7 +429,9 @@ impl World {
                             let body = || {
                                 let value = f(&rank)?;
                                 match &shared.cuda {
-                                    Some(gpus) => crate::device::cuda::finish_rank(gpus, r).map(|()| value),
+                                    Some(gpus) => {
+                                        crate::device::cuda::finish_rank(gpus, r).map(|()| value)
+                                    }
                                     None => Ok(value),
                                 }
                             };

@@ -314,7 +314,9 @@ impl<T: Element> Tensor<T> {
                 reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
             });
         }
-        Ok(Tensor { data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned().into() })
+        Ok(Tensor {
+            data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned().into(),
+        })
     }
 
     /// Converts every element to another element type (through f64, so exactly where it fits).
@@ -355,7 +357,11 @@ impl<T: Element> Tensor<T> {
                 return Err(Error::InvalidArgument {
                     op: "Tensor::matmul",
                     rank: 0,
-                    reason: format!("operands on {} and {}: move one first", self.device(), rhs.device()),
+                    reason: format!(
+                        "operands on {} and {}: move one first",
+                        self.device(),
+                        rhs.device()
+                    ),
                 });
             }
         }

@@ -44,7 +44,9 @@ impl<T: Element> From<ArrayD<T>> for Storage<T> {
 
 #[track_caller]
 fn on_device(device: Device) -> ! {
-    panic!("this tensor lives on {device}: call Tensor::to_host() before using its elements on the host")
+    panic!(
+        "this tensor lives on {device}: call Tensor::to_host() before using its elements on the host"
+    )
 }
 
 impl<T: Element> Deref for Storage<T> {

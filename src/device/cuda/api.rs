@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::driver::{self, Event, Gpu};
-use super::ops::{all_gather_matmul as ag, all_to_all as a2a, collectives, matmul_reduce_scatter as rs};
+use super::ops::{
+    all_gather_matmul as ag, all_to_all as a2a, collectives, matmul_reduce_scatter as rs,
+};
 use super::storage::Home;
 use super::world::GpuRank;
 use crate::shmem::Rank;
@@ -54,7 +56,10 @@ pub(crate) fn upload<T: Element>(
 }
 
 /// A product of two device tensors on their GPU (cuBLASLt).
-pub(crate) fn matmul<T: Element>(a: &DeviceStorage<T>, b: &DeviceStorage<T>) -> Result<DeviceStorage<T>> {
+pub(crate) fn matmul<T: Element>(
+    a: &DeviceStorage<T>,
+    b: &DeviceStorage<T>,
+) -> Result<DeviceStorage<T>> {
     // Queued where `a` lives (a world rank's stream, or the GPU's own), ordered after its writer.
     ag::matmul(a, b, a.home())
 }
@@ -73,7 +78,11 @@ pub(crate) fn all_gather_matmul<T: Element>(
     fused: bool,
 ) -> Result<Vec<DeviceStorage<T>>> {
     let g = rank_of(world, rank)?;
-    if fused { ag::all_gather_matmul(&g, x, splits, ws) } else { ag::all_gather_matmul_unfused(&g, x, splits, ws) }
+    if fused {
+        ag::all_gather_matmul(&g, x, splits, ws)
+    } else {
+        ag::all_gather_matmul_unfused(&g, x, splits, ws)
+    }
 }
 
 /// `DistTensor::matmul_reduce_scatter` (or `_unfused`) on GPUs.
@@ -86,7 +95,11 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     fused: bool,
 ) -> Result<DeviceStorage<T>> {
     let g = rank_of(world, rank)?;
-    if fused { rs::matmul_reduce_scatter(&g, a, w, splits) } else { rs::matmul_reduce_scatter_unfused(&g, a, w, splits) }
+    if fused {
+        rs::matmul_reduce_scatter(&g, a, w, splits)
+    } else {
+        rs::matmul_reduce_scatter_unfused(&g, a, w, splits)
+    }
 }
 
 /// `DistTensor::all_to_all` (or `_unfused`) on GPUs.
@@ -108,22 +121,44 @@ pub(crate) fn all_to_all<T: Element>(
 }
 
 /// Concatenation of every rank's part along `dim`.
-pub(crate) fn all_gather<T: Element>(world: &CudaWorld, rank: usize, x: &DeviceStorage<T>, dim: usize, splits: &[usize]) -> Result<DeviceStorage<T>> {
+pub(crate) fn all_gather<T: Element>(
+    world: &CudaWorld,
+    rank: usize,
+    x: &DeviceStorage<T>,
+    dim: usize,
+    splits: &[usize],
+) -> Result<DeviceStorage<T>> {
     collectives::all_gather(&rank_of(world, rank)?, x, dim, splits)
 }
 
 /// Rank-order sum of every rank's part: all of it, or this rank's `array_split` share of `dim`.
-pub(crate) fn reduce_sum<T: Element>(world: &CudaWorld, rank: usize, x: &DeviceStorage<T>, dim: Option<usize>) -> Result<DeviceStorage<T>> {
+pub(crate) fn reduce_sum<T: Element>(
+    world: &CudaWorld,
+    rank: usize,
+    x: &DeviceStorage<T>,
+    dim: Option<usize>,
+) -> Result<DeviceStorage<T>> {
     collectives::reduce_sum(&rank_of(world, rank)?, x, dim)
 }
 
 /// Elements `[start, start + len)` of `dim`, on this rank's GPU.
-pub(crate) fn slice<T: Element>(world: &CudaWorld, rank: usize, x: &DeviceStorage<T>, dim: usize, start: usize, len: usize) -> Result<DeviceStorage<T>> {
+pub(crate) fn slice<T: Element>(
+    world: &CudaWorld,
+    rank: usize,
+    x: &DeviceStorage<T>,
+    dim: usize,
+    start: usize,
+    len: usize,
+) -> Result<DeviceStorage<T>> {
     collectives::slice(&rank_of(world, rank)?, x, dim, start, len)
 }
 
 /// Every rank's `values` (a host exchange between the ranks' threads).
-pub(crate) fn exchange_counts(world: &CudaWorld, rank: usize, values: &[usize]) -> Result<Vec<Vec<usize>>> {
+pub(crate) fn exchange_counts(
+    world: &CudaWorld,
+    rank: usize,
+    values: &[usize],
+) -> Result<Vec<Vec<usize>>> {
     let all = rank_of(world, rank)?.exchange(values.iter().map(|&v| v as u64).collect())?;
     Ok(all.iter().map(|w| w.iter().map(|&v| v as usize).collect()).collect())
 }
@@ -265,7 +300,11 @@ pub(crate) mod public {
         /// ```
         pub fn start(rank: &Rank<'_>) -> Result<Timer> {
             let g = gpu_rank(rank)?;
-            let t = Timer { start: Event::new(true)?, stop: Event::new(true)?, ordinal: g.gpu().ordinal };
+            let t = Timer {
+                start: Event::new(true)?,
+                stop: Event::new(true)?,
+                ordinal: g.gpu().ordinal,
+            };
             t.start.record(g.stream())?;
             Ok(t)
         }
@@ -318,6 +357,31 @@ pub(crate) mod public {
         let t = if t.device() == rank.device() { t.clone() } else { t.to_rank(rank)? };
         let data = t.device_storage().expect("on the rank's GPU");
         Ok(Tensor::from_device_storage(collectives::broadcast(&g, data, root)?))
+    }
+
+    /// A copy of `t` on `rank`'s GPU made by the driver's device-to-device copy: the memory
+    /// ceiling the report compares the all_to_all with.
+    ///
+    /// # Errors
+    /// As [`synchronize`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, Tensor, World};
+    /// if let Ok(world) = World::cuda(&[0]) {
+    ///     let t = Tensor::<f32>::random(&[4, 3], 3);
+    ///     let got = world.run(|rank| cuda::device_copy(rank, &t.to_rank(rank)?)?.to_host())?;
+    ///     assert_eq!(got[0], t);
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn device_copy<T: Element>(rank: &Rank<'_>, t: &Tensor<T>) -> Result<Tensor<T>> {
+        let g = gpu_rank(rank)?;
+        let t = if t.device() == rank.device() { t.clone() } else { t.to_rank(rank)? };
+        let src = t.device_storage().expect("on the rank's GPU");
+        let out = super::super::ops::out_tensor::<T>(&g, src.shape())?;
+        super::super::ops::copy(out.ptr(), src.ptr(), src.len() * size_of::<T>(), g.stream())?;
+        Ok(Tensor::from_device_storage(out))
     }
 
     /// A tensor of `shape` on `rank`'s GPU, uniform in `[-1, 1)`, drawn on the GPU by a

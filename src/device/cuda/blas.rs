@@ -92,7 +92,11 @@ impl Blas {
         let handle = guarded("libcublasLt", || {
             lt::create_handle().map_err(|e| blas_error("cublasLtCreate", e))
         })?;
-        Ok(Blas { handle, workspace: DeviceBuffer::new(gpu, WORKSPACE_BYTES, stream)?, plans: HashMap::new() })
+        Ok(Blas {
+            handle,
+            workspace: DeviceBuffer::new(gpu, WORKSPACE_BYTES, stream)?,
+            plans: HashMap::new(),
+        })
     }
 
     fn plan(&mut self, key: PlanKey) -> Result<&Plan> {
@@ -109,7 +113,8 @@ impl Blas {
         } else {
             (lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt_sys::cudaDataType::CUDA_R_32F)
         };
-        let desc = lt::create_matmul_desc(compute, scale).map_err(|e| blas_error("cublasLtMatmulDescCreate", e))?;
+        let desc = lt::create_matmul_desc(compute, scale)
+            .map_err(|e| blas_error("cublasLtMatmulDescCreate", e))?;
         // Column-major view of the row-major product: C^T (n x m) = B^T (n x k) * A^T (k x m).
         let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
         let layout = |t, rows, cols, ld| {
@@ -119,11 +124,19 @@ impl Blas {
         let b_layout = layout(key.input, n, k, n)?;
         let a_layout = layout(key.input, k, m, k)?;
         let c_layout = layout(key.output, n, m, n)?;
-        let pref = lt::create_matmul_pref().map_err(|e| blas_error("cublasLtMatmulPreferenceCreate", e))?;
+        let pref = lt::create_matmul_pref()
+            .map_err(|e| blas_error("cublasLtMatmulPreferenceCreate", e))?;
         let set = |attr, value: &[u8]| {
             // SAFETY: `pref` is valid; `value` is the attribute's value in native layout.
-            unsafe { lt::set_matmul_pref_attribute(pref, attr, value.as_ptr() as *const c_void, value.len()) }
-                .map_err(|e| blas_error("cublasLtMatmulPreferenceSetAttribute", e))
+            unsafe {
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    attr,
+                    value.as_ptr() as *const c_void,
+                    value.len(),
+                )
+            }
+            .map_err(|e| blas_error("cublasLtMatmulPreferenceSetAttribute", e))
         };
         use lt_sys::cublasLtMatmulPreferenceAttributes_t::*;
         set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(WORKSPACE_BYTES as u64).to_ne_bytes())?;
@@ -134,7 +147,15 @@ impl Blas {
         set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align[2].to_ne_bytes())?;
         // SAFETY: every descriptor is valid and describes this product.
         let heuristic = unsafe {
-            lt::get_matmul_algo_heuristic(self.handle, desc, b_layout, a_layout, c_layout, c_layout, pref)
+            lt::get_matmul_algo_heuristic(
+                self.handle,
+                desc,
+                b_layout,
+                a_layout,
+                c_layout,
+                c_layout,
+                pref,
+            )
         };
         // SAFETY: `pref` is not used after this.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
@@ -212,6 +233,9 @@ pub(crate) fn matmul(
     .map_err(|e| Error::DeviceStatus {
         call: "cublasLtMatmul",
         code: e.0 as i32,
-        message: format!("[{m}, {k}] x [{k}, {n}] ({input} -> {output}) on cuda:{}: {:?}", gpu.ordinal, e.0),
+        message: format!(
+            "[{m}, {k}] x [{k}, {n}] ({input} -> {output}) on cuda:{}: {:?}",
+            gpu.ordinal, e.0
+        ),
     })
 }

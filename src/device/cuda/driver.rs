@@ -152,7 +152,8 @@ impl Gpu {
             attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         );
         let name = cu::device::get_name(dev).check("cuDeviceGetName")?;
-        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
+        let stream =
+            cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
         Ok(Gpu {
             ordinal,
             dev,
@@ -192,8 +193,9 @@ impl Gpu {
         self.bind()?;
         // SAFETY: the peer context is valid and retained by `peer`.
         match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx, 0) } {
-            sys::CUresult::CUDA_SUCCESS
-            | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+                Ok(())
+            }
             other => other.check("cuCtxEnablePeerAccess"),
         }
     }
@@ -238,8 +240,10 @@ unsafe impl Sync for Streams {}
 impl Streams {
     pub(crate) fn new(gpu: &Arc<Gpu>) -> Result<Streams> {
         gpu.bind()?;
-        let main = cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
-        let (_, greatest) = cu::stream::get_priority_range().check("cuCtxGetStreamPriorityRange")?;
+        let main =
+            cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
+        let (_, greatest) =
+            cu::stream::get_priority_range().check("cuCtxGetStreamPriorityRange")?;
         let copy = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, greatest)
             .check("cuStreamCreateWithPriority")?;
         Ok(Streams { gpu: gpu.clone(), main, copy })
@@ -252,8 +256,11 @@ impl Drop for Streams {
         for s in [self.main, self.copy] {
             // SAFETY: the stream is valid; waiting leaves it idle before its buffers are freed.
             let _ = unsafe { cu::stream::synchronize(s) };
+            // cuBLASLt first: its workspace goes back to this stream's cache, freed next.
+            let blas =
+                self.gpu.blas.lock().unwrap_or_else(|p| p.into_inner()).remove(&(s as usize));
+            drop(blas);
             super::memory::release_stream_cache(&self.gpu, s);
-            self.gpu.blas.lock().unwrap_or_else(|p| p.into_inner()).remove(&(s as usize));
             // SAFETY: idle, and no owner is left.
             let _ = unsafe { cu::stream::destroy(s) };
         }
@@ -315,8 +322,10 @@ impl Drop for Event {
 /// Makes `stream` wait (on the device) for the work `event` was recorded after.
 pub(crate) fn stream_wait(stream: sys::CUstream, event: &Event) -> Result<()> {
     // SAFETY: both handles are valid.
-    unsafe { cu::stream::wait_event(stream, event.raw, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }
-        .check("cuStreamWaitEvent")
+    unsafe {
+        cu::stream::wait_event(stream, event.raw, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+    }
+    .check("cuStreamWaitEvent")
 }
 
 /// Pinned host memory mapped into every context of the process: words the host and every GPU

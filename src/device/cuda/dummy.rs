@@ -13,7 +13,8 @@ fn unavailable(op: &'static str) -> Error {
     Error::DeviceUnavailable {
         op,
         device: "cuda".into(),
-        reason: "this build of dist-tensor has no GPU backend: build it with `--features cuda`".into(),
+        reason: "this build of dist-tensor has no GPU backend: build it with `--features cuda`"
+            .into(),
     }
 }
 
@@ -75,7 +76,10 @@ pub(crate) fn upload<T: Element>(
     Err(unavailable("Tensor::to_device"))
 }
 
-pub(crate) fn matmul<T: Element>(a: &DeviceStorage<T>, _b: &DeviceStorage<T>) -> Result<DeviceStorage<T>> {
+pub(crate) fn matmul<T: Element>(
+    a: &DeviceStorage<T>,
+    _b: &DeviceStorage<T>,
+) -> Result<DeviceStorage<T>> {
     match a.never {}
 }
 
@@ -113,19 +117,41 @@ pub(crate) fn all_to_all<T: Element>(
     match *world {}
 }
 
-pub(crate) fn all_gather<T: Element>(world: &CudaWorld, _rank: usize, _x: &DeviceStorage<T>, _dim: usize, _splits: &[usize]) -> Result<DeviceStorage<T>> {
+pub(crate) fn all_gather<T: Element>(
+    world: &CudaWorld,
+    _rank: usize,
+    _x: &DeviceStorage<T>,
+    _dim: usize,
+    _splits: &[usize],
+) -> Result<DeviceStorage<T>> {
     match *world {}
 }
 
-pub(crate) fn reduce_sum<T: Element>(world: &CudaWorld, _rank: usize, _x: &DeviceStorage<T>, _dim: Option<usize>) -> Result<DeviceStorage<T>> {
+pub(crate) fn reduce_sum<T: Element>(
+    world: &CudaWorld,
+    _rank: usize,
+    _x: &DeviceStorage<T>,
+    _dim: Option<usize>,
+) -> Result<DeviceStorage<T>> {
     match *world {}
 }
 
-pub(crate) fn slice<T: Element>(world: &CudaWorld, _rank: usize, _x: &DeviceStorage<T>, _dim: usize, _start: usize, _len: usize) -> Result<DeviceStorage<T>> {
+pub(crate) fn slice<T: Element>(
+    world: &CudaWorld,
+    _rank: usize,
+    _x: &DeviceStorage<T>,
+    _dim: usize,
+    _start: usize,
+    _len: usize,
+) -> Result<DeviceStorage<T>> {
     match *world {}
 }
 
-pub(crate) fn exchange_counts(world: &CudaWorld, _rank: usize, _values: &[usize]) -> Result<Vec<Vec<usize>>> {
+pub(crate) fn exchange_counts(
+    world: &CudaWorld,
+    _rank: usize,
+    _values: &[usize],
+) -> Result<Vec<Vec<usize>>> {
     match *world {}
 }
 
@@ -258,8 +284,28 @@ pub(crate) mod public {
     /// assert!(World::threads(1)?.run(|rank| cuda::broadcast(rank, &t, 0).map(|_| ())).is_err());
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
-    pub fn broadcast<T: Element>(_rank: &Rank<'_>, _t: &Tensor<T>, _root: usize) -> Result<Tensor<T>> {
+    pub fn broadcast<T: Element>(
+        _rank: &Rank<'_>,
+        _t: &Tensor<T>,
+        _root: usize,
+    ) -> Result<Tensor<T>> {
         Err(unavailable("broadcast"))
+    }
+
+    /// A device-to-device copy of `t` on `rank`'s GPU.
+    ///
+    /// # Errors
+    /// Always [`Error::DeviceUnavailable`] in this build.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, Tensor, World};
+    /// let t = Tensor::<f32>::zeros(&[2]);
+    /// assert!(World::threads(1)?.run(|rank| cuda::device_copy(rank, &t).map(|_| ())).is_err());
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn device_copy<T: Element>(_rank: &Rank<'_>, _t: &Tensor<T>) -> Result<Tensor<T>> {
+        Err(unavailable("device_copy"))
     }
 
     /// A random tensor on `rank`'s GPU.

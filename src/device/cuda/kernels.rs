@@ -63,7 +63,9 @@ fn compiled(source: Source, dtype: DType, arch: (i32, i32)) -> Result<std::sync:
     type Images = Mutex<HashMap<(Source, DType, (i32, i32)), std::sync::Arc<Vec<u8>>>>;
     static IMAGES: OnceLock<Images> = OnceLock::new();
     let images = IMAGES.get_or_init(Default::default);
-    if let Some(image) = images.lock().unwrap_or_else(|p| p.into_inner()).get(&(source, dtype, arch)) {
+    if let Some(image) =
+        images.lock().unwrap_or_else(|p| p.into_inner()).get(&(source, dtype, arch))
+    {
         return Ok(image.clone());
     }
     require_library("NVRTC (libnvrtc)", "nvrtc", rtc_sys::is_culib_present)?;
@@ -99,7 +101,9 @@ fn compile(source: Source, dtype: DType, arch: (i32, i32)) -> Result<Vec<u8>> {
         String::from_utf8_lossy(&bytes).into_owned()
     };
     let result = match compiled {
-        Err(e) => Err(nvrtc_error("nvrtcCompileProgram", e, format!("{}: {}", source.name(), log()))),
+        Err(e) => {
+            Err(nvrtc_error("nvrtcCompileProgram", e, format!("{}: {}", source.name(), log())))
+        }
         Ok(()) => {
             let mut size = 0usize;
             // SAFETY: `prog` compiled; `size` is written.
@@ -141,9 +145,16 @@ impl Function {
 }
 
 /// Kernel `name` of `source` for `dtype` on `gpu`, compiled and loaded on first use.
-pub(crate) fn function(gpu: &Gpu, source: Source, dtype: DType, name: &'static str) -> Result<Function> {
+pub(crate) fn function(
+    gpu: &Gpu,
+    source: Source,
+    dtype: DType,
+    name: &'static str,
+) -> Result<Function> {
     let cache = &gpu.modules;
-    if let Some(&f) = cache.functions.lock().unwrap_or_else(|p| p.into_inner()).get(&(source, dtype, name)) {
+    if let Some(&f) =
+        cache.functions.lock().unwrap_or_else(|p| p.into_inner()).get(&(source, dtype, name))
+    {
         return Ok(f);
     }
     let image = compiled(source, dtype, gpu.arch)?;
@@ -175,12 +186,20 @@ pub(crate) fn function(gpu: &Gpu, source: Source, dtype: DType, name: &'static s
 }
 
 /// Launches `f` with one argument, the struct `args` (copied at launch).
-pub(crate) fn launch<A>(f: Function, grid: u32, block: u32, stream: sys::CUstream, args: &A) -> Result<()> {
+pub(crate) fn launch<A>(
+    f: Function,
+    grid: u32,
+    block: u32,
+    stream: sys::CUstream,
+    args: &A,
+) -> Result<()> {
     let mut params = [args as *const A as *mut c_void];
     // SAFETY: the kernel takes exactly one parameter of type `A` (the C mirror of it); the driver
     // copies it before returning.
-    unsafe { cu::launch_kernel(f.raw(), (grid.max(1), 1, 1), (block, 1, 1), 0, stream, &mut params) }
-        .check("cuLaunchKernel")
+    unsafe {
+        cu::launch_kernel(f.raw(), (grid.max(1), 1, 1), (block, 1, 1), 0, stream, &mut params)
+    }
+    .check("cuLaunchKernel")
 }
 
 /// Launches `f` with the given raw parameter pointers.
@@ -278,7 +297,13 @@ impl Runs {
     }
 
     /// One contiguous run of `len` elements from `src` to `dst` (element offsets).
-    pub(crate) fn contiguous(len: usize, src: usize, dst: usize, elem_bytes: usize, chunk_bytes: usize) -> Runs {
+    pub(crate) fn contiguous(
+        len: usize,
+        src: usize,
+        dst: usize,
+        elem_bytes: usize,
+        chunk_bytes: usize,
+    ) -> Runs {
         Runs::new((1, 1, 1), len, (src, 0, 0, 0), (dst, 0, 0, 0), elem_bytes, chunk_bytes)
     }
 

@@ -60,7 +60,9 @@ impl DeviceBuffer {
                     message: format!(
                         "cuda:{}: could not allocate {size} bytes: {}",
                         gpu.ordinal,
-                        e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+                        e.error_string()
+                            .map(|s| s.to_string_lossy().into_owned())
+                            .unwrap_or_default()
                     ),
                 })?
             }
@@ -92,7 +94,8 @@ impl Drop for DeviceBuffer {
 /// Frees the cached buffers of `stream` on `gpu` (the stream is going away; it must be idle).
 pub(crate) fn release_stream_cache(gpu: &Gpu, stream: sys::CUstream) {
     let mut cache = gpu.free_cache.lock().unwrap_or_else(|p| p.into_inner());
-    let keys: Vec<(usize, usize)> = cache.keys().filter(|k| k.0 == stream as usize).copied().collect();
+    let keys: Vec<(usize, usize)> =
+        cache.keys().filter(|k| k.0 == stream as usize).copied().collect();
     for key in keys {
         for ptr in cache.remove(&key).unwrap_or_default() {
             // SAFETY: cached pointers came from cuMemAlloc; their stream is idle.

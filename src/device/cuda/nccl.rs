@@ -76,11 +76,15 @@ impl Nccl {
         for (p, (&(sp, sn), &(rp, rn))) in send.iter().zip(recv).enumerate() {
             if sn > 0 {
                 // SAFETY: `sp` holds `sn` elements of `dtype` on this rank's GPU.
-                check("ncclSend", unsafe { nc::send(sp as *const c_void, sn, t, p as i32, comm, s) })?;
+                check("ncclSend", unsafe {
+                    nc::send(sp as *const c_void, sn, t, p as i32, comm, s)
+                })?;
             }
             if rn > 0 {
                 // SAFETY: `rp` has room for `rn` elements.
-                check("ncclRecv", unsafe { nc::recv(rp as *mut c_void, rn, t, p as i32, comm, s) })?;
+                check("ncclRecv", unsafe {
+                    nc::recv(rp as *mut c_void, rn, t, p as i32, comm, s)
+                })?;
             }
         }
         check("ncclGroupEnd", nc::group_end())

@@ -51,7 +51,13 @@ impl<T: Element> DeviceData<T> {
         let len: usize = shape.iter().product();
         let stream = home.streams.as_ref().map_or(gpu.stream, |s| s.main);
         let buf = DeviceBuffer::new(gpu, len * size_of::<T>(), stream)?;
-        Ok(DeviceData { buf: Arc::new(buf), shape: shape.to_vec(), streams: home.streams, watch: home.watch, _elem: PhantomData })
+        Ok(DeviceData {
+            buf: Arc::new(buf),
+            shape: shape.to_vec(),
+            streams: home.streams,
+            watch: home.watch,
+            _elem: PhantomData,
+        })
     }
 
     /// The stream work on this tensor is queued on.
@@ -69,7 +75,8 @@ impl<T: Element> DeviceData<T> {
             gpu.bind()?;
             // SAFETY: the buffer holds host.len() elements; the copy from pageable memory is
             // staged before this returns, so `host` may go away after.
-            unsafe { cu::memcpy_htod_async(data.ptr(), host, data.stream()) }.check("cuMemcpyHtoDAsync")?;
+            unsafe { cu::memcpy_htod_async(data.ptr(), host, data.stream()) }
+                .check("cuMemcpyHtoDAsync")?;
             if outside {
                 data.wait()?;
             }
@@ -85,7 +92,8 @@ impl<T: Element> DeviceData<T> {
         let mut host = vec![T::zero(); self.len()];
         if !host.is_empty() {
             // SAFETY: the buffer holds len() elements, all written (the stream is idle).
-            unsafe { cu::memcpy_dtoh_async(&mut host, self.ptr(), self.stream()) }.check("cuMemcpyDtoHAsync")?;
+            unsafe { cu::memcpy_dtoh_async(&mut host, self.ptr(), self.stream()) }
+                .check("cuMemcpyDtoHAsync")?;
             self.wait()?;
         }
         Ok(host)

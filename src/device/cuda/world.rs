@@ -144,6 +144,9 @@ pub(crate) struct OpState {
 struct Rendezvous {
     state: Mutex<RendezvousState>,
     cv: Condvar,
+    /// The generation, readable without the lock: waiters spin on it briefly before sleeping,
+    /// since ranks usually arrive within microseconds of each other and a wake-up costs tens.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -328,12 +331,25 @@ impl<'w> GpuRank<'w> {
             s.last = Arc::new(std::mem::replace(&mut s.slots, vec![Vec::new(); n]));
             s.arrived = 0;
             s.generation += 1;
+            rv.generation.store(s.generation, std::sync::atomic::Ordering::Release);
             rv.cv.notify_all();
             return Ok(s.last.clone());
         }
+        drop(s);
         let start = Instant::now();
+        while start.elapsed() < Duration::from_micros(200) {
+            if rv.generation.load(std::sync::atomic::Ordering::Acquire) != generation {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let mut s = rv.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            let (guard, _) = rv.cv.wait_timeout(s, Duration::from_millis(1)).unwrap_or_else(|p| p.into_inner());
+            if s.generation != generation {
+                return Ok(s.last.clone());
+            }
+            let (guard, _) =
+                rv.cv.wait_timeout(s, Duration::from_millis(1)).unwrap_or_else(|p| p.into_inner());
             s = guard;
             if s.generation != generation {
                 return Ok(s.last.clone());
@@ -361,7 +377,11 @@ impl<'w> GpuRank<'w> {
 
     /// Runs `f` on this rank's state for op `key`, made on first use (collective: every rank
     /// calls the same ops in the same order).
-    pub(crate) fn with_state<R>(&self, key: &'static str, f: impl FnOnce(&mut OpState) -> Result<R>) -> Result<R> {
+    pub(crate) fn with_state<R>(
+        &self,
+        key: &'static str,
+        f: impl FnOnce(&mut OpState) -> Result<R>,
+    ) -> Result<R> {
         let mut states = self.world.states[self.rank].lock().unwrap_or_else(|p| p.into_inner());
         if !states.contains_key(key) {
             let signals = self.world.heap.alloc(self.rank, SIGNAL_WORDS * 8)?;
@@ -376,7 +396,10 @@ impl<'w> GpuRank<'w> {
                 )
             }
             .map_err(|e| super::driver::status("cuMemsetD8Async", e))?;
-            states.insert(key, OpState { epoch: 0, signals, buffers: HashMap::new(), locals: HashMap::new() });
+            states.insert(
+                key,
+                OpState { epoch: 0, signals, buffers: HashMap::new(), locals: HashMap::new() },
+            );
             drop(states);
             // Every rank's signals must be zero before any rank's first kernel signals it.
             self.synchronize()?;
@@ -412,7 +435,12 @@ impl<'w> GpuRank<'w> {
     /// The symmetric buffer `name` of `state`, at least `bytes` long: the same region on every
     /// rank. Growing it is collective: every rank first waits until its GPU is idle (no peer
     /// still writes the old region), then the old region is freed and a larger one allocated.
-    pub(crate) fn symmetric(&self, state: &mut OpState, name: &'static str, bytes: usize) -> Result<SymmRegion> {
+    pub(crate) fn symmetric(
+        &self,
+        state: &mut OpState,
+        name: &'static str,
+        bytes: usize,
+    ) -> Result<SymmRegion> {
         if let Some(&r) = state.buffers.get(name)
             && r.bytes >= bytes
         {
@@ -437,7 +465,12 @@ impl<'w> GpuRank<'w> {
     }
 
     /// This rank's own buffer `name` of `state` (not symmetric), at least `bytes` long.
-    pub(crate) fn local(&self, state: &mut OpState, name: &'static str, bytes: usize) -> Result<u64> {
+    pub(crate) fn local(
+        &self,
+        state: &mut OpState,
+        name: &'static str,
+        bytes: usize,
+    ) -> Result<u64> {
         if let Some(b) = state.locals.get(name)
             && b.bytes >= bytes
         {

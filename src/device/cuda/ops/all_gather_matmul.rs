@@ -10,7 +10,7 @@
 //!   runs. Copies use no multiprocessors, so the GEMMs keep the whole GPU.
 
 use super::{
-    CHUNK_BYTES, agree, copy, exchange, join, offsets, out_tensor, signal, same_everywhere,
+    CHUNK_BYTES, agree, copy, exchange, join, offsets, out_tensor, same_everywhere, signal,
 };
 use crate::device::cuda::blas;
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
@@ -40,7 +40,8 @@ pub(crate) fn all_gather_matmul<T: Element>(
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let k = x.shape()[1];
-    let all = agree(g, OP, OP_ALL_GATHER_MATMUL, &[k as u64, ws.len() as u64], weight_problem(k, ws))?;
+    let all =
+        agree(g, OP, OP_ALL_GATHER_MATMUL, &[k as u64, ws.len() as u64], weight_problem(k, ws))?;
     same_everywhere(OP, &all, 0, "K")?;
     same_everywhere(OP, &all, 1, "number of weights")?;
     let off = offsets(splits);
@@ -90,14 +91,23 @@ pub(crate) fn all_gather_matmul<T: Element>(
                 let dst = g.symm_at(buf, p) + (off[r] * k * es) as u64;
                 copy(dst, x.ptr(), splits[r] * k * es, copies)?;
             }
-            let ready: Vec<u64> = peers.iter().map(|&p| sync.ready_peer[p] + 8 * r as u64).collect();
+            let ready: Vec<u64> =
+                peers.iter().map(|&p| sync.ready_peer[p] + 8 * r as u64).collect();
             signal(g, OP_ALL_GATHER_MATMUL, copies, 0, &[], epoch, &ready)?;
             // Compute stream: own rows in place, then each peer's as they arrive (the nearest
             // sender first: rank r - i pushes to us as its i-th target).
             gemm(x.ptr(), splits[r], off[r])?;
             for i in 1..n {
                 let src = (r + n - i) % n;
-                signal(g, OP_ALL_GATHER_MATMUL, main, epoch, &[(sync.ready + 8 * src as u64, src as u64)], 0, &[])?;
+                signal(
+                    g,
+                    OP_ALL_GATHER_MATMUL,
+                    main,
+                    epoch,
+                    &[(sync.ready + 8 * src as u64, src as u64)],
+                    0,
+                    &[],
+                )?;
                 let rows = g.symm_at(buf, r) + (off[src] * k * es) as u64;
                 gemm(rows, splits[src], off[src])?;
             }
@@ -122,7 +132,8 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let k = x.shape()[1];
-    let all = agree(g, OP, OP_ALL_GATHER_MATMUL, &[k as u64, ws.len() as u64], weight_problem(k, ws))?;
+    let all =
+        agree(g, OP, OP_ALL_GATHER_MATMUL, &[k as u64, ws.len() as u64], weight_problem(k, ws))?;
     same_everywhere(OP, &all, 0, "K")?;
     let off = offsets(splits);
     let m = off[n];
@@ -136,8 +147,9 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
             nccl.all_gather(r, g.stream(), T::DTYPE, x.ptr(), gathered.ptr(), splits[r] * k)?;
         } else {
             let send = vec![(x.ptr(), splits[r] * k); n];
-            let recv: Vec<(u64, usize)> =
-                (0..n).map(|p| (gathered.ptr() + (off[p] * k * es) as u64, splits[p] * k)).collect();
+            let recv: Vec<(u64, usize)> = (0..n)
+                .map(|p| (gathered.ptr() + (off[p] * k * es) as u64, splits[p] * k))
+                .collect();
             nccl.send_recv(r, g.stream(), T::DTYPE, &send, &recv)?;
         }
         gathered
@@ -160,7 +172,11 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
 
 /// A local GEMM `a[m, k] @ b[k, n]` on this rank's GPU: the one-GPU ceiling of the report, and
 /// `Tensor::matmul` for tensors on a GPU.
-pub(crate) fn matmul<T: Element>(a: &DeviceData<T>, b: &DeviceData<T>, home: Home) -> Result<DeviceData<T>> {
+pub(crate) fn matmul<T: Element>(
+    a: &DeviceData<T>,
+    b: &DeviceData<T>,
+    home: Home,
+) -> Result<DeviceData<T>> {
     let gpu = a.gpu();
     let (sa, sb) = (a.shape(), b.shape());
     if sa.len() != 2 || sb.len() != 2 {
@@ -170,17 +186,33 @@ pub(crate) fn matmul<T: Element>(a: &DeviceData<T>, b: &DeviceData<T>, home: Hom
         });
     }
     if sa[1] != sb[0] {
-        return Err(Error::InnerDimMismatch { op: "Tensor::matmul", rank: 0, left: sa.to_vec(), right: sb.to_vec() });
+        return Err(Error::InnerDimMismatch {
+            op: "Tensor::matmul",
+            rank: 0,
+            left: sa.to_vec(),
+            right: sb.to_vec(),
+        });
     }
     if a.ordinal() != b.ordinal() {
         return Err(Error::InvalidArgument {
             op: "Tensor::matmul",
             rank: 0,
-            reason: format!("operands on different devices: cuda:{} and cuda:{}", a.ordinal(), b.ordinal()),
+            reason: format!(
+                "operands on different devices: cuda:{} and cuda:{}",
+                a.ordinal(),
+                b.ordinal()
+            ),
         });
     }
     gpu.bind()?;
     let out = DeviceData::uninit(gpu, &[sa[0], sb[1]], home)?;
-    blas::matmul(gpu, out.stream(), (a.ptr(), b.ptr(), out.ptr()), (sa[0], sb[1], sa[1]), T::DTYPE, T::DTYPE)?;
+    blas::matmul(
+        gpu,
+        out.stream(),
+        (a.ptr(), b.ptr(), out.ptr()),
+        (sa[0], sb[1], sa[1]),
+        T::DTYPE,
+        T::DTYPE,
+    )?;
     Ok(out)
 }

@@ -32,7 +32,13 @@ struct Geometry {
 }
 
 impl Geometry {
-    fn new(shape: &[usize], scatter: usize, gather: usize, g_split: &[usize], n: usize) -> Geometry {
+    fn new(
+        shape: &[usize],
+        scatter: usize,
+        gather: usize,
+        g_split: &[usize],
+        n: usize,
+    ) -> Geometry {
         let (a, b) = (scatter.min(gather), scatter.max(gather));
         let prod = |d: &[usize]| d.iter().product::<usize>();
         let s_full = shape[scatter];
@@ -79,7 +85,8 @@ impl Geometry {
             )
         } else {
             // src [p0, S, p1, gs, p2] (or compact [p0, sc, p1, gs, p2]) -> dst [p0, sc, p1, gt, p2].
-            let (outer, first) = if src_compact { (sc, 0) } else { (self.s_full, so * p1 * gs * p2) };
+            let (outer, first) =
+                if src_compact { (sc, 0) } else { (self.s_full, so * p1 * gs * p2) };
             Runs::new(
                 (p0, sc, p1),
                 gs * p2,
@@ -102,10 +109,12 @@ impl Geometry {
         let (p1, p2, gs, sc) = (self.p1, self.p2, self.g_split[src], self.s_split[dst]);
         if self.scatter_later {
             // Compact part [p0, gs, p1, sc, p2].
-            (r.dbase, r.d0, r.da, r.d1) = (base as u64, (gs * p1 * sc * p2) as u64, (p1 * sc * p2) as u64, (sc * p2) as u64);
+            (r.dbase, r.d0, r.da, r.d1) =
+                (base as u64, (gs * p1 * sc * p2) as u64, (p1 * sc * p2) as u64, (sc * p2) as u64);
         } else {
             // Compact part [p0, sc, p1, gs, p2].
-            (r.dbase, r.d0, r.da, r.d1) = (base as u64, (sc * p1 * gs * p2) as u64, (p1 * gs * p2) as u64, (gs * p2) as u64);
+            (r.dbase, r.d0, r.da, r.d1) =
+                (base as u64, (sc * p1 * gs * p2) as u64, (p1 * gs * p2) as u64, (gs * p2) as u64);
         }
         r
     }
@@ -113,17 +122,33 @@ impl Geometry {
 
 fn check_dims(shape: &[usize], scatter: usize, gather: usize) -> Option<String> {
     if scatter >= shape.len() || gather >= shape.len() || scatter == gather {
-        Some(format!("dims {scatter} (scatter) and {gather} (gather) of a {}-D tensor", shape.len()))
+        Some(format!(
+            "dims {scatter} (scatter) and {gather} (gather) of a {}-D tensor",
+            shape.len()
+        ))
     } else {
         None
     }
 }
 
-fn agree_dims<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, scatter: usize, gather: usize) -> Result<()> {
+fn agree_dims<T: Element>(
+    g: &GpuRank<'_>,
+    x: &DeviceData<T>,
+    scatter: usize,
+    gather: usize,
+) -> Result<()> {
     let problem = check_dims(x.shape(), scatter, gather);
     let s_full = if problem.is_none() { x.shape()[scatter] } else { 0 };
-    let all = agree(g, OP, OP_ALL_TO_ALL, &[scatter as u64, gather as u64, x.shape().len() as u64, s_full as u64], problem)?;
-    for (i, what) in ["scatter dim", "gather dim", "number of dims", "scatter dim size"].iter().enumerate() {
+    let all = agree(
+        g,
+        OP,
+        OP_ALL_TO_ALL,
+        &[scatter as u64, gather as u64, x.shape().len() as u64, s_full as u64],
+        problem,
+    )?;
+    for (i, what) in
+        ["scatter dim", "gather dim", "number of dims", "scatter dim size"].iter().enumerate()
+    {
         same_everywhere(OP, &all, i, what)?;
     }
     Ok(())
@@ -142,7 +167,10 @@ pub(crate) fn all_to_all<T: Element>(
     agree_dims(g, x, scatter, gather)?;
     let (n, r) = (g.num_ranks(), g.rank);
     if g_split.len() != n || g_split[r] != x.shape()[gather] {
-        return Err(Error::InvalidShape { op: OP, reason: format!("gather sizes {g_split:?} do not fit shape {:?}", x.shape()) });
+        return Err(Error::InvalidShape {
+            op: OP,
+            reason: format!("gather sizes {g_split:?} do not fit shape {:?}", x.shape()),
+        });
     }
     let geo = Geometry::new(x.shape(), scatter, gather, g_split, n);
     let out: DeviceData<T> = out_tensor(g, &geo.out_shape(x.shape(), scatter, gather, r))?;
@@ -184,8 +212,10 @@ pub(crate) fn all_to_all_unfused<T: Element>(
     exchange::<T>(g, None, OP_ALL_TO_ALL, 0, x.ptr(), send.ptr(), &pack, g.stream())?;
     let nccl = g.world.nccl()?;
     let at = |base: u64, o: usize| base + (o * es) as u64;
-    let sends: Vec<(u64, usize)> = (0..n).map(|d| (at(send.ptr(), send_off[d]), send_len[d])).collect();
-    let recvs: Vec<(u64, usize)> = (0..n).map(|s| (at(recv.ptr(), recv_off[s]), recv_len[s])).collect();
+    let sends: Vec<(u64, usize)> =
+        (0..n).map(|d| (at(send.ptr(), send_off[d]), send_len[d])).collect();
+    let recvs: Vec<(u64, usize)> =
+        (0..n).map(|s| (at(recv.ptr(), recv_off[s]), recv_len[s])).collect();
     nccl.send_recv(r, g.stream(), T::DTYPE, &sends, &recvs)?;
     let unpack: Vec<Runs> = (0..n)
         .map(|s| {

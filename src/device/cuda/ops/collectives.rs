@@ -30,7 +30,12 @@ pub(crate) fn barrier(g: &GpuRank<'_>) -> Result<()> {
 }
 
 /// Concatenates every rank's `x` along `dim` (sizes `splits`), on every rank.
-pub(crate) fn all_gather<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, dim: usize, splits: &[usize]) -> Result<DeviceData<T>> {
+pub(crate) fn all_gather<T: Element>(
+    g: &GpuRank<'_>,
+    x: &DeviceData<T>,
+    dim: usize,
+    splits: &[usize],
+) -> Result<DeviceData<T>> {
     g.check()?;
     let shape = x.shape().to_vec();
     let problem = (dim >= shape.len()).then(|| format!("dim {dim} of a {}-D tensor", shape.len()));
@@ -47,7 +52,14 @@ pub(crate) fn all_gather<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, dim: us
         .map(|i| {
             let src = (r + i) % n;
             let len = splits[src] * inner;
-            Runs::new((outer, 1, 1), len, (0, len, 0, 0), (off[src] * inner, off[n] * inner, 0, 0), es, CHUNK_BYTES)
+            Runs::new(
+                (outer, 1, 1),
+                len,
+                (0, len, 0, 0),
+                (off[src] * inner, off[n] * inner, 0, 0),
+                es,
+                CHUNK_BYTES,
+            )
         })
         .collect();
     if n == 1 {
@@ -63,10 +75,15 @@ pub(crate) fn all_gather<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, dim: us
 
 /// Sums every rank's `x` (same shape on each) in rank order: all of it (`dim` = None, an
 /// all_reduce) or this rank's `array_split` share along `dim` (a reduce_scatter).
-pub(crate) fn reduce_sum<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, dim: Option<usize>) -> Result<DeviceData<T>> {
+pub(crate) fn reduce_sum<T: Element>(
+    g: &GpuRank<'_>,
+    x: &DeviceData<T>,
+    dim: Option<usize>,
+) -> Result<DeviceData<T>> {
     g.check()?;
     let shape = x.shape().to_vec();
-    let problem = dim.filter(|&d| d >= shape.len()).map(|d| format!("dim {d} of a {}-D tensor", shape.len()));
+    let problem =
+        dim.filter(|&d| d >= shape.len()).map(|d| format!("dim {d} of a {}-D tensor", shape.len()));
     let mut words = vec![dim.map_or(u64::MAX, |d| d as u64), shape.len() as u64];
     words.extend(shape.iter().map(|&s| s as u64));
     let all = agree(g, "reduce", OP_REDUCE, &words, problem)?;
@@ -84,7 +101,17 @@ pub(crate) fn reduce_sum<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, dim: Op
             let len = split[r] * inner;
             let mut s = shape.clone();
             s[d] = split[r];
-            (s, Runs::new((outer, 1, 1), len, (off[r] * inner, shape[d] * inner, 0, 0), (0, len, 0, 0), es, CHUNK_BYTES))
+            (
+                s,
+                Runs::new(
+                    (outer, 1, 1),
+                    len,
+                    (off[r] * inner, shape[d] * inner, 0, 0),
+                    (0, len, 0, 0),
+                    es,
+                    CHUNK_BYTES,
+                ),
+            )
         }
     };
     let out: DeviceData<T> = out_tensor(g, &out_shape)?;
@@ -100,7 +127,11 @@ pub(crate) fn reduce_sum<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, dim: Op
 }
 
 /// Rank `root`'s `x` on every rank (every rank passes a tensor of the same shape).
-pub(crate) fn broadcast<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, root: usize) -> Result<DeviceData<T>> {
+pub(crate) fn broadcast<T: Element>(
+    g: &GpuRank<'_>,
+    x: &DeviceData<T>,
+    root: usize,
+) -> Result<DeviceData<T>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let problem = (root >= n).then(|| format!("root {root} in a world of {n}"));
@@ -110,7 +141,13 @@ pub(crate) fn broadcast<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, root: us
     let out: DeviceData<T> = out_tensor(g, x.shape())?;
     let es = size_of::<T>();
     let parts: Vec<Runs> = (0..n)
-        .map(|i| if (r + i) % n == root { Runs::contiguous(x.len(), 0, 0, es, CHUNK_BYTES) } else { Runs::default() })
+        .map(|i| {
+            if (r + i) % n == root {
+                Runs::contiguous(x.len(), 0, 0, es, CHUNK_BYTES)
+            } else {
+                Runs::default()
+            }
+        })
         .collect();
     if n == 1 {
         exchange::<T>(g, None, OP_BROADCAST, 0, x.ptr(), out.ptr(), &parts, g.stream())?;
@@ -124,17 +161,33 @@ pub(crate) fn broadcast<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, root: us
 }
 
 /// Elements `[start, start + len)` of `x` along `dim`, copied into a new tensor (local).
-pub(crate) fn slice<T: Element>(g: &GpuRank<'_>, x: &DeviceData<T>, dim: usize, start: usize, len: usize) -> Result<DeviceData<T>> {
+pub(crate) fn slice<T: Element>(
+    g: &GpuRank<'_>,
+    x: &DeviceData<T>,
+    dim: usize,
+    start: usize,
+    len: usize,
+) -> Result<DeviceData<T>> {
     let shape = x.shape();
     if dim >= shape.len() || start + len > shape[dim] {
-        return Err(Error::InvalidShape { op: "slice", reason: format!("[{start}, {}) of dim {dim} of {shape:?}", start + len) });
+        return Err(Error::InvalidShape {
+            op: "slice",
+            reason: format!("[{start}, {}) of dim {dim} of {shape:?}", start + len),
+        });
     }
     let (outer, inner) = outer_inner(shape, dim);
     let mut s = shape.to_vec();
     s[dim] = len;
     let out: DeviceData<T> = out_tensor(g, &s)?;
     let es = size_of::<T>();
-    let runs = Runs::new((outer, 1, 1), len * inner, (start * inner, shape[dim] * inner, 0, 0), (0, len * inner, 0, 0), es, CHUNK_BYTES);
+    let runs = Runs::new(
+        (outer, 1, 1),
+        len * inner,
+        (start * inner, shape[dim] * inner, 0, 0),
+        (0, len * inner, 0, 0),
+        es,
+        CHUNK_BYTES,
+    );
     exchange::<T>(g, None, 0, 0, x.ptr(), out.ptr(), &[runs], g.stream())?;
     Ok(out)
 }

@@ -10,12 +10,12 @@
 //! then the pushes).
 
 use super::{CHUNK_BYTES, agree, copy, join, offsets, out_tensor, reduce, same_everywhere, signal};
+use crate::Result;
 use crate::device::cuda::blas::{self, dtype_bytes};
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::storage::DeviceData;
 use crate::device::cuda::world::{GpuRank, OP_MATMUL_REDUCE_SCATTER};
 use crate::tensor::{DType, Element};
-use crate::Result;
 
 const OP: &str = "matmul_reduce_scatter";
 
@@ -44,7 +44,8 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let problem = shape_problem(a, w);
-    let (m, kr, big_n) = if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
+    let (m, kr, big_n) =
+        if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
     let all = agree(g, OP, OP_MATMUL_REDUCE_SCATTER, &[m as u64, big_n as u64], problem)?;
     same_everywhere(OP, &all, 0, "M")?;
     same_everywhere(OP, &all, 1, "N")?;
@@ -52,7 +53,14 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     let es = size_of::<T>();
     let out: DeviceData<T> = out_tensor(g, &[splits[r], big_n])?;
     if n == 1 {
-        blas::matmul(g.gpu(), g.stream(), (a.ptr(), w.ptr(), out.ptr()), (m, big_n, kr), T::DTYPE, T::DTYPE)?;
+        blas::matmul(
+            g.gpu(),
+            g.stream(),
+            (a.ptr(), w.ptr(), out.ptr()),
+            (m, big_n, kr),
+            T::DTYPE,
+            T::DTYPE,
+        )?;
         return Ok(out);
     }
     let pt = partial_type(T::DTYPE);
@@ -83,7 +91,15 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             signal(g, OP_MATMUL_REDUCE_SCATTER, copies, epoch - 1, &free, 0, &[])?;
             let slot = g.symm_at(recv, d) + (r * max_rows * big_n * pb) as u64;
             copy(slot, rows_at(d), splits[d] * big_n * pb, copies)?;
-            signal(g, OP_MATMUL_REDUCE_SCATTER, copies, 0, &[], epoch, &[sync.ready_peer[d] + 8 * r as u64])
+            signal(
+                g,
+                OP_MATMUL_REDUCE_SCATTER,
+                copies,
+                0,
+                &[],
+                epoch,
+                &[sync.ready_peer[d] + 8 * r as u64],
+            )
         };
         let peers: Vec<usize> = (1..n).map(|i| (r + i) % n).collect();
         if crate::device::cuda::matmul_reduce_scatter_path(splits) == "single" {
@@ -101,7 +117,13 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             product(off[r], splits[r])?;
         }
         let parts: Vec<u64> = (0..n)
-            .map(|s| if s == r { rows_at(r) } else { g.symm_at(recv, r) + (s * max_rows * big_n * pb) as u64 })
+            .map(|s| {
+                if s == r {
+                    rows_at(r)
+                } else {
+                    g.symm_at(recv, r) + (s * max_rows * big_n * pb) as u64
+                }
+            })
             .collect();
         let runs = Runs::contiguous(splits[r] * big_n, 0, 0, pb, CHUNK_BYTES);
         reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 2, 0, out.ptr(), &parts, runs)?;
@@ -121,14 +143,22 @@ pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let problem = shape_problem(a, w);
-    let (m, kr, big_n) = if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
+    let (m, kr, big_n) =
+        if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
     let all = agree(g, OP, OP_MATMUL_REDUCE_SCATTER, &[m as u64, big_n as u64], problem)?;
     same_everywhere(OP, &all, 0, "M")?;
     same_everywhere(OP, &all, 1, "N")?;
     let off = offsets(splits);
     let es = size_of::<T>();
     let product: DeviceData<T> = out_tensor(g, &[m, big_n])?;
-    blas::matmul(g.gpu(), g.stream(), (a.ptr(), w.ptr(), product.ptr()), (m, big_n, kr), T::DTYPE, T::DTYPE)?;
+    blas::matmul(
+        g.gpu(),
+        g.stream(),
+        (a.ptr(), w.ptr(), product.ptr()),
+        (m, big_n, kr),
+        T::DTYPE,
+        T::DTYPE,
+    )?;
     if n == 1 {
         return Ok(product);
     }
@@ -137,8 +167,9 @@ pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
     if splits.iter().all(|&s| s == splits[0]) {
         nccl.reduce_scatter(r, g.stream(), T::DTYPE, product.ptr(), out.ptr(), splits[r] * big_n)?;
     } else {
-        let parts: Vec<(u64, usize)> =
-            (0..n).map(|p| (product.ptr() + (off[p] * big_n * es) as u64, splits[p] * big_n)).collect();
+        let parts: Vec<(u64, usize)> = (0..n)
+            .map(|p| (product.ptr() + (off[p] * big_n * es) as u64, splits[p] * big_n))
+            .collect();
         nccl.reduce_to_each(r, g.stream(), T::DTYPE, &parts, out.ptr())?;
     }
     Ok(out)

@@ -41,7 +41,13 @@ pub(crate) fn array_split(len: usize, n: usize) -> Vec<usize> {
 
 /// Exchanges `[op, words..., problem]` between the ranks and fails every rank if any had a
 /// problem or called another op; returns every rank's words.
-pub(crate) fn agree(g: &GpuRank<'_>, op: &'static str, code: u32, words: &[u64], problem: Option<String>) -> Result<Vec<Vec<u64>>> {
+pub(crate) fn agree(
+    g: &GpuRank<'_>,
+    op: &'static str,
+    code: u32,
+    words: &[u64],
+    problem: Option<String>,
+) -> Result<Vec<Vec<u64>>> {
     let mut mine = vec![code as u64];
     mine.extend_from_slice(words);
     mine.push(u64::from(problem.is_some()));
@@ -56,7 +62,10 @@ pub(crate) fn agree(g: &GpuRank<'_>, op: &'static str, code: u32, words: &[u64],
                 rank_a: g.rank,
                 value_a: format!("op {}", super::world::op_name(code)),
                 rank_b: r,
-                value_b: format!("op {}", super::world::op_name(w.first().copied().unwrap_or(0) as u32)),
+                value_b: format!(
+                    "op {}",
+                    super::world::op_name(w.first().copied().unwrap_or(0) as u32)
+                ),
             });
         }
         if w[w.len() - 1] != 0 {
@@ -71,7 +80,12 @@ pub(crate) fn agree(g: &GpuRank<'_>, op: &'static str, code: u32, words: &[u64],
 }
 
 /// Fails unless every rank passed the same value at `index`.
-pub(crate) fn same_everywhere(op: &'static str, all: &[Vec<u64>], index: usize, what: &str) -> Result<u64> {
+pub(crate) fn same_everywhere(
+    op: &'static str,
+    all: &[Vec<u64>],
+    index: usize,
+    what: &str,
+) -> Result<u64> {
     let v = all[0][index];
     for (r, w) in all.iter().enumerate() {
         if w[index] != v {
