@@ -8,12 +8,14 @@
 //! cargo run --release --features cuda --example gpu_report [-- --iters 20 --warmup 5 --stages]
 //! ```
 //!
-//! `--stages` adds per-stage timings that explain the fused times: the GEMM of one rank's rows
-//! (what the overlapped all_gather_matmul runs per chunk) and the NVLink-bound part of the
-//! all_to_all. Without two GPUs it says why and exits successfully.
+//! The last column compares the fused op's output with the unfused one's (max |difference| over
+//! max |value|; they round differently, so not zero for the products, zero for the all_to_all).
+//! `--stages` adds timings that explain the fused times: the GEMM of one rank's rows (what the
+//! chunked paths run per chunk), all_gather_matmul on its other path, and the NVLink bandwidth
+//! of the all_to_all. Without two GPUs it says why and exits successfully.
 
 use dist_tensor::device::cuda::{self, Timer};
-use dist_tensor::{DistTensor, Placement, Rank, Result, World};
+use dist_tensor::{DistTensor, Placement, Rank, Result, Tensor, World};
 use half::bf16;
 
 struct Settings {
@@ -72,28 +74,48 @@ struct Row {
     fused: f64,
     unfused: f64,
     ceiling: f64,
-    stage: Option<(String, f64)>,
+    /// max |fused - unfused| / max |unfused| over this rank's outputs (the slowest rank's).
+    check: f64,
+    stages: Vec<(String, f64)>,
+}
+
+/// max |a - b| / max |b|, on the host.
+fn difference(a: &Tensor<bf16>, b: &Tensor<bf16>) -> Result<f64> {
+    let (a, b) = (a.to_host()?, b.to_host()?);
+    let scale = b.as_slice().iter().fold(0.0f64, |m, v| m.max(v.to_f64().abs()));
+    let diff = a.as_slice().iter().zip(b.as_slice()).fold(0.0f64, |m, (x, y)| m.max((x.to_f64() - y.to_f64()).abs()));
+    Ok(if scale == 0.0 { diff } else { diff / scale })
 }
 
 fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usize) -> Result<Row> {
     let p = world.num_ranks();
     let rows = m / p;
+    let path = cuda::all_gather_matmul_path(&vec![rows; p]);
+    let other = if path == "gather" { "overlap" } else { "gather" };
     let times = world.run(|rank| {
         let seed = 10 * rank.rank() as u64;
-        let x = DistTensor::from_local(
-            rank,
-            cuda::random::<bf16>(rank, &[rows, k], seed + 1)?,
-            Placement::Shard(0),
-        )?;
+        let x = DistTensor::from_local(rank, cuda::random::<bf16>(rank, &[rows, k], seed + 1)?, Placement::Shard(0))?;
         let w = cuda::random::<bf16>(rank, &[k, n], seed + 2)?;
         let a = cuda::random::<bf16>(rank, &[m, k], seed + 3)?;
+        let check = difference(x.all_gather_matmul(&w)?.local(), x.all_gather_matmul_unfused(&w)?.local())?;
         let mut t = vec![
             time(rank, s, || x.all_gather_matmul(&w))?,
             time(rank, s, || x.all_gather_matmul_unfused(&w))?,
             time(rank, s, || a.matmul(&w))?,
+            check,
         ];
         if s.stages {
             t.push(time(rank, s, || x.local().matmul(&w))?);
+            // Every rank sets the same path between the same two barriers.
+            cuda::barrier(rank)?;
+            cuda::synchronize(rank)?;
+            cuda::force_all_gather_matmul_path(Some(other))?;
+            cuda::barrier(rank)?;
+            let forced = time(rank, s, || x.all_gather_matmul(&w));
+            cuda::barrier(rank)?;
+            cuda::synchronize(rank)?;
+            cuda::force_all_gather_matmul_path(None)?;
+            t.push(forced?);
         }
         Ok(t)
     })?;
@@ -101,34 +123,31 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
     Ok(Row {
         op: "all_gather_matmul",
         shape: format!("M={m} K={k} N_local={n}"),
-        path: cuda::all_gather_matmul_path(&vec![rows; p]),
+        path,
         fused: t[0],
         unfused: t[1],
         ceiling: t[2],
-        stage: t.get(3).map(|&v| (format!("GEMM of one rank's {rows} rows"), v)),
+        check: t[3],
+        stages: if s.stages {
+            vec![(format!("GEMM of one rank's {rows} rows"), t[4]), (format!("fused, {other} path"), t[5])]
+        } else {
+            vec![]
+        },
     })
 }
 
-fn matmul_reduce_scatter_row(
-    world: &World,
-    s: &Settings,
-    m: usize,
-    k: usize,
-    n: usize,
-) -> Result<Row> {
+fn matmul_reduce_scatter_row(world: &World, s: &Settings, m: usize, k: usize, n: usize) -> Result<Row> {
     let p = world.num_ranks();
     let times = world.run(|rank| {
         let seed = 10 * rank.rank() as u64;
-        let h = DistTensor::from_local(
-            rank,
-            cuda::random::<bf16>(rank, &[m, k], seed + 1)?,
-            Placement::Shard(1),
-        )?;
+        let h = DistTensor::from_local(rank, cuda::random::<bf16>(rank, &[m, k], seed + 1)?, Placement::Shard(1))?;
         let w = cuda::random::<bf16>(rank, &[k, n], seed + 2)?;
+        let check = difference(h.matmul_reduce_scatter(&w)?.local(), h.matmul_reduce_scatter_unfused(&w)?.local())?;
         let mut t = vec![
             time(rank, s, || h.matmul_reduce_scatter(&w))?,
             time(rank, s, || h.matmul_reduce_scatter_unfused(&w))?,
             time(rank, s, || h.local().matmul(&w))?,
+            check,
         ];
         if s.stages {
             let part = cuda::random::<bf16>(rank, &[m / p, k], seed + 3)?;
@@ -144,26 +163,22 @@ fn matmul_reduce_scatter_row(
         fused: t[0],
         unfused: t[1],
         ceiling: t[2],
-        stage: t.get(3).map(|&v| (format!("GEMM of one rank's {} rows", m / p), v)),
+        check: t[3],
+        stages: t.get(4).map(|&v| vec![(format!("GEMM of one rank's {} rows", m / p), v)]).unwrap_or_default(),
     })
 }
 
-fn all_to_all_row(
-    world: &World,
-    s: &Settings,
-    b: usize,
-    seq: usize,
-    h: usize,
-    d: usize,
-) -> Result<Row> {
+fn all_to_all_row(world: &World, s: &Settings, b: usize, seq: usize, h: usize, d: usize) -> Result<Row> {
     let p = world.num_ranks();
     let times = world.run(|rank| {
         let x = cuda::random::<bf16>(rank, &[b, seq / p, h, d], 7 + rank.rank() as u64)?;
         let x = DistTensor::from_local(rank, x, Placement::Shard(1))?;
+        let check = difference(x.all_to_all(2, 1)?.local(), x.all_to_all_unfused(2, 1)?.local())?;
         Ok(vec![
             time(rank, s, || x.all_to_all(2, 1))?,
             time(rank, s, || x.all_to_all_unfused(2, 1))?,
             time(rank, s, || cuda::device_copy(rank, x.local()))?,
+            check,
         ])
     })?;
     let t = slowest(times);
@@ -176,16 +191,11 @@ fn all_to_all_row(
         fused: t[0],
         unfused: t[1],
         ceiling: t[2],
-        stage: s.stages.then(|| {
-            (
-                format!(
-                    "NVLink in: {:.0} MiB at {:.0} GB/s",
-                    remote / (1 << 20) as f64,
-                    remote / (t[0] * 1e-3) / 1e9
-                ),
-                t[0],
-            )
-        }),
+        check: t[3],
+        stages: vec![(
+            format!("NVLink in: {:.0} MiB at {:.0} GB/s", remote / (1 << 20) as f64, remote / (t[0] * 1e-3) / 1e9),
+            t[0],
+        )],
     })
 }
 
@@ -225,12 +235,12 @@ fn main() -> Result<()> {
     }
     println!();
     println!(
-        "| op | shape | path | ours fused | ours unfused (NCCL + cuBLASLt) | ceiling | fused / ceiling | fused / unfused |"
+        "| op | shape | path | ours fused | ours unfused (NCCL + cuBLASLt) | ceiling | fused / ceiling | fused / unfused | max diff fused vs unfused |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1e} |",
             r.op,
             r.shape,
             r.path,
@@ -238,7 +248,8 @@ fn main() -> Result<()> {
             r.unfused,
             r.ceiling,
             r.fused / r.ceiling,
-            r.fused / r.unfused
+            r.fused / r.unfused,
+            r.check
         );
     }
     if s.stages {
@@ -246,7 +257,7 @@ fn main() -> Result<()> {
         println!("| op | shape | stage | ms |");
         println!("| --- | --- | --- | --- |");
         for r in &rows {
-            if let Some((what, ms)) = &r.stage {
+            for (what, ms) in &r.stages {
                 println!("| {} | {} | {what} | {ms:.3} |", r.op, r.shape);
             }
         }

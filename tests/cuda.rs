@@ -433,28 +433,31 @@ fn a_rank_that_panics_ends_the_other_ranks_kernels() {
     assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
 }
 
-/// Keeps `rank`'s GPU busy for a while (a chain of f32 products).
+/// Queues `products` f32 products of 4096 x 4096 matrices on `rank`'s GPU (a few ms each).
 fn busy(rank: &Rank<'_>, products: usize) -> dist_tensor::Result<()> {
     let a = cuda::random::<f32>(rank, &[4096, 4096], 1)?;
     let mut c = a.clone();
     for _ in 0..products {
         c = c.matmul(&a)?;
     }
-    drop(c);
     Ok(())
 }
 
 #[test]
 fn a_device_wait_that_times_out_names_rank_program_signal_and_values() {
-    let Some(world) = gpus_with("fault: timeout", 2, Duration::from_millis(50)) else { return };
+    let Some(world) = gpus_with("fault: timeout", 2, Duration::from_millis(100)) else { return };
     let x = Tensor::<f32>::random(&[1, 16, 4, 32], 3);
     let seen = std::sync::Mutex::new(vec![String::new(); 2]);
     let result = world.run(|rank| {
         let seq = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
+        // Compile the kernels and make the plans first, so that both ranks reach the op at once.
+        busy(rank, 1)?;
+        let _ = seq.all_to_all(2, 1)?;
         cuda::synchronize(rank)?;
+        cuda::barrier(rank)?;
         if rank.rank() == 1 {
-            // Rank 1's kernel starts long after rank 0's wait gives up.
-            busy(rank, 60)?;
+            // Rank 1's kernel starts long (hundreds of ms) after rank 0's wait gives up.
+            busy(rank, 150)?;
         }
         let out = seq.all_to_all(2, 1).and_then(|t| t.local().to_host());
         if let Err(e) = &out {
@@ -467,6 +470,6 @@ fn a_device_wait_that_times_out_names_rank_program_signal_and_values() {
     let text = &seen[0];
     assert!(text.contains("rank 0, program"), "{text}");
     assert!(text.contains("wait on signal 1 timed out"), "{text}");
-    assert!(text.contains("awaited >= 1") && text.contains("saw 0"), "{text}");
+    assert!(text.contains("awaited >= 2") && text.contains("saw 1"), "{text}");
     assert!(seen[1].contains("rank 0 failed first"), "rank 1 said: {}", seen[1]);
 }

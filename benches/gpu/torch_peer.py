@@ -1,7 +1,8 @@
 """PyTorch on the same rows as examples/gpu_report.rs: torch's fused ops (SymmetricMemory async-TP),
 its unfused path (NCCL collective, then matmul) and the one-GPU ceiling, bf16, milliseconds,
 medians of CUDA-event timings after warm-up, each timed iteration started after a small NCCL
-all_reduce (a GPU barrier); the slowest rank's median. Random inputs, never zeros.
+all_reduce (a GPU barrier); the slowest rank's median. Inputs uniform in [-1, 1) as in gpu_report
+(never zeros: a product on zeros runs faster).
 
     torchrun --nproc_per_node=2 benches/gpu/torch_peer.py [--iters 20 --warmup 5]
 
@@ -31,13 +32,6 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.group.WORLD
     group_name = group.group_name
-    try:
-        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-
-        enable_symm_mem_for_group(group_name)
-    except Exception as e:  # newer torch enables it on first use
-        if rank == 0:
-            print(f"# enable_symm_mem_for_group: {e}")
     dtype = torch.bfloat16
     bar = torch.zeros(1, device="cuda")
 
@@ -68,7 +62,8 @@ def main():
             return "failed"
 
     def randn(*shape):
-        return torch.randn(*shape, device="cuda", dtype=dtype)
+        # Uniform in [-1, 1), as gpu_report draws (a product's speed depends a little on its data).
+        return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dtype)
 
     rows = []
     for m, k, n in [(8192, 8192, 14336), (4096, 12288, 24576), (16384, 8192, 4096), (256, 8192, 14336)]:

@@ -76,11 +76,58 @@ pub const RS_CHUNKED_MIN_ROWS: usize = 1024;
 pub fn all_gather_matmul_path(splits: &[usize]) -> &'static str {
     if splits.len() <= 1 {
         "local"
+    } else if let Some(forced) = forced_all_gather_matmul_path() {
+        forced
     } else if splits.iter().copied().max().unwrap_or(0) < AG_OVERLAP_MIN_ROWS {
         "gather"
     } else {
         "overlap"
     }
+}
+
+static FORCED_AG_PATH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn forced_all_gather_matmul_path() -> Option<&'static str> {
+    match FORCED_AG_PATH.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Some("gather"),
+        2 => Some("overlap"),
+        _ => None,
+    }
+}
+
+/// Makes `all_gather_matmul` on GPU worlds of two or more ranks take `path` (`gather` or
+/// `overlap`) whatever the shape, process-wide, until called with `None` (the choice by shape).
+/// For measuring both paths on one shape, as `gpu_report --stages` does; set it while no op
+/// runs, the same on every rank.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for another name.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::cuda::{all_gather_matmul_path, force_all_gather_matmul_path};
+/// force_all_gather_matmul_path(Some("overlap"))?;
+/// assert_eq!(all_gather_matmul_path(&[8, 8]), "overlap");
+/// force_all_gather_matmul_path(None)?;
+/// assert_eq!(all_gather_matmul_path(&[8, 8]), "gather");
+/// assert!(force_all_gather_matmul_path(Some("fast")).is_err());
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn force_all_gather_matmul_path(path: Option<&str>) -> crate::Result<()> {
+    let code = match path {
+        None => 0,
+        Some("gather") => 1,
+        Some("overlap") => 2,
+        Some(other) => {
+            return Err(crate::Error::InvalidArgument {
+                op: "force_all_gather_matmul_path",
+                rank: 0,
+                reason: format!("{other:?} is not a path: expected gather or overlap"),
+            });
+        }
+    };
+    FORCED_AG_PATH.store(code, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
 }
 
 /// The path `matmul_reduce_scatter` takes on GPUs for output row shards of these sizes:

@@ -31,6 +31,8 @@ pub(crate) fn nccl_type(d: DType) -> nc_sys::ncclDataType_t {
 /// One communicator per rank of a GPU world.
 pub(crate) struct Nccl {
     comms: Vec<usize>,
+    /// Set once the communicators were aborted (which frees them: they must not be destroyed).
+    aborted: std::sync::atomic::AtomicBool,
 }
 
 impl Nccl {
@@ -44,7 +46,7 @@ impl Nccl {
                 nc::comm_init_all(comms.as_mut_ptr(), devices.len() as i32, devices.as_ptr())
             })
         })?;
-        Ok(Nccl { comms: comms.into_iter().map(|c| c as usize).collect() })
+        Ok(Nccl { comms: comms.into_iter().map(|c| c as usize).collect(), aborted: Default::default() })
     }
 
     fn comm(&self, rank: usize) -> nc_sys::ncclComm_t {
@@ -53,6 +55,9 @@ impl Nccl {
 
     /// Ends every operation of every communicator (the failure path: a peer will never join).
     pub(crate) fn abort(&self) {
+        if self.aborted.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
         for &c in &self.comms {
             // SAFETY: `c` is a communicator of this world; NCCL allows aborting from any thread.
             let _ = unsafe { nc::comm_abort(c as nc_sys::ncclComm_t) };
@@ -174,6 +179,9 @@ impl Nccl {
 
 impl Drop for Nccl {
     fn drop(&mut self) {
+        if *self.aborted.get_mut() {
+            return;
+        }
         for &c in &self.comms {
             // SAFETY: each communicator is destroyed once.
             let _ = unsafe { nc::comm_destroy(c as nc_sys::ncclComm_t) };

@@ -136,6 +136,9 @@ pub(crate) struct OpState {
     signals: SymmRegion,
     buffers: HashMap<&'static str, SymmRegion>,
     locals: HashMap<&'static str, DeviceBuffer>,
+    /// Events for ordering this op's streams, made once and recorded again on every call (a
+    /// wait on an event takes its state when queued, so reuse is safe).
+    events: Vec<Event>,
 }
 
 /// Exchanges a few words between the ranks' threads (shapes, for agreement checks); also a
@@ -398,7 +401,13 @@ impl<'w> GpuRank<'w> {
             .map_err(|e| super::driver::status("cuMemsetD8Async", e))?;
             states.insert(
                 key,
-                OpState { epoch: 0, signals, buffers: HashMap::new(), locals: HashMap::new() },
+                OpState {
+                    epoch: 0,
+                    signals,
+                    buffers: HashMap::new(),
+                    locals: HashMap::new(),
+                    events: Vec::new(),
+                },
             );
             drop(states);
             // Every rank's signals must be zero before any rank's first kernel signals it.
@@ -481,6 +490,16 @@ impl<'w> GpuRank<'w> {
         // The old buffer goes back to the cache; only work queued after this reuses it.
         state.locals.insert(name, buf);
         Ok(ptr)
+    }
+
+    /// Makes `to` wait for the work queued on `from` so far, through `state`'s event `slot`.
+    pub(crate) fn join(&self, state: &mut OpState, slot: usize, from: sys::CUstream, to: sys::CUstream) -> Result<()> {
+        while state.events.len() <= slot {
+            state.events.push(Event::new(false)?);
+        }
+        let event = &state.events[slot];
+        event.record(from)?;
+        super::driver::stream_wait(to, event)
     }
 
     /// `region` on rank `peer`.

@@ -2,9 +2,11 @@
 // rounding once: bitwise the same result on every run.
 //
 // Mode 1 (collectives): every rank publishes its input `mine` (elements); the runs say which
-// elements of every input this rank sums and where they go in `out`. Mode 2 (matmul_reduce_scatter):
-// the partials (f32, or f64 for f64) are already here (`parts[s]`, pushed by rank s into this rank's symmetric
-// buffer, or its own); wait until each pusher said ready, sum, then tell each it may push again.
+// elements of every input this rank sums and where they go in `out`; the kernel ends once no
+// peer reads `mine` any more. Mode 2 (matmul_reduce_scatter, chunked): the partials (f32, or f64
+// for f64) are already here (`parts[s]`, pushed by rank s into this rank's symmetric buffer, or
+// its own); wait until each pusher said ready, sum, then tell each it may push again. Mode 3
+// (matmul_reduce_scatter, single): as mode 1, but the published inputs are partials.
 
 struct ReduceArgs {
     Ctl ctl;
@@ -83,6 +85,12 @@ extern "C" __global__ void __launch_bounds__(256) dt_reduce(const __grid_constan
         if (threadIdx.x < a.world) srcs[(a.sync.rank + threadIdx.x) % a.world] = ptrs[threadIdx.x];
         __syncthreads();
         reduce_tasks<elem_t>(a, srcs);
+        dt_finish(a.ctl, a.sync, true);
+    } else if (a.mode == 3) {
+        if (!dt_publish_and_wait(a.ctl, a.sync, a.mine, ptrs)) return;
+        if (threadIdx.x < a.world) srcs[(a.sync.rank + threadIdx.x) % a.world] = ptrs[threadIdx.x];
+        __syncthreads();
+        reduce_tasks<part_t>(a, srcs);
         dt_finish(a.ctl, a.sync, true);
     } else {
         if (!dt_wait_ready(a.ctl, a.sync)) return;

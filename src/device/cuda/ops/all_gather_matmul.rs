@@ -9,9 +9,7 @@
 //!   place; then, per peer, a one-thread `dt_signal` waits for that peer's rows and the next GEMM
 //!   runs. Copies use no multiprocessors, so the GEMMs keep the whole GPU.
 
-use super::{
-    CHUNK_BYTES, agree, copy, exchange, join, offsets, out_tensor, same_everywhere, signal,
-};
+use super::{SMALL_CHUNK_BYTES, agree, copy, exchange, offsets, out_tensor, same_everywhere, signal};
 use crate::device::cuda::blas;
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::storage::{DeviceData, Home};
@@ -70,7 +68,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
             let buf = g.symmetric(st, "gathered", m * k * es)?;
             let mine = g.symm_at(buf, r);
             // Push: part i is rank (r + i) % n; each gets this rank's rows at its offset.
-            let run = Runs::contiguous(splits[r] * k, 0, off[r] * k, es, CHUNK_BYTES);
+            let run = Runs::contiguous(splits[r] * k, 0, off[r] * k, es, SMALL_CHUNK_BYTES);
             let parts = vec![run; n];
             exchange::<T>(g, Some(st), OP_ALL_GATHER_MATMUL, 2, mine, x.ptr(), &parts, g.stream())?;
             gemm(mine, m, 0)
@@ -83,7 +81,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
             let (main, copies) = (g.stream(), g.copy_stream());
             let peers: Vec<usize> = (1..n).map(|i| (r + i) % n).collect();
             // Copy stream: once every peer's buffer is free of the last call, push our rows.
-            join(main, copies)?;
+            g.join(st, 0, main, copies)?;
             let free: Vec<(u64, u64)> =
                 peers.iter().map(|&p| (sync.done + 8 * p as u64, (MAX_RANKS + p) as u64)).collect();
             signal(g, OP_ALL_GATHER_MATMUL, copies, epoch - 1, &free, 0, &[])?;
@@ -112,9 +110,9 @@ pub(crate) fn all_gather_matmul<T: Element>(
                 gemm(rows, splits[src], off[src])?;
             }
             // `x` is read by the copies until they finish; later work on `x` waits for them.
-            join(copies, main)?;
+            g.join(st, 1, copies, main)?;
             // Our products are done with the buffer: peers may push into it again.
-            join(main, copies)?;
+            g.join(st, 2, main, copies)?;
             let done: Vec<u64> = peers.iter().map(|&p| sync.done_peer[p] + 8 * r as u64).collect();
             signal(g, OP_ALL_GATHER_MATMUL, copies, 0, &[], epoch, &done)
         })?,

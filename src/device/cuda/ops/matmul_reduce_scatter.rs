@@ -1,15 +1,16 @@
 //! `reduce_scatter(a @ w)` on GPUs, fused, and its unfused baseline (cuBLASLt, then NCCL
 //! reduce_scatter).
 //!
-//! Each rank computes the partial products of every rank's output rows in f32 (f64 for f64),
-//! the rows of the next peer first; copy engines push each partial into its owner's symmetric
-//! buffer while the next partial is computed; a `dt_reduce` kernel then sums the partials of this
-//! rank's rows in rank order (0, 1, ...) and rounds once: bitwise the same on every run.
-//! Paths, reported by `matmul_reduce_scatter_path`: `chunked` (a GEMM per destination, so transfers overlap the
-//! products) or `single` (few rows, as in decoding: one GEMM over all rows reads the weight once,
-//! then the pushes).
+//! Each rank computes the partial products of every rank's output rows in f32 (f64 for f64); a
+//! `dt_reduce` kernel then sums the partials of this rank's rows in rank order (0, 1, ...) and
+//! rounds once: bitwise the same on every run. Paths, reported by `matmul_reduce_scatter_path`:
+//! - `chunked`: a GEMM per destination, the next peer's rows first; copy engines push each
+//!   partial into its owner's symmetric buffer while the next partial is computed.
+//! - `single` (few rows, as in decoding): one GEMM over all rows reads the weight once; the
+//!   reduce kernel then reads every peer's partial of this rank's rows over NVLink (`symm_at` of
+//!   the published partials), with no copy.
 
-use super::{CHUNK_BYTES, agree, copy, join, offsets, out_tensor, reduce, same_everywhere, signal};
+use super::{CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal};
 use crate::Result;
 use crate::device::cuda::blas::{self, dtype_bytes};
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
@@ -65,8 +66,29 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     }
     let pt = partial_type(T::DTYPE);
     let pb = dtype_bytes(pt);
+    let product = |partials: u64, row0: usize, rows: usize| {
+        blas::matmul(
+            g.gpu(),
+            g.stream(),
+            (a.ptr() + (row0 * kr * es) as u64, w.ptr(), partials + (row0 * big_n * pb) as u64),
+            (rows, big_n, kr),
+            T::DTYPE,
+            pt,
+        )
+    };
+    if crate::device::cuda::matmul_reduce_scatter_path(splits) == "single" {
+        g.with_state("matmul_reduce_scatter.single", |st| {
+            st.epoch += 1;
+            let partials = g.local(st, "partials", m * big_n * pb)?;
+            product(partials, 0, m)?;
+            // Every rank sums its rows of every rank's partials, read in place.
+            let runs = Runs::contiguous(splits[r] * big_n, off[r] * big_n, 0, pb, CHUNK_BYTES);
+            reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 3, partials, out.ptr(), &[], runs)
+        })?;
+        return Ok(out);
+    }
     let max_rows = splits.iter().copied().max().unwrap_or(0);
-    g.with_state("matmul_reduce_scatter", |st| {
+    g.with_state("matmul_reduce_scatter.chunked", |st| {
         st.epoch += 1;
         let epoch = st.epoch;
         // recv slot s holds rank s's partial of this rank's rows.
@@ -75,60 +97,28 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
         let sync = g.sync_args(st);
         let (main, copies) = (g.stream(), g.copy_stream());
         let rows_at = |d: usize| partials + (off[d] * big_n * pb) as u64;
-        let product = |row0: usize, rows: usize| {
-            blas::matmul(
-                g.gpu(),
-                main,
-                (a.ptr() + (row0 * kr * es) as u64, w.ptr(), partials + (row0 * big_n * pb) as u64),
-                (rows, big_n, kr),
-                T::DTYPE,
-                pt,
-            )
-        };
         // Waits until `d` has summed our last push, pushes our partial of its rows, says so.
         let push = |d: usize| -> Result<()> {
             let free = [(sync.done + 8 * d as u64, (MAX_RANKS + d) as u64)];
             signal(g, OP_MATMUL_REDUCE_SCATTER, copies, epoch - 1, &free, 0, &[])?;
             let slot = g.symm_at(recv, d) + (r * max_rows * big_n * pb) as u64;
             copy(slot, rows_at(d), splits[d] * big_n * pb, copies)?;
-            signal(
-                g,
-                OP_MATMUL_REDUCE_SCATTER,
-                copies,
-                0,
-                &[],
-                epoch,
-                &[sync.ready_peer[d] + 8 * r as u64],
-            )
+            signal(g, OP_MATMUL_REDUCE_SCATTER, copies, 0, &[], epoch, &[sync.ready_peer[d] + 8 * r as u64])
         };
-        let peers: Vec<usize> = (1..n).map(|i| (r + i) % n).collect();
-        if crate::device::cuda::matmul_reduce_scatter_path(splits) == "single" {
-            product(0, m)?;
-            join(main, copies)?;
-            for &d in &peers {
-                push(d)?;
-            }
-        } else {
-            for &d in &peers {
-                product(off[d], splits[d])?;
-                join(main, copies)?;
-                push(d)?;
-            }
-            product(off[r], splits[r])?;
+        for i in 1..n {
+            let d = (r + i) % n;
+            product(partials, off[d], splits[d])?;
+            g.join(st, i, main, copies)?;
+            push(d)?;
         }
+        product(partials, off[r], splits[r])?;
         let parts: Vec<u64> = (0..n)
-            .map(|s| {
-                if s == r {
-                    rows_at(r)
-                } else {
-                    g.symm_at(recv, r) + (s * max_rows * big_n * pb) as u64
-                }
-            })
+            .map(|s| if s == r { rows_at(r) } else { g.symm_at(recv, r) + (s * max_rows * big_n * pb) as u64 })
             .collect();
         let runs = Runs::contiguous(splits[r] * big_n, 0, 0, pb, CHUNK_BYTES);
         reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 2, 0, out.ptr(), &parts, runs)?;
         // Our partials are read by the copies until they finish: the next call's products wait.
-        join(copies, main)
+        g.join(st, 0, copies, main)
     })?;
     Ok(out)
 }

@@ -12,7 +12,7 @@ pub(crate) mod matmul_reduce_scatter;
 
 use cudarc::driver::{result as cu, sys};
 
-use super::driver::{Check, Event, stream_wait};
+use super::driver::Check;
 use super::kernels::{self, ExchangeArgs, MAX_RANKS, ReduceArgs, Runs, SignalArgs, Source};
 use super::storage::DeviceData;
 use super::world::{GpuRank, OpState};
@@ -21,6 +21,8 @@ use crate::{Error, Result};
 
 /// Bytes each task of a data-moving kernel moves at most.
 pub(crate) const CHUNK_BYTES: usize = 16 << 10;
+/// Smaller tasks for latency-bound moves (a few MiB, as in decoding): more warps in flight.
+pub(crate) const SMALL_CHUNK_BYTES: usize = 4 << 10;
 
 /// Start offsets of shards of the given sizes, and the total.
 pub(crate) fn offsets(splits: &[usize]) -> Vec<usize> {
@@ -191,13 +193,6 @@ pub(crate) fn signal(
     }
     args.notify[..notifies.len()].copy_from_slice(notifies);
     kernels::launch(f, 1, 32, stream, &args)
-}
-
-/// An event recorded now on `from`, waited for by `to`.
-pub(crate) fn join(from: sys::CUstream, to: sys::CUstream) -> Result<()> {
-    let event = Event::new(false)?;
-    event.record(from)?;
-    stream_wait(to, &event)
 }
 
 /// Asynchronous device-to-device copy of `bytes` (peer addresses go over NVLink by copy engine).
