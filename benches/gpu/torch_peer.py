@@ -18,6 +18,7 @@ for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import torch.distributed._symmetric_memory  # noqa: E402,F401  (registers torch.ops.symm_mem)
 
 
 def main():

@@ -115,10 +115,13 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
         let parts: Vec<u64> = (0..n)
             .map(|s| if s == r { rows_at(r) } else { g.symm_at(recv, r) + (s * max_rows * big_n * pb) as u64 })
             .collect();
+        // The reduce kernel spins on every multiprocessor until the peers' partials are here; it
+        // must not start before our own pushes are done, or it could starve their small signal
+        // kernels of multiprocessors while every peer does the same (a deadlock seen on two
+        // H200s). Waiting also keeps our partials unwritten until the copies have read them.
+        g.join(st, 0, copies, main)?;
         let runs = Runs::contiguous(splits[r] * big_n, 0, 0, pb, CHUNK_BYTES);
-        reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 2, 0, out.ptr(), &parts, runs)?;
-        // Our partials are read by the copies until they finish: the next call's products wait.
-        g.join(st, 0, copies, main)
+        reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 2, 0, out.ptr(), &parts, runs)
     })?;
     Ok(out)
 }
