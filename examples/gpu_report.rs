@@ -47,13 +47,12 @@ fn time<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>) -> 
         op()?;
     }
     cuda::synchronize(rank)?;
-    let mut timers = Vec::with_capacity(s.iters);
-    for _ in 0..s.iters {
+    let mut timers = (0..s.iters).map(|_| Timer::new(rank)).collect::<Result<Vec<_>>>()?;
+    for t in &mut timers {
         cuda::barrier(rank)?;
-        let mut t = Timer::start(rank)?;
+        t.start(rank)?;
         op()?;
         t.stop(rank)?;
-        timers.push(t);
     }
     cuda::synchronize(rank)?;
     let mut ms: Vec<f64> =

@@ -280,7 +280,8 @@ pub(crate) mod public {
     }
 
     impl Timer {
-        /// Records the start on `rank`'s compute stream.
+        /// A timer for `rank`'s GPU (its events made now, so that starting it later costs the
+        /// host little).
         ///
         /// # Errors
         /// As [`synchronize`].
@@ -290,23 +291,40 @@ pub(crate) mod public {
         /// use dist_tensor::{device::cuda, World};
         /// if let Ok(world) = World::cuda(&[0]) {
         ///     world.run(|rank| {
-        ///         let mut t = cuda::Timer::start(rank)?;
+        ///         let mut t = cuda::Timer::new(rank)?;
+        ///         t.start(rank)?;
         ///         t.stop(rank)?;
+        ///         cuda::synchronize(rank)?;
         ///         assert!(t.elapsed_ms()? >= 0.0);
         ///         Ok(())
         ///     })?;
         /// }
         /// # Ok::<(), dist_tensor::Error>(())
         /// ```
-        pub fn start(rank: &Rank<'_>) -> Result<Timer> {
+        pub fn new(rank: &Rank<'_>) -> Result<Timer> {
             let g = gpu_rank(rank)?;
-            let t = Timer {
-                start: Event::new(true)?,
-                stop: Event::new(true)?,
-                ordinal: g.gpu().ordinal,
-            };
-            t.start.record(g.stream())?;
-            Ok(t)
+            Ok(Timer { start: Event::new(true)?, stop: Event::new(true)?, ordinal: g.gpu().ordinal })
+        }
+
+        /// Records the start on `rank`'s compute stream.
+        ///
+        /// # Errors
+        /// As [`Timer::stop`].
+        pub fn start(&mut self, rank: &Rank<'_>) -> Result<()> {
+            let g = self.on(rank)?;
+            self.start.record(g.stream())
+        }
+
+        fn on<'a>(&self, rank: &'a Rank<'a>) -> Result<GpuRank<'a>> {
+            let g = gpu_rank(rank)?;
+            if g.gpu().ordinal != self.ordinal {
+                return Err(Error::InvalidArgument {
+                    op: "Timer",
+                    rank: rank.rank(),
+                    reason: format!("the timer belongs to cuda:{}", self.ordinal),
+                });
+            }
+            Ok(g)
         }
 
         /// Records the stop on `rank`'s compute stream.
@@ -314,14 +332,7 @@ pub(crate) mod public {
         /// # Errors
         /// As [`synchronize`]; [`Error::InvalidArgument`] for another rank's GPU.
         pub fn stop(&mut self, rank: &Rank<'_>) -> Result<()> {
-            let g = gpu_rank(rank)?;
-            if g.gpu().ordinal != self.ordinal {
-                return Err(Error::InvalidArgument {
-                    op: "Timer::stop",
-                    rank: rank.rank(),
-                    reason: format!("timer started on cuda:{}", self.ordinal),
-                });
-            }
+            let g = self.on(rank)?;
             self.stop.record(g.stream())
         }
 

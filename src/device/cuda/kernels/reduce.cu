@@ -52,21 +52,23 @@ __device__ void reduce_tasks(const ReduceArgs& a, const u64* srcs) {
         so += start;
         dof += start;
         u64 k = lane;
-        // Four elements per lane per step, independent, so loads from every rank overlap.
-        for (; k + 96 < len; k += 128) {
-            acc_t acc[4];
+        // Eight elements per lane per step, independent, so that loads from every rank are in
+        // flight together: reads of a peer's memory over NVLink take microseconds, and a warp
+        // with few loads outstanding leaves the link idle.
+        for (; k + 224 < len; k += 256) {
+            acc_t acc[8];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) acc[j] = load_acc<Src>((const Src*)srcs[0], so + k + 32 * j);
+            for (int j = 0; j < 8; ++j) acc[j] = load_acc<Src>((const Src*)srcs[0], so + k + 32 * j);
             for (u32 s = 1; s < a.world; ++s) {
                 const Src* p = (const Src*)srcs[s];
-                acc_t v[4];
+                acc_t v[8];
 #pragma unroll
-                for (int j = 0; j < 4; ++j) v[j] = load_acc<Src>(p, so + k + 32 * j);
+                for (int j = 0; j < 8; ++j) v[j] = load_acc<Src>(p, so + k + 32 * j);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) acc[j] += v[j];
+                for (int j = 0; j < 8; ++j) acc[j] += v[j];
             }
 #pragma unroll
-            for (int j = 0; j < 4; ++j) out[dof + k + 32 * j] = from_acc(acc[j]);
+            for (int j = 0; j < 8; ++j) out[dof + k + 32 * j] = from_acc(acc[j]);
         }
         for (; k < len; k += 32) {
             acc_t acc = load_acc<Src>((const Src*)srcs[0], so + k);

@@ -10,7 +10,7 @@
 //!   reduce kernel then reads every peer's partial of this rank's rows over NVLink (`symm_at` of
 //!   the published partials), with no copy.
 
-use super::{CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal};
+use super::{SMALL_CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal};
 use crate::Result;
 use crate::device::cuda::blas::{self, dtype_bytes};
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
@@ -82,7 +82,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             let partials = g.local(st, "partials", m * big_n * pb)?;
             product(partials, 0, m)?;
             // Every rank sums its rows of every rank's partials, read in place.
-            let runs = Runs::contiguous(splits[r] * big_n, off[r] * big_n, 0, pb, CHUNK_BYTES);
+            let runs = Runs::contiguous(splits[r] * big_n, off[r] * big_n, 0, pb, SMALL_CHUNK_BYTES);
             reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 3, partials, out.ptr(), &[], runs)
         })?;
         return Ok(out);
@@ -120,7 +120,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
         // kernels of multiprocessors while every peer does the same (a deadlock seen on two
         // H200s). Waiting also keeps our partials unwritten until the copies have read them.
         g.join(st, 0, copies, main)?;
-        let runs = Runs::contiguous(splits[r] * big_n, 0, 0, pb, CHUNK_BYTES);
+        let runs = Runs::contiguous(splits[r] * big_n, 0, 0, pb, SMALL_CHUNK_BYTES);
         reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 2, 0, out.ptr(), &parts, runs)
     })?;
     Ok(out)
