@@ -82,7 +82,11 @@ struct Row {
 fn difference(a: &Tensor<bf16>, b: &Tensor<bf16>) -> Result<f64> {
     let (a, b) = (a.to_host()?, b.to_host()?);
     let scale = b.as_slice().iter().fold(0.0f64, |m, v| m.max(v.to_f64().abs()));
-    let diff = a.as_slice().iter().zip(b.as_slice()).fold(0.0f64, |m, (x, y)| m.max((x.to_f64() - y.to_f64()).abs()));
+    let diff = a
+        .as_slice()
+        .iter()
+        .zip(b.as_slice())
+        .fold(0.0f64, |m, (x, y)| m.max((x.to_f64() - y.to_f64()).abs()));
     Ok(if scale == 0.0 { diff } else { diff / scale })
 }
 
@@ -93,10 +97,15 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
     let other = if path == "gather" { "overlap" } else { "gather" };
     let times = world.run(|rank| {
         let seed = 10 * rank.rank() as u64;
-        let x = DistTensor::from_local(rank, cuda::random::<bf16>(rank, &[rows, k], seed + 1)?, Placement::Shard(0))?;
+        let x = DistTensor::from_local(
+            rank,
+            cuda::random::<bf16>(rank, &[rows, k], seed + 1)?,
+            Placement::Shard(0),
+        )?;
         let w = cuda::random::<bf16>(rank, &[k, n], seed + 2)?;
         let a = cuda::random::<bf16>(rank, &[m, k], seed + 3)?;
-        let check = difference(x.all_gather_matmul(&w)?.local(), x.all_gather_matmul_unfused(&w)?.local())?;
+        let check =
+            difference(x.all_gather_matmul(&w)?.local(), x.all_gather_matmul_unfused(&w)?.local())?;
         let mut t = vec![
             time(rank, s, || x.all_gather_matmul(&w))?,
             time(rank, s, || x.all_gather_matmul_unfused(&w))?,
@@ -128,20 +137,36 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
         ceiling: t[2],
         check: t[3],
         stages: if s.stages {
-            vec![(format!("GEMM of one rank's {rows} rows"), t[4]), (format!("fused, {other} path"), t[5])]
+            vec![
+                (format!("GEMM of one rank's {rows} rows"), t[4]),
+                (format!("fused, {other} path"), t[5]),
+            ]
         } else {
             vec![]
         },
     })
 }
 
-fn matmul_reduce_scatter_row(world: &World, s: &Settings, m: usize, k: usize, n: usize) -> Result<Row> {
+fn matmul_reduce_scatter_row(
+    world: &World,
+    s: &Settings,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<Row> {
     let p = world.num_ranks();
     let times = world.run(|rank| {
         let seed = 10 * rank.rank() as u64;
-        let h = DistTensor::from_local(rank, cuda::random::<bf16>(rank, &[m, k], seed + 1)?, Placement::Shard(1))?;
+        let h = DistTensor::from_local(
+            rank,
+            cuda::random::<bf16>(rank, &[m, k], seed + 1)?,
+            Placement::Shard(1),
+        )?;
         let w = cuda::random::<bf16>(rank, &[k, n], seed + 2)?;
-        let check = difference(h.matmul_reduce_scatter(&w)?.local(), h.matmul_reduce_scatter_unfused(&w)?.local())?;
+        let check = difference(
+            h.matmul_reduce_scatter(&w)?.local(),
+            h.matmul_reduce_scatter_unfused(&w)?.local(),
+        )?;
         let mut t = vec![
             time(rank, s, || h.matmul_reduce_scatter(&w))?,
             time(rank, s, || h.matmul_reduce_scatter_unfused(&w))?,
@@ -163,11 +188,21 @@ fn matmul_reduce_scatter_row(world: &World, s: &Settings, m: usize, k: usize, n:
         unfused: t[1],
         ceiling: t[2],
         check: t[3],
-        stages: t.get(4).map(|&v| vec![(format!("GEMM of one rank's {} rows", m / p), v)]).unwrap_or_default(),
+        stages: t
+            .get(4)
+            .map(|&v| vec![(format!("GEMM of one rank's {} rows", m / p), v)])
+            .unwrap_or_default(),
     })
 }
 
-fn all_to_all_row(world: &World, s: &Settings, b: usize, seq: usize, h: usize, d: usize) -> Result<Row> {
+fn all_to_all_row(
+    world: &World,
+    s: &Settings,
+    b: usize,
+    seq: usize,
+    h: usize,
+    d: usize,
+) -> Result<Row> {
     let p = world.num_ranks();
     let times = world.run(|rank| {
         let x = cuda::random::<bf16>(rank, &[b, seq / p, h, d], 7 + rank.rank() as u64)?;
@@ -192,7 +227,11 @@ fn all_to_all_row(world: &World, s: &Settings, b: usize, seq: usize, h: usize, d
         ceiling: t[2],
         check: t[3],
         stages: vec![(
-            format!("NVLink in: {:.0} MiB at {:.0} GB/s", remote / (1 << 20) as f64, remote / (t[0] * 1e-3) / 1e9),
+            format!(
+                "NVLink in: {:.0} MiB at {:.0} GB/s",
+                remote / (1 << 20) as f64,
+                remote / (t[0] * 1e-3) / 1e9
+            ),
             t[0],
         )],
     })
@@ -207,7 +246,7 @@ fn main() -> Result<()> {
             return Ok(());
         }
     };
-    let info = world.run(|rank| cuda::gpu_info(rank))?;
+    let info = world.run(cuda::gpu_info)?;
     println!(
         "# gpu_report: {} x {} ({} SMs, sm_{}{}), bf16, world 2, ms (median of {} after {} warm-up)",
         info.len(),

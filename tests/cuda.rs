@@ -68,7 +68,7 @@ fn without_gpus_or_cuda_the_world_is_a_typed_error() {
             let devices = world.run(|rank| Ok(rank.device())).unwrap();
             assert_eq!(devices, vec![Device::Cuda(0)]);
             let n = cuda::device_count().unwrap();
-            let err = World::cuda(&[n + 3]).err().expect("no such device");
+            let err = World::cuda(&[n + 3]).expect_err("no such device");
             assert!(matches!(err, Error::DeviceUnavailable { .. }), "{err}");
             assert!(err.to_string().contains("CUDA device"), "{err}");
         }
@@ -161,7 +161,7 @@ fn all_gather_matmul_case<T: Element>(
             } else {
                 locals
                     .iter()
-                    .map(|w| Ok(xd.all_gather_matmul_unfused(w)?))
+                    .map(|w| xd.all_gather_matmul_unfused(w))
                     .collect::<Result<Vec<_>, Error>>()?
             };
             hs.iter().map(|h| h.to_global()?.to_host()).collect::<Result<Vec<_>, _>>()

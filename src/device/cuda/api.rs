@@ -23,8 +23,8 @@ pub(crate) fn open_world(devices: &[usize], wait_timeout: Duration) -> Result<Ar
 }
 
 /// The world failed on the host (a rank returned an error or panicked): end every kernel.
-pub(crate) fn world_failed(world: &CudaWorld, rank: usize) {
-    world.watch.abort(Some(rank));
+pub(crate) fn world_failed(world: &CudaWorld, rank: usize, reason: &str) {
+    world.watch.abort(Some(rank), reason);
 }
 
 /// At the end of a rank's part of `World::run`: waits until its GPU work is done, so that no
@@ -303,7 +303,11 @@ pub(crate) mod public {
         /// ```
         pub fn new(rank: &Rank<'_>) -> Result<Timer> {
             let g = gpu_rank(rank)?;
-            Ok(Timer { start: Event::new(true)?, stop: Event::new(true)?, ordinal: g.gpu().ordinal })
+            Ok(Timer {
+                start: Event::new(true)?,
+                stop: Event::new(true)?,
+                ordinal: g.gpu().ordinal,
+            })
         }
 
         /// Records the start on `rank`'s compute stream.

@@ -120,7 +120,8 @@ impl Blas {
         } else {
             (lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt_sys::cudaDataType::CUDA_R_32F)
         };
-        let desc = lt::create_matmul_desc(compute, scale).map_err(|e| blas_error("cublasLtMatmulDescCreate", e))?;
+        let desc = lt::create_matmul_desc(compute, scale)
+            .map_err(|e| blas_error("cublasLtMatmulDescCreate", e))?;
         // Column-major view of the row-major product: C^T (n x m) = B^T (n x k) * A^T (k x m).
         let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
         let layout = |t, rows, cols, ld| {
@@ -130,11 +131,19 @@ impl Blas {
         let b_layout = layout(key.input, n, k, n)?;
         let a_layout = layout(key.input, k, m, k)?;
         let c_layout = layout(key.output, n, m, n)?;
-        let pref = lt::create_matmul_pref().map_err(|e| blas_error("cublasLtMatmulPreferenceCreate", e))?;
+        let pref = lt::create_matmul_pref()
+            .map_err(|e| blas_error("cublasLtMatmulPreferenceCreate", e))?;
         let set = |attr, value: &[u8]| {
             // SAFETY: `pref` is valid; `value` is the attribute's value in native layout.
-            unsafe { lt::set_matmul_pref_attribute(pref, attr, value.as_ptr() as *const c_void, value.len()) }
-                .map_err(|e| blas_error("cublasLtMatmulPreferenceSetAttribute", e))
+            unsafe {
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    attr,
+                    value.as_ptr() as *const c_void,
+                    value.len(),
+                )
+            }
+            .map_err(|e| blas_error("cublasLtMatmulPreferenceSetAttribute", e))
         };
         use lt_sys::cublasLtMatmulPreferenceAttributes_t::*;
         set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &(WORKSPACE_BYTES as u64).to_ne_bytes())?;
@@ -143,7 +152,8 @@ impl Blas {
         set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align[0].to_ne_bytes())?;
         set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align[2].to_ne_bytes())?;
         set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align[2].to_ne_bytes())?;
-        let mut found = [std::mem::MaybeUninit::<lt_sys::cublasLtMatmulHeuristicResult_t>::zeroed(); CANDIDATES];
+        let mut found = [std::mem::MaybeUninit::<lt_sys::cublasLtMatmulHeuristicResult_t>::zeroed();
+            CANDIDATES];
         let mut count = 0;
         // SAFETY: every descriptor is valid and describes this product; `found` has room for
         // CANDIDATES results.
@@ -167,7 +177,10 @@ impl Blas {
         let algos: Vec<lt_sys::cublasLtMatmulAlgo_t> = found[..count.max(0) as usize]
             .iter()
             .map(|r| unsafe { r.assume_init() })
-            .filter(|r| r.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
+            .filter(|r| {
+                r.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                    && r.workspaceSize <= WORKSPACE_BYTES
+            })
             .map(|r| r.algo)
             .collect();
         if status.result().is_err() || algos.is_empty() {
@@ -199,7 +212,8 @@ impl Blas {
         algos: &[lt_sys::cublasLtMatmulAlgo_t],
     ) -> Result<lt_sys::cublasLtMatmulAlgo_t> {
         // A stream of its own (not `Streams`, whose drop takes the cuBLASLt lock held here).
-        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
+        let stream =
+            cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
         let result = self.time_candidates(gpu, key, plan, algos, stream);
         // SAFETY: the stream is idle (the timing synchronized it, or failed before queuing).
         let _ = unsafe { cu::stream::synchronize(stream) };
@@ -223,7 +237,12 @@ impl Blas {
         let a = DeviceBuffer::new(gpu, key.m * key.k * ib + 256, stream)?;
         let b = DeviceBuffer::new(gpu, key.k * key.n * ib + 256, stream)?;
         let c = DeviceBuffer::new(gpu, key.m * key.n * ob + 256, stream)?;
-        let f = super::kernels::function(gpu, super::kernels::Source::Signal, key.input, "dt_fill_random")?;
+        let f = super::kernels::function(
+            gpu,
+            super::kernels::Source::Signal,
+            key.input,
+            "dt_fill_random",
+        )?;
         for (buf, len, seed) in [(&a, key.m * key.k, 1u64), (&b, key.k * key.n, 2)] {
             let (mut ptr, mut n, mut s) = (buf.ptr, len as u64 + 256 / ib as u64, seed);
             let mut params = [
@@ -324,16 +343,14 @@ pub(crate) fn matmul(
             .check("cuMemsetD8Async");
     }
     let mut guard = gpu.blas.lock().unwrap_or_else(|p| p.into_inner());
-    if !guard.contains_key(&(stream as usize)) {
-        let blas = Blas::new(gpu, stream)?;
-        guard.insert(stream as usize, blas);
-    }
-    let blas = guard.get_mut(&(stream as usize)).expect("made above");
+    let blas = match guard.entry(stream as usize) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(Blas::new(gpu, stream)?),
+    };
     let key = PlanKey { m, n, k, input, output, align: [alignment(a), alignment(b), alignment(c)] };
     blas.plan(gpu, key)?;
     let plan = &blas.plans[&key];
-    blas.launch(plan, &plan.algo, input, (a, b, c), stream)
-    .map_err(|e| Error::DeviceStatus {
+    blas.launch(plan, &plan.algo, input, (a, b, c), stream).map_err(|e| Error::DeviceStatus {
         call: "cublasLtMatmul",
         code: e.0 as i32,
         message: format!(

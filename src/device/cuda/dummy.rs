@@ -55,7 +55,7 @@ pub(crate) fn open_world(_devices: &[usize], _wait_timeout: Duration) -> Result<
     Err(unavailable("World::cuda"))
 }
 
-pub(crate) fn world_failed(world: &CudaWorld, _rank: usize) {
+pub(crate) fn world_failed(world: &CudaWorld, _rank: usize, _reason: &str) {
     match *world {}
 }
 

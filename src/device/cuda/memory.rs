@@ -191,6 +191,8 @@ impl SymmetricHeap {
                     rank_b: rank,
                     bytes_b: size,
                     offset_b: offset,
+                    purpose_a: "GPU symmetric heap".into(),
+                    purpose_b: "GPU symmetric heap".into(),
                 });
             }
         } else {

@@ -46,7 +46,10 @@ impl Nccl {
                 nc::comm_init_all(comms.as_mut_ptr(), devices.len() as i32, devices.as_ptr())
             })
         })?;
-        Ok(Nccl { comms: comms.into_iter().map(|c| c as usize).collect(), aborted: Default::default() })
+        Ok(Nccl {
+            comms: comms.into_iter().map(|c| c as usize).collect(),
+            aborted: Default::default(),
+        })
     }
 
     fn comm(&self, rank: usize) -> nc_sys::ncclComm_t {

@@ -32,15 +32,21 @@ pub(crate) struct Watch {
     faults: Vec<HostMapped>,
     pub(crate) timeout: Duration,
     nccl: Mutex<Option<Arc<Nccl>>>,
+    /// What the rank that failed first on the host said.
+    reason: Mutex<Option<String>>,
 }
 
 impl Watch {
     /// Fails the world: every wait of every kernel gives up, NCCL operations are aborted.
-    pub(crate) fn abort(&self, failed_rank: Option<usize>) {
+    pub(crate) fn abort(&self, failed_rank: Option<usize>, reason: &str) {
         if let Some(r) = failed_rank
             && self.abort.get(1) == 0
         {
             self.abort.set(1, r as u64 + 1);
+            self.reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| reason.to_string());
         }
         self.abort.set(0, 1);
         if let Some(nccl) = self.nccl.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
@@ -68,11 +74,19 @@ impl Watch {
                 timeout: self.timeout,
             });
         }
-        let failed_rank = (0..self.faults.len())
-            .find(|&r| self.faults[r].get(6) != 0)
-            .or_else(|| self.abort.get(1).checked_sub(1).map(|r| r as usize))
-            .unwrap_or(rank);
-        Err(Error::PeerFailed { rank, failed_rank })
+        let faulted = (0..self.faults.len()).find(|&r| self.faults[r].get(6) != 0);
+        let (failed_rank, reason) = match faulted {
+            Some(r) => (r, format!("a wait of rank {r}'s kernels timed out")),
+            None => (
+                self.abort.get(1).checked_sub(1).map_or(rank, |r| r as usize),
+                self.reason
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| "the world failed".into()),
+            ),
+        };
+        Err(Error::PeerFailed { rank, failed_rank, reason })
     }
 
     /// Waits until `event` is done, polling, so that a failed world ends the wait: when the
@@ -84,7 +98,7 @@ impl Watch {
         let mut spins = 0u32;
         while !event.done()? {
             if start.elapsed() > limit {
-                self.abort(Some(rank));
+                self.abort(Some(rank), "its GPU did not finish");
                 return Err(Error::DeviceUnavailable {
                     op: "wait for GPU work",
                     device: format!("rank {rank}"),
@@ -215,6 +229,7 @@ impl CudaWorld {
             faults: (0..gpus.len()).map(|_| HostMapped::new(FAULT_WORDS)).collect::<Result<_>>()?,
             timeout: wait_timeout,
             nccl: Mutex::new(None),
+            reason: Mutex::new(None),
         });
         let n = gpus.len();
         let claims = (0..n).map(|r| heap.alloc(r, 256)).collect::<Result<Vec<_>>>()?[0];
@@ -365,7 +380,7 @@ impl<'w> GpuRank<'w> {
                 s.arrived -= 1;
                 let seen = s.arrived as u64;
                 drop(s);
-                self.world.watch.abort(Some(self.rank));
+                self.world.watch.abort(Some(self.rank), "it timed out at a host exchange");
                 return Err(Error::WaitTimeout {
                     rank: self.rank,
                     program: ProgramLabel::Host,
@@ -493,7 +508,13 @@ impl<'w> GpuRank<'w> {
     }
 
     /// Makes `to` wait for the work queued on `from` so far, through `state`'s event `slot`.
-    pub(crate) fn join(&self, state: &mut OpState, slot: usize, from: sys::CUstream, to: sys::CUstream) -> Result<()> {
+    pub(crate) fn join(
+        &self,
+        state: &mut OpState,
+        slot: usize,
+        from: sys::CUstream,
+        to: sys::CUstream,
+    ) -> Result<()> {
         while state.events.len() <= slot {
             state.events.push(Event::new(false)?);
         }

@@ -9,7 +9,9 @@
 //!   place; then, per peer, a one-thread `dt_signal` waits for that peer's rows and the next GEMM
 //!   runs. Copies use no multiprocessors, so the GEMMs keep the whole GPU.
 
-use super::{SMALL_CHUNK_BYTES, agree, copy, exchange, offsets, out_tensor, same_everywhere, signal};
+use super::{
+    SMALL_CHUNK_BYTES, agree, copy, exchange, offsets, out_tensor, same_everywhere, signal,
+};
 use crate::device::cuda::blas;
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::storage::{DeviceData, Home};

@@ -82,7 +82,8 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             let partials = g.local(st, "partials", m * big_n * pb)?;
             product(partials, 0, m)?;
             // Every rank sums its rows of every rank's partials, read in place.
-            let runs = Runs::contiguous(splits[r] * big_n, off[r] * big_n, 0, pb, SMALL_CHUNK_BYTES);
+            let runs =
+                Runs::contiguous(splits[r] * big_n, off[r] * big_n, 0, pb, SMALL_CHUNK_BYTES);
             reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 3, partials, out.ptr(), &[], runs)
         })?;
         return Ok(out);
@@ -103,7 +104,15 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             signal(g, OP_MATMUL_REDUCE_SCATTER, copies, epoch - 1, &free, 0, &[])?;
             let slot = g.symm_at(recv, d) + (r * max_rows * big_n * pb) as u64;
             copy(slot, rows_at(d), splits[d] * big_n * pb, copies)?;
-            signal(g, OP_MATMUL_REDUCE_SCATTER, copies, 0, &[], epoch, &[sync.ready_peer[d] + 8 * r as u64])
+            signal(
+                g,
+                OP_MATMUL_REDUCE_SCATTER,
+                copies,
+                0,
+                &[],
+                epoch,
+                &[sync.ready_peer[d] + 8 * r as u64],
+            )
         };
         for i in 1..n {
             let d = (r + i) % n;
@@ -113,7 +122,13 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
         }
         product(partials, off[r], splits[r])?;
         let parts: Vec<u64> = (0..n)
-            .map(|s| if s == r { rows_at(r) } else { g.symm_at(recv, r) + (s * max_rows * big_n * pb) as u64 })
+            .map(|s| {
+                if s == r {
+                    rows_at(r)
+                } else {
+                    g.symm_at(recv, r) + (s * max_rows * big_n * pb) as u64
+                }
+            })
             .collect();
         // The reduce kernel spins on every multiprocessor until the peers' partials are here; it
         // must not start before our own pushes are done, or it could starve their small signal

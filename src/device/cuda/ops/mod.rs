@@ -109,6 +109,7 @@ pub(crate) fn out_tensor<T: Element>(g: &GpuRank<'_>, shape: &[usize]) -> Result
 }
 
 /// Launches `dt_exchange`: `parts[i]` are the runs for rank (rank + i) % world.
+#[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
 pub(crate) fn exchange<T: Element>(
     g: &GpuRank<'_>,
     state: Option<&OpState>,
@@ -141,6 +142,7 @@ pub(crate) fn exchange<T: Element>(
 }
 
 /// Launches `dt_reduce` (see reduce.cu for the modes).
+#[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
 pub(crate) fn reduce<T: Element>(
     g: &GpuRank<'_>,
     state: &OpState,
