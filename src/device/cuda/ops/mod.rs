@@ -152,6 +152,7 @@ pub(crate) fn reduce<T: Element>(
     out: u64,
     parts: &[u64],
     runs: Runs,
+    stream: sys::CUstream,
 ) -> Result<()> {
     let f = kernels::function(g.gpu(), Source::Reduce, T::DTYPE, "dt_reduce")?;
     let mut args = ReduceArgs {
@@ -166,7 +167,7 @@ pub(crate) fn reduce<T: Element>(
     };
     args.parts[..parts.len()].copy_from_slice(parts);
     let grid = kernels::grid_for(g.gpu(), f, runs.tasks());
-    kernels::launch(f, grid, kernels::BLOCK, g.stream(), &args)
+    kernels::launch(f, grid, kernels::BLOCK, stream, &args)
 }
 
 /// Launches `dt_signal` on `stream`: wait until every `waits` word (with its signal number) is
