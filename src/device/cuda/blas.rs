@@ -34,8 +34,6 @@ struct PlanKey {
     m: usize,
     n: usize,
     k: usize,
-    /// Row strides (in elements) of a, b and c.
-    ld: [usize; 3],
     input: DType,
     output: DType,
     align: [u32; 3],
@@ -130,10 +128,9 @@ impl Blas {
             lt::create_matrix_layout(cuda_type(t), rows, cols, ld as i64)
                 .map_err(|e| blas_error("cublasLtMatrixLayoutCreate", e))
         };
-        let [lda, ldb, ldc] = key.ld;
-        let b_layout = layout(key.input, n, k, ldb)?;
-        let a_layout = layout(key.input, k, m, lda)?;
-        let c_layout = layout(key.output, n, m, ldc)?;
+        let b_layout = layout(key.input, n, k, n)?;
+        let a_layout = layout(key.input, k, m, k)?;
+        let c_layout = layout(key.output, n, m, n)?;
         let pref = lt::create_matmul_pref()
             .map_err(|e| blas_error("cublasLtMatmulPreferenceCreate", e))?;
         let set = |attr, value: &[u8]| {
@@ -237,17 +234,16 @@ impl Blas {
         let (ib, ob) = (dtype_bytes(key.input), dtype_bytes(key.output));
         // Operands at the plan's alignments: offsets into buffers aligned to 256 bytes.
         let offset = |align: u32| if align >= 256 { 0 } else { align as usize };
-        let [lda, ldb, ldc] = key.ld;
-        let a = DeviceBuffer::new(gpu, key.m * lda * ib + 256, stream)?;
-        let b = DeviceBuffer::new(gpu, key.k * ldb * ib + 256, stream)?;
-        let c = DeviceBuffer::new(gpu, key.m * ldc * ob + 256, stream)?;
+        let a = DeviceBuffer::new(gpu, key.m * key.k * ib + 256, stream)?;
+        let b = DeviceBuffer::new(gpu, key.k * key.n * ib + 256, stream)?;
+        let c = DeviceBuffer::new(gpu, key.m * key.n * ob + 256, stream)?;
         let f = super::kernels::function(
             gpu,
             super::kernels::Source::Signal,
             key.input,
             "dt_fill_random",
         )?;
-        for (buf, len, seed) in [(&a, key.m * lda, 1u64), (&b, key.k * ldb, 2)] {
+        for (buf, len, seed) in [(&a, key.m * key.k, 1u64), (&b, key.k * key.n, 2)] {
             let (mut ptr, mut n, mut s) = (buf.ptr, len as u64 + 256 / ib as u64, seed);
             let mut params = [
                 &mut ptr as *mut u64 as *mut c_void,
@@ -337,31 +333,7 @@ pub(crate) fn matmul(
     input: DType,
     output: DType,
 ) -> Result<()> {
-    matmul_strided(gpu, stream, (a, b, c), (m, n, k), [k, n, n], input, output)
-}
-
-/// [`matmul`] on row-major operands with row strides `ld` (elements) for a, b and c: a block of
-/// columns of `b` and `c` is `ld = [k, N, N]` with `b` and `c` offset to the first column.
-pub(crate) fn matmul_strided(
-    gpu: &Arc<Gpu>,
-    stream: sys::CUstream,
-    (a, b, c): (u64, u64, u64),
-    (m, n, k): (usize, usize, usize),
-    ld: [usize; 3],
-    input: DType,
-    output: DType,
-) -> Result<()> {
     if m == 0 || n == 0 {
-        return Ok(());
-    }
-    if k == 0 && ld[2] != n {
-        // An empty sum into a strided block: zeros, row by row.
-        let bytes = dtype_bytes(output);
-        for row in 0..m {
-            // SAFETY: row `row` of `c` holds n elements of `output`.
-            unsafe { cu::memset_d8_async(c + (row * ld[2] * bytes) as u64, 0, n * bytes, stream) }
-                .check("cuMemsetD8Async")?;
-        }
         return Ok(());
     }
     if k == 0 {
@@ -375,8 +347,7 @@ pub(crate) fn matmul_strided(
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => e.insert(Blas::new(gpu, stream)?),
     };
-    let key =
-        PlanKey { m, n, k, ld, input, output, align: [alignment(a), alignment(b), alignment(c)] };
+    let key = PlanKey { m, n, k, input, output, align: [alignment(a), alignment(b), alignment(c)] };
     blas.plan(gpu, key)?;
     let plan = &blas.plans[&key];
     blas.launch(plan, &plan.algo, input, (a, b, c), stream).map_err(|e| Error::DeviceStatus {
