@@ -9,7 +9,7 @@
 //!
 //! How it is built, bottom up (each a file of this folder):
 //! - `driver`: CUDA loaded at run time through cudarc's dynamic loading (the crate builds with no
-//!   CUDA installed; a machine without a driver gets [`Error::LibraryNotFound`], never a panic).
+//!   CUDA installed; a machine without a driver gets [`Error::LibraryNotFound`](crate::Error::LibraryNotFound), never a panic).
 //! - `memory`: plain `cuMemAlloc` allocations (a peer reaches them through peer access), cached
 //!   by size; the symmetric heap, `symm_at` being the peer's base plus the offset.
 //! - `world`: signals as 64-bit epoch counters in device memory, never reset; waits in kernels use
