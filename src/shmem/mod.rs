@@ -15,17 +15,23 @@ mod exchange;
 mod heap;
 pub mod job_env;
 mod mapping;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod process;
+mod put;
 mod rank;
 mod signal;
 mod spawn;
+mod transport;
 mod sync;
 mod world;
 
 pub use crate::tensor::Pod;
 pub use buffer::{
     GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
+    try_symm_at,
 };
+pub(crate) use put::{PutSignal, Shape};
 pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
 pub use rank::Rank;

@@ -13,7 +13,7 @@
 //! own every few milliseconds to look at the world: a failure, a rank that left, its deadline,
 //! and (in a process world) whether a peer process died.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use rustix::thread::futex;
@@ -39,6 +39,11 @@ pub(crate) struct Cell {
 }
 
 impl Cell {
+    /// A signal of value zero outside any heap (a counter in process memory that threads wait on).
+    pub(crate) const fn new() -> Cell {
+        Cell { value: AtomicU64::new(0), doorbell: AtomicU32::new(0), sleepers: AtomicU32::new(0) }
+    }
+
     /// Wakes the threads sleeping on this cell, if any. Call after the store it announces.
     pub(crate) fn ring(&self) {
         fence(Ordering::SeqCst);
@@ -67,6 +72,9 @@ pub(crate) struct Watch<'a> {
     pub(crate) deadline: Option<Instant>,
     /// Called on every tick while blocked (a process world looks for dead peers here).
     pub(crate) on_tick: Option<&'a (dyn Fn(&Control) + Send + Sync)>,
+    /// Counts the threads blocked in a wait, for a proxy that moves data from other nodes: it
+    /// polls hard while anyone waits.
+    pub(crate) blocked: Option<&'a AtomicUsize>,
 }
 
 /// Waits on `cell` until `ready()`, a failure, `gone()` reporting a reason (asked whenever a rank
@@ -92,7 +100,13 @@ pub(crate) fn wait_until<E>(
         }
     }
     cell.sleepers.fetch_add(1, Ordering::SeqCst);
+    if let Some(blocked) = watch.blocked {
+        blocked.fetch_add(1, Ordering::SeqCst);
+    }
     let outcome = block(watch, cell, &mut ready, &mut gone);
+    if let Some(blocked) = watch.blocked {
+        blocked.fetch_sub(1, Ordering::SeqCst);
+    }
     cell.sleepers.fetch_sub(1, Ordering::SeqCst);
     outcome
 }
