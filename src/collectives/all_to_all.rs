@@ -1,7 +1,7 @@
 //! all_to_all: every rank sends a piece of its input to every rank (MPI_Alltoall, _Alltoallv).
 
 use super::workspace::{
-    CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_outputs, exchange_checked, with_workspace,
+    CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
@@ -129,10 +129,21 @@ fn exchange_and_send<T: Element>(
     // receives a 1/n of every input.
     let even_total: usize = all.iter().map(|w| w[0] as usize / n).sum();
     check_outputs(OP, &all, 1, |_| even_total)?;
+    // Ranks of other nodes put what they send this rank into its mirror, each at the offset of
+    // its input among all inputs (every rank knows the input lengths, not what others send each
+    // other): room for every input, of which the pages written are what this rank receives.
+    let input_offsets = split_offsets(&all.iter().map(|w| w[0] as usize).collect::<Vec<_>>());
+    let my_starts = split_offsets(
+        &(0..n).map(|r| send_counts.get(r).copied().unwrap_or(0)).collect::<Vec<_>>(),
+    );
     with_workspace::<T, _>(rank, |ws| {
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[0] as usize).max().unwrap_or(0))?;
+            ws.reserve_mirror(rank, input_offsets[n])?;
         }
+        let targets = ws.remote_targets(rank, |dst| {
+            Some((Region::row(my_starts[dst], send_counts[dst]), input_offsets[me]))
+        });
 
         let grid = rank.topology().aivector_core_num();
         let ready_at = ws.publish(|_| n > 1, grid);
@@ -149,25 +160,28 @@ fn exchange_and_send<T: Element>(
             unsafe {
                 launch(rank, LaunchMode::VectorOnly, grid, |p| {
                     if n > 1 {
+                        ws.push_remote(p, input_ptr, &targets)?;
                         ws.publish_part(p, input_ptr, &publish, input.len())?;
                     }
                     for t in p.tasks(tasks.total()) {
                         let (src, task) = tasks.locate(t);
                         let c = pieces[src].get(task);
-                        let from = ws.source(p, src, input_ptr, &ready_at)?;
-                        let at = send_start[src] + c.col;
+                        let region = Region::row(send_start[src], recv[src]);
+                        let from =
+                            ws.source(p, src, input_ptr, &ready_at, region, input_offsets[src])?;
                         tile::copy_2d_maybe_streaming(
                             stream,
                             output + (recv_offsets[src] + c.col),
                             c.cols,
-                            from + at,
+                            from.at(0, c.col),
                             c.cols,
                             (1, c.cols),
                         );
                     }
                     Ok(())
-                })
+                })?;
             }
+            rank.quiet()
         })
     })
 }

@@ -15,6 +15,16 @@
 //! When shards are short (decode, or many ranks), tiles per shard would read the whole weight once
 //! per shard; then every rank also copies its own rows into its `gathered` buffer and tiles run over
 //! the gathered rows, waiting for the shards a tile covers, so the weight is read once.
+//!
+//! Across nodes (a world joined by MPI) the push is hierarchical, as Triton-distributed's
+//! inter-node AllGather GEMM: a rank copies its rows to the ranks of its node, and puts them once
+//! per other node, to its *stand-in* there (the rank with its local index; see `Nodes::stand_in`),
+//! nodes in the order after its own; each chunk put carries the chunk's signal. A stand-in forwards
+//! every chunk, as its signal arrives, to the other ranks of its node (a copy and a notify), so
+//! each shard crosses to each node once. Remote puts go out from one communication lane per
+//! target, in chunk order, so a count of arrived chunks says which have. The compute part takes
+//! shards in the order they come: its own, its node's, then the nodes before its own, nearest
+//! first (they send to this node first).
 
 use ndarray::{Array2, ArrayView2};
 
@@ -254,6 +264,9 @@ fn run_fused<T: Element>(
     let input = GlobalPtr::from_slice(&x_acc);
     let push = super::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
     let chunks_of = |m: usize| if k == 0 { 0 } else { m.div_ceil(push) };
+    // The counts before this call: a forwarded chunk `c` of shard `s` has arrived once
+    // `arrived[s]` passes `before[s] + c`.
+    let before = ws.expected.clone();
     if n > 1 {
         ws.reserve(rank, m_total * k)?;
         for s in 0..n {
@@ -262,6 +275,7 @@ fn run_fused<T: Element>(
             }
         }
     }
+    let routes = Routes::new(rank, per_shard);
     let weights: Vec<_> = weights.iter().map(|w| w.as_standard_layout()).collect();
     let w_acc: Vec<AccData<'_, T::Acc>> = weights
         .iter()
@@ -275,8 +289,9 @@ fn run_fused<T: Element>(
     let out_ptrs: Vec<Output<'_, T>> =
         outputs.iter_mut().map(|o| Output::new(o.as_slice_mut().expect("fresh array"))).collect();
 
-    // The compute tiles, in the order data becomes available: own shard, then the others rotated.
-    let order: Vec<usize> = (0..n).map(|i| (me + i) % n).collect();
+    // The compute tiles, in the order data becomes available: own shard, then the others rotated
+    // (on several nodes: this node's, then the nodes before this one, nearest first).
+    let order = routes.arrival_order(rank);
     let segments: Vec<(usize, usize)> = if per_shard {
         order.iter().map(|&s| (rows.offset(s), rows.count(s))).collect()
     } else {
@@ -295,16 +310,10 @@ fn run_fused<T: Element>(
     unsafe {
         launch(rank, LaunchMode::Mix, grid, |p| {
             if n > 1 && p.sub_vec_id() < comm_lanes {
-                push_rows(
-                    p,
-                    gathered.expect("reserved"),
-                    &ws.arrived,
-                    input,
-                    rows,
-                    k,
-                    push,
-                    per_shard,
-                )?;
+                let gathered = gathered.expect("reserved");
+                let chunks = Chunking { rows, k, push };
+                push_rows(p, gathered, &ws.arrived, input, &chunks, &routes)?;
+                forward_rows(p, gathered, &ws.arrived, &chunks, &routes, &before)?;
             }
             let mut tokens: Vec<Option<Token>> = vec![None; n];
             // Accumulator tiles, for outputs that must be rounded (half types) only.
@@ -355,6 +364,7 @@ fn run_fused<T: Element>(
             Ok(())
         })?;
     }
+    rank.quiet()?; // the rows put to other nodes have left `x_acc`
     Ok(AgMatmulOutput {
         outputs,
         row_counts: rows.counts().to_vec(),
@@ -362,36 +372,142 @@ fn run_fused<T: Element>(
     })
 }
 
-/// The communication part: this rank's rows into every peer's `gathered` buffer (and its own,
-/// when tiles read the gathered rows), `push` rows per chunk, one notify per chunk.
-#[allow(clippy::too_many_arguments)]
+/// How this rank's rows are cut into chunks: `push` rows of `k` elements each.
+struct Chunking<'a> {
+    rows: &'a Shards,
+    k: usize,
+    push: usize,
+}
+
+impl Chunking<'_> {
+    fn count(&self, shard: usize) -> usize {
+        if self.k == 0 { 0 } else { self.rows.count(shard).div_ceil(self.push) }
+    }
+
+    /// First row (within the shard) and rows of chunk `c` of `shard`.
+    fn chunk(&self, shard: usize, c: usize) -> (usize, usize) {
+        let row = c * self.push;
+        (row, tile::valid_len(row, self.push, self.rows.count(shard)))
+    }
+}
+
+/// Where a rank's rows go: copies to the ranks of its node, puts to its stand-ins on the other
+/// nodes, and the shards of other nodes it forwards on its node.
+struct Routes {
+    /// Ranks of this node that get this rank's rows by copy (itself too when tiles read the
+    /// gathered rows), rotated.
+    local: Vec<usize>,
+    /// This rank's stand-in on each other node, nodes in the order after this one.
+    remote: Vec<usize>,
+    /// Shards of other nodes this rank receives for its node, and the ranks it forwards them to.
+    forwards: Vec<usize>,
+    neighbours: Vec<usize>,
+}
+
+impl Routes {
+    fn new(rank: &Rank<'_>, per_shard: bool) -> Routes {
+        let (me, n) = (rank.rank(), rank.num_ranks());
+        let (nodes, node) = (rank.num_nodes(), rank.node_of(me));
+        let on_node = |r: usize| rank.node_of(r) == node;
+        let local: Vec<usize> = (1..n)
+            .map(|i| (me + i) % n)
+            .filter(|&r| on_node(r))
+            .chain((!per_shard).then_some(me))
+            .collect();
+        let remote = (1..nodes).map(|i| rank.stand_in((node + i) % nodes, me)).collect();
+        // Shards arrive from the nodes before this one first (each sends to its next node first).
+        let forwards = (1..nodes)
+            .flat_map(|i| rank.node_ranks((node + nodes - i) % nodes).to_vec())
+            .filter(|&s| rank.stand_in(node, s) == me)
+            .collect();
+        let neighbours = local.iter().copied().filter(|&r| r != me).collect();
+        Routes { local, remote, forwards, neighbours }
+    }
+
+    /// Shards in the order they become available here: own, this node's (rotated), then the
+    /// nodes before this one, nearest first.
+    fn arrival_order(&self, rank: &Rank<'_>) -> Vec<usize> {
+        let (me, n) = (rank.rank(), rank.num_ranks());
+        let (nodes, node) = (rank.num_nodes(), rank.node_of(me));
+        let mut order: Vec<usize> =
+            (0..n).map(|i| (me + i) % n).filter(|&r| rank.node_of(r) == node).collect();
+        for i in 1..nodes {
+            order.extend_from_slice(rank.node_ranks((node + nodes - i) % nodes));
+        }
+        order
+    }
+}
+
+/// The communication part, sending: this rank's rows copied into the `gathered` buffer of every
+/// rank of its node (its own too, when tiles read the gathered rows), chunks spread over the
+/// programs; and put to its stand-in on every other node, one program per target sending its
+/// chunks in order. One signal per chunk.
 fn push_rows<A: Element>(
     p: &crate::device::Program<'_>,
     gathered: &SymmBuf<A>,
     arrived: &SignalBuf,
     input: GlobalPtr<'_, A>,
-    rows: &Shards,
-    k: usize,
-    push: usize,
-    per_shard: bool,
+    chunks: &Chunking<'_>,
+    routes: &Routes,
 ) -> Result<()> {
-    let (me, n) = (p.rank(), p.num_ranks());
-    let mine = rows.count(me);
-    let chunks = if k == 0 { 0 } else { mine.div_ceil(push) };
-    // Peers in rotated order, starting after this rank; itself last when it needs its own copy.
-    let targets: Vec<usize> =
-        (1..n).map(|i| (me + i) % n).chain((!per_shard).then_some(me)).collect();
+    let me = p.rank();
+    let (rows, k) = (chunks.rows, chunks.k);
+    let count = chunks.count(me);
     // One communication lane per program: sub-core 0.
-    for task in p.tasks(targets.len() * chunks) {
-        let peer = targets[task / chunks];
-        let row = (task % chunks) * push;
-        let count = tile::valid_len(row, push, mine);
+    for task in p.tasks(routes.local.len() * count) {
+        let peer = routes.local[task / count];
+        let (row, len) = chunks.chunk(me, task % count);
         let dst = symm_at(gathered, peer) + (rows.offset(me) + row) * k;
         // SAFETY: only this rank writes its shard's rows of a peer's `gathered` buffer, each chunk
         // once; the peer reads them only after acquiring the chunk count.
-        unsafe { tile::copy_2d(dst, k, input + row * k, k, (count, k)) };
+        unsafe { tile::copy_2d(dst, k, input + row * k, k, (len, k)) };
         let scope = if peer == me { Scope::Device } else { Scope::Peer };
         p.notify(arrived, me, peer, SignalOp::Add(1), scope, NotifySem::Release)?;
+    }
+    for target in p.tasks(routes.remote.len()) {
+        let peer = routes.remote[target];
+        for c in 0..count {
+            let (row, len) = chunks.chunk(me, c);
+            let at = (rows.offset(me) + row) * k;
+            let signal = Some((arrived, me, SignalOp::Add(1)));
+            // SAFETY: as above, on the stand-in of another node; `input` stays unchanged until
+            // the rank's quiet after the launch.
+            unsafe {
+                p.put_rows(gathered.ptr() + at, k, peer, input + row * k, k, (len, k), signal)?
+            };
+        }
+    }
+    Ok(())
+}
+
+/// The communication part, forwarding: each chunk of a shard of another node that this rank
+/// receives for its node, as soon as it lands, copied into the `gathered` buffer of the other
+/// ranks of the node, with its signal. One program per shard, in chunk order.
+fn forward_rows<A: Element>(
+    p: &crate::device::Program<'_>,
+    gathered: &SymmBuf<A>,
+    arrived: &SignalBuf,
+    chunks: &Chunking<'_>,
+    routes: &Routes,
+    before: &[u64],
+) -> Result<()> {
+    let (rows, k) = (chunks.rows, chunks.k);
+    for i in p.tasks(routes.forwards.len()) {
+        let s = routes.forwards[i];
+        for c in 0..chunks.count(s) {
+            let want = WaitCmp::Ge(before[s] + c as u64 + 1);
+            let token = p.wait_from(arrived, s, s, want, WaitSem::Acquire)?;
+            let (row, len) = chunks.chunk(s, c);
+            let at = (rows.offset(s) + row) * k;
+            let from = GlobalPtr::from(consume_token(gathered.ptr(), token)) + at;
+            for &peer in &routes.neighbours {
+                // SAFETY: the chunk landed here (its signal was acquired); only this rank writes
+                // shard `s`'s rows on its node's other ranks, each chunk once, and they read them
+                // only after the chunk count.
+                unsafe { tile::copy_2d(symm_at(gathered, peer) + at, k, from, k, (len, k)) };
+                p.notify(arrived, s, peer, SignalOp::Add(1), Scope::Peer, NotifySem::Release)?;
+            }
+        }
     }
     Ok(())
 }

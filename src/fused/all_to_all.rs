@@ -12,7 +12,10 @@
 //! into the peer's symmetric receive buffer, laid out as the peer's output (tasks flattened over
 //! peer, a, b and row block; peers rotated). The rank's own part goes straight to its output.
 //! Each task adds one to the peer's signal for this source; once a source's count is complete,
-//! its blocks are copied from the receive buffer into the output tensor. When the output is large
+//! its blocks are copied from the receive buffer into the output tensor. A peer on another node (a
+//! world joined by MPI) gets its blocks the same way but through the proxy: one strided put per
+//! task, straight from the input into its receive buffer, carrying the task's signal; each block
+//! moves once. When the output is large
 //! (`tile::STREAM_OUTPUT_BYTES`), every copy streams past the cache: nothing here reads the blocks
 //! again before they would be evicted anyway.
 
@@ -372,6 +375,19 @@ fn run_fused<T: Element>(
                         block.src_stride,
                         (rows, block.cols),
                     );
+                } else if !p.is_local(dst) {
+                    let recv = recv.expect("allocated for n > 1");
+                    let signal = Some((&ws.arrived, me, SignalOp::Add(1)));
+                    let shape = (rows, block.cols);
+                    p.put_rows(
+                        recv.ptr() + at,
+                        block.dst_stride,
+                        dst,
+                        from,
+                        block.src_stride,
+                        shape,
+                        signal,
+                    )?;
                 } else {
                     let to = symm_at(recv.expect("allocated for n > 1"), dst) + at;
                     tile::copy_2d_maybe_streaming(
@@ -429,6 +445,7 @@ fn run_fused<T: Element>(
             Ok(())
         })?;
     }
+    rank.quiet()?; // blocks put to other nodes have left the input
     Ok(AllToAllOutput {
         output,
         gather_counts: layout.gathers.clone(),

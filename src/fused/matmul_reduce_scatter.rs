@@ -8,6 +8,9 @@
 //! start, the compute sub-cores once their tiles are done) waits until every rank's partials for
 //! this rank's rows are complete, then pulls them through `symm_at` and adds them in rank order
 //! 0, 1, 2, ..., rounding once: the same bits on every run, whatever the timing.
+//!
+//! Across nodes (a world joined by MPI) it reduces inside each node first, then across nodes (see
+//! `matmul_reduce_scatter_nodes`); the order of the sum then depends on the world's shape.
 
 use ndarray::{Array2, ArrayView2};
 
@@ -25,32 +28,55 @@ use crate::shmem::{
 use crate::tensor::{Element, array_split, matmul_into, pool};
 use crate::{Error, Result};
 
-const OP: &str = "matmul_reduce_scatter";
+pub(super) const OP: &str = "matmul_reduce_scatter";
 const UNFUSED_OP: &str = "matmul_reduce_scatter_unfused";
 /// Elements per reduction task.
-const REDUCE_CHUNK_ELEMS: usize = 16 * 1024;
+pub(super) const REDUCE_CHUNK_ELEMS: usize = 16 * 1024;
 
 /// The workspace: partial products in the accumulator type, and per-source tile counts.
-struct MmRsWorkspace<T: Element> {
-    partials: Option<SymmBuf<T::Acc>>,
-    /// `done[s]`: tiles of this rank's rows that rank `s` has written into its `partials`.
-    done: SignalBuf,
-    /// Cumulative tile count each rank has announced to this one, over all calls.
-    expected: u64,
+pub(super) struct MmRsWorkspace<T: Element> {
+    pub(super) partials: Option<SymmBuf<T::Acc>>,
+    /// `done[s * nodes + b]`: tiles that rank `s` of this node has written into its `partials`
+    /// covering the rows this rank reduces for ranks of node `b` (on one node: its own rows).
+    pub(super) done: SignalBuf,
+    /// Cumulative tile count each rank announces to this one per node `b`, over all calls.
+    pub(super) expected: Vec<u64>,
+    /// Across nodes: this node's sums of other nodes' rows, put from here...
+    pub(super) outgoing: Option<SymmBuf<T::Acc>>,
+    /// ...into the row owner's slot for this node here; `node_done[c]` counts node `c`'s chunks.
+    pub(super) incoming: Option<SymmBuf<T::Acc>>,
+    pub(super) node_done: Option<SignalBuf>,
+    pub(super) node_expected: Vec<u64>,
 }
 
 impl<T: Element> Workspace for MmRsWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.done.len() * 64 + self.partials.as_ref().map_or(0, |p| p.len() * size_of::<T::Acc>())
+        let len = |b: &Option<SymmBuf<T::Acc>>| b.as_ref().map_or(0, |p| p.len());
+        let signals = self.done.len() + self.node_done.as_ref().map_or(0, |s| s.len());
+        signals * 64
+            + (len(&self.partials) + len(&self.outgoing) + len(&self.incoming))
+                * size_of::<T::Acc>()
     }
 }
 
 impl<T: Element> MmRsWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
+        let nodes = rank.num_nodes();
+        let done =
+            rank.alloc_signals_for("matmul_reduce_scatter done", rank.num_ranks() * nodes)?;
+        let node_done = if nodes > 1 {
+            Some(rank.alloc_signals_for("matmul_reduce_scatter node_done", nodes)?)
+        } else {
+            None
+        };
         Ok(MmRsWorkspace {
             partials: None,
-            done: rank.alloc_signals_for("matmul_reduce_scatter done", rank.num_ranks())?,
-            expected: 0,
+            done,
+            expected: vec![0; nodes],
+            outgoing: None,
+            incoming: None,
+            node_done,
+            node_expected: vec![0; nodes],
         })
     }
 }
@@ -125,8 +151,14 @@ pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
         return unfused(rank, x, w, problem);
     }
     let (rows, n) = agree(OP, rank, &x, &w, problem)?;
-    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| run_fused(rank, ws, &rows, n, x, w))
-        .inspect_err(|e| rank.fail_after_agreeing(e))
+    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
+        if rank.num_nodes() > 1 {
+            super::matmul_reduce_scatter_nodes::run(rank, ws, &rows, n, x, w)
+        } else {
+            run_fused(rank, ws, &rows, n, x, w)
+        }
+    })
+    .inspect_err(|e| rank.fail_after_agreeing(e))
 }
 
 /// The unfused baseline: the local product on this rank's compute cores (rounded to `T`), then
@@ -213,7 +245,7 @@ fn run_fused<T: Element>(
             rows.covering(task.row, task.rows).any(|owner| owner == me)
         })
         .count();
-    ws.expected += covering_me as u64;
+    ws.expected[0] += covering_me as u64;
 
     let (x_ptr, w_ptr) = (GlobalPtr::from_slice(&x_acc), GlobalPtr::from_slice(&w_acc));
     let out_ptr = GlobalPtrMut::from_slice(out.as_slice_mut().expect("fresh array"));
@@ -272,7 +304,7 @@ fn reduce_rows_of<T: Element>(
             let token = match *held {
                 Some(token) => token,
                 None => {
-                    let want = WaitCmp::Ge(ws.expected);
+                    let want = WaitCmp::Ge(ws.expected[0]);
                     *held.insert(p.wait_from(&ws.done, src, src, want, WaitSem::Acquire)?)
                 }
             };

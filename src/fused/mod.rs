@@ -5,6 +5,7 @@
 pub(crate) mod all_gather_matmul;
 mod all_to_all;
 pub(crate) mod matmul_reduce_scatter;
+mod matmul_reduce_scatter_nodes;
 mod plan;
 
 pub use all_gather_matmul::{

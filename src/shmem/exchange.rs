@@ -31,9 +31,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::sync::{Cell, WaitOutcome, wait_until};
 use super::transport::Put;
 use super::{Rank, SignalOp};
-use super::sync::{Cell, WaitOutcome, wait_until};
 use crate::tensor::{Element, Pod};
 use crate::{Error, Result};
 

@@ -22,8 +22,8 @@ mod put;
 mod rank;
 mod signal;
 mod spawn;
-mod transport;
 mod sync;
+mod transport;
 mod world;
 
 pub use crate::tensor::Pod;
@@ -31,9 +31,9 @@ pub use buffer::{
     GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
     try_symm_at,
 };
-pub(crate) use put::{PutSignal, Shape};
 pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
+pub(crate) use put::{PutSignal, Shape};
 pub use rank::Rank;
 pub(crate) use signal::Awaited;
 pub use signal::{NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};

@@ -85,6 +85,26 @@ impl Rank<'_> {
         self.world.transport.nodes.ranks(node)
     }
 
+    /// The rank of `node` that stands in for `rank` there: the one with `rank`'s index among the
+    /// ranks of its own node (that index modulo the node's size, when nodes differ in size).
+    /// Hierarchical ops send a rank's data once per other node, to its stand-in, which forwards
+    /// it on its node.
+    ///
+    /// # Panics
+    /// If `node` or `rank` is out of range.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// // One node: every rank stands in for itself.
+    /// assert_eq!(World::threads(3)?.run(|rank| Ok(rank.stand_in(0, 2)))?, vec![2; 3]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn stand_in(&self, node: usize, rank: usize) -> usize {
+        self.world.transport.nodes.stand_in(node, rank)
+    }
+
     /// Copies `len` elements from `src` into `peer`'s copy of the symmetric memory `dst` points
     /// at (`dst` is this rank's own pointer, such as `buf.ptr() + at`: the same offset is written
     /// on `peer`), then applies `op` to `peer`'s signal `signal.1` of `signal.0`. Ordered: a
@@ -242,7 +262,9 @@ impl Rank<'_> {
         };
         let (dst_extent, src_extent) = (extent(dst_stride), extent(src_stride));
         if rows > 1 && (dst_stride < cols || src_stride < cols) {
-            return Err(bad(format!("rows of {cols} elements overlap at strides {dst_stride}/{src_stride}")));
+            return Err(bad(format!(
+                "rows of {cols} elements overlap at strides {dst_stride}/{src_stride}"
+            )));
         }
         if dst_extent.is_none_or(|e| e > dst_len) || src_extent.is_none_or(|e| e > src_len) {
             return Err(bad(format!(
@@ -255,7 +277,9 @@ impl Rank<'_> {
         let offset = (dst_ptr as usize).wrapping_sub(base);
         let size = size_of::<T>();
         if (dst_ptr as usize) < base || offset + dst_extent.unwrap_or(0) * size > heap.capacity() {
-            return Err(bad("the destination does not point into this rank's symmetric memory".into()));
+            return Err(bad(
+                "the destination does not point into this rank's symmetric memory".into()
+            ));
         }
         if heap.mapped(peer) {
             let to = heap.base(peer).wrapping_add(offset) as *mut T;

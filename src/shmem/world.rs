@@ -277,7 +277,8 @@ impl WorldBuilder {
                 reason: "a world needs at least one rank".into(),
             });
         }
-        let settings = Settings::resolve(self.heap_capacity, self.wait_timeout)?.for_ranks(n, false)?;
+        let settings =
+            Settings::resolve(self.heap_capacity, self.wait_timeout)?.for_ranks(n, false)?;
         let heap = Heap::anonymous(n, settings.capacity, settings.reserved)?;
         let control =
             Mapping::anonymous(Control::bytes(n)).map_err(|e| Error::InvalidArgument {

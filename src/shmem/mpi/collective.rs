@@ -4,8 +4,8 @@
 //! flight ends the rank's wait instead of hanging it.
 
 use std::ffi::c_int;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use mpi::ffi;
 
@@ -63,7 +63,11 @@ impl CollTask {
                 [ints(counts)?, Vec::new(), Vec::new(), Vec::new()]
             }
             CollectiveKind::AllToAllV {
-                send_counts, send_displs, recv_counts, recv_displs, ..
+                send_counts,
+                send_displs,
+                recv_counts,
+                recv_displs,
+                ..
             } => [ints(send_counts)?, ints(send_displs)?, ints(recv_counts)?, ints(recv_displs)?],
         };
         Ok(CollTask { kind, arrays, done: Cell::new() })

@@ -152,7 +152,8 @@ impl Liveness {
         let hits: Vec<bool> = fds.iter().map(|f| !f.revents().is_empty()).collect();
         drop(fds);
         let mut keep = Vec::with_capacity(self.links.len());
-        for ((peer, mut stream, mut bye), hit) in std::mem::take(&mut self.links).into_iter().zip(hits)
+        for ((peer, mut stream, mut bye), hit) in
+            std::mem::take(&mut self.links).into_iter().zip(hits)
         {
             if !hit {
                 keep.push((peer, stream, bye));
@@ -165,7 +166,9 @@ impl Liveness {
                     bye |= buf[..k].contains(&BYE);
                     keep.push((peer, stream, bye));
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => keep.push((peer, stream, bye)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    keep.push((peer, stream, bye))
+                }
                 Err(_) => ended.push((peer, bye)),
             }
         }

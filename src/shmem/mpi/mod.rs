@@ -99,8 +99,11 @@ impl Link {
         buffers: Owned,
     ) -> Result<Owned> {
         let name = kind.name();
-        let task = CollTask::new(kind)
-            .map_err(|reason| Error::InvalidArgument { op: name, rank, reason })?;
+        let task = CollTask::new(kind).map_err(|reason| Error::InvalidArgument {
+            op: name,
+            rank,
+            reason,
+        })?;
         let task = Arc::new(task);
         let buffers = Arc::new(Mutex::new(Some(buffers)));
         self.inner.push(Request::Collective(task.clone(), buffers.clone()));
@@ -263,8 +266,7 @@ fn proxy_thread(
 ) {
     // Naps of tens of microseconds, not the default fifty plus.
     let _ = rustix::thread::set_current_timer_slack(NonZeroU64::new(1_000));
-    let Some((universe, threading)) =
-        mpi::initialize_with_threading(mpi::Threading::Funneled)
+    let Some((universe, threading)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
     else {
         let _ = started.send(Err(environment(
             "MPI is already initialised in this process: a process joins one world by MPI (MPI \
@@ -340,11 +342,17 @@ fn proxy_thread(
         let addresses: Vec<liveness::Address> =
             (0..n).map(|r| liveness::Address::from_words(&hello(r)[3..])).collect();
         let same_host: Vec<bool> = hosts.iter().map(|&h| h == hosts[me]).collect();
-        let watch =
-            liveness::Liveness::connect(me, listener, &addresses, &same_host, &remote, join_timeout)
-                .map_err(|reason| {
-                    environment(format!("rank {me}: liveness connections to other nodes: {reason}"))
-                })?;
+        let watch = liveness::Liveness::connect(
+            me,
+            listener,
+            &addresses,
+            &same_host,
+            &remote,
+            join_timeout,
+        )
+        .map_err(|reason| {
+            environment(format!("rank {me}: liveness connections to other nodes: {reason}"))
+        })?;
         Ok((comm, host, nodes, host_size, watch))
     };
     let (comm, host, nodes, host_size, watch) = match setup() {

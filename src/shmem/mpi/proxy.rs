@@ -64,7 +64,11 @@ unsafe impl Send for Source {}
 
 /// What rank threads ask of the proxy.
 pub(crate) enum Request {
-    Put { peer: usize, control: Vec<u8>, data: Option<Source> },
+    Put {
+        peer: usize,
+        control: Vec<u8>,
+        data: Option<Source>,
+    },
     /// An MPI collective, and the buffers it works on (kept alive while MPI may use them).
     Collective(Arc<CollTask>, Arc<Mutex<Option<Owned>>>),
 }
@@ -141,7 +145,12 @@ impl Inner {
         let data = (!inline).then(|| {
             self.issued.fetch_add(1, Ordering::SeqCst);
             self.pending_to[put.peer].fetch_add(1, Ordering::SeqCst);
-            Source { ptr: put.src, stride: put.src_stride, rows: put.rows, row_bytes: put.row_bytes }
+            Source {
+                ptr: put.src,
+                stride: put.src_stride,
+                rows: put.rows,
+                row_bytes: put.row_bytes,
+            }
         });
         self.push(Request::Put { peer: put.peer, control: message.encode(), data });
     }
@@ -497,8 +506,8 @@ impl Proxy {
         let op = match message {
             Message::Put { dst_offset, dst_stride, rows, row_bytes, signal, inline } => {
                 let base = self.heap.base(self.me);
-                let end = dst_offset
-                    + if rows == 0 { 0 } else { (rows - 1) * dst_stride + row_bytes };
+                let end =
+                    dst_offset + if rows == 0 { 0 } else { (rows - 1) * dst_stride + row_bytes };
                 if end > self.heap.capacity() {
                     return Err((
                         format!("a put from rank {source}"),
@@ -553,8 +562,9 @@ impl Proxy {
             while let Some(front) = self.receives[source].front_mut() {
                 let mut k = 0;
                 while k < front.requests.len() {
-                    if raw::test(&mut front.requests[k], || format!("a receive from rank {source}"))?
-                    {
+                    if raw::test(&mut front.requests[k], || {
+                        format!("a receive from rank {source}")
+                    })? {
                         front.requests.swap_remove(k);
                     } else {
                         k += 1;
@@ -612,7 +622,9 @@ impl Proxy {
                 apply(cell, op, Ordering::Release);
             }
             Action::State { rank, state, runs } => {
-                if rank >= self.nodes.num_ranks() || self.nodes.node_of(rank) == self.nodes.node_of(self.me) {
+                if rank >= self.nodes.num_ranks()
+                    || self.nodes.node_of(rank) == self.nodes.node_of(self.me)
+                {
                     return; // this node's ranks are known first hand
                 }
                 self.control.runs(rank).store(runs, Ordering::Release);
@@ -658,7 +670,12 @@ impl Proxy {
     /// comes before their goodbye, so afterwards nothing is in flight and MPI can end.
     fn leave(mut self) -> bool {
         let seen = self.look();
-        if self.drain().and_then(|_| self.announce(seen)).and_then(|_| self.broadcast(&Message::Bye)).is_err() {
+        if self
+            .drain()
+            .and_then(|_| self.announce(seen))
+            .and_then(|_| self.broadcast(&Message::Bye))
+            .is_err()
+        {
             return false;
         }
         // Deferred (throttled) puts go now.
@@ -670,9 +687,10 @@ impl Proxy {
         self.liveness.bye();
         let mut deadline = None;
         loop {
-            let missing = self.remote.iter().any(|&p| {
-                !self.goodbyes[p] && self.control.state(p) != RankState::Died
-            });
+            let missing = self
+                .remote
+                .iter()
+                .any(|&p| !self.goodbyes[p] && self.control.state(p) != RankState::Died);
             if !missing {
                 return true;
             }

@@ -113,11 +113,24 @@ impl Drop for Block {
 }
 
 /// Starts sending `block` to `dest`.
-pub(crate) fn isend(comm: Comm, block: &Block, dest: usize, tag: c_int) -> Result<Request, Failure> {
+pub(crate) fn isend(
+    comm: Comm,
+    block: &Block,
+    dest: usize,
+    tag: c_int,
+) -> Result<Request, Failure> {
     let mut request = null_request();
     // SAFETY: the caller keeps the memory alive and unchanged until the request completes.
     let rc = unsafe {
-        ffi::MPI_Isend(block.ptr, block.count, block.datatype, dest as c_int, tag, comm, &mut request)
+        ffi::MPI_Isend(
+            block.ptr,
+            block.count,
+            block.datatype,
+            dest as c_int,
+            tag,
+            comm,
+            &mut request,
+        )
     };
     check(rc, || format!("MPI_Isend to rank {dest}"))?;
     Ok(request)
@@ -133,7 +146,15 @@ pub(crate) fn irecv(
     let mut request = null_request();
     // SAFETY: the caller keeps the memory alive and untouched until the request completes.
     let rc = unsafe {
-        ffi::MPI_Irecv(block.ptr, block.count, block.datatype, source as c_int, tag, comm, &mut request)
+        ffi::MPI_Irecv(
+            block.ptr,
+            block.count,
+            block.datatype,
+            source as c_int,
+            tag,
+            comm,
+            &mut request,
+        )
     };
     check(rc, || format!("MPI_Irecv from rank {source}"))?;
     Ok(request)
@@ -157,7 +178,14 @@ pub(crate) fn probe_control(comm: Comm) -> Result<Option<(usize, Vec<u8>)>, Fail
     let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
     // SAFETY: valid communicator and out-pointers.
     let rc = unsafe {
-        ffi::MPI_Improbe(ffi::RSMPI_ANY_SOURCE, TAG_CTRL, comm, &mut flag, &mut message, &mut status)
+        ffi::MPI_Improbe(
+            ffi::RSMPI_ANY_SOURCE,
+            TAG_CTRL,
+            comm,
+            &mut flag,
+            &mut message,
+            &mut status,
+        )
     };
     check(rc, || "MPI_Improbe".into())?;
     if flag == 0 {

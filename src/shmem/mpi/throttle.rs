@@ -51,9 +51,9 @@ impl Throttle {
     /// have had the link for their bytes.
     pub(crate) fn release_at(&mut self, bytes: usize) -> Instant {
         let at = (Instant::now() + self.delay).max(self.free_at);
-        let busy = self.bytes_per_second.map_or(Duration::ZERO, |bps| {
-            Duration::from_secs_f64(bytes as f64 / bps)
-        });
+        let busy = self
+            .bytes_per_second
+            .map_or(Duration::ZERO, |bps| Duration::from_secs_f64(bytes as f64 / bps));
         self.free_at = at + busy;
         at
     }

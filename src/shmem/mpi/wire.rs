@@ -24,7 +24,14 @@ const PUT_WORDS: usize = 9;
 pub(crate) enum Message {
     /// Rows into the receiver's heap, then a signal: with the rows inline, or followed by data
     /// messages (see [`pieces`]).
-    Put { dst_offset: usize, dst_stride: usize, rows: usize, row_bytes: usize, signal: Option<(usize, SignalOp)>, inline: Option<Vec<u8>> },
+    Put {
+        dst_offset: usize,
+        dst_stride: usize,
+        rows: usize,
+        row_bytes: usize,
+        signal: Option<(usize, SignalOp)>,
+        inline: Option<Vec<u8>>,
+    },
     /// A rank's state (and runs entered), as its node's control block has it.
     State { rank: usize, state: u32, runs: u32 },
     /// A rank's failure, the first its node recorded.
@@ -147,7 +154,12 @@ pub(crate) fn pieces(rows: usize, row_bytes: usize) -> Vec<Piece> {
     }
     let per = (PIECE_BYTES / row_bytes).max(1);
     (0..rows.div_ceil(per))
-        .map(|i| Piece { first_row: i * per, rows: (rows - i * per).min(per), col: 0, bytes: row_bytes })
+        .map(|i| Piece {
+            first_row: i * per,
+            rows: (rows - i * per).min(per),
+            col: 0,
+            bytes: row_bytes,
+        })
         .collect()
 }
 
