@@ -10,10 +10,15 @@
 
 use std::io::Read;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use dist_tensor::collectives::{self, ReduceOp};
+use dist_tensor::device::{LaunchMode, launch, tile};
 use dist_tensor::shmem::job_env::{RANKS_PER_NODE_ENV, THROTTLE_BANDWIDTH_ENV, THROTTLE_DELAY_ENV};
+use dist_tensor::shmem::{
+    GlobalPtr, SignalOp, WaitCmp, WaitSem, consume_token, symm_at, try_symm_at,
+};
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Tensor, World, fused};
 use half::{bf16, f16};
 
@@ -77,6 +82,8 @@ fn in_rank(body: impl FnOnce(&World) -> dist_tensor::Result<String>) -> bool {
 
 /// What a job printed, and how it ended.
 struct Job {
+    /// What each rank printed (mpirun's `--output-filename`: lines of ranks do not mix).
+    ranks: Vec<String>,
     stdout: String,
     stderr: String,
     success: bool,
@@ -87,7 +94,7 @@ impl Job {
     /// What rank `r` printed after `tag`.
     fn printed(&self, r: usize, tag: &str) -> Option<String> {
         let prefix = format!("RANK {r} {tag} ");
-        self.stdout.lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+        self.ranks[r].lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
     }
 
     fn result(&self, r: usize) -> String {
@@ -100,9 +107,16 @@ impl Job {
 /// Runs test `name` as `n` ranks under mpirun in `shape`, with extra `env` and mpirun `extra`
 /// arguments.
 fn mpirun(name: &str, n: usize, shape: Shape, env: &[(&str, &str)], extra: &[&str]) -> Job {
+    // One job at a time: a job is several processes on a machine of few cores, and the throttle
+    // test times its ops.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let exe = std::env::current_exe().unwrap();
+    let files = std::env::temp_dir().join(format!("dt-mpi-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&files);
     let mut cmd = Command::new("mpirun");
     cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &n.to_string()]);
+    cmd.arg("--output-filename").arg(&files);
     cmd.args(shape.args()).args(extra);
     for (key, value) in env {
         cmd.args(["-x", &format!("{key}={value}")]);
@@ -138,11 +152,19 @@ fn mpirun(name: &str, n: usize, shape: Shape, env: &[(&str, &str)], extra: &[&st
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    let elapsed = start.elapsed();
+    let ranks = (0..n)
+        .map(|r| {
+            std::fs::read_to_string(files.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&files);
     Job {
+        ranks,
         stdout: reader.join().unwrap(),
         stderr: err_reader.join().unwrap(),
         success: status.success(),
-        elapsed: start.elapsed(),
+        elapsed,
     }
 }
 
@@ -193,6 +215,9 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     let (me, n) = (rank.rank(), rank.num_ranks());
     let mut out: Vec<(String, String)> = Vec::new();
     let mut put = |name: &str, d: String| out.push((name.to_string(), d));
+    // Ranks of other nodes have no pointer here; the threads' world says what one node gives.
+    let local: String = (0..n).map(|p| if rank.is_local(p) { 'L' } else { '-' }).collect();
+    put("nodes", format!("{}:{local}", rank.num_nodes()));
     let x: Vec<f32> = seeded(me, 5 + 3 * me, 1);
     put("all_gather", digest(&collectives::all_gather(rank, &x)?));
     let same: Vec<f32> = seeded(me, 37, 2);
@@ -222,6 +247,12 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
         put("ag_fused", digest(ag.outputs[0].as_slice().expect("standard")));
         let ag = fused::all_gather_matmul_unfused(rank, x.view2("x")?, &[w.view2("w")?])?;
         put("ag_unfused", digest(ag.outputs[0].as_slice().expect("standard")));
+        // MPI_Allgatherv, then the same local product: the same bits.
+        let same = !World::launched() || {
+            let mpi = fused::all_gather_matmul_unfused_mpi(rank, x.view2("x")?, &[w.view2("w")?])?;
+            mpi == ag
+        };
+        put("ag_unfused_mpi_same", same.to_string());
     }
     let x = Tensor::from_shape_vec(&[13 + me, 64], seeded::<f32>(me, (13 + me) * 64, 9))?;
     let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;
@@ -240,6 +271,14 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
         put(&name, digest(rs.as_slice().expect("standard")));
         let rs = fused::matmul_reduce_scatter_unfused(rank, h.view2("h")?, w2.view2("w")?)?;
         put("rs_unfused", digest(rs.as_slice().expect("standard")));
+        // MPI_Reduce_scatter sums in MPI's own order: close to the reference.
+        let close = !World::launched() || {
+            let mpi =
+                fused::matmul_reduce_scatter_unfused_mpi(rank, h.view2("h")?, w2.view2("w")?)?;
+            let got: Vec<f64> = mpi.iter().map(|v| f64::from(*v)).collect();
+            rs_error(rank, &got, (m, k, nn)) < 1e-5
+        };
+        put("rs_unfused_mpi_close", close.to_string());
         let rs = fused::matmul_reduce_scatter(
             rank,
             h.cast::<bf16>().view2("h")?,
@@ -253,7 +292,10 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     let heads = fused::all_to_all(rank, &q, 2, 1)?;
     put("ulysses", digest(heads.output.as_slice()));
     put("ulysses_back", digest(fused::all_to_all(rank, &heads.output, 1, 2)?.output.as_slice()));
-    put("ulysses_unfused", digest(fused::all_to_all_unfused(rank, &q, 2, 1)?.output.as_slice()));
+    let unfused = fused::all_to_all_unfused(rank, &q, 2, 1)?;
+    put("ulysses_unfused", digest(unfused.output.as_slice()));
+    let same = !World::launched() || fused::all_to_all_unfused_mpi(rank, &q, 2, 1)? == unfused;
+    put("ulysses_unfused_mpi_same", same.to_string());
     // The DistTensor layer: an MLP block end to end.
     let x = Tensor::<f32>::random(&[29, 16], 1);
     let w1 = Tensor::<f32>::random(&[16, 40], 2);
@@ -308,9 +350,24 @@ fn battery_matches_threads(name: &str, n: usize, shape: Shape) {
             if SHAPE_ORDERED.contains(&name_got.as_str()) && !shape.same_sum_order(n) {
                 continue; // compared with the f64 reference (`*_close`) and run to run
             }
+            if name_got == "nodes" {
+                assert_eq!(got, &expected_nodes(shape, n, r), "rank {r}");
+                continue;
+            }
             assert_eq!(got, want, "{shape:?}, {n} ranks, rank {r}: {name_got} differs");
         }
     }
+}
+
+/// What `battery`'s `nodes` entry says for rank `r` of `n` in `shape`.
+fn expected_nodes(shape: Shape, n: usize, r: usize) -> String {
+    let per = match shape {
+        Shape::OneNode => n,
+        Shape::OwnNodes => 1,
+        Shape::NodesOfTwo => 2,
+    };
+    let local: String = (0..n).map(|p| if p / per == r / per { 'L' } else { '-' }).collect();
+    format!("{}:{local}", n.div_ceil(per))
 }
 
 macro_rules! battery_tests {
@@ -339,6 +396,263 @@ battery_tests! {
     nodes_of_two_4_ranks_every_op_matches_threads: 4, Shape::NodesOfTwo;
 }
 
-// Silence unused-import lints until the fault and throttle tests land.
-#[allow(dead_code)]
-const _ENV: [&str; 2] = [THROTTLE_DELAY_ENV, THROTTLE_BANDWIDTH_ENV];
+// ---- pointers and puts across nodes ----------------------------------------------------------
+
+#[test]
+fn a_peer_of_another_node_has_no_pointer_and_puts_reach_every_peer() {
+    if in_rank(|world| {
+        let out = world.run(|rank| {
+            let (me, n) = (rank.rank(), rank.num_ranks());
+            let buf = rank.alloc::<u64>(n)?;
+            let sig = rank.alloc_signals(1)?;
+            // A put from every rank to every rank, its own element.
+            let mine = [me as u64 * 10 + 1];
+            for peer in 0..n {
+                // SAFETY: each rank writes only its own element; `mine` lives until quiet().
+                unsafe {
+                    rank.put_signal_nbi(
+                        buf.ptr() + me,
+                        peer,
+                        GlobalPtr::from_slice(&mine),
+                        1,
+                        (&sig, 0),
+                        SignalOp::Add(1),
+                    )?
+                };
+            }
+            rank.quiet()?;
+            let token = rank.wait(&sig, 0, WaitCmp::Ge(n as u64), WaitSem::Acquire)?;
+            let mut got = vec![0u64; n];
+            // SAFETY: every rank's put is complete (its signal was acquired).
+            unsafe { tile::load_1d(consume_token(buf.ptr(), token), &mut got, n, 0) };
+            // symm_at: a pointer for this node, a typed error for another.
+            let peer = (me + 1) % n;
+            let tried = match try_symm_at(&buf, peer) {
+                Ok(_) => "pointer".to_string(),
+                Err(e @ Error::PeerNotLocal { .. }) => format!("not local: {e}"),
+                Err(e) => format!("other error: {e}"),
+            };
+            rank.barrier_all()?;
+            Ok(format!("{got:?} | {tried}"))
+        })?;
+        // A kernel that takes symm_at on a peer of another node fails the world, typed.
+        let err = world
+            .run(|rank| {
+                let buf = rank.alloc::<f32>(4)?;
+                launch(rank, LaunchMode::VectorOnly, 1, |p| {
+                    let peer = (0..p.num_ranks()).find(|&q| !p.is_local(q)).expect("a remote peer");
+                    let _ = symm_at(&buf, peer);
+                    Ok(())
+                })
+            })
+            .unwrap_err();
+        // The rank that failed first has its error typed; every rank names the cause.
+        let me = world.ranks_here().start;
+        let first = matches!(&err, Error::RankFailed { rank, .. } if *rank == me);
+        let typed = !first || matches!(err.rank_error(), Error::PeerNotLocal { .. });
+        Ok(format!("{} | typed {typed}: {err}", out[0]))
+    }) {
+        return;
+    }
+    let name = "a_peer_of_another_node_has_no_pointer_and_puts_reach_every_peer";
+    let job = mpirun(name, 3, Shape::OwnNodes, &[], &[]);
+    for r in 0..3 {
+        let text = job.result(r);
+        assert!(text.starts_with("[1, 11, 21] | not local: symm_at: rank"), "rank {r}: {text}");
+        assert!(text.contains(&format!("rank {} is on another node", (r + 1) % 3)), "{text}");
+        assert!(text.contains("| typed true:"), "rank {r}: {text}");
+        assert!(text.contains("has no pointer to rank"), "rank {r}: {text}");
+    }
+    let job = mpirun(name, 4, Shape::NodesOfTwo, &[], &[]);
+    for r in 0..4 {
+        let text = job.result(r);
+        let first = if r % 2 == 0 { "pointer" } else { "not local" };
+        assert!(text.starts_with(&format!("[1, 11, 21, 31] | {first}")), "rank {r}: {text}");
+    }
+}
+
+// ---- faults across nodes ---------------------------------------------------------------------
+
+/// How long a fault on another node may take to end every other rank.
+const FAULT_BOUND: Duration = Duration::from_secs(2);
+
+/// The body of the fault tests: rank 1 does `fault` after a first collective; the others go into
+/// an all_gather that needs it, then try a barrier, and print how long the pending one took to
+/// fail, and both errors.
+fn fault_body(
+    world: &World,
+    fault: impl Fn(&Rank<'_>) -> dist_tensor::Result<()> + Sync,
+) -> dist_tensor::Result<String> {
+    let out = world.run(|rank| {
+        collectives::all_gather(rank, &[rank.rank() as f32])?; // everyone is in
+        if rank.rank() == 1 {
+            fault(rank)?;
+            return Ok("rank 1 went on".to_string());
+        }
+        let start = Instant::now();
+        let pending = collectives::all_gather(rank, &[1.0f32]).map(drop).unwrap_err();
+        let ms = start.elapsed().as_millis();
+        let next = rank.barrier_all().map(drop).unwrap_err();
+        Ok(format!("{ms} ms | {pending} | {next}"))
+    })?;
+    Ok(out[0].clone())
+}
+
+/// Checks the ranks other than 1: each ended its pending wait within the bound, naming rank 1
+/// and saying `says`.
+fn check_fault(job: &Job, n: usize, says: &str) {
+    for r in (0..n).filter(|&r| r != 1) {
+        let text = job.result(r);
+        let ms: u128 = text.split(" ms").next().unwrap().parse().unwrap();
+        assert!(ms < FAULT_BOUND.as_millis(), "rank {r}: {text}");
+        let (pending, next) = text.split_once(" | ").unwrap().1.split_once(" | ").unwrap();
+        for err in [pending, next] {
+            assert!(err.contains("rank 1"), "rank {r}: {err}");
+            assert!(err.contains(says), "rank {r}: {err}");
+        }
+    }
+    assert!(job.elapsed < JOB_TIMEOUT, "the job ended");
+}
+
+#[test]
+fn a_killed_process_on_another_node_ends_every_rank_with_an_error_naming_it() {
+    if in_rank(|world| {
+        fault_body(world, |_| {
+            let me = rustix::process::getpid();
+            rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
+            unreachable!("killed")
+        })
+    }) {
+        return;
+    }
+    let name = "a_killed_process_on_another_node_ends_every_rank_with_an_error_naming_it";
+    // mpirun would otherwise kill the survivors itself as soon as it sees the death; with
+    // recovery on, they must end on their own, through the library's failure detection.
+    for (n, shape) in [(3, Shape::OwnNodes), (4, Shape::NodesOfTwo)] {
+        let job = mpirun(name, n, shape, &[], &["--enable-recovery"]);
+        // Seen from another node: its connection ended; from its own node: its pid.
+        check_fault(&job, n, "ended without");
+    }
+}
+
+#[test]
+fn a_rank_that_fails_on_another_node_ends_every_rank_with_what_it_said() {
+    if in_rank(|world| fault_body(world, |_| Err(Error::user("disk full on rank one")))) {
+        return;
+    }
+    let name = "a_rank_that_fails_on_another_node_ends_every_rank_with_what_it_said";
+    let job = mpirun(name, 3, Shape::OwnNodes, &[], &[]);
+    check_fault(&job, 3, "disk full on rank one");
+    assert!(job.printed(1, "ERROR").is_some_and(|e| e.contains("disk full")), "{}", job.stdout);
+}
+
+#[test]
+fn a_panic_on_another_node_ends_every_rank_naming_it() {
+    if in_rank(|world| fault_body(world, |_| panic!("rank one gives up"))) {
+        return;
+    }
+    let name = "a_panic_on_another_node_ends_every_rank_naming_it";
+    let job = mpirun(name, 4, Shape::NodesOfTwo, &[], &[]);
+    check_fault(&job, 4, "rank one gives up");
+}
+
+// ---- a slow network --------------------------------------------------------------------------
+
+/// Median of `times`.
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// Milliseconds per call of `op`, over `reps` calls back to back (ranks out of step by a
+/// barrier's skew matter less than in one call).
+fn per_call(
+    rank: &Rank<'_>,
+    reps: usize,
+    mut op: impl FnMut() -> dist_tensor::Result<()>,
+) -> dist_tensor::Result<f64> {
+    rank.barrier_all()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        op()?;
+    }
+    rank.barrier_all()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3 / reps as f64)
+}
+
+/// The fused ops over a throttled proxy: the same results, and still faster than unfused, as
+/// they move data while they compute. Prints `same`, the ratios of medians, and the times.
+fn throttled_body(world: &World) -> dist_tensor::Result<String> {
+    let out = world.run(|rank| {
+        let me = rank.rank();
+        let (m, k, n) = (256, 1024, 512);
+        let x = Tensor::from_shape_vec(&[m, k], seeded::<f32>(me, m * k, 21))?;
+        let w = Tensor::from_shape_vec(&[k, n], seeded::<f32>(me, k * n, 22))?;
+        let (xv, wv) = (x.view2("x")?, w.view2("w")?);
+        let h = Tensor::from_shape_vec(&[m * 3, k], seeded::<f32>(me, 3 * m * k, 23))?;
+        let hv = h.view2("h")?;
+        // The same results (one rank per node: the same order of the sum, the same bits).
+        let mut same = fused::all_gather_matmul(rank, xv, &[wv])?
+            == fused::all_gather_matmul_unfused(rank, xv, &[wv])?;
+        same &= fused::matmul_reduce_scatter(rank, hv, wv)?
+            == fused::matmul_reduce_scatter_unfused(rank, hv, wv)?;
+        let q =
+            Tensor::from_shape_vec(&[2, 5 + me, 6, 16], seeded::<f32>(me, 2 * (5 + me) * 96, 24))?;
+        same &= fused::all_to_all(rank, &q, 2, 1)? == fused::all_to_all_unfused(rank, &q, 2, 1)?;
+        // Fused and unfused in pairs, one right after the other (the machine's load drifts):
+        // the median of the pairs' ratios.
+        let (mut ag, mut rs, mut ms) = (Vec::new(), Vec::new(), [(); 4].map(|_| Vec::new()));
+        for _ in 0..7 {
+            let f = per_call(rank, 1, || fused::all_gather_matmul(rank, xv, &[wv]).map(drop))?;
+            let u =
+                per_call(rank, 1, || fused::all_gather_matmul_unfused(rank, xv, &[wv]).map(drop))?;
+            ag.push(f / u);
+            ms[0].push(f);
+            ms[1].push(u);
+            let f = per_call(rank, 1, || fused::matmul_reduce_scatter(rank, hv, wv).map(drop))?;
+            let u =
+                per_call(rank, 1, || fused::matmul_reduce_scatter_unfused(rank, hv, wv).map(drop))?;
+            rs.push(f / u);
+            ms[2].push(f);
+            ms[3].push(u);
+        }
+        let [ag_f, ag_u, rs_f, rs_u] = ms.map(median);
+        Ok(format!(
+            "same {same} | ag {:.3} | rs {:.3} | ms ag {ag_f:.1}/{ag_u:.1} rs {rs_f:.1}/{rs_u:.1}",
+            median(ag),
+            median(rs)
+        ))
+    })?;
+    Ok(out[0].clone())
+}
+
+#[test]
+fn over_a_throttled_network_the_fused_ops_give_the_same_results_and_still_overlap() {
+    if in_rank(throttled_body) {
+        return;
+    }
+    let name = "over_a_throttled_network_the_fused_ops_give_the_same_results_and_still_overlap";
+    // 100 MB/s: moving the rows takes about as long as the products (measured here).
+    let env = [(THROTTLE_DELAY_ENV, "100"), (THROTTLE_BANDWIDTH_ENV, "100000000")];
+    let job = mpirun(name, 3, Shape::OwnNodes, &env, &[]);
+    for r in 0..3 {
+        let text = job.result(r);
+        println!("rank {r}: {text}");
+        assert!(text.starts_with("same true"), "rank {r}: {text}");
+        let ratio = |key: &str| -> f64 {
+            text.split(&format!("{key} "))
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert!(ratio("ag") < 1.0, "rank {r}: all_gather_matmul fused not below unfused: {text}");
+        assert!(
+            ratio("rs") < 1.0,
+            "rank {r}: matmul_reduce_scatter fused not below unfused: {text}"
+        );
+    }
+}

@@ -44,6 +44,7 @@ use crate::{Error, Result};
 
 const OP: &str = "all_gather_matmul";
 const UNFUSED_OP: &str = "all_gather_matmul_unfused";
+const MPI_OP: &str = "all_gather_matmul_unfused_mpi";
 /// The most weights one call takes (metadata words are sized for them).
 pub const MAX_WEIGHTS: usize = 16;
 /// Elements the communication part moves per chunk.
@@ -230,12 +231,56 @@ fn unfused<T: Element>(
     let agreed = agree(UNFUSED_OP, rank, &x, weights, problem)?;
     let x = x.as_standard_layout();
     let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
+    products(UNFUSED_OP, rank, gathered, agreed, weights)
+}
+
+/// The unfused baseline as a user of MPI writes it: `MPI_Allgatherv` of the rows (run by the
+/// proxy, see [`World::from_env`](crate::World::from_env)), then one local product per weight on
+/// this rank's compute cores. Same results as [`all_gather_matmul`].
+///
+/// # Errors
+/// As [`all_gather_matmul`]; [`Error::InvalidArgument`] in a world not joined by MPI (feature
+/// `mpi`, started by mpirun), which has no MPI collective to run.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::all_gather_matmul_unfused_mpi;
+/// use dist_tensor::World;
+/// use ndarray::array;
+/// let err = World::threads(1)?.run(|rank| {
+///     let x = array![[1.0f32]];
+///     Ok(all_gather_matmul_unfused_mpi(rank, x.view(), &[x.view()]).unwrap_err())
+/// })?;
+/// assert!(err[0].to_string().contains("needs a world joined by MPI"), "{}", err[0]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_gather_matmul_unfused_mpi<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+) -> Result<AgMatmulOutput<T>> {
+    let agreed = agree(MPI_OP, rank, &x, weights, None)?;
+    let x = x.as_standard_layout();
+    let counts: Vec<usize> = agreed.rows.counts().iter().map(|&m| m * agreed.k).collect();
+    let mine = x.as_slice().expect("standard layout").to_vec();
+    let gathered = rank.mpi_all_gather_v(mine, &counts)?;
+    products(MPI_OP, rank, gathered, agreed, weights)
+}
+
+/// The local products of the gathered rows with every weight.
+fn products<T: Element>(
+    op: &'static str,
+    rank: &Rank<'_>,
+    gathered: Vec<T>,
+    agreed: Agreed,
+    weights: &[ArrayView2<T>],
+) -> Result<AgMatmulOutput<T>> {
     let a = ArrayView2::from_shape((agreed.rows.total(), agreed.k), &gathered).expect("M x K");
     let threads = rank.topology().aicore_num();
     let mut outputs = Vec::with_capacity(weights.len());
     for w in weights {
-        let mut c = scratch(UNFUSED_OP, (a.nrows(), w.ncols()))
-            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let mut c =
+            scratch(op, (a.nrows(), w.ncols())).inspect_err(|e| rank.fail_after_agreeing(e))?;
         matmul_into(c.view_mut(), a, *w, false, threads)?;
         outputs.push(c);
     }

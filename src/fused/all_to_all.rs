@@ -33,6 +33,7 @@ use crate::{Error, Result};
 
 const OP: &str = "all_to_all";
 const UNFUSED_OP: &str = "all_to_all_unfused";
+const MPI_OP: &str = "all_to_all_unfused_mpi";
 /// The most dimensions a tensor may have here (metadata words are sized for them).
 pub const MAX_DIMS: usize = 8;
 /// Elements per copy task.
@@ -267,7 +268,54 @@ pub fn all_to_all_unfused<T: Element>(
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
     // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
-    let layout = agree::<T>(UNFUSED_OP, rank, x.shape(), scatter_dim, gather_dim)
+    unfused_with(UNFUSED_OP, rank, x, scatter_dim, gather_dim, |front, counts, _| {
+        collectives::all_to_all_v(rank, front, counts)
+    })
+}
+
+/// The unfused baseline as a user of MPI writes it: permute the scatter dimension to the front
+/// (a copy), `MPI_Alltoallv` (run by the proxy, see [`World::from_env`](crate::World::from_env)),
+/// then permute each received piece back and concatenate along the gather dimension (copies).
+/// Same results as [`all_to_all`].
+///
+/// # Errors
+/// As [`all_to_all`]; [`Error::InvalidArgument`] in a world not joined by MPI (feature `mpi`,
+/// started by mpirun), which has no MPI collective to run.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::all_to_all_unfused_mpi;
+/// use dist_tensor::{Tensor, World};
+/// let err = World::threads(1)?.run(|rank| {
+///     let x = Tensor::<f32>::random(&[2, 3], 1);
+///     Ok(all_to_all_unfused_mpi(rank, &x, 0, 1).unwrap_err())
+/// })?;
+/// assert!(err[0].to_string().contains("needs a world joined by MPI"), "{}", err[0]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_to_all_unfused_mpi<T: Element>(
+    rank: &Rank<'_>,
+    x: &Tensor<T>,
+    scatter_dim: usize,
+    gather_dim: usize,
+) -> Result<AllToAllOutput<T>> {
+    unfused_with(MPI_OP, rank, x, scatter_dim, gather_dim, |front, to, from| {
+        rank.mpi_all_to_all_v(front.to_vec(), to, from)
+    })
+}
+
+/// The unfused baseline, with `exchange` as the collective: it gets the permuted input, what
+/// goes to each rank and what comes from each rank (elements), and returns what came, in rank
+/// order.
+pub(crate) fn unfused_with<T: Element>(
+    op: &'static str,
+    rank: &Rank<'_>,
+    x: &Tensor<T>,
+    scatter_dim: usize,
+    gather_dim: usize,
+    exchange: impl FnOnce(&[T], &[usize], &[usize]) -> Result<Vec<T>>,
+) -> Result<AllToAllOutput<T>> {
+    let layout = agree::<T>(op, rank, x.shape(), scatter_dim, gather_dim)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
     let (me, n) = (rank.rank(), rank.num_ranks());
     let ndim = x.ndim();
@@ -277,7 +325,12 @@ pub fn all_to_all_unfused<T: Element>(
     let front = x.permute(&perm)?;
     let per_row = x.len() / layout.scatter_len.max(1);
     let counts: Vec<usize> = layout.scatters.iter().map(|&s| s * per_row).collect();
-    let received = collectives::all_to_all_v(rank, front.as_slice(), &counts)?;
+    // From rank `src`: this rank's part of the scatter dimension, with `src`'s gather size.
+    let others: usize =
+        (0..ndim).filter(|&d| d != scatter_dim && d != gather_dim).map(|d| x.shape()[d]).product();
+    let from: Vec<usize> =
+        layout.gathers.iter().map(|&g| layout.scatters[me] * g * others).collect();
+    let received = exchange(front.as_slice(), &counts, &from)?;
     // Each source's piece is [s_me, ...x's other dims with its own gather size...].
     let mut inverse = vec![0; ndim];
     for (i, &p) in perm.iter().enumerate() {

@@ -30,6 +30,7 @@ use crate::{Error, Result};
 
 pub(super) const OP: &str = "matmul_reduce_scatter";
 const UNFUSED_OP: &str = "matmul_reduce_scatter_unfused";
+const MPI_OP: &str = "matmul_reduce_scatter_unfused_mpi";
 /// Elements per reduction task.
 pub(super) const REDUCE_CHUNK_ELEMS: usize = 16 * 1024;
 
@@ -204,6 +205,51 @@ fn unfused<T: Element>(
     let flat = partial.as_slice().expect("fresh array");
     let mine = collectives::reduce_scatter_cols(rank, flat, 1, &counts, ReduceOp::Sum)?;
     pool::give(partial.into_raw_vec_and_offset().0);
+    Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
+}
+
+/// The unfused baseline as a user of MPI writes it: the local product on this rank's compute
+/// cores, then `MPI_Reduce_scatter` over the rows (run by the proxy, see
+/// [`World::from_env`](crate::World::from_env)). f32 and f64 are summed by MPI as they are; f16
+/// and bf16 products are widened to f32 for MPI (it has no half types) and rounded once after.
+/// MPI picks the order of the sum: close to [`matmul_reduce_scatter`], not bitwise equal.
+///
+/// # Errors
+/// As [`matmul_reduce_scatter`]; [`Error::InvalidArgument`] in a world not joined by MPI
+/// (feature `mpi`, started by mpirun), which has no MPI collective to run.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::matmul_reduce_scatter_unfused_mpi;
+/// use dist_tensor::World;
+/// use ndarray::array;
+/// let err = World::threads(1)?.run(|rank| {
+///     let x = array![[1.0f64]];
+///     Ok(matmul_reduce_scatter_unfused_mpi(rank, x.view(), x.view()).unwrap_err())
+/// })?;
+/// assert!(err[0].to_string().contains("needs a world joined by MPI"), "{}", err[0]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn matmul_reduce_scatter_unfused_mpi<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    w: ArrayView2<T>,
+) -> Result<Array2<T>> {
+    let (rows, n) = agree(MPI_OP, rank, &x, &w, None)?;
+    let mut partial =
+        scratch(MPI_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
+    matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
+    let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();
+    let partial = partial.into_raw_vec_and_offset().0;
+    let mine = match T::DTYPE {
+        crate::DType::F32 | crate::DType::F64 => rank.mpi_reduce_scatter(partial, &counts)?,
+        _ => {
+            let wide: Vec<f32> = partial.iter().map(|v| v.to_f64() as f32).collect();
+            pool::give(partial);
+            let sum = rank.mpi_reduce_scatter(wide, &counts)?;
+            sum.iter().map(|&v| T::from_f64(f64::from(v))).collect()
+        }
+    };
     Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
 }
 

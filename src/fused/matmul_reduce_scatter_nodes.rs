@@ -147,7 +147,7 @@ pub(super) fn run<T: Element>(
         n,
         chunk_rows,
     };
-    let (_, first_compute) = compute_lanes(sub_vec_num);
+    let (comm_lanes, first_compute) = compute_lanes(sub_vec_num);
     let own_tasks = chunks_of(me);
     // SAFETY: each rank writes only its own `partials` and `outgoing`, each tile or chunk once,
     // before announcing it; a stand-in reads its node's partials only after acquiring their tile
@@ -174,8 +174,12 @@ pub(super) fn run<T: Element>(
                     )?;
                 }
             }
-            for i in p.tasks_on_sub_vecs(0, plan.served.len()) {
-                send_node_sum(p, ws, &plan, &bufs, rows, plan.served[i])?;
+            // Other nodes' rows on the communication lanes, from the start: a computing lane
+            // would get to them only after all its tiles.
+            if p.sub_vec_id() < comm_lanes {
+                for i in p.tasks(plan.served.len()) {
+                    send_node_sum(p, ws, &plan, &bufs, rows, plan.served[i])?;
+                }
             }
             for t in p.tasks_on_sub_vecs(0, own_tasks) {
                 reduce_own(p, ws, &plan, &bufs, rows, &node_before, t, out_ptr)?;

@@ -10,6 +10,11 @@ mod plan;
 
 pub use all_gather_matmul::{
     AgMatmulOutput, MAX_WEIGHTS, all_gather_matmul, all_gather_matmul_unfused,
+    all_gather_matmul_unfused_mpi,
 };
-pub use all_to_all::{AllToAllOutput, MAX_DIMS, all_to_all, all_to_all_unfused};
-pub use matmul_reduce_scatter::{matmul_reduce_scatter, matmul_reduce_scatter_unfused};
+pub use all_to_all::{
+    AllToAllOutput, MAX_DIMS, all_to_all, all_to_all_unfused, all_to_all_unfused_mpi,
+};
+pub use matmul_reduce_scatter::{
+    matmul_reduce_scatter, matmul_reduce_scatter_unfused, matmul_reduce_scatter_unfused_mpi,
+};

@@ -17,6 +17,7 @@ pub mod job_env;
 mod mapping;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod mpi_collectives;
 mod process;
 mod put;
 mod rank;

@@ -185,9 +185,6 @@ impl Link {
     pub(crate) fn blocked(&self) -> &AtomicUsize {
         match *self {}
     }
-    pub(crate) fn woken(&self) {
-        match *self {}
-    }
     pub(crate) fn shutdown(&self, _control: &Control) {
         match *self {}
     }

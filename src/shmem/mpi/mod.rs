@@ -86,10 +86,6 @@ impl Link {
         &self.inner.blocked
     }
 
-    pub(crate) fn woken(&self) {
-        self.inner.wake();
-    }
-
     /// Runs an MPI collective through the proxy and waits for it (see `Transport::collective`).
     pub(crate) fn collective(
         &self,

@@ -325,7 +325,11 @@ impl Proxy {
     fn step(&mut self) -> std::result::Result<bool, Failure> {
         let seen = self.look();
         let mut progressed = self.drain()?;
-        progressed |= self.announce(seen)?;
+        // A state goes after every put made before it; throttled puts wait in `deferred`, so
+        // states wait for them (the next round looks again).
+        if self.deferred.is_empty() {
+            progressed |= self.announce(seen)?;
+        }
         progressed |= self.receive()?;
         progressed |= self.complete()?;
         if self.last_liveness.elapsed() >= LIVENESS_EVERY {
@@ -418,12 +422,14 @@ impl Proxy {
         Ok(any)
     }
 
-    /// Sends a control message to every process of the other nodes.
+    /// Sends a control message to every process of the other nodes (but those found dead).
     fn broadcast(&mut self, message: &Message) -> std::result::Result<(), Failure> {
         let bytes = message.encode();
         for i in 0..self.remote.len() {
             let peer = self.remote[i];
-            self.send_control(peer, bytes.clone(), None)?;
+            if self.control.state(peer) != RankState::Died {
+                self.send_control(peer, bytes.clone(), None)?;
+            }
         }
         Ok(())
     }
@@ -670,29 +676,27 @@ impl Proxy {
     /// comes before their goodbye, so afterwards nothing is in flight and MPI can end.
     fn leave(mut self) -> bool {
         let seen = self.look();
-        if self
-            .drain()
-            .and_then(|_| self.announce(seen))
-            .and_then(|_| self.broadcast(&Message::Bye))
-            .is_err()
-        {
+        if self.drain().is_err() {
             return false;
         }
-        // Deferred (throttled) puts go now.
+        // Deferred (throttled) puts go now, before the last states and the goodbye.
         while let Some((_, request)) = self.deferred.pop_front() {
             if self.start(request).is_err() {
                 return false;
             }
         }
+        if self.announce(seen).and_then(|_| self.broadcast(&Message::Bye)).is_err() {
+            return false;
+        }
         self.liveness.bye();
         let mut deadline = None;
         loop {
-            let missing = self
-                .remote
-                .iter()
-                .any(|&p| !self.goodbyes[p] && self.control.state(p) != RankState::Died);
+            let died = |p: usize| self.control.state(p) == RankState::Died;
+            let missing = self.remote.iter().any(|&p| !self.goodbyes[p] && !died(p));
             if !missing {
-                return true;
+                // With a peer dead, MPI_Finalize can wait for it for ever (sends to it never
+                // complete): the job is over, and mpirun ends it.
+                return !(0..self.nodes.num_ranks()).any(died);
             }
             if self.control.failed() {
                 let at = *deadline.get_or_insert_with(|| Instant::now() + FAILED_GOODBYE);

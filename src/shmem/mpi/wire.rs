@@ -3,7 +3,6 @@
 //! both ends.
 
 use crate::shmem::SignalOp;
-use crate::shmem::control::RankState;
 
 /// Payloads up to this size travel inside the control message, copied when the put is made (its
 /// source is free at once); larger ones go as data messages straight from the source into the
@@ -117,11 +116,6 @@ impl Message {
             _ => None,
         }
     }
-}
-
-/// A state as the control block stores it.
-pub(crate) fn state_word(state: RankState) -> u32 {
-    state as u32
 }
 
 /// One MPI data message of a put: `rows` rows from row `first_row`, bytes `col..col + bytes` of
