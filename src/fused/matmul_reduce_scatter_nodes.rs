@@ -300,13 +300,13 @@ fn reduce_own<T: Element>(
     let (mut total, mut node_sum, mut part) =
         (Tile::new(block, n, zero), Tile::new(block, n, zero), Tile::new(block, n, zero));
     let node_done = ws.node_done.as_ref().expect("several nodes");
-    for c in 0..plan.nodes {
+    for (c, &before) in node_before.iter().enumerate() {
         let target = if c == 0 { &mut total } else { &mut node_sum };
         if c == plan.node {
             let Some(token) = wait_node(p, ws, plan, c)? else { continue };
             sum_node(bufs, plan, rows, me, (row, count), token, (&mut *target, &mut part));
         } else {
-            let want = WaitCmp::Ge(node_before[c] + t as u64 + 1);
+            let want = WaitCmp::Ge(before + t as u64 + 1);
             let sender = plan.senders[c];
             let token = p.wait_from(node_done, c, sender, want, WaitSem::Acquire)?;
             let slot = (c * bufs.widest + row) * n;

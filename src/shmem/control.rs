@@ -247,6 +247,7 @@ impl Control {
     /// Marks `rank` as died whatever it was doing, unless it already died or left its world in
     /// order (a process of another node whose connection ended: it may have been between runs);
     /// returns whether this call changed it.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
     pub(crate) fn mark_died_any(&self, rank: usize, status: i32) -> bool {
         let cell = self.half(self.record(rank));
         let mut seen = cell.load(Ordering::Acquire);

@@ -164,6 +164,7 @@ impl JobEnv {
 
     /// Whether the job was started by an MPI launcher (OpenMPI's mpirun or MPICH's Hydra), whose
     /// communicator then says who is who.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
     pub(crate) fn by_mpi(&self) -> bool {
         matches!(self.launcher, "OpenMPI" | "MPICH/Hydra")
     }

@@ -40,6 +40,7 @@ pub(crate) struct Cell {
 
 impl Cell {
     /// A signal of value zero outside any heap (a counter in process memory that threads wait on).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
     pub(crate) const fn new() -> Cell {
         Cell { value: AtomicU64::new(0), doorbell: AtomicU32::new(0), sleepers: AtomicU32::new(0) }
     }

@@ -30,6 +30,7 @@ impl Nodes {
     }
 
     /// Nodes from each rank's node label: nodes are numbered in the order of their lowest rank.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
     pub(crate) fn from_labels(labels: &[usize]) -> Nodes {
         let mut seen: Vec<usize> = Vec::new();
         let mut node_of = Vec::with_capacity(labels.len());
@@ -49,6 +50,7 @@ impl Nodes {
         Nodes { node_of, ranks }
     }
 
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
     pub(crate) fn num_ranks(&self) -> usize {
         self.node_of.len()
     }
@@ -84,6 +86,7 @@ impl Nodes {
 /// One transfer to a peer on another node: `rows` rows of `row_bytes` bytes from `src` (rows
 /// `src_stride` bytes apart) to byte `dst_offset` of the peer's segment (rows `dst_stride` apart),
 /// then `signal`, if any, applied to the signal cell at that byte offset of the peer's segment.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Put {
     pub(crate) peer: usize,
@@ -111,6 +114,7 @@ impl Put {
         }
     }
 
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
     pub(crate) fn bytes(&self) -> usize {
         self.rows * self.row_bytes
     }
@@ -126,6 +130,7 @@ pub(crate) enum Elem {
 
 /// An MPI collective for an unfused baseline, on buffers the caller hands over (see
 /// [`Transport::collective`]); counts and displacements in elements.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
 pub(crate) enum CollectiveKind {
     AllGatherV {
         send: *const u8,

@@ -442,6 +442,7 @@ impl World {
     }
 
     /// A world of processes whose `shared` state this process made, as rank `me`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
     pub(crate) fn from_process(shared: WorldShared, me: usize) -> World {
         World { shared: Arc::new(shared), here: Some(me) }
     }
