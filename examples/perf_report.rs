@@ -4,11 +4,18 @@
 //!
 //! Run: `cargo run --release --example perf_report [-- --quick] [--processes]`
 //!
+//! `--mpi` (feature `mpi`, with OpenMPI's mpirun) runs its own rows instead: the fused ops across
+//! fake nodes of this host beside the unfused baselines a user of MPI writes, with the transport
+//! measured and a model fitted (see `support/mpi_rows.rs`).
+//!
 //! `--processes` measures every row twice, one right after the other: with the ranks as threads
 //! (as without it), then as processes of this program (`World::local_job`, each process one rank
 //! running only that row), and adds the processes' fused time and the ratio of the two.
 
 use std::time::{Duration, Instant};
+
+#[path = "support/mpi_rows.rs"]
+mod mpi_rows;
 
 use dist_tensor::{DType, DistTensor, Element, Placement, Rank, Result, Tensor, World};
 use half::bf16;
@@ -225,6 +232,9 @@ fn arg_value(flag: &str) -> Option<String> {
 
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--mpi") {
+        return mpi_rows::main(quick);
+    }
     let processes = std::env::args().any(|a| a == "--processes");
     let reps = if quick { 3 } else { 9 };
     let square = (2048, 2048, 2048);
