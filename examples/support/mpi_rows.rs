@@ -1,7 +1,7 @@
 //! `perf_report --mpi`: the fused ops across nodes beside the unfused baselines a user of MPI
-//! writes (`MPI_Allgatherv` then the local GEMM, the local GEMM then `MPI_Reduce_scatter`, permute
-//! + `MPI_Alltoallv` + permute), with the transport measured per path, the model of
-//! `design/processes-and-hosts.md` fitted to it, and a projection to a faster fabric.
+//! writes (`MPI_Allgatherv` then the local GEMM, the local GEMM then `MPI_Reduce_scatter`, a
+//! permute, `MPI_Alltoallv` and a permute back), with the transport measured per path, the model
+//! of `design/processes-and-hosts.md` fitted to it, and a projection to a faster fabric.
 //!
 //! Started plainly, it runs itself under mpirun in three shapes of fake nodes on this host (every
 //! process its own node, 2 and 4 nodes; 2 nodes of 2 ranks), with `--mca btl self,tcp` so every
