@@ -6,7 +6,8 @@
 //! Started plainly, it runs itself under mpirun in three shapes of fake nodes on this host (every
 //! process its own node, 2 and 4 nodes; 2 nodes of 2 ranks), with `--mca btl self,tcp` so every
 //! byte between nodes crosses loopback TCP, and prints what rank 0 of each printed. Needs the
-//! `mpi` feature and OpenMPI's mpirun.
+//! `mpi` feature and OpenMPI's mpirun. `--shapes 4x1,4x2` runs only those shapes (processes x
+//! ranks per node).
 
 use std::time::Instant;
 
@@ -43,7 +44,20 @@ pub fn main(quick: bool) -> Result<()> {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!("load average (1, 5, 15 min) before: {}", load());
-    for (np, per_node) in SHAPES {
+    // `--shapes 4x1,4x2`: only those (processes x ranks per node).
+    let args: Vec<String> = std::env::args().collect();
+    let chosen = args.iter().position(|a| a == "--shapes").and_then(|i| args.get(i + 1));
+    let shapes: Vec<(usize, usize)> = match chosen {
+        Some(list) => list
+            .split(',')
+            .filter_map(|s| {
+                let (np, per) = s.split_once('x')?;
+                Some((np.parse().ok()?, per.parse().ok()?))
+            })
+            .collect(),
+        None => SHAPES.to_vec(),
+    };
+    for (np, per_node) in shapes {
         let mut cmd = std::process::Command::new("mpirun");
         cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
         cmd.args(["--mca", "btl", "self,tcp", "-x", &format!("{RANKS_PER_NODE_ENV}={per_node}")]);

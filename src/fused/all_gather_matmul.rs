@@ -49,6 +49,10 @@ const MPI_OP: &str = "all_gather_matmul_unfused_mpi";
 pub const MAX_WEIGHTS: usize = 16;
 /// Elements the communication part moves per chunk.
 const PUSH_CHUNK_ELEMS: usize = 64 * 1024;
+/// Elements the communication part puts per chunk to another node: each put is a message
+/// through the proxies and MPI, whose cost per message is tens of microseconds (measured over
+/// loopback TCP), so chunks across nodes are larger.
+const REMOTE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// The products of an all_gather_matmul: one `[M, n_i]` array per weight, and how the rows were
 /// sharded (`row_counts[r]` rows came from rank `r`).
@@ -307,8 +311,12 @@ fn run_fused<T: Element>(
     let x = x.as_standard_layout();
     let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
     let input = GlobalPtr::from_slice(&x_acc);
-    let push = super::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
-    let chunks_of = |m: usize| if k == 0 { 0 } else { m.div_ceil(push) };
+    let chunks = Chunking {
+        rows,
+        k,
+        local: super::plan::row_chunks(k, PUSH_CHUNK_ELEMS),
+        remote: super::plan::row_chunks(k, REMOTE_CHUNK_ELEMS),
+    };
     // The counts before this call: a forwarded chunk `c` of shard `s` has arrived once
     // `arrived[s]` passes `before[s] + c`.
     let before = ws.expected.clone();
@@ -316,7 +324,9 @@ fn run_fused<T: Element>(
         ws.reserve(rank, m_total * k)?;
         for s in 0..n {
             if s != me || !per_shard {
-                ws.expected[s] += chunks_of(rows.count(s)) as u64;
+                // A shard of another node comes in that node's chunks (put, then forwarded).
+                let across = rank.node_of(s) != rank.node_of(me);
+                ws.expected[s] += chunks.count(s, across) as u64;
             }
         }
     }
@@ -356,7 +366,6 @@ fn run_fused<T: Element>(
         launch(rank, LaunchMode::Mix, grid, |p| {
             if n > 1 && p.sub_vec_id() < comm_lanes {
                 let gathered = gathered.expect("reserved");
-                let chunks = Chunking { rows, k, push };
                 push_rows(p, gathered, &ws.arrived, input, &chunks, &routes)?;
                 forward_rows(p, gathered, &ws.arrived, &chunks, &routes, &before)?;
             }
@@ -417,22 +426,30 @@ fn run_fused<T: Element>(
     })
 }
 
-/// How this rank's rows are cut into chunks: `push` rows of `k` elements each.
+/// How shards are cut into chunks of rows of `k` elements: `local` rows per chunk copied on a
+/// node, `remote` rows per chunk put to another node (and forwarded there as they came).
 struct Chunking<'a> {
     rows: &'a Shards,
     k: usize,
-    push: usize,
+    local: usize,
+    remote: usize,
 }
 
 impl Chunking<'_> {
-    fn count(&self, shard: usize) -> usize {
-        if self.k == 0 { 0 } else { self.rows.count(shard).div_ceil(self.push) }
+    fn rows_per(&self, across: bool) -> usize {
+        if across { self.remote } else { self.local }
+    }
+
+    /// Chunks of `shard`, for a node of its own or (`across`) another one.
+    fn count(&self, shard: usize, across: bool) -> usize {
+        if self.k == 0 { 0 } else { self.rows.count(shard).div_ceil(self.rows_per(across)) }
     }
 
     /// First row (within the shard) and rows of chunk `c` of `shard`.
-    fn chunk(&self, shard: usize, c: usize) -> (usize, usize) {
-        let row = c * self.push;
-        (row, tile::valid_len(row, self.push, self.rows.count(shard)))
+    fn chunk(&self, shard: usize, c: usize, across: bool) -> (usize, usize) {
+        let per = self.rows_per(across);
+        let row = c * per;
+        (row, tile::valid_len(row, per, self.rows.count(shard)))
     }
 }
 
@@ -497,11 +514,11 @@ fn push_rows<A: Element>(
 ) -> Result<()> {
     let me = p.rank();
     let (rows, k) = (chunks.rows, chunks.k);
-    let count = chunks.count(me);
+    let count = chunks.count(me, false);
     // One communication lane per program: sub-core 0.
     for task in p.tasks(routes.local.len() * count) {
         let peer = routes.local[task / count];
-        let (row, len) = chunks.chunk(me, task % count);
+        let (row, len) = chunks.chunk(me, task % count, false);
         let dst = symm_at(gathered, peer) + (rows.offset(me) + row) * k;
         // SAFETY: only this rank writes its shard's rows of a peer's `gathered` buffer, each chunk
         // once; the peer reads them only after acquiring the chunk count.
@@ -511,8 +528,8 @@ fn push_rows<A: Element>(
     }
     for target in p.tasks(routes.remote.len()) {
         let peer = routes.remote[target];
-        for c in 0..count {
-            let (row, len) = chunks.chunk(me, c);
+        for c in 0..chunks.count(me, true) {
+            let (row, len) = chunks.chunk(me, c, true);
             let at = (rows.offset(me) + row) * k;
             let signal = Some((arrived, me, SignalOp::Add(1)));
             // SAFETY: as above, on the stand-in of another node; `input` stays unchanged until
@@ -539,10 +556,10 @@ fn forward_rows<A: Element>(
     let (rows, k) = (chunks.rows, chunks.k);
     for i in p.tasks(routes.forwards.len()) {
         let s = routes.forwards[i];
-        for c in 0..chunks.count(s) {
+        for c in 0..chunks.count(s, true) {
             let want = WaitCmp::Ge(before[s] + c as u64 + 1);
             let token = p.wait_from(arrived, s, s, want, WaitSem::Acquire)?;
-            let (row, len) = chunks.chunk(s, c);
+            let (row, len) = chunks.chunk(s, c, true);
             let at = (rows.offset(s) + row) * k;
             let from = GlobalPtr::from(consume_token(gathered.ptr(), token)) + at;
             for &peer in &routes.neighbours {

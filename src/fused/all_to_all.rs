@@ -269,7 +269,7 @@ pub fn all_to_all_unfused<T: Element>(
 ) -> Result<AllToAllOutput<T>> {
     // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
     unfused_with(UNFUSED_OP, rank, x, scatter_dim, gather_dim, |front, counts, _| {
-        collectives::all_to_all_v(rank, front, counts)
+        collectives::all_to_all_v(rank, &front, counts)
     })
 }
 
@@ -300,20 +300,20 @@ pub fn all_to_all_unfused_mpi<T: Element>(
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
     unfused_with(MPI_OP, rank, x, scatter_dim, gather_dim, |front, to, from| {
-        rank.mpi_all_to_all_v(front.to_vec(), to, from)
+        rank.mpi_all_to_all_v(front, to, from)
     })
 }
 
-/// The unfused baseline, with `exchange` as the collective: it gets the permuted input, what
-/// goes to each rank and what comes from each rank (elements), and returns what came, in rank
-/// order.
+/// The unfused baseline, with `exchange` as the collective: it gets the permuted input (its own
+/// copy), what goes to each rank and what comes from each rank (elements), and returns what came,
+/// in rank order.
 pub(crate) fn unfused_with<T: Element>(
     op: &'static str,
     rank: &Rank<'_>,
     x: &Tensor<T>,
     scatter_dim: usize,
     gather_dim: usize,
-    exchange: impl FnOnce(&[T], &[usize], &[usize]) -> Result<Vec<T>>,
+    exchange: impl FnOnce(Vec<T>, &[usize], &[usize]) -> Result<Vec<T>>,
 ) -> Result<AllToAllOutput<T>> {
     let layout = agree::<T>(op, rank, x.shape(), scatter_dim, gather_dim)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
@@ -330,7 +330,8 @@ pub(crate) fn unfused_with<T: Element>(
         (0..ndim).filter(|&d| d != scatter_dim && d != gather_dim).map(|d| x.shape()[d]).product();
     let from: Vec<usize> =
         layout.gathers.iter().map(|&g| layout.scatters[me] * g * others).collect();
-    let received = exchange(front.as_slice(), &counts, &from)?;
+    let front = front.into_array().into_raw_vec_and_offset().0; // standard layout, offset 0
+    let received = exchange(front, &counts, &from)?;
     // Each source's piece is [s_me, ...x's other dims with its own gather size...].
     let mut inverse = vec![0; ndim];
     for (i, &p) in perm.iter().enumerate() {

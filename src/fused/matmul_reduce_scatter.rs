@@ -32,7 +32,7 @@ pub(super) const OP: &str = "matmul_reduce_scatter";
 const UNFUSED_OP: &str = "matmul_reduce_scatter_unfused";
 const MPI_OP: &str = "matmul_reduce_scatter_unfused_mpi";
 /// Elements per reduction task.
-pub(super) const REDUCE_CHUNK_ELEMS: usize = 16 * 1024;
+const REDUCE_CHUNK_ELEMS: usize = 16 * 1024;
 
 /// The workspace: partial products in the accumulator type, and per-source tile counts.
 pub(super) struct MmRsWorkspace<T: Element> {

@@ -24,7 +24,7 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use super::matmul_reduce_scatter::{MmRsWorkspace, OP, REDUCE_CHUNK_ELEMS};
+use super::matmul_reduce_scatter::{MmRsWorkspace, OP};
 use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
     scratch,
@@ -37,6 +37,11 @@ use crate::shmem::{
     consume_token, symm_at,
 };
 use crate::tensor::Element;
+
+/// Elements of a node's sum a stand-in puts at once (and the owner reduces at once): each put is a
+/// message through the proxies and MPI, whose cost per message is tens of microseconds (measured
+/// over loopback TCP), so chunks are larger than on one node.
+const NODE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// Who reduces what on this rank's node.
 struct Plan {
@@ -129,7 +134,7 @@ pub(super) fn run<T: Element>(
         }
     }
     // Chunks of rows: what a stand-in puts at once, and what the owner reduces at once.
-    let chunk_rows = row_chunks(n, REDUCE_CHUNK_ELEMS);
+    let chunk_rows = row_chunks(n, NODE_CHUNK_ELEMS);
     let chunks_of = |d: usize| if n == 0 { 0 } else { rows.count(d).div_ceil(chunk_rows) };
     let node_before = ws.node_expected.clone();
     for c in (0..nodes).filter(|&c| c != node) {

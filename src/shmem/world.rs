@@ -399,11 +399,23 @@ impl World {
     /// [`WAIT_TIMEOUT_ENV`]); how long the ranks wait for each other to join from
     /// [`JOIN_TIMEOUT_ENV`](crate::shmem::job_env::JOIN_TIMEOUT_ENV) (default 60 s).
     ///
+    /// With the `mpi` feature, a job started by an MPI launcher (OpenMPI's mpirun, MPICH's
+    /// Hydra) may span many hosts: a proxy thread initialises MPI, whose communicator says who is
+    /// who; the ranks of each node meet as above (one node per host, from MPI's shared-memory
+    /// split, or [`RANKS_PER_NODE_ENV`](crate::shmem::job_env::RANKS_PER_NODE_ENV) ranks per
+    /// node), and ranks of different nodes reach each other through the proxy (see
+    /// [`Rank::put_signal`], [`Rank::is_local`]). Every rank must have the same heap capacity
+    /// and wait timeout. MPI starts once per process: one such world per process, and MPI ends
+    /// when it is dropped (`MPI_Finalize`, once every rank of the other nodes said goodbye).
+    /// When a process dies, plain mpirun ends the whole job at once (naming the rank); with
+    /// OpenMPI's `--enable-recovery` the others go on long enough to end with an error naming it.
+    ///
     /// # Errors
     /// [`Error::Environment`] naming what is missing or inconsistent (no rank, a rank not below
-    /// the world size, two launchers that disagree, a job over several hosts), or a peer that
-    /// never joins within the join timeout; [`Error::System`] when the operating system refuses a
-    /// step of the rendezvous.
+    /// the world size, two launchers that disagree, a job over several hosts without the `mpi`
+    /// feature, ranks of one node on different hosts, settings that differ between ranks, MPI
+    /// started twice), or a peer that never joins within the join timeout; [`Error::System`]
+    /// when the operating system refuses a step of the rendezvous; [`Error::Mpi`] when MPI fails.
     ///
     /// # Examples
     /// ```
