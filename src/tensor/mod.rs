@@ -2,6 +2,7 @@
 
 mod dense;
 mod element;
+mod few_rows;
 mod gemm_kernel;
 mod matmul;
 mod pod;
@@ -10,6 +11,7 @@ mod split;
 
 pub use dense::Tensor;
 pub use element::{Accumulator, DType, Element};
+pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;
 pub use matmul::{matmul, matmul_into};
 pub use pod::Pod;
 pub use pool::{DEFAULT_POOL_BYTES, POOL_BYTES_ENV, pooled_bytes, release_pool};
