@@ -16,7 +16,7 @@
 //! (`tile::STREAM_OUTPUT_BYTES`), every copy streams past the cache: nothing here reads the blocks
 //! again before they would be evicted anyway.
 
-use ndarray::{ArrayViewD, Axis, IxDyn};
+use ndarray::{ArrayView5, ArrayViewMut5, Axis};
 
 use super::plan::row_chunks;
 use crate::collectives;
@@ -241,9 +241,10 @@ fn dims_error(err: Error, shape: &[usize], scatter_dim: usize, gather_dim: usize
     }
 }
 
-/// The unfused baseline, as a CPU user would write it: permute the scatter dimension to the front
-/// (a copy), [`collectives::all_to_all_v`], then permute each received piece back and concatenate
-/// along the gather dimension (copies). Same results as [`all_to_all`].
+/// The unfused baseline, as a CPU user would write it at best (what numpy + MPI does): pack each
+/// peer's piece contiguously (a blocked transpose: whole inner runs copied, no per-element index
+/// arithmetic), [`collectives::all_to_all_v`], then unpack each received piece into its place
+/// along the gather dimension (blocked copies again). Same results as [`all_to_all`].
 ///
 /// # Errors
 /// As [`all_to_all`].
@@ -271,37 +272,52 @@ pub fn all_to_all_unfused<T: Element>(
         })
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
     let (me, n) = (rank.rank(), rank.num_ranks());
-    let ndim = x.ndim();
-    // Scatter dimension first: each peer's piece is then contiguous.
-    let mut perm: Vec<usize> = vec![scatter_dim];
-    perm.extend((0..ndim).filter(|&d| d != scatter_dim));
-    let front = x.permute(&perm)?;
-    let per_row = x.len() / layout.scatter_len.max(1);
-    let counts: Vec<usize> = layout.scatters.iter().map(|&s| s * per_row).collect();
-    let received = collectives::all_to_all_v(rank, front.as_slice(), &counts)?;
-    // Each source's piece is [s_me, ...x's other dims with its own gather size...].
-    let mut inverse = vec![0; ndim];
-    for (i, &p) in perm.iter().enumerate() {
-        inverse[p] = i;
+    let l = &layout;
+    // The tensor as [A, X, Bm, Y, C]: the scatter dimension is X or Y, the gather one the other.
+    let (scatter_axis, gather_axis) = if l.gather_first { (3, 1) } else { (1, 3) };
+    let five = |scatter: usize, gather: usize| {
+        let (x, y) = if l.gather_first { (gather, scatter) } else { (scatter, gather) };
+        [l.a, x, l.bm, y, l.c]
+    };
+    let input = ArrayView5::from_shape(five(l.scatter_len, l.gathers[me]), x.as_slice())
+        .expect("the input's shape, folded");
+
+    // Pack: each peer's piece, contiguous, in rank order.
+    let counts: Vec<usize> =
+        l.scatters.iter().map(|&s| five(s, l.gathers[me]).iter().product()).collect();
+    let mut send = pool::take::<T>(x.len());
+    for (r, range) in split_offsets(&l.scatters).windows(2).enumerate() {
+        let start: usize = counts[..r].iter().sum();
+        let piece = input.slice_axis(Axis(scatter_axis), (range[0]..range[1]).into());
+        ArrayViewMut5::from_shape(piece.raw_dim(), &mut send[start..start + counts[r]])
+            .expect("the piece's length is its shape's")
+            .assign(&piece);
     }
-    let mut pieces = Vec::with_capacity(n);
-    let mut at = 0;
-    for src in 0..n {
-        let mut shape: Vec<usize> = perm.iter().map(|&d| x.shape()[d]).collect();
-        shape[0] = layout.scatters[me];
-        let g_pos = perm.iter().position(|&d| d == gather_dim).expect("gather dim is permuted");
-        shape[g_pos] = layout.gathers[src];
-        let len: usize = shape.iter().product();
-        let piece = ArrayViewD::from_shape(IxDyn(&shape), &received[at..at + len])
-            .expect("the piece's length is its shape's");
-        at += len;
-        pieces.push(piece.permuted_axes(inverse.clone()));
+    let received = collectives::all_to_all_v(rank, &send, &counts)?;
+    pool::give(send);
+
+    // Unpack: each source's piece into its range of the gather dimension.
+    let mut out_shape = x.shape().to_vec();
+    out_shape[gather_dim] = l.gather_total();
+    out_shape[scatter_dim] = l.scatters[me];
+    let mut output = Tensor::<T>::scratch(&out_shape);
+    {
+        let mut out = ArrayViewMut5::from_shape(
+            five(l.scatters[me], l.gather_total()),
+            output.as_mut_slice(),
+        )
+        .expect("the output's shape, folded");
+        let mut at = 0;
+        for src in 0..n {
+            let shape = five(l.scatters[me], l.gathers[src]);
+            let len: usize = shape.iter().product();
+            let piece = ArrayView5::from_shape(shape, &received[at..at + len])
+                .expect("the piece's length is its shape's");
+            let (g0, g1) = (l.gather_offsets[src], l.gather_offsets[src + 1]);
+            out.slice_axis_mut(Axis(gather_axis), (g0..g1).into()).assign(&piece);
+            at += len;
+        }
     }
-    let views: Vec<_> = pieces.iter().map(|p| p.view()).collect();
-    let joined = ndarray::concatenate(Axis(gather_dim), &views).map_err(|e| {
-        Error::InvalidShape { op: OP, reason: format!("cannot join the received pieces: {e}") }
-    })?;
-    let output = Tensor::from_array(joined);
     pool::give(received);
     Ok(AllToAllOutput {
         output,
