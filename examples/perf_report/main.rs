@@ -3,7 +3,7 @@
 //! on. Every time is a median over interleaved runs (fused, then unfused, right after each other)
 //! and every ratio is taken pair by pair, so that drift in the machine's speed cancels.
 //!
-//! Run: `cargo run --release --example perf_report [-- --quick] [-- --runs N] [-- --reps R]`
+//! Run: `cargo run --release --example perf_report [-- --quick] [--runs N] [--reps R] [--only TEXT]`
 //!
 //! `--runs N` repeats the whole report N times (the limits measured again each time) and prints
 //! one table over all of them: medians, and the quartiles of the pair-by-pair ratios.
@@ -170,6 +170,8 @@ impl CoreGemm {
 struct Args {
     reps: usize,
     runs: usize,
+    /// Only the rows whose op (or shape) contains this text.
+    only: Option<String>,
 }
 
 fn args() -> Args {
@@ -188,12 +190,18 @@ fn args() -> Args {
     Args {
         reps: value("--reps").unwrap_or(if quick { 3 } else { 9 }),
         runs: value("--runs").unwrap_or(1),
+        only: argv.iter().position(|a| a == "--only").and_then(|i| argv.get(i + 1).cloned()),
     }
 }
 
 fn main() -> Result<()> {
-    let Args { reps, runs } = args();
-    let cases = cases();
+    let Args { reps, runs, only } = args();
+    let cases: Vec<Case> = cases()
+        .into_iter()
+        .filter(|c| {
+            only.as_ref().is_none_or(|o| c.op.contains(o.as_str()) || c.shape.contains(o.as_str()))
+        })
+        .collect();
     let mut limits = Vec::new();
     // Per case: each run's limit (seconds) and pairs.
     let mut results: Vec<Vec<(f64, Vec<Pair>)>> = cases.iter().map(|_| Vec::new()).collect();

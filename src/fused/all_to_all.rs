@@ -16,8 +16,6 @@
 //! (`tile::STREAM_OUTPUT_BYTES`), every copy streams past the cache: nothing here reads the blocks
 //! again before they would be evicted anyway.
 
-use ndarray::{ArrayView5, ArrayViewMut5, Axis};
-
 use super::plan::row_chunks;
 use crate::collectives;
 use crate::device::{LaunchMode, launch, tile};
@@ -241,10 +239,12 @@ fn dims_error(err: Error, shape: &[usize], scatter_dim: usize, gather_dim: usize
     }
 }
 
-/// The unfused baseline, as a CPU user would write it at best (what numpy + MPI does): pack each
-/// peer's piece contiguously (a blocked transpose: whole inner runs copied, no per-element index
-/// arithmetic), [`collectives::all_to_all_v`], then unpack each received piece into its place
-/// along the gather dimension (blocked copies again). Same results as [`all_to_all`].
+/// The unfused baseline, as a CPU user would write it at best (numpy + MPI's steps): pack each
+/// peer's piece contiguously, [`collectives::all_to_all_v`], then unpack each received piece into
+/// its range of the gather dimension. Packing and unpacking are blocked transposes: each is one
+/// strided 2-D block copy per peer (whole runs of the inner dimensions, no per-element index
+/// arithmetic), with streaming stores when the tensor is large, as the collective's own copies.
+/// Same results as [`all_to_all`].
 ///
 /// # Errors
 /// As [`all_to_all`].
@@ -273,25 +273,53 @@ pub fn all_to_all_unfused<T: Element>(
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
     let (me, n) = (rank.rank(), rank.num_ranks());
     let l = &layout;
-    // The tensor as [A, X, Bm, Y, C]: the scatter dimension is X or Y, the gather one the other.
-    let (scatter_axis, gather_axis) = if l.gather_first { (3, 1) } else { (1, 3) };
-    let five = |scatter: usize, gather: usize| {
-        let (x, y) = if l.gather_first { (gather, scatter) } else { (scatter, gather) };
-        [l.a, x, l.bm, y, l.c]
+    let stream = x.len() * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
+    // The tensor as [A, X, Bm, Y, C]; the scatter dimension is X or Y, the gather one the other.
+    // A piece is a range along X (one run of all the rest per a) or along Y (one run of that
+    // range times C per (a, x, b)): either way one 2-D block.
+    let block = |along_x: bool, x_len: usize, y_len: usize, lo: usize, len: usize| {
+        if along_x {
+            let row = l.bm * y_len * l.c;
+            // (rows, cols, stride of the whole, offset of the piece in the whole)
+            (l.a, len * row, x_len * row, lo * row)
+        } else {
+            (l.a * x_len * l.bm, len * l.c, y_len * l.c, lo * l.c)
+        }
     };
-    let input = ArrayView5::from_shape(five(l.scatter_len, l.gathers[me]), x.as_slice())
-        .expect("the input's shape, folded");
 
     // Pack: each peer's piece, contiguous, in rank order.
+    let scatter_along_x = !l.gather_first;
+    let (x_in, y_in) = if scatter_along_x {
+        (l.scatter_len, l.gathers[me])
+    } else {
+        (l.gathers[me], l.scatter_len)
+    };
     let counts: Vec<usize> =
-        l.scatters.iter().map(|&s| five(s, l.gathers[me]).iter().product()).collect();
+        l.scatters.iter().map(|&s| x.len() / l.scatter_len.max(1) * s).collect();
+    let send_offsets = split_offsets(&counts);
     let mut send = pool::take::<T>(x.len());
-    for (r, range) in split_offsets(&l.scatters).windows(2).enumerate() {
-        let start: usize = counts[..r].iter().sum();
-        let piece = input.slice_axis(Axis(scatter_axis), (range[0]..range[1]).into());
-        ArrayViewMut5::from_shape(piece.raw_dim(), &mut send[start..start + counts[r]])
-            .expect("the piece's length is its shape's")
-            .assign(&piece);
+    {
+        let (input, packed) =
+            (GlobalPtr::from_slice(x.as_slice()), GlobalPtrMut::from_slice(&mut send));
+        for r in 0..n {
+            let (rows, cols, stride, at) =
+                block(scatter_along_x, x_in, y_in, l.scatter_offsets[r], l.scatters[r]);
+            if rows * cols == 0 {
+                continue;
+            }
+            // SAFETY: the block is inside the input and inside peer r's part of `send`, which
+            // this thread alone owns.
+            unsafe {
+                tile::copy_2d_maybe_streaming(
+                    stream,
+                    packed + send_offsets[r],
+                    cols,
+                    input + at,
+                    stride,
+                    (rows, cols),
+                )
+            };
+        }
     }
     let received = collectives::all_to_all_v(rank, &send, &counts)?;
     pool::give(send);
@@ -302,20 +330,34 @@ pub fn all_to_all_unfused<T: Element>(
     out_shape[scatter_dim] = l.scatters[me];
     let mut output = Tensor::<T>::scratch(&out_shape);
     {
-        let mut out = ArrayViewMut5::from_shape(
-            five(l.scatters[me], l.gather_total()),
-            output.as_mut_slice(),
-        )
-        .expect("the output's shape, folded");
-        let mut at = 0;
+        let gather_along_x = l.gather_first;
+        let (x_out, y_out) = if gather_along_x {
+            (l.gather_total(), l.scatters[me])
+        } else {
+            (l.scatters[me], l.gather_total())
+        };
+        let (pieces, out) =
+            (GlobalPtr::from_slice(&received), GlobalPtrMut::from_slice(output.as_mut_slice()));
+        let mut from = 0;
         for src in 0..n {
-            let shape = five(l.scatters[me], l.gathers[src]);
-            let len: usize = shape.iter().product();
-            let piece = ArrayView5::from_shape(shape, &received[at..at + len])
-                .expect("the piece's length is its shape's");
-            let (g0, g1) = (l.gather_offsets[src], l.gather_offsets[src + 1]);
-            out.slice_axis_mut(Axis(gather_axis), (g0..g1).into()).assign(&piece);
-            at += len;
+            let (rows, cols, stride, at) =
+                block(gather_along_x, x_out, y_out, l.gather_offsets[src], l.gathers[src]);
+            if rows * cols == 0 {
+                continue;
+            }
+            // SAFETY: the piece is inside `received` and its block inside the output, which
+            // this thread alone owns.
+            unsafe {
+                tile::copy_2d_maybe_streaming(
+                    stream,
+                    out + at,
+                    stride,
+                    pieces + from,
+                    cols,
+                    (rows, cols),
+                )
+            };
+            from += rows * cols;
         }
     }
     pool::give(received);
