@@ -301,7 +301,7 @@ pub fn all_to_all_unfused<T: Element>(
     {
         let (input, packed) =
             (GlobalPtr::from_slice(x.as_slice()), GlobalPtrMut::from_slice(&mut send));
-        for r in 0..n {
+        for (r, &start) in send_offsets[..n].iter().enumerate() {
             let (rows, cols, stride, at) =
                 block(scatter_along_x, x_in, y_in, l.scatter_offsets[r], l.scatters[r]);
             if rows * cols == 0 {
@@ -312,7 +312,7 @@ pub fn all_to_all_unfused<T: Element>(
             unsafe {
                 tile::copy_2d_maybe_streaming(
                     stream,
-                    packed + send_offsets[r],
+                    packed + start,
                     cols,
                     input + at,
                     stride,
