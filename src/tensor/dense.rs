@@ -3,6 +3,7 @@
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+use super::storage::{Storage, SymmetricBlock};
 use super::{Element, matmul, pool};
 use crate::{Error, Result};
 
@@ -18,16 +19,38 @@ use crate::{Error, Result};
 /// assert_eq!(p.as_slice(), &[1., 4., 2., 5., 3., 6.]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
 pub struct Tensor<T: Element> {
-    data: ArrayD<T>,
+    storage: Storage<T>,
 }
 
 impl<T: Element> Drop for Tensor<T> {
-    /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse.
+    /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse (or
+    /// a symmetric block back to the op that lent it).
     fn drop(&mut self) {
-        let data = std::mem::replace(&mut self.data, empty());
-        pool::give(data.into_raw_vec_and_offset().0);
+        if let Storage::Host(data) = &mut self.storage {
+            let data = std::mem::replace(data, empty());
+            pool::give(data.into_raw_vec_and_offset().0);
+        }
+    }
+}
+
+impl<T: Element> Clone for Tensor<T> {
+    /// A copy in ordinary memory, wherever the original lives.
+    fn clone(&self) -> Self {
+        Tensor::host(self.to_array())
+    }
+}
+
+impl<T: Element> PartialEq for Tensor<T> {
+    /// Same shape and same elements, wherever they live.
+    fn eq(&self, other: &Self) -> bool {
+        self.shape() == other.shape() && self.as_slice() == other.as_slice()
+    }
+}
+
+impl<T: Element> std::fmt::Debug for Tensor<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor").field("data", &self.view()).finish()
     }
 }
 
@@ -37,6 +60,17 @@ fn empty<T>() -> ArrayD<T> {
 }
 
 impl<T: Element> Tensor<T> {
+    fn host(data: ArrayD<T>) -> Self {
+        Tensor { storage: Storage::Host(data) }
+    }
+
+    /// A tensor whose elements are the first ones of a symmetric-heap block (see
+    /// [`SymmetricBlock`]); the caller has written (or will write, before handing the tensor out)
+    /// every element.
+    pub(crate) fn symmetric(block: SymmetricBlock<T>) -> Self {
+        Tensor { storage: Storage::Symmetric(block) }
+    }
+
     /// Wraps an ndarray array, copying it into row-major order if it is not already.
     ///
     /// # Examples
@@ -54,7 +88,7 @@ impl<T: Element> Tensor<T> {
         } else {
             array.as_standard_layout().into_owned()
         };
-        Tensor { data }
+        Tensor::host(data)
     }
 
     /// A copy of the data as an ndarray array.
@@ -66,7 +100,10 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.to_array().shape(), &[2, 2]);
     /// ```
     pub fn to_array(&self) -> ArrayD<T> {
-        self.data.clone()
+        match &self.storage {
+            Storage::Host(data) => data.clone(),
+            Storage::Symmetric(_) => self.view().to_owned(),
+        }
     }
 
     /// The data as an ndarray array, without a copy.
@@ -78,7 +115,10 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(a.len(), 3);
     /// ```
     pub fn into_array(mut self) -> ArrayD<T> {
-        std::mem::replace(&mut self.data, empty())
+        match &mut self.storage {
+            Storage::Host(data) => std::mem::replace(data, empty()),
+            Storage::Symmetric(_) => self.view().to_owned(),
+        }
     }
 
     /// A tensor of `shape` from row-major `data`.
@@ -97,7 +137,7 @@ impl<T: Element> Tensor<T> {
             op: "Tensor::from_shape_vec",
             reason: format!("{len} elements do not fill shape {shape:?}"),
         })?;
-        Ok(Tensor { data })
+        Ok(Tensor::host(data))
     }
 
     /// A tensor of zeros.
@@ -117,7 +157,7 @@ impl<T: Element> Tensor<T> {
     /// the buffer cache: for outputs a kernel overwrites entirely.
     pub(crate) fn scratch(shape: &[usize]) -> Self {
         let data = pool::take(shape.iter().product());
-        Tensor { data: ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product") }
+        Tensor::host(ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product"))
     }
 
     /// A tensor of values drawn uniformly from `[-1, 1)` by a generator seeded with `seed`: the same
@@ -153,7 +193,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 0, 3]).shape(), &[2, 0, 3]);
     /// ```
     pub fn shape(&self) -> &[usize] {
-        self.data.shape()
+        self.storage.shape()
     }
 
     /// The number of dimensions.
@@ -164,7 +204,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).ndim(), 2);
     /// ```
     pub fn ndim(&self) -> usize {
-        self.data.ndim()
+        self.shape().len()
     }
 
     /// The number of elements.
@@ -175,7 +215,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).len(), 6);
     /// ```
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.shape().iter().product()
     }
 
     /// Whether the tensor has no elements.
@@ -186,7 +226,7 @@ impl<T: Element> Tensor<T> {
     /// assert!(Tensor::<f32>::zeros(&[2, 0]).is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.len() == 0
     }
 
     /// The elements in row-major order.
@@ -197,7 +237,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2]).as_slice(), &[0.0, 0.0]);
     /// ```
     pub fn as_slice(&self) -> &[T] {
-        self.data.as_slice().expect("a Tensor is always contiguous")
+        self.storage.as_slice()
     }
 
     /// The elements in row-major order, mutably.
@@ -210,7 +250,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.as_slice(), &[0.0, 5.0]);
     /// ```
     pub fn as_mut_slice(&mut self) -> &mut [T] {
-        self.data.as_slice_mut().expect("a Tensor is always contiguous")
+        self.storage.as_mut_slice()
     }
 
     /// An ndarray view.
@@ -221,7 +261,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).view().ndim(), 2);
     /// ```
     pub fn view(&self) -> ArrayViewD<'_, T> {
-        self.data.view()
+        self.storage.view()
     }
 
     /// A mutable ndarray view.
@@ -234,7 +274,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.as_slice(), &[0.0, 0.0, 3.0, 0.0]);
     /// ```
     pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> {
-        self.data.view_mut()
+        self.storage.view_mut()
     }
 
     /// A 2-D view.
@@ -249,7 +289,7 @@ impl<T: Element> Tensor<T> {
     /// assert!(Tensor::<f32>::zeros(&[2]).view2("example").is_err());
     /// ```
     pub fn view2(&self, op: &'static str) -> Result<ArrayView2<'_, T>> {
-        self.data.view().into_dimensionality().map_err(|_| Error::InvalidShape {
+        self.view().into_dimensionality().map_err(|_| Error::InvalidShape {
             op,
             reason: format!("expected a 2-D tensor, got shape {:?}", self.shape()),
         })
@@ -301,7 +341,7 @@ impl<T: Element> Tensor<T> {
                 reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
             });
         }
-        Ok(Tensor { data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned() })
+        Ok(Tensor::host(self.view().permuted_axes(axes).as_standard_layout().into_owned()))
     }
 
     /// Converts every element to another element type (through f64, so exactly where it fits).
@@ -316,7 +356,7 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn cast<U: Element>(&self) -> Tensor<U> {
-        Tensor { data: self.data.mapv(|x| U::from_f64(x.to_f64())) }
+        Tensor::host(self.view().mapv(|x| U::from_f64(x.to_f64())))
     }
 
     /// The 2-D product `self (m x k) * rhs (k x n)` on the calling thread.
@@ -352,6 +392,6 @@ impl<T: Element> Tensor<T> {
     pub fn matmul_threads(&self, rhs: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
         let c: Array2<T> =
             matmul(self.view2("Tensor::matmul")?, rhs.view2("Tensor::matmul")?, threads)?;
-        Ok(Tensor { data: c.into_dyn() })
+        Ok(Tensor::host(c.into_dyn()))
     }
 }

@@ -8,6 +8,7 @@ mod matmul;
 mod pod;
 pub(crate) mod pool;
 mod split;
+mod storage;
 
 pub use dense::Tensor;
 pub use element::{Accumulator, DType, Element};
@@ -16,3 +17,4 @@ pub use matmul::{matmul, matmul_into};
 pub use pod::Pod;
 pub use pool::{DEFAULT_POOL_BYTES, POOL_BYTES_ENV, pooled_bytes, release_pool};
 pub use split::{array_split, split_offsets};
+pub(crate) use storage::SymmetricBlock;
