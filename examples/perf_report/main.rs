@@ -156,13 +156,24 @@ struct CoreGemm {
 impl CoreGemm {
     fn measure((m, k, n): (usize, usize, usize), reps: usize) -> Result<CoreGemm> {
         let a = Tensor::<f32>::random(&[m, k], 1);
-        let b = Tensor::<f32>::random(&[k, n], 2);
+        // Weights larger than a few MiB come from memory: several copies, used in turn, so
+        // that none is still in the last-level cache when it comes round again.
+        let copies: usize = if k * n * 4 > (8 << 20) { 4 } else { 1 };
+        let b: Vec<Tensor<f32>> =
+            (0..copies).map(|c| Tensor::random(&[k, n], 2 + c as u64)).collect();
+        // Enough calls per timing to last a few milliseconds.
+        let calls = (2e7 / (2 * m * k * n) as f64).ceil().max(1.0) as usize;
         let mut failed = None;
+        let mut turn = 0;
         let seconds = measure::times(reps, || {
-            if let Err(e) = a.matmul_threads(&b, 1) {
-                failed = Some(e);
+            for _ in 0..calls {
+                turn = (turn + 1) % copies;
+                if let Err(e) = a.matmul_threads(&b[turn], 1) {
+                    failed = Some(e);
+                }
             }
         });
+        let seconds = seconds.into_iter().map(|s| s / calls as f64).collect();
         failed.map_or(Ok(CoreGemm { seconds }), Err)
     }
 }
@@ -205,7 +216,9 @@ fn main() -> Result<()> {
     let mut limits = Vec::new();
     // Per case: each run's limit (seconds) and pairs.
     let mut results: Vec<Vec<(f64, Vec<Pair>)>> = cases.iter().map(|_| Vec::new()).collect();
-    let core_shapes = [(2048, 2048, 2048), (16, 4096, 2048)];
+    // One core: a large product, and decode's per-rank product with its weight in L2, from
+    // memory, and from memory with rows that are not a power of two apart (cache aliasing).
+    let core_shapes = [(2048, 2048, 2048), (16, 256, 1024), (16, 4096, 2048), (16, 4096, 2304)];
     let mut core: Vec<Vec<f64>> = vec![Vec::new(); core_shapes.len()];
     for run in 0..runs {
         eprintln!("run {} of {runs}: measuring the machine's limits", run + 1);
@@ -268,16 +281,17 @@ fn main() -> Result<()> {
         );
     }
     println!();
-    println!("| local matmul, one core, f32 | ms | GFLOP/s | of one core's peak |");
-    println!("| --- | --- | --- | --- |");
+    println!("| local matmul, one core, f32 | ms | GFLOP/s | of one core's peak | weight GB/s |");
+    println!("| --- | --- | --- | --- | --- |");
     for (&(m, k, n), seconds) in core_shapes.iter().zip(&core) {
         let t = Spread::of(seconds.iter().copied()).median;
         let flops = 2.0 * (m * k * n) as f64;
         println!(
-            "| M={m} K={k} N={n} | {:.2} | {:.1} | {:.3} |",
+            "| M={m} K={k} N={n} | {:.3} | {:.1} | {:.3} | {:.1} |",
             t * 1e3,
             flops / t / 1e9,
-            flops / t / l.flops_core
+            flops / t / l.flops_core,
+            (k * n * 4) as f64 / t / 1e9,
         );
     }
     Ok(())

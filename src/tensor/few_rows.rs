@@ -10,7 +10,7 @@
 //!   registers) while [`K_BLOCK`] rows of `b` go through it; each 32-column piece of `b` is loaded
 //!   once from memory and used by every row (by the second group of 8 rows from L1);
 //! - the column blocks walk along the same [`K_BLOCK`] rows of `b`, so `b` is read as that many
-//!   sequential streams, with a software prefetch a little ahead in each;
+//!   sequential streams, with a software prefetch into L2 a few blocks ahead in each;
 //! - the output is read and written once per [`K_BLOCK`] rows of `b` (it stays in cache).
 //!
 //! Ragged column edges use masked loads and stores. Elsewhere (no AVX-512, more rows, strided
@@ -21,9 +21,11 @@ pub(crate) const MAX_ROWS: usize = 16;
 /// Rows of `a` per register tile.
 const GROUP_ROWS: usize = 8;
 /// Rows of `b` per pass over the output.
-const K_BLOCK: usize = 256;
-/// Columns of `b` prefetched ahead of the block being read, along each row.
-const PREFETCH_COLS: usize = 64;
+const K_BLOCK: usize = 128;
+/// Columns of `b` prefetched (into L2) ahead of the block being read, along each row. Into L2,
+/// not L1: with a row stride that is a multiple of 4 KiB every row's line of a block falls in
+/// the same L1 set, so lines prefetched into L1 for many rows evict each other before use.
+const PREFETCH_COLS: usize = 128;
 
 /// Whether this CPU runs the kernel.
 pub(crate) fn available() -> bool {
@@ -191,8 +193,8 @@ mod avx512 {
                 // inside the row (the caller checks), and is only a hint.
                 let bv = unsafe {
                     if prefetch {
-                        _mm_prefetch::<_MM_HINT_T0>(row.add(PREFETCH_COLS).cast());
-                        _mm_prefetch::<_MM_HINT_T0>(row.add(PREFETCH_COLS + 16).cast());
+                        _mm_prefetch::<_MM_HINT_T1>(row.add(PREFETCH_COLS).cast());
+                        _mm_prefetch::<_MM_HINT_T1>(row.add(PREFETCH_COLS + 16).cast());
                     }
                     [_mm512_maskz_loadu_ps(m0, row), _mm512_maskz_loadu_ps(m1, row.add(16))]
                 };
