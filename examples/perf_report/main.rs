@@ -5,8 +5,9 @@
 //!
 //! Run: `cargo run --release --example perf_report [-- --quick] [--runs N] [--reps R] [--only TEXT]`
 //!
-//! `--runs N` repeats the whole report N times (the limits measured again each time) and prints
-//! one table over all of them: medians, and the quartiles of the pair-by-pair ratios.
+//! The limits are measured again right before each row, and each row's ratio to its roofline
+//! uses those. `--runs N` repeats the whole report N times and prints one table over all of them:
+//! medians, and the quartiles of the pair-by-pair ratios.
 
 mod machine;
 mod measure;
@@ -221,11 +222,12 @@ fn main() -> Result<()> {
     let core_shapes = [(2048, 2048, 2048), (16, 256, 1024), (16, 4096, 2048), (16, 4096, 2304)];
     let mut core: Vec<Vec<f64>> = vec![Vec::new(); core_shapes.len()];
     for run in 0..runs {
-        eprintln!("run {} of {runs}: measuring the machine's limits", run + 1);
-        let l = Limits::measure();
-        limits.push(l);
+        eprintln!("run {} of {runs}", run + 1);
         for (case, out) in cases.iter().zip(&mut results) {
             eprintln!("  {} world {} {} {}", case.op, case.world, case.dtype, case.shape);
+            // The limits right before each row: the machine is shared, its speed drifts.
+            let l = Limits::measure();
+            limits.push(l);
             out.push((case.work.limit(&l).0, (case.run)(reps)?));
         }
         for (shape, out) in core_shapes.iter().zip(&mut core) {
@@ -233,6 +235,9 @@ fn main() -> Result<()> {
         }
     }
 
+    if limits.is_empty() {
+        limits.push(Limits::measure()); // no rows chosen: the limits still head the report
+    }
     let cpu = Cpu::read();
     let median_limit = |f: fn(&Limits) -> f64| Spread::of(limits.iter().map(f)).median;
     let l = Limits {
@@ -243,7 +248,7 @@ fn main() -> Result<()> {
         isa: limits[0].isa,
     };
     println!("CPU: {}", cpu.describe());
-    println!("{} (medians of {runs} run(s))", l.describe());
+    println!("{} (medians of {} measurements, one before each row)", l.describe(), limits.len());
     println!(
         "{runs} run(s) of {reps} fused/unfused pairs per row; times are medians over all pairs; \
          ratios are taken pair by pair: median (quartiles)"
@@ -266,7 +271,8 @@ fn main() -> Result<()> {
         let over_limit = Spread::of(
             runs.iter().flat_map(|(lim, pairs)| pairs.iter().map(move |p| p.fused / lim)),
         );
-        let (limit, bound) = case.work.limit(&l);
+        let limit = Spread::of(runs.iter().map(|(lim, _)| *lim)).median;
+        let bound = case.work.limit(&l).1;
         println!(
             "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} ({bound}) | {} | {} |",
             case.op,
