@@ -208,6 +208,7 @@ fn args() -> Args {
 
 fn main() -> Result<()> {
     let Args { reps, runs, only } = args();
+    let load_before = machine::load_average();
     let cases: Vec<Case> = cases()
         .into_iter()
         .filter(|c| {
@@ -248,6 +249,11 @@ fn main() -> Result<()> {
         isa: limits[0].isa,
     };
     println!("CPU: {}", cpu.describe());
+    println!(
+        "load average (1 min, {} cores): {load_before} before the report, {} after",
+        machine::cores(),
+        machine::load_average()
+    );
     println!("{} (medians of {} measurements, one before each row)", l.describe(), limits.len());
     println!(
         "{runs} run(s) of {reps} fused/unfused pairs per row; times are medians over all pairs; \
