@@ -30,13 +30,14 @@ use super::plan::row_chunks;
 use crate::collectives;
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{
-    GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
-    WaitSem, WordExchange, Workspace, check_agree, consume_token, symm_at,
+    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
+    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, SymmetricBlock, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};
 
 const OP: &str = "all_to_all";
+const UNFUSED_OP: &str = "all_to_all_unfused";
 /// The most dimensions a tensor may have here (metadata words are sized for them).
 pub const MAX_DIMS: usize = 8;
 /// Elements per copy task.
@@ -56,13 +57,38 @@ pub struct AllToAllOutput<T: Element> {
 }
 
 struct AllToAllWorkspace<T: Element> {
-    meta: WordExchange,
     /// The receive buffer of the two-copy path.
     recv: Option<SymmBuf<T>>,
-    /// Symmetric blocks lent to output tensors; block `i` has the same length on every rank.
-    outputs: Vec<OutputBlock<T>>,
     arrived: SignalBuf,
     expected: Vec<u64>,
+}
+
+/// Symmetric blocks lent to output tensors; block `i` has the same length on every rank. A
+/// workspace of its own, which costs nothing to create: its free mask is read before the shape
+/// exchange, and creating the main workspace (collective allocations) waits until after it.
+struct OutputBlocks<T: Element> {
+    blocks: Vec<OutputBlock<T>>,
+}
+
+impl<T: Element> OutputBlocks<T> {
+    fn new(_: &Rank<'_>) -> Result<Self> {
+        Ok(OutputBlocks { blocks: Vec::new() })
+    }
+
+    /// Which blocks this rank has free (no tensor holds them), as a bit mask.
+    fn free_mask(&self) -> u64 {
+        self.blocks
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| !o.lent.load(Ordering::Acquire))
+            .fold(0, |mask, (i, _)| mask | 1 << i)
+    }
+}
+
+impl<T: Element> Workspace for OutputBlocks<T> {
+    fn symmetric_bytes(&self) -> usize {
+        self.blocks.iter().map(|o| o.buf.len() * size_of::<T>()).sum()
+    }
 }
 
 struct OutputBlock<T: Element> {
@@ -73,10 +99,7 @@ struct OutputBlock<T: Element> {
 
 impl<T: Element> Workspace for AllToAllWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.meta.symmetric_bytes()
-            + self.arrived.len() * 64
-            + self.recv.as_ref().map_or(0, |r| r.len() * size_of::<T>())
-            + self.outputs.iter().map(|o| o.buf.len() * size_of::<T>()).sum::<usize>()
+        self.arrived.len() * 64 + self.recv.as_ref().map_or(0, |r| r.len() * size_of::<T>())
     }
 }
 
@@ -84,10 +107,8 @@ impl<T: Element> AllToAllWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
         let n = rank.num_ranks();
         Ok(AllToAllWorkspace {
-            meta: WordExchange::new(rank, 4 + MAX_DIMS)?,
             recv: None,
-            outputs: Vec::new(),
-            arrived: rank.alloc_signals(n)?,
+            arrived: rank.alloc_signals_for("all_to_all arrived", n)?,
             expected: vec![0; n],
         })
     }
@@ -166,12 +187,13 @@ impl Layout {
 }
 
 /// Exchanges shapes and checks them on every rank.
+/// `free` is this rank's mask of free output blocks (see [`OutputBlocks`]).
 fn agree<T: Element>(
-    ws: &mut AllToAllWorkspace<T>,
+    op: &'static str,
     rank: &Rank<'_>,
     shape: &[usize],
-    scatter_dim: usize,
-    gather_dim: usize,
+    (scatter_dim, gather_dim): (usize, usize),
+    free: u64,
 ) -> Result<Layout> {
     let ndim = shape.len();
     let problem = if ndim > MAX_DIMS {
@@ -186,21 +208,14 @@ fn agree<T: Element>(
     } else {
         None
     };
-    // Which output blocks this rank has free (no tensor holds them).
-    let free = ws
-        .outputs
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| !o.lent.load(Ordering::Acquire))
-        .fold(0u64, |mask, (i, _)| mask | 1 << i);
     let mut words = vec![ndim as u64, scatter_dim as u64, gather_dim as u64, free];
     words.extend(shape.iter().take(MAX_DIMS).map(|&d| d as u64));
-    let all = ws.meta.exchange_checked(rank, OP, &words, problem)?;
-    check_agree(OP, &all, 0, "number of dimensions")?;
-    check_agree(OP, &all, 1, "scatter dimension")?;
-    check_agree(OP, &all, 2, "gather dimension")?;
+    let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
+    all.agree(OP, 0, "number of dimensions")?;
+    all.agree(OP, 1, "scatter dimension")?;
+    all.agree(OP, 2, "gather dimension")?;
     for d in (0..ndim).filter(|&d| d != gather_dim) {
-        check_agree(OP, &all, 4 + d, &format!("size of dimension {d}"))?;
+        all.agree(OP, 4 + d, &format!("size of dimension {d}"))?;
     }
     let (lo, hi) = (scatter_dim.min(gather_dim), scatter_dim.max(gather_dim));
     let gathers: Vec<usize> = all.iter().map(|w| w[4 + gather_dim] as usize).collect();
@@ -257,11 +272,15 @@ pub fn all_to_all<T: Element>(
     scatter_dim: usize,
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
-    let result = rank.with_workspace(AllToAllWorkspace::<T>::new, |ws| {
-        let layout = agree(ws, rank, x.shape(), scatter_dim, gather_dim)?;
-        run_fused(rank, ws, &layout, x, scatter_dim, gather_dim)
-    });
-    result.map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))
+    let free = rank.with_workspace(OutputBlocks::<T>::new, |b| Ok(b.free_mask()))?;
+    let layout = agree::<T>(OP, rank, x.shape(), (scatter_dim, gather_dim), free)
+        .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
+    rank.with_workspace(AllToAllWorkspace::<T>::new, |ws| {
+        rank.with_workspace(OutputBlocks::<T>::new, |blocks| {
+            run_fused(rank, ws, blocks, &layout, x, scatter_dim, gather_dim)
+        })
+    })
+    .inspect_err(|e| rank.fail_after_agreeing(e))
 }
 
 /// Reports a bad dimension as [`Error::DimOutOfRange`] on the rank that passed it.
@@ -299,10 +318,8 @@ pub fn all_to_all_unfused<T: Element>(
     scatter_dim: usize,
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
-    let layout = rank
-        .with_workspace(AllToAllWorkspace::<T>::new, |ws| {
-            agree(ws, rank, x.shape(), scatter_dim, gather_dim)
-        })
+    // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
+    let layout = agree::<T>(UNFUSED_OP, rank, x.shape(), (scatter_dim, gather_dim), 0)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
     let (me, n) = (rank.rank(), rank.num_ranks());
     let l = &layout;
@@ -330,7 +347,9 @@ pub fn all_to_all_unfused<T: Element>(
     let counts: Vec<usize> =
         l.scatters.iter().map(|&s| x.len() / l.scatter_len.max(1) * s).collect();
     let send_offsets = split_offsets(&counts);
-    let mut send = pool::take::<T>(x.len());
+    // A failure here leaves the peers committed to the exchange: fail the world so they stop.
+    let mut send =
+        pool::take::<T>(UNFUSED_OP, x.len()).inspect_err(|e| rank.fail_after_agreeing(e))?;
     {
         let (input, packed) =
             (GlobalPtr::from_slice(x.as_slice()), GlobalPtrMut::from_slice(&mut send));
@@ -361,7 +380,7 @@ pub fn all_to_all_unfused<T: Element>(
     let mut out_shape = x.shape().to_vec();
     out_shape[gather_dim] = l.gather_total();
     out_shape[scatter_dim] = l.scatters[me];
-    let mut output = Tensor::<T>::scratch(&out_shape);
+    let mut output = Tensor::<T>::scratch(UNFUSED_OP, &out_shape)?;
     {
         let gather_along_x = l.gather_first;
         let (x_out, y_out) = if gather_along_x {
@@ -406,26 +425,28 @@ pub fn all_to_all_unfused<T: Element>(
 /// on every rank: the decision depends only on agreed values and collective allocations).
 fn output_block<T: Element>(
     rank: &Rank<'_>,
-    ws: &mut AllToAllWorkspace<T>,
+    ws: &mut OutputBlocks<T>,
     free_everywhere: u64,
     len: usize,
 ) -> Option<usize> {
     let usable =
         |(i, o): &(usize, &OutputBlock<T>)| free_everywhere >> i & 1 == 1 && o.buf.len() >= len;
-    if let Some((i, _)) = ws.outputs.iter().enumerate().find(usable) {
+    if let Some((i, _)) = ws.blocks.iter().enumerate().find(usable) {
         return Some(i);
     }
-    if ws.outputs.len() >= MAX_OUTPUT_BLOCKS {
+    if ws.blocks.len() >= MAX_OUTPUT_BLOCKS {
         return None;
     }
     let buf = rank.alloc::<T>(len).ok()?;
-    ws.outputs.push(OutputBlock { buf: Arc::new(buf), lent: Arc::new(AtomicBool::new(false)) });
-    Some(ws.outputs.len() - 1)
+    ws.blocks.push(OutputBlock { buf: Arc::new(buf), lent: Arc::new(AtomicBool::new(false)) });
+    Some(ws.blocks.len() - 1)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_fused<T: Element>(
     rank: &Rank<'_>,
     ws: &mut AllToAllWorkspace<T>,
+    blocks: &mut OutputBlocks<T>,
     layout: &Layout,
     x: &Tensor<T>,
     scatter_dim: usize,
@@ -438,12 +459,12 @@ fn run_fused<T: Element>(
     let out_len = (0..n).map(|r| layout.output_len(r)).max().unwrap_or(0);
     // One copy into peers' output blocks, or two through the receive buffer.
     let direct = if n > 1 && out_len > 0 {
-        output_block(rank, ws, layout.free_everywhere, out_len)
+        output_block(rank, blocks, layout.free_everywhere, out_len)
     } else {
         None
     };
     if n > 1 && direct.is_none() {
-        rank.reserve(&mut ws.recv, out_len)?;
+        rank.reserve_for("all_to_all receive", &mut ws.recv, out_len)?;
     }
     // Tasks: (peer i, a, b, row block), peers rotated; the same plan on every rank.
     let plan = |src: usize, dst: usize| {
@@ -470,9 +491,9 @@ fn run_fused<T: Element>(
     // Every element is written below (own part, then each source's blocks).
     let mut host_output = match direct {
         Some(_) => None,
-        None => Some(Tensor::<T>::scratch(&out_shape)),
+        None => Some(Tensor::<T>::scratch(OP, &out_shape)?),
     };
-    let direct_buf = direct.map(|i| &*ws.outputs[i].buf);
+    let direct_buf = direct.map(|i| &*blocks.blocks[i].buf);
     // This rank's own output: ordinary memory, or its own block (lent to no tensor until the one
     // made below; peers write into it only the blocks that come from them).
     let host_ptr = host_output.as_mut().map(|t| GlobalPtrMut::from_slice(t.as_mut_slice()));
@@ -542,7 +563,13 @@ fn run_fused<T: Element>(
                     Some(token) => token,
                     None => {
                         let want = WaitCmp::Ge(expected[src]);
-                        *tokens[src].insert(p.wait(arrived, src, want, WaitSem::Acquire)?)
+                        *tokens[src].insert(p.wait_from(
+                            arrived,
+                            src,
+                            src,
+                            want,
+                            WaitSem::Acquire,
+                        )?)
                     }
                 };
                 let Some(recv) = recv.filter(|_| direct.is_none()) else {
@@ -573,7 +600,7 @@ fn run_fused<T: Element>(
     let output = match (host_output, direct) {
         (Some(t), _) => t,
         (None, Some(i)) => {
-            let o = &ws.outputs[i];
+            let o = &blocks.blocks[i];
             Tensor::symmetric(SymmetricBlock::lend(o.buf.clone(), o.lent.clone(), &out_shape))
         }
         (None, None) => unreachable!("one output or the other"),
