@@ -229,6 +229,10 @@ fn main() -> Result<()> {
             // The limits right before each row: the machine is shared, its speed drifts.
             let l = Limits::measure();
             limits.push(l);
+            // Each row starts with an empty buffer cache, as its own program would: the cache
+            // keeps what earlier rows gave back, up to its cap, and a full cache takes no more
+            // (a later row's buffers of other sizes would be page-faulted in on every call).
+            dist_tensor::tensor::release_pool();
             out.push((case.work.limit(&l).0, (case.run)(reps)?));
         }
         for (shape, out) in core_shapes.iter().zip(&mut core) {
