@@ -1,6 +1,10 @@
 //! [`Tensor`]: a row-major, contiguous n-dimensional array on ndarray.
+//!
+//! The elements are shared, copy-on-write (ndarray's `ArcArray`): cloning a tensor is cheap, and
+//! the first write through a clone copies it. Replicated weights and `DistTensor` parts that every
+//! rank holds whole share one buffer, and a reshape shares its input's.
 
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
+use ndarray::{ArcArray, Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use super::{Element, matmul, pool};
@@ -20,20 +24,22 @@ use crate::{Error, Result};
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor<T: Element> {
-    data: ArrayD<T>,
+    data: ArcArray<T, IxDyn>,
 }
 
 impl<T: Element> Drop for Tensor<T> {
-    /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse.
+    /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse,
+    /// when this tensor was the last to share it.
     fn drop(&mut self) {
-        let data = std::mem::replace(&mut self.data, empty());
-        pool::give(data.into_raw_vec_and_offset().0);
+        if let Ok(data) = std::mem::replace(&mut self.data, empty()).try_into_owned_nocopy() {
+            pool::give(data.into_raw_vec_and_offset().0);
+        }
     }
 }
 
 /// An array that owns no allocation.
-fn empty<T>() -> ArrayD<T> {
-    ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("an empty array")
+fn empty<T: Clone>() -> ArcArray<T, IxDyn> {
+    ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("an empty array").into_shared()
 }
 
 impl<T: Element> Tensor<T> {
@@ -54,6 +60,12 @@ impl<T: Element> Tensor<T> {
         } else {
             array.as_standard_layout().into_owned()
         };
+        Tensor { data: data.into_shared() }
+    }
+
+    /// Wraps shared, row-major elements without a copy.
+    pub(crate) fn from_shared(data: ArcArray<T, IxDyn>) -> Self {
+        debug_assert!(data.is_standard_layout());
         Tensor { data }
     }
 
@@ -66,10 +78,10 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.to_array().shape(), &[2, 2]);
     /// ```
     pub fn to_array(&self) -> ArrayD<T> {
-        self.data.clone()
+        self.data.to_owned()
     }
 
-    /// The data as an ndarray array, without a copy.
+    /// The data as an ndarray array, without a copy unless another tensor shares it.
     ///
     /// # Examples
     /// ```
@@ -78,7 +90,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(a.len(), 3);
     /// ```
     pub fn into_array(mut self) -> ArrayD<T> {
-        std::mem::replace(&mut self.data, empty())
+        std::mem::replace(&mut self.data, empty()).into_owned()
     }
 
     /// A tensor of `shape` from row-major `data`.
@@ -97,7 +109,7 @@ impl<T: Element> Tensor<T> {
             op: "Tensor::from_shape_vec",
             reason: format!("{len} elements do not fill shape {shape:?}"),
         })?;
-        Ok(Tensor { data })
+        Ok(Tensor { data: data.into_shared() })
     }
 
     /// A tensor of zeros.
@@ -117,7 +129,8 @@ impl<T: Element> Tensor<T> {
     /// the buffer cache: for outputs a kernel overwrites entirely.
     pub(crate) fn scratch(shape: &[usize]) -> Self {
         let data = pool::take(shape.iter().product());
-        Tensor { data: ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product") }
+        let data = ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product");
+        Tensor { data: data.into_shared() }
     }
 
     /// A tensor of values drawn uniformly from `[-1, 1)` by a generator seeded with `seed`: the same
@@ -200,7 +213,7 @@ impl<T: Element> Tensor<T> {
         self.data.as_slice().expect("a Tensor is always contiguous")
     }
 
-    /// The elements in row-major order, mutably.
+    /// The elements in row-major order, mutably (copied first if another tensor shares them).
     ///
     /// # Examples
     /// ```
@@ -224,7 +237,7 @@ impl<T: Element> Tensor<T> {
         self.data.view()
     }
 
-    /// A mutable ndarray view.
+    /// A mutable ndarray view (the elements are copied first if another tensor shares them).
     ///
     /// # Examples
     /// ```
@@ -255,7 +268,7 @@ impl<T: Element> Tensor<T> {
         })
     }
 
-    /// The same elements under another shape of equal size.
+    /// The same elements under another shape of equal size (shared, not copied).
     ///
     /// # Errors
     /// [`Error::InvalidShape`] when the sizes differ.
@@ -271,10 +284,13 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
-        Self::from_shape_vec(shape, self.as_slice().to_vec()).map_err(|_| Error::InvalidShape {
-            op: "Tensor::reshape",
-            reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
-        })
+        let data = self.data.clone().into_shape_with_order(IxDyn(shape)).map_err(|_| {
+            Error::InvalidShape {
+                op: "Tensor::reshape",
+                reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
+            }
+        })?;
+        Ok(Tensor { data })
     }
 
     /// Reorders the axes: axis `i` of the result is axis `axes[i]` of `self`. The result is
@@ -301,7 +317,9 @@ impl<T: Element> Tensor<T> {
                 reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
             });
         }
-        Ok(Tensor { data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned() })
+        Ok(Tensor::from_array(
+            self.data.view().permuted_axes(axes).as_standard_layout().into_owned(),
+        ))
     }
 
     /// Converts every element to another element type (through f64, so exactly where it fits).
@@ -316,13 +334,16 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn cast<U: Element>(&self) -> Tensor<U> {
-        Tensor { data: self.data.mapv(|x| U::from_f64(x.to_f64())) }
+        Tensor::from_array(self.data.mapv(|x| U::from_f64(x.to_f64())))
     }
 
-    /// The 2-D product `self (m x k) * rhs (k x n)` on the calling thread.
+    /// The matrix product `self @ rhs` on the calling thread: `[m, k] @ [k, n]`, or batched,
+    /// `[..., m, k] @ [..., k, n]` with the batch dimensions broadcast as numpy's `matmul`
+    /// broadcasts them (a 2-D operand is used for every matrix of the other).
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] when either is not 2-D, [`Error::InnerDimMismatch`] when `k` differs.
+    /// [`Error::InvalidShape`] when either has fewer than 2 dimensions or the batch dimensions do
+    /// not broadcast; [`Error::InnerDimMismatch`] when `k` differs.
     ///
     /// # Examples
     /// ```
@@ -330,13 +351,17 @@ impl<T: Element> Tensor<T> {
     /// let a = Tensor::<f32>::from_shape_vec(&[1, 2], vec![1.0, 2.0])?;
     /// let b = Tensor::<f32>::from_shape_vec(&[2, 1], vec![3.0, 4.0])?;
     /// assert_eq!(a.matmul(&b)?.as_slice(), &[11.0]);
+    /// // Batched: per head, [H, S, D] @ [H, D, S] -> [H, S, S].
+    /// let (q, kt) = (Tensor::<f32>::random(&[3, 5, 4], 1), Tensor::<f32>::random(&[3, 4, 5], 2));
+    /// assert_eq!(q.matmul(&kt)?.shape(), &[3, 5, 5]);
+    /// assert!(q.matmul(&q).is_err()); // inner dimensions 4 and 5
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor<T>) -> Result<Tensor<T>> {
         self.matmul_threads(rhs, 1)
     }
 
-    /// The 2-D product on `threads` threads of the rayon pool.
+    /// [`Tensor::matmul`] on `threads` threads of the rayon pool.
     ///
     /// # Errors
     /// As [`Tensor::matmul`].
@@ -350,8 +375,11 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul_threads(&self, rhs: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
+        if self.ndim() != 2 || rhs.ndim() != 2 {
+            return super::batched::matmul_nd(self, rhs, threads);
+        }
         let c: Array2<T> =
             matmul(self.view2("Tensor::matmul")?, rhs.view2("Tensor::matmul")?, threads)?;
-        Ok(Tensor { data: c.into_dyn() })
+        Ok(Tensor::from_array(c.into_dyn()))
     }
 }
