@@ -48,8 +48,11 @@
 //!
 //! **Ascend.** [`device::ascend`] opens the CANN runtime at run time (no build-time dependency);
 //! where it is absent, asking for an NPU returns an error that lists every path tried. Kernels do
-//! not run on NPUs yet: [`Device::Ascend`] reports that clearly, and an NPU's true topology can
-//! drive the host simulation.
+//! not run on NPUs yet: [`device::Device`] names a device, and for an NPU says so clearly
+//! ([`Device::ensure_supported`](device::Device::ensure_supported)); its
+//! [`topology`](device::Device::topology) can drive the host simulation
+//! ([`WorldBuilder::topology`](shmem::WorldBuilder::topology)). No world runs on a `Device` yet,
+//! which is why it lives in [`device`] and not at the crate root.
 //!
 //! # Layers
 //!
@@ -112,11 +115,18 @@ pub mod fused;
 pub mod shmem;
 pub mod tensor;
 
-pub use device::Device;
-pub use dist::{DistTensor, Placement};
+pub use dist::{DistTensor, Placement, Split};
 pub use error::{Error, Result};
 pub use shmem::{Rank, World};
 pub use tensor::{DType, Element, Tensor};
+
+/// The ndarray crate this one is built on (its arrays convert to and from [`Tensor`]): use it
+/// through this path to get the same version.
+pub use ndarray;
+
+/// The half crate whose `f16` and `bf16` are element types here: use it through this path to get
+/// the same version.
+pub use half;
 
 /// The README's examples, compiled and run as doc-tests.
 #[doc = include_str!("../README.md")]

@@ -50,7 +50,7 @@ impl<T: Element> Workspace for MmRsWorkspace<T> {
 impl<T: Element> MmRsWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
         Ok(MmRsWorkspace {
-            meta: WordExchange::new(rank, 4)?,
+            meta: WordExchange::new(rank, 5)?,
             partials: None,
             done: rank.alloc_signals(rank.num_ranks())?,
             expected: 0,
@@ -58,15 +58,17 @@ impl<T: Element> MmRsWorkspace<T> {
     }
 }
 
-/// Exchanges shapes and checks them on every rank; returns the row shards of the result and `N`.
+/// Exchanges shapes and the output rows each rank keeps (`my_rows`), and checks them on every
+/// rank; returns the row shards of the result and `N`.
 fn agree<T: Element>(
     ws: &mut MmRsWorkspace<T>,
     rank: &Rank<'_>,
     x: &ArrayView2<T>,
     w: &ArrayView2<T>,
+    my_rows: usize,
     problem: Option<String>,
 ) -> Result<(Shards, usize)> {
-    let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols()].map(|v| v as u64);
+    let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols(), my_rows].map(|v| v as u64);
     let all = ws.meta.exchange_checked(rank, OP, &words, problem)?;
     for (r, v) in all.iter().enumerate() {
         if v[1] != v[2] {
@@ -80,7 +82,23 @@ fn agree<T: Element>(
     }
     let m = check_agree(OP, &all, 0, "M (rows of x)")? as usize;
     let n = check_agree(OP, &all, 3, "N (columns of w)")? as usize;
-    Ok((Shards::new(array_split(m, rank.num_ranks())), n))
+    let counts: Vec<usize> = all.iter().map(|v| v[4] as usize).collect();
+    if counts.iter().sum::<usize>() != m {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            rank: rank.rank(),
+            reason: format!(
+                "the output rows the ranks keep, {counts:?}, add up to {}, not M = {m}",
+                counts.iter().sum::<usize>()
+            ),
+        });
+    }
+    Ok((Shards::new(counts), n))
+}
+
+/// This rank's rows of an `m`-row output split as `numpy.array_split` splits it.
+fn array_split_rows(rank: &Rank<'_>, m: usize) -> usize {
+    array_split(m, rank.num_ranks())[rank.rank()]
 }
 
 /// `sum over ranks of x_r @ w_r`, each rank keeping its rows (split as `numpy.array_split`
@@ -111,25 +129,31 @@ pub fn matmul_reduce_scatter<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
-    matmul_reduce_scatter_checked(rank, x, w, None, true)
+    let my_rows = array_split_rows(rank, x.nrows());
+    Ok(matmul_reduce_scatter_checked(rank, x, w, my_rows, None, true)?.0)
 }
 
-/// [`matmul_reduce_scatter`] (or its unfused baseline) with a problem this rank found in its
-/// inputs before the call: the problem travels with the shape exchange, so every rank fails
-/// together.
+/// [`matmul_reduce_scatter`] (or its unfused baseline) keeping `my_rows` rows of the output on
+/// this rank (the ranks' rows, in rank order, must add up to `M`), with a problem this rank found
+/// in its inputs before the call: the problem travels with the shape exchange, so every rank fails
+/// together. Returns this rank's rows and every rank's row count.
 pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
     rank: &Rank<'_>,
     x: ArrayView2<T>,
     w: ArrayView2<T>,
+    my_rows: usize,
     problem: Option<String>,
     fused: bool,
-) -> Result<Array2<T>> {
+) -> Result<(Array2<T>, Vec<usize>)> {
     if !fused {
-        return unfused(rank, x, w, problem);
+        let (rows, n) = rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
+            agree(ws, rank, &x, &w, my_rows, problem)
+        })?;
+        return Ok((unfused(rank, &rows, n, x, w)?, rows.counts().to_vec()));
     }
     rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
-        let (rows, n) = agree(ws, rank, &x, &w, problem)?;
-        run_fused(rank, ws, &rows, n, x, w)
+        let (rows, n) = agree(ws, rank, &x, &w, my_rows, problem)?;
+        Ok((run_fused(rank, ws, &rows, n, x, w)?, rows.counts().to_vec()))
     })
 }
 
@@ -158,17 +182,18 @@ pub fn matmul_reduce_scatter_unfused<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
-    unfused(rank, x, w, None)
+    let my_rows = array_split_rows(rank, x.nrows());
+    Ok(matmul_reduce_scatter_checked(rank, x, w, my_rows, None, false)?.0)
 }
 
+/// The unfused baseline after the shape exchange.
 fn unfused<T: Element>(
     rank: &Rank<'_>,
+    rows: &Shards,
+    n: usize,
     x: ArrayView2<T>,
     w: ArrayView2<T>,
-    problem: Option<String>,
 ) -> Result<Array2<T>> {
-    let (rows, n) =
-        rank.with_workspace(MmRsWorkspace::<T>::new, |ws| agree(ws, rank, &x, &w, problem))?;
     let mut partial = scratch((rows.total(), n));
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
     let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();
