@@ -14,6 +14,8 @@ use crate::{Error, Result};
 /// preceding dimensions also multiply to `A` holds those runs as whole slices when every
 /// `splits[r] * B` is a multiple of `B'`, the product of the dimensions after `d'`. Among
 /// several such dimensions (dimensions of length 1 around it), the first longer than 1 wins.
+/// When no dimension does but at most one rank holds anything (a world of one), that rank holds
+/// all of the new first dimension.
 pub(crate) fn reshape_shard(
     old: &[usize],
     d: usize,
@@ -35,7 +37,16 @@ pub(crate) fn reshape_shard(
     };
     let found: Vec<(usize, Vec<usize>)> = candidates.filter_map(fits).collect();
     let longer = found.iter().position(|(nd, _)| new[*nd] != 1).unwrap_or(0);
-    found.into_iter().nth(longer)
+    let owners: Vec<usize> = (0..splits.len()).filter(|&r| splits[r] > 0).collect();
+    match found.into_iter().nth(longer) {
+        Some(found) => Some(found),
+        None if owners.len() <= 1 && !new.is_empty() => {
+            let mut sizes = vec![0; splits.len()];
+            sizes[owners.first().copied().unwrap_or(0)] = new[0];
+            Some((0, sizes))
+        }
+        None => None,
+    }
 }
 
 impl<'r, T: Element> DistTensor<'r, T> {
@@ -160,5 +171,9 @@ mod tests {
         assert_eq!(reshape_shard(&[4, 6], 1, &[6, 0], &[4, 1, 6]), Some((2, vec![6, 0])));
         // Empty tensors keep the split where the dimension is unchanged.
         assert_eq!(reshape_shard(&[0, 6], 1, &[3, 3], &[0, 6, 1]), Some((1, vec![3, 3])));
+        // One rank holding everything can take any shape.
+        assert_eq!(reshape_shard(&[2, 7, 3], 1, &[7], &[42]), Some((0, vec![42])));
+        assert_eq!(reshape_shard(&[2, 7, 3], 1, &[0, 7, 0], &[6, 7]), Some((0, vec![0, 6, 0])));
+        assert_eq!(reshape_shard(&[2, 7, 3], 1, &[7], &[]), None);
     }
 }
