@@ -84,11 +84,20 @@ fn div<A: Accumulator>(a: A, b: A) -> A {
 }
 
 macro_rules! tensor_ops {
-    ($Op:ident, $op:ident, $OpAssign:ident, $op_assign:ident, $name:literal, $f:ident) => {
+    ($Op:ident, $op:ident, $OpAssign:ident, $op_assign:ident, $name:literal, $f:ident, $sym:tt) => {
         /// Elementwise, broadcast; computed in the accumulator type and rounded once.
         ///
         /// # Panics
         /// When the shapes do not broadcast ([`Tensor::zip_map`] returns an error instead).
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let a = Tensor::<f32>::random(&[2, 3], 1);"]
+        #[doc = "let b = Tensor::<f32>::random(&[3], 2); // broadcast over the rows of a"]
+        #[doc = concat!("let want = &a.to_array() ", stringify!($sym), " &b.to_array();")]
+        #[doc = concat!("assert_eq!((&a ", stringify!($sym), " &b).to_array(), want);")]
+        #[doc = "```"]
         impl<T: Element> $Op<&Tensor<T>> for &Tensor<T> {
             type Output = Tensor<T>;
             #[track_caller]
@@ -101,6 +110,15 @@ macro_rules! tensor_ops {
         ///
         /// # Panics
         /// When the shapes do not broadcast.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let a = Tensor::<f32>::random(&[2, 3], 1);"]
+        #[doc = "let b = Tensor::<f32>::random(&[3], 2); // broadcast over the rows of a"]
+        #[doc = concat!("let want = &a.to_array() ", stringify!($sym), " &b.to_array();")]
+        #[doc = concat!("assert_eq!((a ", stringify!($sym), " &b).to_array(), want);")]
+        #[doc = "```"]
         impl<T: Element> $Op<&Tensor<T>> for Tensor<T> {
             type Output = Tensor<T>;
             #[track_caller]
@@ -113,6 +131,15 @@ macro_rules! tensor_ops {
         ///
         /// # Panics
         /// When the shapes do not broadcast.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let a = Tensor::<f32>::random(&[2, 3], 1);"]
+        #[doc = "let b = Tensor::<f32>::random(&[3], 2); // broadcast over the rows of a"]
+        #[doc = concat!("let want = &a.to_array() ", stringify!($sym), " &b.to_array();")]
+        #[doc = concat!("assert_eq!((&a ", stringify!($sym), " b).to_array(), want);")]
+        #[doc = "```"]
         impl<T: Element> $Op<Tensor<T>> for &Tensor<T> {
             type Output = Tensor<T>;
             #[track_caller]
@@ -126,6 +153,15 @@ macro_rules! tensor_ops {
         ///
         /// # Panics
         /// When the shapes do not broadcast.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let a = Tensor::<f32>::random(&[2, 3], 1);"]
+        #[doc = "let b = Tensor::<f32>::random(&[3], 2); // broadcast over the rows of a"]
+        #[doc = concat!("let want = &a.to_array() ", stringify!($sym), " &b.to_array();")]
+        #[doc = concat!("assert_eq!((a ", stringify!($sym), " b).to_array(), want);")]
+        #[doc = "```"]
         impl<T: Element> $Op<Tensor<T>> for Tensor<T> {
             type Output = Tensor<T>;
             #[track_caller]
@@ -139,6 +175,14 @@ macro_rules! tensor_ops {
         }
 
         /// Every element with the scalar.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let a = Tensor::<f64>::random(&[2, 3], 1);"]
+        #[doc = concat!("let want = a.to_array().mapv(|x| x ", stringify!($sym), " 0.5);")]
+        #[doc = concat!("assert_eq!((&a ", stringify!($sym), " 0.5).to_array(), want);")]
+        #[doc = "```"]
         impl<T: Element> $Op<T> for &Tensor<T> {
             type Output = Tensor<T>;
             fn $op(self, rhs: T) -> Tensor<T> {
@@ -148,6 +192,14 @@ macro_rules! tensor_ops {
         }
 
         /// Every element with the scalar, in place.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let a = Tensor::<f64>::random(&[2, 3], 1);"]
+        #[doc = concat!("let want = a.to_array().mapv(|x| x ", stringify!($sym), " 0.5);")]
+        #[doc = concat!("assert_eq!((a ", stringify!($sym), " 0.5).to_array(), want);")]
+        #[doc = "```"]
         impl<T: Element> $Op<T> for Tensor<T> {
             type Output = Tensor<T>;
             fn $op(mut self, rhs: T) -> Tensor<T> {
@@ -160,6 +212,16 @@ macro_rules! tensor_ops {
         ///
         /// # Panics
         /// When `rhs` does not broadcast to `self`'s shape.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let mut a = Tensor::<f32>::random(&[2, 3], 1);"]
+        #[doc = "let b = Tensor::<f32>::random(&[3], 2);"]
+        #[doc = concat!("let want = &a.to_array() ", stringify!($sym), " &b.to_array();")]
+        #[doc = concat!("a ", stringify!($sym), "= &b;")]
+        #[doc = "assert_eq!(a.to_array(), want);"]
+        #[doc = "```"]
         impl<T: Element> $OpAssign<&Tensor<T>> for Tensor<T> {
             #[track_caller]
             fn $op_assign(&mut self, rhs: &Tensor<T>) {
@@ -171,6 +233,16 @@ macro_rules! tensor_ops {
         ///
         /// # Panics
         /// When `rhs` does not broadcast to `self`'s shape.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let mut a = Tensor::<f32>::random(&[2, 3], 1);"]
+        #[doc = "let b = Tensor::<f32>::random(&[3], 2);"]
+        #[doc = concat!("let want = &a.to_array() ", stringify!($sym), " &b.to_array();")]
+        #[doc = concat!("a ", stringify!($sym), "= b;")]
+        #[doc = "assert_eq!(a.to_array(), want);"]
+        #[doc = "```"]
         impl<T: Element> $OpAssign<Tensor<T>> for Tensor<T> {
             #[track_caller]
             fn $op_assign(&mut self, rhs: Tensor<T>) {
@@ -179,6 +251,15 @@ macro_rules! tensor_ops {
         }
 
         /// Every element with the scalar.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let mut a = Tensor::<f64>::random(&[2, 3], 1);"]
+        #[doc = concat!("let want = a.to_array().mapv(|x| x ", stringify!($sym), " 0.5);")]
+        #[doc = concat!("a ", stringify!($sym), "= 0.5;")]
+        #[doc = "assert_eq!(a.to_array(), want);"]
+        #[doc = "```"]
         impl<T: Element> $OpAssign<T> for Tensor<T> {
             fn $op_assign(&mut self, rhs: T) {
                 let s = rhs.to_acc();
@@ -188,12 +269,19 @@ macro_rules! tensor_ops {
     };
 }
 
-tensor_ops!(Add, add, AddAssign, add_assign, "Tensor + Tensor", add);
-tensor_ops!(Sub, sub, SubAssign, sub_assign, "Tensor - Tensor", sub);
-tensor_ops!(Mul, mul, MulAssign, mul_assign, "Tensor * Tensor", mul);
-tensor_ops!(Div, div, DivAssign, div_assign, "Tensor / Tensor", div);
+tensor_ops!(Add, add, AddAssign, add_assign, "Tensor + Tensor", add, +);
+tensor_ops!(Sub, sub, SubAssign, sub_assign, "Tensor - Tensor", sub, -);
+tensor_ops!(Mul, mul, MulAssign, mul_assign, "Tensor * Tensor", mul, *);
+tensor_ops!(Div, div, DivAssign, div_assign, "Tensor / Tensor", div, /);
 
 /// Negation, exact in every element type.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::Tensor;
+/// let a = Tensor::<f32>::random(&[2, 3], 1);
+/// assert_eq!((-&a).to_array(), -a.to_array());
+/// ```
 impl<T: Element> Neg for &Tensor<T> {
     type Output = Tensor<T>;
     fn neg(self) -> Tensor<T> {
@@ -202,6 +290,14 @@ impl<T: Element> Neg for &Tensor<T> {
 }
 
 /// Negation in place.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::Tensor;
+/// let a = Tensor::<f64>::random(&[3], 1);
+/// let want = -a.to_array();
+/// assert_eq!((-a).to_array(), want);
+/// ```
 impl<T: Element> Neg for Tensor<T> {
     type Output = Tensor<T>;
     fn neg(mut self) -> Tensor<T> {
@@ -213,14 +309,23 @@ impl<T: Element> Neg for Tensor<T> {
 /// `scalar op tensor` for each concrete element type (a generic `impl<T> Add<Tensor<T>> for T`
 /// is not allowed by the orphan rule).
 macro_rules! scalar_lhs {
-    ($($t:ty),*) => {$(
-        scalar_lhs!(@op $t, Add, add);
-        scalar_lhs!(@op $t, Sub, sub);
-        scalar_lhs!(@op $t, Mul, mul);
-        scalar_lhs!(@op $t, Div, div);
+    ($($t:ty => $path:literal),*) => {$(
+        scalar_lhs!(@op $t, $path, Add, add, +);
+        scalar_lhs!(@op $t, $path, Sub, sub, -);
+        scalar_lhs!(@op $t, $path, Mul, mul, *);
+        scalar_lhs!(@op $t, $path, Div, div, /);
     )*};
-    (@op $t:ty, $Op:ident, $op:ident) => {
+    (@op $t:ty, $path:literal, $Op:ident, $op:ident, $sym:tt) => {
         /// The scalar with every element.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::{Element, Tensor};"]
+        #[doc = concat!("let a = Tensor::<", $path, ">::from(vec![1.0, 2.0, 4.0].into_iter().map(<", $path, " as Element>::from_f64).collect::<Vec<_>>());")]
+        #[doc = concat!("let s = <", $path, " as Element>::from_f64(0.5);")]
+        #[doc = concat!("let got: Vec<f64> = (s ", stringify!($sym), " &a).as_slice().iter().map(|v| v.to_f64()).collect();")]
+        #[doc = concat!("assert_eq!(got, [1.0, 2.0, 4.0].map(|x| 0.5 ", stringify!($sym), " x));")]
+        #[doc = "```"]
         impl $Op<&Tensor<$t>> for $t {
             type Output = Tensor<$t>;
             fn $op(self, rhs: &Tensor<$t>) -> Tensor<$t> {
@@ -230,6 +335,15 @@ macro_rules! scalar_lhs {
         }
 
         /// The scalar with every element, in place.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::{Element, Tensor};"]
+        #[doc = concat!("let a = Tensor::<", $path, ">::from(vec![1.0, 2.0, 4.0].into_iter().map(<", $path, " as Element>::from_f64).collect::<Vec<_>>());")]
+        #[doc = concat!("let s = <", $path, " as Element>::from_f64(0.5);")]
+        #[doc = concat!("let got: Vec<f64> = (s ", stringify!($sym), " a).as_slice().iter().map(|v| v.to_f64()).collect();")]
+        #[doc = concat!("assert_eq!(got, [1.0, 2.0, 4.0].map(|x| 0.5 ", stringify!($sym), " x));")]
+        #[doc = "```"]
         impl $Op<Tensor<$t>> for $t {
             type Output = Tensor<$t>;
             fn $op(self, mut rhs: Tensor<$t>) -> Tensor<$t> {
@@ -241,7 +355,12 @@ macro_rules! scalar_lhs {
     };
 }
 
-scalar_lhs!(f32, f64, f16, bf16);
+scalar_lhs!(
+    f32 => "f32",
+    f64 => "f64",
+    f16 => "dist_tensor::half::f16",
+    bf16 => "dist_tensor::half::bf16"
+);
 
 #[cfg(test)]
 mod tests {
