@@ -199,14 +199,21 @@ fn reference(x: &Tensor<f64>, w: &Weights<f64>) -> Result<Tensor<f64>, Error> {
     Ok(&h + &f.matmul(&w.w2)?)
 }
 
-/// Runs one variant on `world` ranks in `T`; returns the block's output, the sequence rows and
-/// the heads each rank held.
+/// What one run gives: the block's output (widened to f64), and each rank's sequence rows and
+/// attention heads.
+struct Outcome {
+    output: Tensor<f64>,
+    rows: Vec<usize>,
+    heads: Vec<usize>,
+}
+
+/// Runs one variant on `world` ranks in `T`.
 fn run<T: Element>(
     world: usize,
     x: &Tensor<f64>,
     weights: &Weights<f64>,
     variant: &str,
-) -> Result<(Tensor<T>, Vec<usize>, Vec<usize>), Error> {
+) -> Result<Outcome, Error> {
     let (x, w, mask) = (x.cast::<T>(), weights.cast::<T>(), causal_mask::<T>());
     let outs = World::threads(world)?.run(|rank| {
         let shards = Shards::of(rank, &w)?;
@@ -218,9 +225,11 @@ fn run<T: Element>(
         assert_eq!(y.shard_sizes(), xs.shard_sizes(), "the block keeps the rows");
         Ok((y.to_global()?, y.local().shape()[1], heads))
     })?;
-    let rows = outs.iter().map(|o| o.1).collect();
-    let heads = outs.iter().map(|o| o.2).collect();
-    Ok((outs.into_iter().next().expect("a rank").0, rows, heads))
+    Ok(Outcome {
+        output: outs[0].0.cast(),
+        rows: outs.iter().map(|o| o.1).collect(),
+        heads: outs.iter().map(|o| o.2).collect(),
+    })
 }
 
 fn main() -> Result<(), Error> {
@@ -239,17 +248,11 @@ fn main() -> Result<(), Error> {
             // dozen times through the block. A torn head or misaligned row is off by the size of
             // an activation, about 1.
             for (dtype, tolerance) in [("f32", 1e-5), ("bf16", 2e-2)] {
-                let (got, rows, heads) = match dtype {
-                    "f32" => {
-                        let (y, r, h) = run::<f32>(world, &x, &weights, variant)?;
-                        (y.cast::<f64>(), r, h)
-                    }
-                    _ => {
-                        let (y, r, h) = run::<bf16>(world, &x, &weights, variant)?;
-                        (y.cast::<f64>(), r, h)
-                    }
+                let Outcome { output, rows, heads } = match dtype {
+                    "f32" => run::<f32>(world, &x, &weights, variant)?,
+                    _ => run::<bf16>(world, &x, &weights, variant)?,
                 };
-                let worst = (&got - &want).as_slice().iter().fold(0.0f64, |m, d| m.max(d.abs()));
+                let worst = (&output - &want).as_slice().iter().fold(0.0f64, |m, d| m.max(d.abs()));
                 let ok = worst <= tolerance * size;
                 all_ok &= ok;
                 println!(
