@@ -21,6 +21,24 @@ fn unary<T: Element>(t: &Tensor<T>, f: impl Fn(T::Acc) -> T::Acc) -> Tensor<T> {
     t.map(|x| T::from_acc(f(x.to_acc())))
 }
 
+/// The softmax of one lane `x` into `out`, through `exps` (the lane in the accumulator type).
+fn softmax_lane<'a, T: Element>(
+    exps: &mut Vec<T::Acc>,
+    x: impl Iterator<Item = T>,
+    out: impl Iterator<Item = &'a mut T>,
+) {
+    exps.clear();
+    exps.extend(x.map(|v| v.to_acc()));
+    let max = exps.iter().copied().fold(<T::Acc as Float>::neg_infinity(), Float::max);
+    for e in exps.iter_mut() {
+        *e = (*e - max).exp();
+    }
+    let sum = super::reduce::pairwise_sum(exps);
+    for (o, &e) in out.zip(exps.iter()) {
+        *o = T::from_acc(e / sum);
+    }
+}
+
 impl<T: Element> Tensor<T> {
     /// GELU, `x * Phi(x)` with the standard normal CDF `Phi(x) = (1 + erf(x / sqrt 2)) / 2`:
     /// PyTorch's `gelu` (the exact form, as BERT uses it). Computed in f64, rounded once.
@@ -114,22 +132,20 @@ impl<T: Element> Tensor<T> {
             });
         }
         let mut out = Tensor::<T>::scratch(self.shape());
-        let mut exps: Vec<T::Acc> = Vec::with_capacity(self.shape()[axis]);
-        let input = self.view();
-        Zip::from(out.view_mut().lanes_mut(Axis(axis))).and(input.lanes(Axis(axis))).for_each(
-            |mut o, x| {
-                let max = x
-                    .iter()
-                    .map(|v| v.to_acc())
-                    .fold(<T::Acc as Float>::neg_infinity(), Float::max);
-                exps.clear();
-                exps.extend(x.iter().map(|v| (v.to_acc() - max).exp()));
-                let sum = super::reduce::pairwise_sum(&exps);
-                for (o, &e) in o.iter_mut().zip(&exps) {
-                    *o = T::from_acc(e / sum);
-                }
-            },
-        );
+        let n = self.shape()[axis];
+        let mut exps: Vec<T::Acc> = Vec::with_capacity(n);
+        if axis + 1 == self.ndim() && n > 0 {
+            // The last axis: each lane is a contiguous run.
+            let rows = self.as_slice().chunks_exact(n).zip(out.as_mut_slice().chunks_exact_mut(n));
+            for (x, o) in rows {
+                softmax_lane(&mut exps, x.iter().copied(), o.iter_mut());
+            }
+        } else {
+            let input = self.view();
+            Zip::from(out.view_mut().lanes_mut(Axis(axis)))
+                .and(input.lanes(Axis(axis)))
+                .for_each(|mut o, x| softmax_lane(&mut exps, x.iter().copied(), o.iter_mut()));
+        }
         Ok(out)
     }
 }

@@ -71,9 +71,17 @@ impl<T: Element> Tensor<T> {
             squares.clear();
             squares.extend(x.iter().map(|&v| v * v));
             let scale = (pairwise_sum(&squares) / count + eps).sqrt().recip();
-            for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
-                let w = params[0].as_ref().map_or(T::Acc::from_f64(1.0), |w| w[i]);
-                *o = T::from_acc(v * scale * w);
+            match &params[0] {
+                Some(w) => {
+                    for ((o, &v), &w) in out.iter_mut().zip(x).zip(w) {
+                        *o = T::from_acc(v * scale * w);
+                    }
+                }
+                None => {
+                    for (o, &v) in out.iter_mut().zip(x) {
+                        *o = T::from_acc(v * scale);
+                    }
+                }
             }
         }))
     }
@@ -111,10 +119,28 @@ impl<T: Element> Tensor<T> {
             centered.clear();
             centered.extend(x.iter().map(|&v| (v - mean) * (v - mean)));
             let scale = (pairwise_sum(&centered) / count + eps).sqrt().recip();
-            for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
-                let w = params[0].as_ref().map_or(T::Acc::from_f64(1.0), |w| w[i]);
-                let b = params[1].as_ref().map_or(T::Acc::from_f64(0.0), |b| b[i]);
-                *o = T::from_acc((v - mean) * scale * w + b);
+            let normalized = x.iter().map(|&v| (v - mean) * scale);
+            match (&params[0], &params[1]) {
+                (Some(w), Some(b)) => {
+                    for (o, ((v, &w), &b)) in out.iter_mut().zip(normalized.zip(w).zip(b)) {
+                        *o = T::from_acc(v * w + b);
+                    }
+                }
+                (Some(w), None) => {
+                    for (o, (v, &w)) in out.iter_mut().zip(normalized.zip(w)) {
+                        *o = T::from_acc(v * w);
+                    }
+                }
+                (None, Some(b)) => {
+                    for (o, (v, &b)) in out.iter_mut().zip(normalized.zip(b)) {
+                        *o = T::from_acc(v + b);
+                    }
+                }
+                (None, None) => {
+                    for (o, v) in out.iter_mut().zip(normalized) {
+                        *o = T::from_acc(v);
+                    }
+                }
             }
         }))
     }
