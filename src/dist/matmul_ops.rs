@@ -15,7 +15,7 @@ use super::dist_tensor::RowSplit;
 use super::{DistTensor, Placement, Split};
 use crate::fused::all_gather_matmul::all_gather_matmul_checked;
 use crate::fused::matmul_reduce_scatter::matmul_reduce_scatter_checked;
-use crate::tensor::{Element, Tensor, array_split, split_offsets};
+use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};
 
 /// Weights as 2-D views, and what is wrong with them on this rank: a weight that is not 2-D
@@ -60,13 +60,15 @@ impl Rows {
 
     /// Rank-major rows (every rank's rows in turn, as the gather delivers them) in row-major
     /// order of the whole tensor.
-    fn to_global_order<T: Element>(&self, by_rank: Array2<T>) -> Array2<T> {
+    fn to_global_order<T: Element>(&self, by_rank: Array2<T>) -> Result<Array2<T>> {
         if self.outer <= 1 {
-            return by_rank; // already in order (or empty)
+            return Ok(by_rank); // already in order (or empty)
         }
         let (m, n) = by_rank.dim();
         let run = m / self.outer; // rows of one outer block, all ranks
-        let mut out = Array2::from_elem((m, n), T::zero());
+        // Every row is written below.
+        let data = pool::take("all_gather_matmul", m * n)?;
+        let mut out = Array2::from_shape_vec((m, n), data).expect("m x n");
         let offsets = split_offsets(&self.sizes);
         let mut at = 0;
         for (&size, &offset) in self.sizes.iter().zip(&offsets) {
@@ -78,25 +80,30 @@ impl Rows {
                 at += len;
             }
         }
-        out
+        pool::give(by_rank.into_raw_vec_and_offset().0);
+        Ok(out)
     }
 
     /// The inverse of [`Rows::to_global_order`]: row-major rows grouped by the rank that keeps
     /// them.
-    fn to_rank_order<T: Element>(&self, x: ArrayView2<'_, T>) -> Array2<T> {
+    fn to_rank_order<T: Element>(&self, x: ArrayView2<'_, T>) -> Result<Array2<T>> {
         let (m, k) = x.dim();
         let run = m / self.outer.max(1);
         let offsets = split_offsets(&self.sizes);
-        let mut out = Vec::with_capacity(m * k);
+        // Every row is written below.
+        let data = pool::take("matmul_reduce_scatter", m * k)?;
+        let mut out = Array2::from_shape_vec((m, k), data).expect("m x k");
+        let mut at = 0;
         for (&size, &offset) in self.sizes.iter().zip(&offsets) {
             let (len, start) = (size * self.inner, offset * self.inner);
             for a in 0..self.outer {
                 let src =
                     x.slice_axis(Axis(0), Slice::from(a * run + start..a * run + start + len));
-                out.extend(src.iter().copied());
+                out.slice_axis_mut(Axis(0), Slice::from(at..at + len)).assign(&src);
+                at += len;
             }
         }
-        Array2::from_shape_vec((m, k), out).expect("every row once")
+        Ok(out)
     }
 }
 
@@ -225,7 +232,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
             .into_iter()
             .zip(out.col_counts)
             .map(|(product, cols)| {
-                let product = rows.to_global_order(product);
+                let product = rows.to_global_order(product)?;
                 let (mut local_shape, mut global) = (lead.to_vec(), lead.to_vec());
                 local_shape.push(product.ncols());
                 global.push(cols.iter().sum());
@@ -387,7 +394,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
         let x = if rows.outer == 1 {
             as_rows(&self.local)
         } else {
-            grouped = rows.to_rank_order(as_rows(&self.local));
+            grouped = rows.to_rank_order(as_rows(&self.local))?;
             grouped.view()
         };
         let (mut views, problem) = weight_views(&[w]);

@@ -189,8 +189,14 @@ impl<'r, T: Element> DistTensor<'r, T> {
             let hi = from_at[src + 1].min(to_at[dst + 1]);
             (lo < hi).then_some((lo, hi))
         };
+        const OP: &str = "DistTensor::redistribute_split";
         let view = self.local.view();
-        let mut send = Vec::with_capacity(self.local.len());
+        let mut send = Vec::new();
+        send.try_reserve_exact(self.local.len()).map_err(|_| Error::OutOfMemory {
+            op: OP,
+            bytes: self.local.len().saturating_mul(size_of::<T>()),
+            what: "the rows to send".to_string(),
+        })?;
         let mut counts = Vec::with_capacity(n);
         for dst in 0..n {
             let Some((lo, hi)) = overlap(me, dst) else {
@@ -204,7 +210,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
         let received = collectives::all_to_all_v(rank, &send, &counts)?;
         let mut local_shape = shape.clone();
         local_shape[dim] = to[me];
-        let mut whole = ArrayD::from_elem(IxDyn(&local_shape), T::zero());
+        // Every row is written below: the pieces cover this rank's new range.
+        let mut whole = Tensor::<T>::scratch(OP, &local_shape)?;
         let mut at = 0;
         for (lo, hi) in (0..n).filter_map(|src| overlap(src, me)) {
             let mut piece_shape = local_shape.clone();
@@ -215,8 +222,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
                     .expect("the piece's length is its shape's");
             at += len;
             let rows = Slice::from(lo - to_at[me]..hi - to_at[me]);
-            whole.slice_axis_mut(Axis(dim), rows).assign(&piece);
+            whole.view_mut().slice_axis_mut(Axis(dim), rows).assign(&piece);
         }
-        Ok(DistTensor::new(rank, Tensor::from_array(whole), self.placement, shape.clone(), to))
+        Ok(DistTensor::new(rank, whole, self.placement, shape.clone(), to))
     }
 }

@@ -19,19 +19,19 @@ use crate::collectives::{self, ReduceOp};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
-    GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
-    WaitSem, WordExchange, Workspace, check_agree, consume_token, symm_at,
+    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
+    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, array_split, matmul_into, pool};
 use crate::{Error, Result};
 
 const OP: &str = "matmul_reduce_scatter";
+const UNFUSED_OP: &str = "matmul_reduce_scatter_unfused";
 /// Elements per reduction task.
 const REDUCE_CHUNK_ELEMS: usize = 16 * 1024;
 
 /// The workspace: partial products in the accumulator type, and per-source tile counts.
 struct MmRsWorkspace<T: Element> {
-    meta: WordExchange,
     partials: Option<SymmBuf<T::Acc>>,
     /// `done[s]`: tiles of this rank's rows that rank `s` has written into its `partials`.
     done: SignalBuf,
@@ -41,18 +41,15 @@ struct MmRsWorkspace<T: Element> {
 
 impl<T: Element> Workspace for MmRsWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.meta.symmetric_bytes()
-            + self.done.len() * 64
-            + self.partials.as_ref().map_or(0, |p| p.len() * size_of::<T::Acc>())
+        self.done.len() * 64 + self.partials.as_ref().map_or(0, |p| p.len() * size_of::<T::Acc>())
     }
 }
 
 impl<T: Element> MmRsWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
         Ok(MmRsWorkspace {
-            meta: WordExchange::new(rank, 5)?,
             partials: None,
-            done: rank.alloc_signals(rank.num_ranks())?,
+            done: rank.alloc_signals_for("matmul_reduce_scatter done", rank.num_ranks())?,
             expected: 0,
         })
     }
@@ -61,7 +58,7 @@ impl<T: Element> MmRsWorkspace<T> {
 /// Exchanges shapes and the output rows each rank keeps (`my_rows`), and checks them on every
 /// rank; returns the row shards of the result and `N`.
 fn agree<T: Element>(
-    ws: &mut MmRsWorkspace<T>,
+    op: &'static str,
     rank: &Rank<'_>,
     x: &ArrayView2<T>,
     w: &ArrayView2<T>,
@@ -69,7 +66,7 @@ fn agree<T: Element>(
     problem: Option<String>,
 ) -> Result<(Shards, usize)> {
     let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols(), my_rows].map(|v| v as u64);
-    let all = ws.meta.exchange_checked(rank, OP, &words, problem)?;
+    let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     for (r, v) in all.iter().enumerate() {
         if v[1] != v[2] {
             return Err(Error::InnerDimMismatch {
@@ -80,12 +77,12 @@ fn agree<T: Element>(
             });
         }
     }
-    let m = check_agree(OP, &all, 0, "M (rows of x)")? as usize;
-    let n = check_agree(OP, &all, 3, "N (columns of w)")? as usize;
+    let m = all.agree(OP, 0, "M (rows of x)")? as usize;
+    let n = all.agree(OP, 3, "N (columns of w)")? as usize;
     let counts: Vec<usize> = all.iter().map(|v| v[4] as usize).collect();
     if counts.iter().sum::<usize>() != m {
         return Err(Error::InvalidArgument {
-            op: OP,
+            op,
             rank: rank.rank(),
             reason: format!(
                 "the output rows the ranks keep, {counts:?}, add up to {}, not M = {m}",
@@ -146,15 +143,12 @@ pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
     fused: bool,
 ) -> Result<(Array2<T>, Vec<usize>)> {
     if !fused {
-        let (rows, n) = rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
-            agree(ws, rank, &x, &w, my_rows, problem)
-        })?;
-        return Ok((unfused(rank, &rows, n, x, w)?, rows.counts().to_vec()));
+        return unfused(rank, x, w, my_rows, problem);
     }
-    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
-        let (rows, n) = agree(ws, rank, &x, &w, my_rows, problem)?;
-        Ok((run_fused(rank, ws, &rows, n, x, w)?, rows.counts().to_vec()))
-    })
+    let (rows, n) = agree(OP, rank, &x, &w, my_rows, problem)?;
+    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| run_fused(rank, ws, &rows, n, x, w))
+        .inspect_err(|e| rank.fail_after_agreeing(e))
+        .map(|out| (out, rows.counts().to_vec()))
 }
 
 /// The unfused baseline: the local product on this rank's compute cores (rounded to `T`), then
@@ -183,24 +177,27 @@ pub fn matmul_reduce_scatter_unfused<T: Element>(
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
     let my_rows = array_split_rows(rank, x.nrows());
-    Ok(matmul_reduce_scatter_checked(rank, x, w, my_rows, None, false)?.0)
+    Ok(unfused(rank, x, w, my_rows, None)?.0)
 }
 
-/// The unfused baseline after the shape exchange.
 fn unfused<T: Element>(
     rank: &Rank<'_>,
-    rows: &Shards,
-    n: usize,
     x: ArrayView2<T>,
     w: ArrayView2<T>,
-) -> Result<Array2<T>> {
-    let mut partial = scratch((rows.total(), n));
+    my_rows: usize,
+    problem: Option<String>,
+) -> Result<(Array2<T>, Vec<usize>)> {
+    // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
+    let (rows, n) = agree(UNFUSED_OP, rank, &x, &w, my_rows, problem)?;
+    let mut partial =
+        scratch(UNFUSED_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
     let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();
     let flat = partial.as_slice().expect("fresh array");
     let mine = collectives::reduce_scatter_cols(rank, flat, 1, &counts, ReduceOp::Sum)?;
     pool::give(partial.into_raw_vec_and_offset().0);
-    Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
+    let out = Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N");
+    Ok((out, rows.counts().to_vec()))
 }
 
 fn run_fused<T: Element>(
@@ -213,7 +210,15 @@ fn run_fused<T: Element>(
 ) -> Result<Array2<T>> {
     let (me, world) = (rank.rank(), rank.num_ranks());
     let (m, k) = (rows.total(), x.ncols());
-    rank.reserve(&mut ws.partials, m * n)?;
+    let x = x.as_standard_layout();
+    let w = w.as_standard_layout();
+    // Half types widened once, so that every tile runs the f32 kernel in place.
+    let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
+    let w_acc = AccData::new(OP, w.as_slice().expect("standard layout"))?;
+    let mine = rows.count(me);
+    let mut out = scratch(OP, (mine, n))?;
+    let partial_len = m.saturating_mul(n);
+    rank.reserve_for("matmul_reduce_scatter partials", &mut ws.partials, partial_len)?;
     // Tiles of the rows each rank owns, the other ranks' rows first and this rank's last; when
     // shards are short, tiles over all rows instead (a tile then serves several owners).
     let order: Vec<usize> = (1..=world).map(|i| (me + i) % world).collect();
@@ -235,14 +240,7 @@ fn run_fused<T: Element>(
         .count();
     ws.expected += covering_me as u64;
 
-    let x = x.as_standard_layout();
-    let w = w.as_standard_layout();
-    // Half types widened once, so that every tile runs the f32 kernel in place.
-    let x_acc = AccData::new(x.as_slice().expect("standard layout"));
-    let w_acc = AccData::new(w.as_slice().expect("standard layout"));
     let (x_ptr, w_ptr) = (GlobalPtr::from_slice(&x_acc), GlobalPtr::from_slice(&w_acc));
-    let mine = rows.count(me);
-    let mut out = scratch((mine, n));
     let out_ptr = GlobalPtrMut::from_slice(out.as_slice_mut().expect("fresh array"));
     let reduce_rows = row_chunks(n, REDUCE_CHUNK_ELEMS).min(mine.max(1));
     let reduce_tasks = if n == 0 { 0 } else { mine.div_ceil(reduce_rows) };
@@ -300,7 +298,7 @@ fn reduce_rows_of<T: Element>(
                 Some(token) => token,
                 None => {
                     let want = WaitCmp::Ge(ws.expected);
-                    *held.insert(p.wait(&ws.done, src, want, WaitSem::Acquire)?)
+                    *held.insert(p.wait_from(&ws.done, src, src, want, WaitSem::Acquire)?)
                 }
             };
             let from = consume_token(symm_at(partials, src), token);

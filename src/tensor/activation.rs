@@ -110,7 +110,8 @@ impl<T: Element> Tensor<T> {
     /// that is all `-inf` gets NaN, as in PyTorch.
     ///
     /// # Errors
-    /// [`Error::DimOutOfRange`] when `axis` is not a dimension of the tensor.
+    /// [`Error::DimOutOfRange`] when `axis` is not a dimension of the tensor;
+    /// [`Error::OutOfMemory`] when the output cannot be allocated.
     ///
     /// # Examples
     /// ```
@@ -131,7 +132,7 @@ impl<T: Element> Tensor<T> {
                 ndim: self.ndim(),
             });
         }
-        let mut out = Tensor::<T>::scratch(self.shape());
+        let mut out = Tensor::<T>::scratch("Tensor::softmax", self.shape())?;
         let n = self.shape()[axis];
         let mut exps: Vec<T::Acc> = Vec::with_capacity(n);
         if axis + 1 == self.ndim() && n > 0 {

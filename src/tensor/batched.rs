@@ -60,7 +60,7 @@ pub(crate) fn matmul_nd<T: Element>(
     let count: usize = batch.iter().product();
     let out_shape = stretch([m, n]);
     // Overwritten entirely by the products (accumulate = false).
-    let mut out = Tensor::<T>::scratch(&out_shape);
+    let mut out = Tensor::<T>::scratch(OP, &out_shape)?;
     let mut flat = out.view_mut().into_shape_with_order(IxDyn(&[count, m, n])).expect("contiguous");
     for (i, index) in ndarray::indices(IxDyn(&batch)).into_iter().enumerate() {
         let c = flat.index_axis_mut(Axis(0), i).into_dimensionality::<Ix2>().expect("2-D");

@@ -1,7 +1,7 @@
 //! Elementwise maps: [`Tensor::map`] over one tensor, [`Tensor::zip_map`] over two, broadcast as
 //! numpy and ndarray broadcast (trailing dimensions aligned; a dimension of 1 stretches).
 
-use ndarray::{ArrayD, IxDyn, Zip};
+use ndarray::{IxDyn, Zip};
 
 use super::{Element, Tensor};
 use crate::{Error, Result};
@@ -31,11 +31,22 @@ pub(crate) fn broadcast_error(op: &'static str, a: &[usize], b: &[usize]) -> Err
     }
 }
 
+/// A new tensor for the output of `op`, or a panic saying why it could not be allocated: for the
+/// ops that return a tensor rather than a `Result` (as [`Tensor::zeros`] does).
+#[track_caller]
+pub(crate) fn output<U: Element>(op: &'static str, shape: &[usize]) -> Tensor<U> {
+    Tensor::scratch(op, shape).unwrap_or_else(|e| panic!("{e}"))
+}
+
 impl<T: Element> Tensor<T> {
     /// `f` applied to every element, in a new tensor of the same shape.
     ///
     /// `f` sees the elements as they are; for a half type, widen inside `f` to compute in f32
     /// (as the crate's own elementwise ops do, rounding once).
+    ///
+    /// # Panics
+    /// If the output cannot be allocated (as [`Tensor::zeros`]); the elementwise ops built on
+    /// `map` (activations, operators) do the same.
     ///
     /// # Examples
     /// ```
@@ -47,8 +58,9 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(halves.as_slice()[1].to_f32(), -1.0);
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
+    #[track_caller]
     pub fn map<U: Element>(&self, mut f: impl FnMut(T) -> U) -> Tensor<U> {
-        let mut out = Tensor::<U>::scratch(self.shape());
+        let mut out = output::<U>("Tensor::map", self.shape());
         for (o, &x) in out.as_mut_slice().iter_mut().zip(self.as_slice()) {
             *o = f(x);
         }
@@ -75,7 +87,8 @@ impl<T: Element> Tensor<T> {
     /// numpy and ndarray broadcast (trailing dimensions aligned; a dimension of 1 stretches).
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] when the shapes do not broadcast.
+    /// [`Error::InvalidShape`] when the shapes do not broadcast;
+    /// [`Error::OutOfMemory`] when the output cannot be allocated.
     ///
     /// # Examples
     /// ```
@@ -95,7 +108,7 @@ impl<T: Element> Tensor<T> {
     ) -> Result<Tensor<U>> {
         let (a, b) = (self.shape(), other.shape());
         if a == b {
-            let mut out = Tensor::<U>::scratch(a);
+            let mut out = Tensor::<U>::scratch("Tensor::zip_map", a)?;
             let pairs = self.as_slice().iter().zip(other.as_slice());
             for (o, (&x, &y)) in out.as_mut_slice().iter_mut().zip(pairs) {
                 *o = f(x, y);
@@ -107,8 +120,9 @@ impl<T: Element> Tensor<T> {
         let (x, y) = (self.view(), other.view());
         let x = x.broadcast(IxDyn(&shape)).expect("checked by broadcast_shape");
         let y = y.broadcast(IxDyn(&shape)).expect("checked by broadcast_shape");
-        let out: ArrayD<U> = Zip::from(&x).and(&y).map_collect(|&x, &y| f(x, y));
-        Ok(Tensor::from_array(out))
+        let mut out = Tensor::<U>::scratch("Tensor::zip_map", &shape)?;
+        Zip::from(out.view_mut()).and(&x).and(&y).for_each(|o, &x, &y| *o = f(x, y));
+        Ok(out)
     }
 
     /// `f(self_element, other_element)` written into `self`, with `other` broadcast to `self`'s

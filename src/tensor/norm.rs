@@ -49,7 +49,8 @@ impl<T: Element> Tensor<T> {
     /// (shape `[last]`) left out meaning 1.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] for a 0-D tensor, or a weight whose shape is not `[last]`.
+    /// [`Error::InvalidShape`] for a 0-D tensor, or a weight whose shape is not `[last]`;
+    /// [`Error::OutOfMemory`] when the output cannot be allocated.
     ///
     /// # Examples
     /// ```
@@ -67,7 +68,7 @@ impl<T: Element> Tensor<T> {
         let (n, params) = features("Tensor::rms_norm", self, &[("weight", weight)])?;
         let (eps, count) = (T::Acc::from_f64(eps), T::Acc::from_f64(n as f64));
         let mut squares = Vec::with_capacity(n);
-        Ok(self.per_row(|x, out| {
+        self.per_row("Tensor::rms_norm", |x, out| {
             squares.clear();
             squares.extend(x.iter().map(|&v| v * v));
             let scale = (pairwise_sum(&squares) / count + eps).sqrt().recip();
@@ -83,7 +84,7 @@ impl<T: Element> Tensor<T> {
                     }
                 }
             }
-        }))
+        })
     }
 
     /// Layer normalization over the last axis: `(x - mean) / sqrt(var + eps) * weight + bias`,
@@ -91,7 +92,8 @@ impl<T: Element> Tensor<T> {
     /// left out means 0, both of shape `[last]`.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] for a 0-D tensor, or a weight or bias whose shape is not `[last]`.
+    /// [`Error::InvalidShape`] for a 0-D tensor, or a weight or bias whose shape is not `[last]`;
+    /// [`Error::OutOfMemory`] when the output cannot be allocated.
     ///
     /// # Examples
     /// ```
@@ -114,7 +116,7 @@ impl<T: Element> Tensor<T> {
             features("Tensor::layer_norm", self, &[("weight", weight), ("bias", bias)])?;
         let (eps, count) = (T::Acc::from_f64(eps), T::Acc::from_f64(n as f64));
         let mut centered = Vec::with_capacity(n);
-        Ok(self.per_row(|x, out| {
+        self.per_row("Tensor::layer_norm", |x, out| {
             let mean = pairwise_sum(x) / count;
             centered.clear();
             centered.extend(x.iter().map(|&v| (v - mean) * (v - mean)));
@@ -142,13 +144,17 @@ impl<T: Element> Tensor<T> {
                     }
                 }
             }
-        }))
+        })
     }
 
     /// `f(row widened, output row)` for every row of the last axis.
-    fn per_row(&self, mut f: impl FnMut(&[T::Acc], &mut [T])) -> Tensor<T> {
+    fn per_row(
+        &self,
+        op: &'static str,
+        mut f: impl FnMut(&[T::Acc], &mut [T]),
+    ) -> Result<Tensor<T>> {
         let n = *self.shape().last().expect("checked by features");
-        let mut out = Tensor::<T>::scratch(self.shape());
+        let mut out = Tensor::<T>::scratch(op, self.shape())?;
         let mut row: Vec<T::Acc> = Vec::with_capacity(n);
         if n > 0 {
             let rows = self.as_slice().chunks_exact(n).zip(out.as_mut_slice().chunks_exact_mut(n));
@@ -158,6 +164,6 @@ impl<T: Element> Tensor<T> {
                 f(&row, o);
             }
         }
-        out
+        Ok(out)
     }
 }

@@ -54,15 +54,29 @@ impl<T: Element> Tensor<T> {
         T::from_acc(self.acc_sum() / T::Acc::from_f64(self.len() as f64))
     }
 
+    /// The sum in the accumulator type: pairwise within chunks widened one at a time, then
+    /// pairwise over the chunks' sums (no copy of the whole tensor).
     fn acc_sum(&self) -> T::Acc {
-        let widened: Vec<T::Acc> = self.as_slice().iter().map(|x| x.to_acc()).collect();
-        pairwise_sum(&widened)
+        const CHUNK: usize = 1024;
+        let mut widened = [<T::Acc as Element>::zero(); CHUNK];
+        let sums: Vec<T::Acc> = self
+            .as_slice()
+            .chunks(CHUNK)
+            .map(|chunk| {
+                for (w, x) in widened.iter_mut().zip(chunk) {
+                    *w = x.to_acc();
+                }
+                pairwise_sum(&widened[..chunk.len()])
+            })
+            .collect();
+        pairwise_sum(&sums)
     }
 
     /// Sums along `axis`, which the result drops (as ndarray's `sum_axis` and numpy's `sum` do).
     ///
     /// # Errors
-    /// [`Error::DimOutOfRange`] when `axis` is not a dimension of the tensor.
+    /// [`Error::DimOutOfRange`] when `axis` is not a dimension of the tensor;
+    /// [`Error::OutOfMemory`] when the output cannot be allocated.
     ///
     /// # Examples
     /// ```
@@ -80,7 +94,8 @@ impl<T: Element> Tensor<T> {
     /// Means along `axis`, which the result drops.
     ///
     /// # Errors
-    /// [`Error::DimOutOfRange`] when `axis` is not a dimension of the tensor.
+    /// [`Error::DimOutOfRange`] when `axis` is not a dimension of the tensor;
+    /// [`Error::OutOfMemory`] when the output cannot be allocated.
     ///
     /// # Examples
     /// ```
@@ -105,7 +120,7 @@ impl<T: Element> Tensor<T> {
         }
         let mut shape = self.shape().to_vec();
         let len = shape.remove(axis);
-        let mut out = Tensor::<T>::scratch(&shape);
+        let mut out = Tensor::<T>::scratch(op, &shape)?;
         let mut lane: Vec<T::Acc> = Vec::with_capacity(len);
         let input = self.view();
         Zip::from(out.view_mut()).and(input.lanes(Axis(axis))).for_each(|o, x| {
