@@ -24,7 +24,10 @@
 //! result, and the example prints `ok` only if every one is within its type's tolerance (it
 //! exits with status 1 otherwise).
 //!
-//! Run: `cargo run --release --example 07_transformer_block`
+//! Run: `cargo run --release --example 07_transformer_block [-- --processes 4]`
+//!
+//! `--processes N` runs the ranks as N processes of this program instead of threads (and only
+//! that world); under mpirun or torchrun each process is one rank (`World::from_env`).
 
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Split, Tensor, World};
 use half::bf16;
@@ -147,13 +150,13 @@ fn mlp<'r, T: Element>(
 }
 
 /// The block, tensor-parallel: attention heads split over the ranks. Returns the output and the
-/// number of heads this rank attended.
+/// number of heads each rank attended.
 fn tensor_parallel<'r, T: Element>(
     x: &DistTensor<'r, T>,
     w: &Weights<T>,
     s: &Shards<T>,
     mask: &Tensor<T>,
-) -> Result<(DistTensor<'r, T>, usize), Error> {
+) -> Result<(DistTensor<'r, T>, Vec<usize>), Error> {
     let a = x.try_map_local(|t| t.rms_norm(Some(&w.g1), EPS))?;
     // One gather of the sequence for all three projections: each [B, S, h_r * D], Shard(2).
     let qkv = a.all_gather_matmul_many(&[&s.wq, &s.wk, &s.wv])?;
@@ -162,17 +165,17 @@ fn tensor_parallel<'r, T: Element>(
     let ctx = q.try_map_local(|q| attention(q, k.local(), v.local(), mask))?;
     let o = ctx.reshape(&[BATCH, SEQ, EMBED])?.matmul_reduce_scatter(&s.wo)?; // [B, s_r, E]
     let h = x.zip_local(&o, |x, o| x + o)?;
-    Ok((mlp(&h, w, s)?, q.local().shape()[2]))
+    Ok((mlp(&h, w, s)?, q.shard_sizes().to_vec()))
 }
 
 /// The block, Ulysses: attention sequence-parallel, heads traded for sequence and back. Returns
-/// the output and the number of heads this rank attended.
+/// the output and the number of heads each rank attended.
 fn ulysses<'r, T: Element>(
     x: &DistTensor<'r, T>,
     w: &Weights<T>,
     s: &Shards<T>,
     mask: &Tensor<T>,
-) -> Result<(DistTensor<'r, T>, usize), Error> {
+) -> Result<(DistTensor<'r, T>, Vec<usize>), Error> {
     let a = x.try_map_local(|t| t.rms_norm(Some(&w.g1), EPS))?;
     // Each rank projects its own rows with the whole weight: [B, s_r, H, D], then all of the
     // sequence for its heads: [B, S, h_r, D].
@@ -184,7 +187,7 @@ fn ulysses<'r, T: Element>(
     let ctx = ctx.all_to_all(1, 2)?.reshape(&[BATCH, SEQ, EMBED])?; // [B, s_r, E]
     let o = ctx.try_map_local(|t| t.matmul(&w.wo))?;
     let h = x.zip_local(&o, |x, o| x + o)?;
-    Ok((mlp(&h, w, s)?, q.local().shape()[2]))
+    Ok((mlp(&h, w, s)?, q.shard_sizes().to_vec()))
 }
 
 /// The block on one rank, in f64: the reference.
@@ -200,22 +203,22 @@ fn reference(x: &Tensor<f64>, w: &Weights<f64>) -> Result<Tensor<f64>, Error> {
 }
 
 /// What one run gives: the block's output (widened to f64), and each rank's sequence rows and
-/// attention heads.
+/// attention heads (as every rank knows them).
 struct Outcome {
     output: Tensor<f64>,
     rows: Vec<usize>,
     heads: Vec<usize>,
 }
 
-/// Runs one variant on `world` ranks in `T`.
+/// Runs one variant on `world` in `T`; the outcome is that of this process's first rank.
 fn run<T: Element>(
-    world: usize,
+    world: &World,
     x: &Tensor<f64>,
     weights: &Weights<f64>,
     variant: &str,
 ) -> Result<Outcome, Error> {
     let (x, w, mask) = (x.cast::<T>(), weights.cast::<T>(), causal_mask::<T>());
-    let outs = World::threads(world)?.run(|rank| {
+    let mut outs = world.run(|rank| {
         let shards = Shards::of(rank, &w)?;
         let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?; // [B, s_r, E]
         let (y, heads) = match variant {
@@ -223,25 +226,36 @@ fn run<T: Element>(
             _ => ulysses(&xs, &w, &shards, &mask)?,
         };
         assert_eq!(y.shard_sizes(), xs.shard_sizes(), "the block keeps the rows");
-        Ok((y.to_global()?, y.local().shape()[1], heads))
+        Ok(Outcome { output: y.to_global()?.cast(), rows: y.shard_sizes().to_vec(), heads })
     })?;
-    Ok(Outcome {
-        output: outs[0].0.cast(),
-        rows: outs.iter().map(|o| o.1).collect(),
-        heads: outs.iter().map(|o| o.2).collect(),
-    })
+    Ok(outs.swap_remove(0))
 }
 
 fn main() -> Result<(), Error> {
-    println!(
-        "transformer block: x [{BATCH}, {SEQ}, {EMBED}], {HEADS} heads of {HEAD_DIM}, MLP {EMBED} -> {FFN} -> {EMBED}"
-    );
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(world) = World::from_args(&mut args, 4)? else { return Ok(()) };
+    if !args.is_empty() {
+        eprintln!("unknown arguments {args:?}; the only flag is --processes N");
+        std::process::exit(2);
+    }
+    let lead = world.ranks_here().contains(&0); // rank 0 prints
+    // Threads: 4 ranks, then 3 (8 heads split 3, 3, 2). Processes: the world of the job.
+    let mut worlds = vec![world];
+    if !World::launched() {
+        worlds.push(World::threads(3)?);
+    }
+    if lead {
+        println!(
+            "transformer block: x [{BATCH}, {SEQ}, {EMBED}], {HEADS} heads of {HEAD_DIM}, MLP {EMBED} -> {FFN} -> {EMBED}"
+        );
+    }
     let x = Tensor::<f64>::random(&[BATCH, SEQ, EMBED], 9);
     let weights = Weights::random();
     let want = reference(&x, &weights)?;
     let size = want.as_slice().iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let mut all_ok = true;
-    for world in [4, 3] {
+    for world in &worlds {
+        let n = world.num_ranks();
         for variant in ["tensor-parallel", "Ulysses"] {
             // Relative to the output's largest value. Every op rounds its result to the element
             // type once: f32 to 24 bits (unit roundoff 6e-8), bf16 to 8 bits (2e-3), about a
@@ -255,12 +269,14 @@ fn main() -> Result<(), Error> {
                 let worst = (&output - &want).as_slice().iter().fold(0.0f64, |m, d| m.max(d.abs()));
                 let ok = worst <= tolerance * size;
                 all_ok &= ok;
-                println!(
-                    "{world} ranks, {variant:15} {dtype:4}: rows {rows:?}, heads {heads:?}: largest \
-                     difference {:.1e} of {size:.2} (tolerance {tolerance:.0e}){}",
-                    worst / size,
-                    if ok { "" } else { "  WRONG" }
-                );
+                if lead {
+                    println!(
+                        "{n} ranks, {variant:15} {dtype:4}: rows {rows:?}, heads {heads:?}: \
+                         largest difference {:.1e} of {size:.2} (tolerance {tolerance:.0e}){}",
+                        worst / size,
+                        if ok { "" } else { "  WRONG" }
+                    );
+                }
             }
         }
     }
@@ -268,6 +284,8 @@ fn main() -> Result<(), Error> {
         eprintln!("the distributed block differs from the one-rank f64 block");
         std::process::exit(1);
     }
-    println!("ok");
+    if lead {
+        println!("ok");
+    }
     Ok(())
 }

@@ -12,7 +12,9 @@
 //!
 //! **Ranks.** A [`World`] is a set of ranks; [`World::run`] runs a closure once per rank, each on
 //! its own thread, and returns the results in rank order. A [`Rank`] is a rank's handle: who it
-//! is, its symmetric memory, its signals.
+//! is, its symmetric memory, its signals. The ranks can also be the processes of one host
+//! ([`World::from_env`], started by mpirun, torchrun, Slurm or [`World::spawn_local`]): the same
+//! program runs unchanged, and `run` runs the closure once, for this process's rank.
 //!
 //! **Distributed tensors.** A [`DistTensor`] is one rank's part of a global tensor and its
 //! [`Placement`] (sharded on a dimension, cut as a [`Split`] says; replicated; or partial sums).
@@ -96,6 +98,7 @@
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
 //! | devices | host simulation (default); Ascend NPUs found and queried through CANN |
+//! | ranks | threads of one process, or processes of one host (memfd segments, fd passing) |
 //!
 //! # Errors and panics
 //!
