@@ -66,13 +66,13 @@
 //! [`Error::OpMismatch`] naming both sides (`rank 0 is in all_gather<f32> #12, rank 1 in
 //! broadcast<f32> #12`), never with a wrong value or a wait that outlasts its cause.
 //!
-//! **Ascend.** [`device::ascend`] opens the CANN runtime at run time (no build-time dependency);
-//! where it is absent, asking for an NPU returns an error that lists every path tried. Kernels do
-//! not run on NPUs yet: [`device::Device`] names a device, and for an NPU says so clearly
-//! ([`Device::ensure_supported`](device::Device::ensure_supported)); its
+//! **Devices.** A [`Device`] says where a tensor lives and its ops run: the host (the default),
+//! an NVIDIA GPU (feature `cuda`: [`Tensor::to_device`], [`World::cuda`]) or an Ascend NPU.
+//! [`device::ascend`] opens the CANN runtime at run time (no build-time dependency); where it is
+//! absent, asking for an NPU returns an error that lists every path tried. Kernels do not run on
+//! NPUs yet ([`Device::ensure_supported`](device::Device::ensure_supported) says so); an NPU's
 //! [`topology`](device::Device::topology) can drive the host simulation
-//! ([`WorldBuilder::topology`](shmem::WorldBuilder::topology)). No world runs on a `Device` yet,
-//! which is why it lives in [`device`] and not at the crate root.
+//! ([`WorldBuilder::topology`](shmem::WorldBuilder::topology)).
 //!
 //! # Layers
 //!
@@ -97,7 +97,7 @@
 //! | fused ops | `all_gather_matmul` (one or several weights), `matmul_reduce_scatter`, on `[..., K]`; `all_to_all` |
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
-//! | devices | host simulation (default); Ascend NPUs found and queried through CANN |
+//! | devices | host simulation (default); Ascend NPUs found and queried through CANN; NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
 //! | ranks | threads of one process, or processes of one host (memfd segments, fd passing) |
 //!
 //! # Errors and panics
@@ -142,6 +142,7 @@ pub mod fused;
 pub mod shmem;
 pub mod tensor;
 
+pub use device::Device;
 pub use dist::{DistTensor, Placement, Split};
 pub use error::{Error, Result};
 pub use shmem::{Rank, World};

@@ -139,7 +139,7 @@ fn local_updates_exchange_nothing() {
             let y = x.map_local(|t| t.gelu())?;
             let y = y.try_map_local(|t| t.softmax(1))?;
             let z = y.zip_local(&x, |a, b| a + b)?;
-            let mut z = z.reshape(&[5, 3, 4])?.permute(&[1, 0, 2])?.cast::<bf16>();
+            let mut z = z.reshape(&[5, 3, 4])?.permute(&[1, 0, 2])?.cast::<bf16>()?;
             z.local_mut().fill(bf16::ONE);
             let z = z.redistribute_split(0, z.shard_sizes())?; // the split it has: nothing to do
             let r = DistTensor::from_global(rank, &global, Placement::Replicate)?;
@@ -170,7 +170,7 @@ fn check_map_and_zip<T: Element>(n: usize) -> Vec<String> {
             if !bits_equal(&sum, &(&global + &other)) {
                 fails.push(format!("{} zip_local(+) of {p} on {n} ranks", T::DTYPE));
             }
-            let cast = x.cast::<f64>();
+            let cast = x.cast::<f64>()?;
             if cast.placement() != p || !bits_equal(&cast.to_global()?, &global.cast::<f64>()) {
                 fails.push(format!("{} cast of {p} on {n} ranks", T::DTYPE));
             }

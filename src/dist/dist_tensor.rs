@@ -172,6 +172,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
             }
             None => Vec::new(),
         };
+        let local = super::on_gpu::place(rank, local)?;
         Ok(DistTensor::new(rank, local, placement, global_shape, splits))
     }
 
@@ -205,6 +206,20 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn from_global(
+        rank: &'r Rank<'r>,
+        global: &Tensor<T>,
+        placement: Placement,
+    ) -> Result<Self> {
+        if rank.cuda_world().is_some() {
+            // A GPU world: split on the host, then each part goes to its rank's GPU.
+            let host = DistTensor::from_global_host(rank, &global.to_host()?, placement)?;
+            let local = super::on_gpu::place(rank, host.local)?;
+            return Ok(DistTensor { local, ..host });
+        }
+        Self::from_global_host(rank, global, placement)
+    }
+
+    fn from_global_host(
         rank: &'r Rank<'r>,
         global: &Tensor<T>,
         placement: Placement,
@@ -272,7 +287,15 @@ impl<'r, T: Element> DistTensor<'r, T> {
             return Err(Error::DimOutOfRange { op: OP, dim, ndim: shape.len() });
         }
         let splits = split.into().sizes_for(OP, rank.rank(), shape[dim], rank.num_ranks())?;
-        let local = shard_of(global.view(), dim, &splits, rank.rank());
+        // Cut on the host; in a GPU world the piece then goes to this rank's GPU.
+        let on_host;
+        let global = if global.device_storage().is_some() {
+            on_host = global.to_host()?;
+            &on_host
+        } else {
+            global
+        };
+        let local = super::on_gpu::place(rank, shard_of(global.view(), dim, &splits, rank.rank()))?;
         Ok(DistTensor::new(rank, local, Placement::Shard(dim), shape, splits))
     }
 
@@ -293,6 +316,9 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn to_global(&self) -> Result<Tensor<T>> {
+        if let Some(world) = self.gpus() {
+            return self.gpu_to_global(world);
+        }
         match self.placement {
             Placement::Shard(d) => {
                 let rows: usize = self.global_shape[..d].iter().product();

@@ -114,7 +114,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
 
     /// Reorders the axes, the sharded dimension moving with them: axis `i` of the result is
     /// axis `axes[i]` of `self`, so `Shard(d)` becomes `Shard(i)` where `axes[i] == d`. No
-    /// communication; each rank permutes its own part (a copy).
+    /// communication; each rank permutes its own part (a copy; on the host in a GPU world).
     ///
     /// # Errors
     /// [`Error::InvalidShape`] when `axes` is not a permutation of the dimensions.
@@ -133,10 +133,18 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn permute(&self, axes: &[usize]) -> Result<Self> {
-        let local = self.local.permute(axes).map_err(|_| Error::InvalidShape {
+        let on_host;
+        let part = if self.local.device_storage().is_some() {
+            on_host = self.local.to_host()?;
+            &on_host
+        } else {
+            &self.local
+        };
+        let local = part.permute(axes).map_err(|_| Error::InvalidShape {
             op: "DistTensor::permute",
             reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.global_shape),
         })?;
+        let local = super::on_gpu::place(self.rank, local)?;
         let moved = |d: usize| axes.iter().position(|&a| a == d).expect("a permutation");
         let placement = match self.placement {
             Placement::Shard(d) => Placement::Shard(moved(d)),

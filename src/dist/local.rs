@@ -18,7 +18,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// exchange), the next collective op checks the shapes it needs.
     ///
     /// On a `Partial` tensor the result is the sum of the `f`s of the parts: right for linear
-    /// maps (a scale), wrong for others (GELU of a partial sum): reduce first.
+    /// maps (a scale), wrong for others (GELU of a partial sum): reduce first. In a GPU world `f`
+    /// gets the part on the GPU (the local math takes host tensors: [`Tensor::to_host`] first).
     ///
     /// # Errors
     /// [`Error::InvalidShape`] on this rank when `f` changed the number of dimensions or the
@@ -154,6 +155,9 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// the ranks agreed on stays true. No communication. If another tensor shares the elements
     /// (a replicated part shares the global tensor), they are copied first.
     ///
+    /// # Panics
+    /// In a GPU world, where the part lives on the GPU (as every host method of a GPU tensor).
+    ///
     /// # Examples
     /// ```
     /// use dist_tensor::{DistTensor, Placement, Tensor, World};
@@ -172,7 +176,11 @@ impl<'r, T: Element> DistTensor<'r, T> {
     }
 
     /// The same tensor in another element type (each part converted on its rank, through f64,
-    /// rounded once). No communication.
+    /// rounded once). No communication. In a GPU world the part is converted on the host and
+    /// goes back to the GPU.
+    ///
+    /// # Errors
+    /// In a GPU world, as [`Tensor::to_host`] and [`Tensor::to_device`].
     ///
     /// # Examples
     /// ```
@@ -181,22 +189,27 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// let global = Tensor::<f32>::random(&[3, 4], 1);
     /// let outs = World::threads(2)?.run(|rank| {
     ///     let x = DistTensor::from_global(rank, &global, Placement::Shard(1))?;
-    ///     let b = x.cast::<bf16>();
+    ///     let b = x.cast::<bf16>()?;
     ///     assert_eq!(b.placement(), x.placement());
     ///     b.to_global()
     /// })?;
     /// assert_eq!(outs[0], global.cast::<bf16>());
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
-    pub fn cast<U: Element>(&self) -> DistTensor<'r, U> {
-        DistTensor::new(
+    pub fn cast<U: Element>(&self) -> Result<DistTensor<'r, U>> {
+        let local = if self.local.device_storage().is_some() {
+            super::on_gpu::place(self.rank, self.local.to_host()?.cast())?
+        } else {
+            self.local.cast()
+        };
+        Ok(DistTensor::new(
             self.rank,
-            self.local.cast(),
+            local,
             self.placement,
             self.global_shape.clone(),
             self.splits.clone(),
         )
-        .with_rows_from(self.rows_from.clone())
+        .with_rows_from(self.rows_from.clone()))
     }
 
     /// `self` with its part replaced by `local`, checked as [`DistTensor::map_local`] says.

@@ -107,6 +107,16 @@ impl Rows {
     }
 }
 
+/// The error for a tensor of more than 2 dimensions in a GPU world.
+fn gpu_takes_2d(op: &'static str, placement: Placement, ndim: usize) -> Error {
+    Error::UnsupportedPlacement {
+        op,
+        placement: format!("{placement} of a {ndim}-D tensor on GPUs"),
+        expected: "a 2-D tensor: on GPUs the matmul ops take [M, K] (DistTensor::reshape first)"
+            .to_string(),
+    }
+}
+
 /// `x`'s part as `[rows, last]`, without a copy.
 fn as_rows<T: Element>(t: &Tensor<T>) -> ArrayView2<'_, T> {
     let last = *t.shape().last().expect("at least 2-D");
@@ -224,6 +234,17 @@ impl<'r, T: Element> DistTensor<'r, T> {
         };
         let lead = &self.global_shape[..ndim - 1];
         let rows = Rows::new(lead, d, self.splits.clone());
+        if let Some(world) = self.gpus() {
+            if ndim != 2 {
+                return Err(gpu_takes_2d(OP, self.placement, ndim));
+            }
+            let rows_from = RowSplit { dim: 0, sizes: self.splits.clone() };
+            let outs = self.gpu_gather_products(world, ws, fused)?;
+            return Ok(outs
+                .into_iter()
+                .map(|t| t.with_rows_from(Some(rows_from.clone())))
+                .collect());
+        }
         let (views, problem) = weight_views(ws);
         let out =
             all_gather_matmul_checked(self.rank, as_rows(&self.local), &views, problem, fused)?;
@@ -389,6 +410,12 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 _ => (0, array_split(lead[0], n)),
             },
         };
+        if let Some(world) = self.gpus() {
+            if ndim != 2 {
+                return Err(gpu_takes_2d(OP, self.placement, ndim));
+            }
+            return self.gpu_reduce_product(world, w, fused, sizes);
+        }
         let rows = Rows::new(lead, dim, sizes);
         let grouped;
         let x = if rows.outer == 1 {

@@ -42,6 +42,14 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 return Err(Error::DimOutOfRange { op: "DistTensor::redistribute", dim: d, ndim });
             }
         }
+        match self.gpus() {
+            Some(world) => self.gpu_redistribute(world, to),
+            None => self.host_redistribute(to),
+        }
+    }
+
+    /// `redistribute` with this rank's part on the host.
+    pub(crate) fn host_redistribute(&self, to: Placement) -> Result<Self> {
         let (rank, shape) = (self.rank, self.global_shape.clone());
         let (me, n) = (rank.rank(), rank.num_ranks());
         match (self.placement, to) {
@@ -102,6 +110,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Errors
     /// [`Error::DimOutOfRange`] when `dim` is not a dimension of the tensor;
     /// [`Error::InvalidArgument`] when the split does not fit its length (see [`Split::sizes`]);
+    /// [`Error::DeviceUnavailable`] in a GPU world for a split that is not the even one;
     /// otherwise as the collectives.
     ///
     /// # Examples
@@ -128,6 +137,22 @@ impl<'r, T: Element> DistTensor<'r, T> {
         let (rank, len) = (self.rank, self.global_shape[dim]);
         let (me, n) = (rank.rank(), rank.num_ranks());
         let sizes = split.into().sizes_for(OP, me, len, n)?;
+        if self.gpus().is_some() {
+            // On GPUs: what `redistribute` does, which cuts evenly.
+            let already = self.placement == Placement::Shard(dim) && self.splits == sizes;
+            if already || (self.placement != Placement::Shard(dim) && sizes == array_split(len, n))
+            {
+                return self.redistribute(Placement::Shard(dim));
+            }
+            return Err(Error::DeviceUnavailable {
+                op: OP,
+                device: rank.device().to_string(),
+                reason: format!(
+                    "re-splitting to {sizes:?} is not implemented on GPUs yet (only the even \
+                     split from another placement)"
+                ),
+            });
+        }
         match self.placement {
             Placement::Shard(d) if d == dim => {
                 if self.splits == sizes {

@@ -1,16 +1,23 @@
 //! [`Tensor`]: a row-major, contiguous n-dimensional array on ndarray.
 //!
-//! The elements are shared, copy-on-write (ndarray's `ArcArray`): cloning a tensor is cheap, and
+//! Host elements are shared, copy-on-write (ndarray's `ArcArray`): cloning a tensor is cheap, and
 //! the first write through a clone copies it. Replicated weights and `DistTensor` parts that every
 //! rank holds whole share one buffer, and a reshape shares its input's.
 
 use ndarray::{ArcArray, Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+use super::storage::Storage;
 use super::{Element, matmul, pool};
 use crate::{Error, Result};
 
-/// A local n-dimensional tensor, always row-major and contiguous.
+/// A local n-dimensional tensor, always row-major and contiguous, in host memory or (feature
+/// `cuda`) on a GPU.
+///
+/// # Panics
+/// Methods that read or write the elements on the host (`as_slice`, `view`, `permute`, ...)
+/// panic on a tensor that lives on a GPU: call [`Tensor::to_host`] first. [`Tensor::shape`],
+/// [`Tensor::device`], [`Tensor::reshape`], [`Tensor::matmul`] and cloning work on either.
 ///
 /// # Examples
 /// ```
@@ -24,15 +31,17 @@ use crate::{Error, Result};
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor<T: Element> {
-    data: ArcArray<T, IxDyn>,
+    pub(super) data: Storage<T>,
 }
 
 impl<T: Element> Drop for Tensor<T> {
     /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse,
     /// when this tensor was the last to share it.
     fn drop(&mut self) {
-        if let Ok(data) = std::mem::replace(&mut self.data, empty()).try_into_owned_nocopy() {
-            pool::give(data.into_raw_vec_and_offset().0);
+        if let Storage::Host(array) = &mut self.data {
+            if let Ok(data) = std::mem::replace(array, empty()).try_into_owned_nocopy() {
+                pool::give(data.into_raw_vec_and_offset().0);
+            }
         }
     }
 }
@@ -60,13 +69,13 @@ impl<T: Element> Tensor<T> {
         } else {
             array.as_standard_layout().into_owned()
         };
-        Tensor { data: data.into_shared() }
+        Tensor { data: data.into() }
     }
 
-    /// Wraps shared, row-major elements without a copy.
+    /// Wraps shared, row-major host elements without a copy.
     pub(crate) fn from_shared(data: ArcArray<T, IxDyn>) -> Self {
         debug_assert!(data.is_standard_layout());
-        Tensor { data }
+        Tensor { data: Storage::Host(data) }
     }
 
     /// A copy of the data as an ndarray array.
@@ -78,7 +87,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.to_array().shape(), &[2, 2]);
     /// ```
     pub fn to_array(&self) -> ArrayD<T> {
-        self.data.to_owned()
+        (*self.data).to_owned()
     }
 
     /// The data as an ndarray array, without a copy unless another tensor shares it.
@@ -90,7 +99,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(a.len(), 3);
     /// ```
     pub fn into_array(mut self) -> ArrayD<T> {
-        std::mem::replace(&mut self.data, empty()).into_owned()
+        std::mem::replace(&mut *self.data, empty()).into_owned()
     }
 
     /// A tensor of `shape` from row-major `data`.
@@ -109,7 +118,7 @@ impl<T: Element> Tensor<T> {
             op: "Tensor::from_shape_vec",
             reason: format!("{len} elements do not fill shape {shape:?}"),
         })?;
-        Ok(Tensor { data: data.into_shared() })
+        Ok(Tensor { data: data.into() })
     }
 
     /// A tensor of zeros.
@@ -164,7 +173,7 @@ impl<T: Element> Tensor<T> {
     pub(crate) fn scratch(op: &'static str, shape: &[usize]) -> Result<Self> {
         let data = pool::take(op, Self::checked_len(op, shape)?)?;
         let data = ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product");
-        Ok(Tensor { data: data.into_shared() })
+        Ok(Tensor { data: data.into() })
     }
 
     /// A tensor of values drawn uniformly from `[-1, 1)` by a generator seeded with `seed`: the same
@@ -235,7 +244,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).ndim(), 2);
     /// ```
     pub fn ndim(&self) -> usize {
-        self.data.ndim()
+        self.shape().len()
     }
 
     /// The number of elements.
@@ -246,7 +255,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).len(), 6);
     /// ```
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.shape().iter().product()
     }
 
     /// Whether the tensor has no elements.
@@ -257,7 +266,7 @@ impl<T: Element> Tensor<T> {
     /// assert!(Tensor::<f32>::zeros(&[2, 0]).is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.len() == 0
     }
 
     /// The elements in row-major order.
@@ -342,13 +351,16 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
-        let data = self.data.clone().into_shape_with_order(IxDyn(shape)).map_err(|_| {
+        if let Some(device) = self.device_storage() {
+            return Ok(Tensor::from_device_storage(device.reshaped(shape)?));
+        }
+        let data = (*self.data).clone().into_shape_with_order(IxDyn(shape)).map_err(|_| {
             Error::InvalidShape {
                 op: "Tensor::reshape",
                 reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
             }
         })?;
-        Ok(Tensor { data })
+        Ok(Tensor::from_shared(data))
     }
 
     /// Reorders the axes: axis `i` of the result is axis `axes[i]` of `self`. The result is
@@ -375,9 +387,9 @@ impl<T: Element> Tensor<T> {
                 reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
             });
         }
-        Ok(Tensor::from_array(
-            self.data.view().permuted_axes(axes).as_standard_layout().into_owned(),
-        ))
+        Ok(Tensor {
+            data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned().into(),
+        })
     }
 
     /// Converts every element to another element type (through f64, so exactly where it fits).
@@ -392,17 +404,19 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn cast<U: Element>(&self) -> Tensor<U> {
-        Tensor::from_array(self.data.mapv(|x| U::from_f64(x.to_f64())))
+        Tensor { data: self.data.mapv(|x| U::from_f64(x.to_f64())).into() }
     }
 
     /// The matrix product `self @ rhs` on the calling thread: `[m, k] @ [k, n]`, or batched,
     /// `[..., m, k] @ [..., k, n]` with the batch dimensions broadcast as numpy's `matmul`
-    /// broadcasts them (a 2-D operand is used for every matrix of the other).
+    /// broadcasts them (a 2-D operand is used for every matrix of the other). Tensors on a GPU
+    /// multiply there (2-D).
     ///
     /// # Errors
     /// [`Error::InvalidShape`] when either has fewer than 2 dimensions or the batch dimensions do
     /// not broadcast; [`Error::InnerDimMismatch`] when `k` differs;
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the output cannot be allocated.
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the output cannot be allocated;
+    /// [`Error::InvalidArgument`] for operands on different devices.
     ///
     /// # Examples
     /// ```
@@ -417,10 +431,27 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor<T>) -> Result<Tensor<T>> {
+        match (self.device_storage(), rhs.device_storage()) {
+            (Some(a), Some(b)) => {
+                return Ok(Tensor::from_device_storage(crate::device::cuda::matmul(a, b)?));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(Error::InvalidArgument {
+                    op: "Tensor::matmul",
+                    rank: 0,
+                    reason: format!(
+                        "operands on {} and {}: move one first",
+                        self.device(),
+                        rhs.device()
+                    ),
+                });
+            }
+        }
         self.matmul_threads(rhs, 1)
     }
 
-    /// [`Tensor::matmul`] on `threads` threads of the rayon pool.
+    /// [`Tensor::matmul`] on host tensors, on `threads` threads of the rayon pool.
     ///
     /// # Errors
     /// As [`Tensor::matmul`].
@@ -439,6 +470,6 @@ impl<T: Element> Tensor<T> {
         }
         let c: Array2<T> =
             matmul(self.view2("Tensor::matmul")?, rhs.view2("Tensor::matmul")?, threads)?;
-        Ok(Tensor::from_array(c.into_dyn()))
+        Ok(Tensor { data: c.into_dyn().into() })
     }
 }

@@ -19,6 +19,7 @@ mod pod;
 pub(crate) mod pool;
 mod reduce;
 mod split;
+mod storage;
 
 pub use dense::Tensor;
 pub use element::{Accumulator, DType, Element};
