@@ -4,7 +4,7 @@ use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_agree, check_outputs, exchange_checked,
     with_workspace,
 };
-use crate::device::{LaunchMode, launch, tile};
+use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::split_offsets;
 use crate::{Element, Result};
@@ -119,6 +119,7 @@ fn gather<T: Element>(
         }
         _ => None,
     };
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
     with_workspace::<T, _>(rank, |ws| {
         let words = [rows as u64, local.len() as u64, out.len_word()];
         let all = exchange_checked(ws, rank, OP, &words, problem)?;
@@ -128,6 +129,10 @@ fn gather<T: Element>(
         let col_offsets = split_offsets(&cols);
         let total_cols = col_offsets[n];
         check_outputs(OP, &all, 2, |_| rows * total_cols)?;
+        if let Some(npu) = rank.ascend() {
+            let gathered = ascend::launch::all_gather(&npu, local, rows, &cols)?;
+            return out.fill(gathered.len(), |out| Ok(out.copy_from_slice(&gathered)));
+        }
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[1] as usize).max().unwrap_or(0))?;
         }

@@ -3,7 +3,7 @@
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
-use crate::device::{LaunchMode, launch, tile};
+use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::split_offsets;
 use crate::{Element, Result};
@@ -116,6 +116,7 @@ fn exchange_and_send<T: Element>(
     words.resize(1 + n, 0);
     words.push(out.len_word());
     with_workspace::<T, _>(rank, |ws| {
+        let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
         let all = exchange_checked(ws, rank, OP, &words, problem)?;
         // What rank p sends me, and where in p's input it starts.
         let recv: Vec<usize> = all.iter().map(|w| w[1 + me] as usize).collect();
@@ -123,6 +124,11 @@ fn exchange_and_send<T: Element>(
             all.iter().map(|w| w[1..1 + me].iter().sum::<u64>() as usize).collect();
         let recv_offsets = split_offsets(&recv);
         check_outputs(OP, &all, 1 + n, |r| all.iter().map(|w| w[1 + r] as usize).sum())?;
+        if let Some(npu) = rank.ascend() {
+            let longest = all.iter().map(|w| w[0] as usize).max().unwrap_or(0);
+            let got = ascend::launch::all_to_all_v(&npu, input, &recv, &send_start, longest)?;
+            return out.fill(got.len(), |out| Ok(out.copy_from_slice(&got)));
+        }
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[0] as usize).max().unwrap_or(0))?;
         }

@@ -4,7 +4,7 @@ use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, check_agree, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::tile::{self, Tile};
-use crate::device::{LaunchMode, launch};
+use crate::device::{LaunchMode, ascend, launch};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::{array_split, split_offsets};
 use crate::{Element, Result};
@@ -152,7 +152,7 @@ fn reduce<T: Element>(
     } else if input.len() != rows * total {
         Some(format!("{} elements are not {rows} rows of {total}", input.len()))
     } else {
-        None
+        rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP))
     };
     let mut words = vec![rows as u64, input.len() as u64, op as u64];
     words.extend(counts.iter().map(|&c| c as u64));
@@ -168,6 +168,11 @@ fn reduce<T: Element>(
         }
         let col_offsets = split_offsets(counts);
         check_outputs(OP, &all, 3 + n, |r| rows * counts[r])?;
+        if let Some(npu) = rank.ascend() {
+            let mean = op == ReduceOp::Mean;
+            let mine = ascend::launch::reduce_scatter(&npu, input, rows, counts, mean)?;
+            return out.fill(mine.len(), |out| Ok(out.copy_from_slice(&mine)));
+        }
         let mine = counts[me];
         if n > 1 {
             ws.reserve(rank, input.len())?;

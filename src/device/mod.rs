@@ -4,6 +4,7 @@
 //! who it is through [`Program`] and works on tiles with the operations in [`tile`].
 
 pub mod ascend;
+mod backend;
 pub mod host;
 mod kind;
 mod launch;
@@ -11,6 +12,7 @@ mod program;
 pub mod tile;
 mod topology;
 
+pub(crate) use backend::Backend;
 pub use kind::Device;
 pub use launch::launch;
 pub use program::Program;

@@ -16,6 +16,7 @@ use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
 };
 use crate::collectives::{self, ReduceOp};
+use crate::device::ascend;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
@@ -67,6 +68,7 @@ fn agree<T: Element>(
     problem: Option<String>,
 ) -> Result<(Shards, usize)> {
     let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols()].map(|v| v as u64);
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
     let all = ws.meta.exchange_checked(rank, OP, &words, problem)?;
     for (r, v) in all.iter().enumerate() {
         if v[1] != v[2] {
@@ -129,6 +131,9 @@ pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
     }
     rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
         let (rows, n) = agree(ws, rank, &x, &w, problem)?;
+        if let Some(npu) = rank.ascend() {
+            return ascend::launch::matmul_reduce_scatter(&npu, rows.counts(), n, x, w);
+        }
         run_fused(rank, ws, &rows, n, x, w)
     })
 }
@@ -169,6 +174,9 @@ fn unfused<T: Element>(
 ) -> Result<Array2<T>> {
     let (rows, n) =
         rank.with_workspace(MmRsWorkspace::<T>::new, |ws| agree(ws, rank, &x, &w, problem))?;
+    if let Some(npu) = rank.ascend() {
+        return ascend::launch::matmul_reduce_scatter_unfused(&npu, rows.counts(), n, x, w);
+    }
     let mut partial = scratch((rows.total(), n));
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
     let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();

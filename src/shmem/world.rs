@@ -11,7 +11,7 @@ use super::heap::{Heap, lock};
 use super::rank::Rank;
 use super::signal::SIGNAL_STRIDE;
 use super::sync::{Failure, Parker};
-use crate::device::Topology;
+use crate::device::{Backend, Topology};
 use crate::{Error, Result};
 
 /// Default capacity of each rank's heap segment. Address space only: untouched pages cost nothing.
@@ -34,6 +34,8 @@ pub(crate) struct WorldShared {
     pub(crate) barrier_epochs: Vec<AtomicU64>,
     /// Per rank: workspaces kept from one call (and one run) to the next, by type.
     pub(crate) workspaces: Vec<Mutex<Workspaces>>,
+    /// Where the ranks' kernels run: the host simulation, or a device backend.
+    pub(crate) backend: Backend,
     run_lock: Mutex<()>,
 }
 
@@ -109,6 +111,7 @@ pub struct WorldBuilder {
     heap_capacity: Option<usize>,
     topology: Option<Topology>,
     wait_timeout: Option<Duration>,
+    backend: Backend,
 }
 
 fn env_number(name: &'static str) -> Result<Option<u64>> {
@@ -169,6 +172,13 @@ impl WorldBuilder {
         self
     }
 
+    /// Runs the ranks' kernels on a device backend instead of the host simulation (used by the
+    /// device worlds' constructors, such as [`World::ascend`]).
+    pub(crate) fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
     /// Makes the world: maps the heap segments.
     ///
     /// # Errors
@@ -212,6 +222,7 @@ impl WorldBuilder {
                 failure: Failure::default(),
                 barrier_epochs: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 workspaces: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
+                backend: self.backend,
                 run_lock: Mutex::new(()),
             }),
         })
@@ -235,6 +246,33 @@ impl World {
         Self::builder(num_ranks).build()
     }
 
+    /// A world of one rank per Ascend NPU in `devices` (indices among the visible devices),
+    /// each rank a thread of this process running the tile kernels on its NPU: compiled from
+    /// Ascend C with `aclrtc` at first use, on Ascend SHMEM's symmetric heap. Built by
+    /// [`AscendWorldBuilder`](crate::device::ascend::AscendWorldBuilder) with its defaults; see
+    /// there for the settings and [`device::ascend`](crate::device::ascend) for what has run
+    /// where.
+    ///
+    /// # Errors
+    /// As [`AscendWorldBuilder::build`](crate::device::ascend::AscendWorldBuilder::build): on a
+    /// machine without CANN, [`Error::LibraryNotFound`] naming every library path tried.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Error, World};
+    /// match World::ascend(&[0, 1]) {
+    ///     Ok(world) => assert_eq!(world.num_ranks(), 2),
+    ///     Err(Error::LibraryNotFound { tried, .. }) => {
+    ///         assert!(tried.iter().any(|t| t.contains("libascendcl.so")))
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn ascend(devices: &[u32]) -> Result<World> {
+        crate::device::ascend::AscendWorldBuilder::new(devices).build()
+    }
+
     /// Settings for a world of `num_ranks` ranks.
     ///
     /// # Examples
@@ -245,7 +283,13 @@ impl World {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn builder(num_ranks: usize) -> WorldBuilder {
-        WorldBuilder { num_ranks, heap_capacity: None, topology: None, wait_timeout: None }
+        WorldBuilder {
+            num_ranks,
+            heap_capacity: None,
+            topology: None,
+            wait_timeout: None,
+            backend: Backend::Host,
+        }
     }
 
     /// Number of ranks.

@@ -38,8 +38,35 @@
 //! # Ok::<(), dist_tensor::Error>(())
 //! ```
 
+mod kernels;
+mod npu;
 pub mod result;
 pub mod sys;
+mod unfused;
+pub mod vendor;
+pub(crate) mod world;
+
+pub use kernels::KernelSource;
+pub(crate) use npu::{AscendRank, check_dtype};
+pub use world::{
+    AscendWorldBuilder, DEFAULT_DEVICE_HEAP_BYTES, NPU_ARCH_ENV, PathTaken, last_path, npu_arch,
+};
+
+/// The NPU side of the ops, for the ops' entry points (`fused`, `collectives`): each takes the
+/// shapes the ranks agreed on and runs the kernel on the rank's NPU.
+pub(crate) mod launch {
+    pub(crate) use super::kernels::all_gather::run as all_gather;
+    pub(crate) use super::kernels::all_gather_matmul::run as all_gather_matmul;
+    pub(crate) use super::kernels::all_to_all::{Layout as AllToAllLayout, run as all_to_all};
+    pub(crate) use super::kernels::all_to_all_v::run as all_to_all_v;
+    pub(crate) use super::kernels::broadcast::run as broadcast;
+    pub(crate) use super::kernels::matmul_reduce_scatter::run as matmul_reduce_scatter;
+    pub(crate) use super::kernels::reduce_scatter::run as reduce_scatter;
+    pub(crate) use super::unfused::{
+        all_gather_matmul as all_gather_matmul_unfused,
+        matmul_reduce_scatter as matmul_reduce_scatter_unfused,
+    };
+}
 
 use std::fmt;
 use std::path::Path;
