@@ -207,7 +207,9 @@ pub enum Error {
 
     /// A device kernel's source did not compile (`aclrtcCompileProg` on Ascend): the compiler's
     /// status and its own log.
-    #[error("{call} failed with status {code} for kernel {kernel} ({options}); compile log:\n{log}")]
+    #[error(
+        "{call} failed with status {code} for kernel {kernel} ({options}); compile log:\n{log}"
+    )]
     KernelCompile {
         /// The compiler call that failed.
         call: &'static str,

@@ -13,7 +13,7 @@ pub mod tile;
 mod topology;
 
 pub(crate) use backend::Backend;
-pub use kind::Device;
+pub use kind::{Device, NPU_OPS};
 pub use launch::launch;
 pub use program::Program;
 pub use topology::{LaunchMode, Topology};

@@ -145,7 +145,12 @@ impl<'a> AscendRank<'a> {
     /// # Errors
     /// [`Error::DeviceUnavailable`] when the world has no Ascend SHMEM (the fused kernels need
     /// it); [`Error::DeviceStatus`] when the heap is full.
-    pub(crate) fn symmetric(&self, op: &'static str, role: &'static str, bytes: usize) -> Result<Handle> {
+    pub(crate) fn symmetric(
+        &self,
+        op: &'static str,
+        role: &'static str,
+        bytes: usize,
+    ) -> Result<Handle> {
         let shmem = self.world.shmem(op)?;
         let mut state = lock(&self.npu().state);
         let old = state.symmetric.get(role).copied();
@@ -189,7 +194,12 @@ impl<'a> AscendRank<'a> {
     }
 
     /// The cumulative counts `op` keeps (`len` of them, zero at first).
-    pub(crate) fn with_counts<R>(&self, op: &'static str, len: usize, f: impl FnOnce(&mut Vec<u64>) -> R) -> R {
+    pub(crate) fn with_counts<R>(
+        &self,
+        op: &'static str,
+        len: usize,
+        f: impl FnOnce(&mut Vec<u64>) -> R,
+    ) -> R {
         let mut state = lock(&self.npu().state);
         let counts = state.counts.entry(op).or_insert_with(|| vec![0; len]);
         f(counts)
@@ -208,7 +218,9 @@ impl<'a> AscendRank<'a> {
     fn clear_status(&self, ptr: Handle) -> Result<()> {
         let zeros = [0u8; STATUS_BYTES];
         // SAFETY: the status buffer holds STATUS_BYTES.
-        unsafe { result::runtime::copy_to_device(self.world.acl(), ptr.0, zeros.as_ptr(), STATUS_BYTES) }
+        unsafe {
+            result::runtime::copy_to_device(self.world.acl(), ptr.0, zeros.as_ptr(), STATUS_BYTES)
+        }
     }
 
     /// The loaded entry point of `source` for element type `dtype` on this rank's device:
@@ -279,7 +291,12 @@ impl<'a> AscendRank<'a> {
             let mut words = [0i64; STATUS_BYTES / 8];
             // SAFETY: the status buffer holds STATUS_BYTES, on this rank's device.
             unsafe {
-                result::runtime::copy_to_host(self.world.acl(), words.as_mut_ptr().cast(), ptr.0, STATUS_BYTES)
+                result::runtime::copy_to_host(
+                    self.world.acl(),
+                    words.as_mut_ptr().cast(),
+                    ptr.0,
+                    STATUS_BYTES,
+                )
             }?;
             words.to_vec()
         };

@@ -27,7 +27,12 @@ pub(crate) struct Descriptor<'a> {
 
 impl<'a> Descriptor<'a> {
     /// A row-major descriptor of `shape` over device memory `data`.
-    pub(crate) fn new(nnop: &'a Nnop, shape: &[usize], dtype: AclDataType, data: Handle) -> Result<Self> {
+    pub(crate) fn new(
+        nnop: &'a Nnop,
+        shape: &[usize],
+        dtype: AclDataType,
+        data: Handle,
+    ) -> Result<Self> {
         let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
         // SAFETY: `data` is device memory of the bound device holding `shape`'s elements (the
         // callers size it); the descriptor is dropped before the memory is reused.
@@ -53,11 +58,21 @@ pub(crate) fn matmul(
 ) -> Result<()> {
     let acl = npu.world.acl();
     // SAFETY: the descriptors describe device memory of the bound device.
-    let prepared = unsafe { result::nnop::matmul_prepare(acl, nnop, a.handle.0, b.handle.0, out.handle.0) }?;
+    let prepared =
+        unsafe { result::nnop::matmul_prepare(acl, nnop, a.handle.0, b.handle.0, out.handle.0) }?;
     let workspace = workspace(npu, prepared.workspace_bytes)?;
     // SAFETY: the executor came from the first phase just now; the workspace holds its size; all
     // of it stays alive until the caller synchronises the stream.
-    unsafe { result::nnop::execute(acl, nnop, Operator::Matmul, &prepared, workspace.0, npu.npu().stream.0) }
+    unsafe {
+        result::nnop::execute(
+            acl,
+            nnop,
+            Operator::Matmul,
+            &prepared,
+            workspace.0,
+            npu.npu().stream.0,
+        )
+    }
 }
 
 /// The vendor operators' workspace: at least `bytes` of device memory (null for none).
@@ -71,7 +86,13 @@ pub(crate) fn workspace(npu: &AscendRank<'_>, bytes: u64) -> Result<Handle> {
 /// Synchronises the rank's stream (with the world's timeout).
 pub(crate) fn sync(npu: &AscendRank<'_>) -> Result<()> {
     // SAFETY: the rank's stream lives as long as the world.
-    unsafe { result::runtime::synchronize_stream(npu.world.acl(), npu.npu().stream.0, npu.world.sync_timeout()) }
+    unsafe {
+        result::runtime::synchronize_stream(
+            npu.world.acl(),
+            npu.npu().stream.0,
+            npu.world.sync_timeout(),
+        )
+    }
 }
 
 /// The unfused all_gather_matmul: `HcclAllGatherV` of the rows, then one `aclnnMatmul` per
@@ -100,7 +121,9 @@ pub(crate) fn all_gather_matmul<T: Element>(
     // SAFETY: `x_dev` holds this rank's rows and `gathered` every rank's, on this device; both
     // stay alive until the synchronisation below.
     unsafe {
-        result::hccl::all_gather_v(hccl, x_dev.0, counts[me], gathered.0, &counts, &displs, hccl_type, on)
+        result::hccl::all_gather_v(
+            hccl, x_dev.0, counts[me], gathered.0, &counts, &displs, hccl_type, on,
+        )
     }?;
     let a = Descriptor::new(&nnop, &[m_total, k], acl_type, gathered)?;
     let mut outputs = Vec::with_capacity(weights.len());
@@ -155,7 +178,9 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     // SAFETY: `partial` holds the whole product and `out_dev` this rank's rows, on this device,
     // alive until the synchronisation below (the stream orders the GEMM before the collective).
     unsafe {
-        result::hccl::reduce_scatter_v(hccl, partial.0, &counts, &displs, out_dev.0, counts[me], hccl_type, on)
+        result::hccl::reduce_scatter_v(
+            hccl, partial.0, &counts, &displs, out_dev.0, counts[me], hccl_type, on,
+        )
     }?;
     sync(npu)?;
     let data = npu.download::<T>(out_dev, row_counts[me] * n)?;

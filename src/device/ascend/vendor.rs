@@ -57,7 +57,11 @@ fn agree<T: Element>(
     } else if !(256..65_535).contains(&k) {
         Some(format!("K = {k} is outside [256, 65535), the range {op} takes"))
     } else if w.nrows() != k {
-        Some(format!("x is {:?} and w is {:?}: their inner dimensions differ", x.shape(), w.shape()))
+        Some(format!(
+            "x is {:?} and w is {:?}: their inner dimensions differ",
+            x.shape(),
+            w.shape()
+        ))
     } else {
         None
     };
@@ -145,7 +149,14 @@ pub fn all_gather_matmul<T: Element>(
         // SAFETY: the executor is this call's, the workspace holds its size, the stream is the
         // rank's; everything lives until the synchronisation.
         unsafe {
-            result::nnop::execute(acl, &nnop, Operator::AllGatherMatmul, &prepared, ws.0, npu.npu().stream.0)
+            result::nnop::execute(
+                acl,
+                &nnop,
+                Operator::AllGatherMatmul,
+                &prepared,
+                ws.0,
+                npu.npu().stream.0,
+            )
         }?;
         sync(&npu)?;
     }
@@ -223,7 +234,14 @@ pub fn matmul_reduce_scatter<T: Element>(
         let ws = workspace(&npu, prepared.workspace_bytes)?;
         // SAFETY: as in `all_gather_matmul`.
         unsafe {
-            result::nnop::execute(acl, &nnop, Operator::MatmulReduceScatter, &prepared, ws.0, npu.npu().stream.0)
+            result::nnop::execute(
+                acl,
+                &nnop,
+                Operator::MatmulReduceScatter,
+                &prepared,
+                ws.0,
+                npu.npu().stream.0,
+            )
         }?;
         sync(&npu)?;
     }

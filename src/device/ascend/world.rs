@@ -237,7 +237,8 @@ impl Drop for AscendWorld {
                 scope.spawn(move || {
                     let acl = this.acl();
                     // SAFETY: the context lives until below; errors have nowhere to go here.
-                    if unsafe { result::runtime::set_current_context(acl, npu.context.0) }.is_err() {
+                    if unsafe { result::runtime::set_current_context(acl, npu.context.0) }.is_err()
+                    {
                         return;
                     }
                     npu.release(this);
@@ -499,7 +500,9 @@ impl AscendWorldBuilder {
             let shmem_home = std::env::var_os(sys::SHMEM_HOME_PATH).map(PathBuf::from);
             // SAFETY: `$SHMEM_HOME_PATH`, the directory AscendCL came from and the CANN roots
             // hold Ascend SHMEM when they hold a libshmem.so.
-            match unsafe { Shmem::discover(shmem_home.as_deref(), acl_dir.as_deref(), home.as_deref()) } {
+            match unsafe {
+                Shmem::discover(shmem_home.as_deref(), acl_dir.as_deref(), home.as_deref())
+            } {
                 Ok(shmem) => {
                     let include = shmem.include_dir();
                     let shmem = Arc::new(shmem);
@@ -546,17 +549,25 @@ fn init_shmem(world: &AscendWorld, shmem: &Shmem, heap_bytes: usize) -> Result<(
                 scope.spawn(move || {
                     // SAFETY: as above, for rank r's context.
                     let bound = unsafe { result::runtime::set_current_context(acl, npu.context.0) };
-                    let init = bound.and_then(|()| result::shmem::init(shmem, r, n, heap_bytes, uid));
+                    let init =
+                        bound.and_then(|()| result::shmem::init(shmem, r, n, heap_bytes, uid));
                     barrier.wait(); // every PE has initialised (or failed to)
+                    let initialised = init.is_ok();
                     let outcome = init.and_then(|()| check_pe(shmem, npu.device, r, n));
                     joined[r].store(outcome.is_ok(), Ordering::SeqCst);
                     barrier.wait(); // every rank knows whether every other joined
+                    if outcome.is_err() && initialised {
+                        // Every PE initialised, so every one can leave together.
+                        let _ = result::shmem::finalize(shmem);
+                    }
                     outcome?;
                     if let Some(failed) = joined.iter().position(|j| !j.load(Ordering::SeqCst)) {
                         return Err(Error::DeviceUnavailable {
                             op: OP,
                             device: format!("Ascend {}", npu.device),
-                            reason: format!("rank {failed} did not join Ascend SHMEM (its error says why)"),
+                            reason: format!(
+                                "rank {failed} did not join Ascend SHMEM (its error says why)"
+                            ),
                         });
                     }
                     probe_peers(shmem, npu.device, n)
@@ -596,7 +607,11 @@ fn probe_peers(shmem: &Shmem, device: u32, n: usize) -> Result<()> {
     let reachable = (0..n).try_for_each(|pe| {
         // SAFETY: `probe` is a symmetric allocation of this PE.
         unsafe { result::shmem::peer_ptr(shmem, probe, pe) }.map(drop).map_err(|e| {
-            Error::DeviceUnavailable { op: OP, device: format!("Ascend {device}"), reason: e.to_string() }
+            Error::DeviceUnavailable {
+                op: OP,
+                device: format!("Ascend {device}"),
+                reason: e.to_string(),
+            }
         })
     });
     // SAFETY: every PE frees the probe it allocated, in the same order; nothing uses it.

@@ -3,15 +3,20 @@
 //! agreed on the lengths.
 
 use super::{ALL_GATHER, KernelArgs, TilePlan, UB_TILE_BYTES, offsets, publish_counts, words};
+use crate::Result;
 use crate::device::ascend::npu::AscendRank;
 use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
-use crate::Result;
 
 const OP: &str = "all_gather";
 
 /// Every rank's `[rows, cols[r]]` block side by side, `[rows, sum of cols]`, on this rank's NPU.
-pub(crate) fn run<T: Element>(npu: &AscendRank<'_>, local: &[T], rows: usize, cols: &[usize]) -> Result<Vec<T>> {
+pub(crate) fn run<T: Element>(
+    npu: &AscendRank<'_>,
+    local: &[T],
+    rows: usize,
+    cols: &[usize],
+) -> Result<Vec<T>> {
     npu.bind()?;
     let (me, n) = (npu.rank.rank(), npu.rank.num_ranks());
     let size = size_of::<T>();
@@ -20,7 +25,8 @@ pub(crate) fn run<T: Element>(npu: &AscendRank<'_>, local: &[T], rows: usize, co
     let widest = cols.iter().map(|&c| rows * c).max().unwrap_or(0);
     let (staging, ready) = super::staging(npu, OP, widest * size)?;
     let ready_at = publish_counts(npu, |_| n > 1);
-    let plans: Vec<TilePlan> = cols.iter().map(|&c| TilePlan::new(rows, c, size, UB_TILE_BYTES)).collect();
+    let plans: Vec<TilePlan> =
+        cols.iter().map(|&c| TilePlan::new(rows, c, size, UB_TILE_BYTES)).collect();
     let mut table = words(cols);
     table.extend(words(&col_offsets));
     table.extend(ready_at.iter().map(|&r| r as i64));

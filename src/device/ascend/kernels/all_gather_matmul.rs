@@ -5,10 +5,10 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::{ALL_GATHER_MATMUL, GEMM_BLOCK, KernelArgs, TilePlan, UB_TILE_BYTES, offsets, words};
+use crate::Result;
 use crate::device::ascend::npu::AscendRank;
 use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
-use crate::Result;
 
 const OP: &str = "all_gather_matmul";
 

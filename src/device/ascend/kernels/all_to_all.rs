@@ -2,10 +2,10 @@
 //! once the ranks have agreed on the shapes.
 
 use super::{ALL_TO_ALL, KernelArgs, UB_TILE_BYTES, words};
+use crate::Result;
 use crate::device::ascend::npu::AscendRank;
 use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
-use crate::Result;
 
 const OP: &str = "all_to_all";
 
@@ -45,7 +45,11 @@ fn rows_per_task(cols: usize, elem: usize) -> usize {
 }
 
 /// This rank's shard of the resharded tensor (`input` is its shard before), on its NPU.
-pub(crate) fn run<T: Element>(npu: &AscendRank<'_>, layout: &Layout<'_>, input: &[T]) -> Result<Vec<T>> {
+pub(crate) fn run<T: Element>(
+    npu: &AscendRank<'_>,
+    layout: &Layout<'_>,
+    input: &[T],
+) -> Result<Vec<T>> {
     npu.bind()?;
     let (me, n) = (npu.rank.rank(), npu.rank.num_ranks());
     let size = size_of::<T>();

@@ -3,10 +3,10 @@
 //! on the counts.
 
 use super::{ALL_TO_ALL_V, KernelArgs, TilePlan, UB_TILE_BYTES, offsets, publish_counts, words};
+use crate::Result;
 use crate::device::ascend::npu::AscendRank;
 use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
-use crate::Result;
 
 const OP: &str = "all_to_all_v";
 

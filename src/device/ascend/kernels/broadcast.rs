@@ -2,15 +2,20 @@
 //! once the ranks have agreed on the root and the length.
 
 use super::{BROADCAST, KernelArgs, TilePlan, UB_TILE_BYTES, publish_counts};
+use crate::Result;
 use crate::device::ascend::npu::AscendRank;
 use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
-use crate::Result;
 
 const OP: &str = "broadcast";
 
 /// The root's `len` elements (`data` on the root; ignored elsewhere), on every rank's NPU.
-pub(crate) fn run<T: Element>(npu: &AscendRank<'_>, data: &[T], root: usize, len: usize) -> Result<Vec<T>> {
+pub(crate) fn run<T: Element>(
+    npu: &AscendRank<'_>,
+    data: &[T],
+    root: usize,
+    len: usize,
+) -> Result<Vec<T>> {
     npu.bind()?;
     let (me, n) = (npu.rank.rank(), npu.rank.num_ranks());
     let size = size_of::<T>();

@@ -4,9 +4,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::KernelSource;
+use crate::device::ascend::npu::lock;
 use crate::device::ascend::result;
 use crate::device::ascend::sys::Rtc;
-use crate::device::ascend::npu::lock;
 use crate::{Error, Result};
 
 /// What identifies a compiled binary: the kernel, and every option it was compiled with (the
@@ -55,7 +55,12 @@ pub(crate) struct KernelArgs {
 
 impl KernelArgs {
     pub(crate) fn new(source: &KernelSource) -> KernelArgs {
-        KernelArgs { kernel: source.name(), params: source.params(), values: Vec::new(), problem: None }
+        KernelArgs {
+            kernel: source.name(),
+            params: source.params(),
+            values: Vec::new(),
+            problem: None,
+        }
     }
 
     fn push(mut self, name: &str, kind: &str, bytes: [u8; 8]) -> KernelArgs {

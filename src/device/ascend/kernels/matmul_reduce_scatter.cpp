@@ -7,14 +7,16 @@
 // symmetric `partials`, and counts it for the rows' owner. The communication part (sub-core 0):
 // once every tile of an owner's rows is done it tells that owner (peers rotated), then it waits
 // until every rank has told this one, pulls their partials for this rank's rows through
-// symm_at, adds them in rank order 0, 1, 2, ... in f32 and rounds once: the same bits on every
-// run, whatever the timing.
+// symm_at (sources rotated, so ranks do not all read the same peer at once), adds them in rank
+// order 0, 1, 2, ... in f32 and rounds once: the same bits on every run, whatever the timing.
 //
 // Differences from the host kernel: the host signals the owner once per tile from the computing
 // thread; here the computing sub-cores count tiles locally and sub-core 0 sends one signal per
 // owner, so that all communication stays on sub-core 0 (the seed's rule for mix kernels), and
-// only sub-core 0 reduces. The host also tiles over all rows at once when shards are short (a
-// CPU cache choice) and widens half types before multiplying; this kernel does neither.
+// only sub-core 0 reduces; and the host loads the partials in rank order where this kernel
+// loads them rotated (into one unified-buffer slot per source) and adds them in rank order,
+// which gives the host's bits. The host also tiles over all rows at once when shards are short
+// (a CPU cache choice) and widens half types before multiplying; this kernel does neither.
 #include "gemm.h"
 
 using namespace dt;
@@ -34,6 +36,7 @@ extern "C" __global__ __aicore__ void matmul_reduce_scatter(
     int64_t rank, int64_t num_ranks, int64_t k, int64_t n,
     int64_t block_m, int64_t block_n,    // the partial product's tiles
     int64_t row_step, int64_t col_step,  // the reduction's chunks (host TilePlan)
+    int64_t slot_bytes,                  // one UB slot: UB_REDUCE_BYTES / (num_ranks + 2)
     int64_t timeout_cycles)
 {
     KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
@@ -110,19 +113,18 @@ extern "C" __global__ __aicore__ void matmul_reduce_scatter(
     }
 
     // ---- reduction: this rank's rows of every rank's partials, added in rank order ---------
-    AscendC::TBuf<AscendC::TPosition::VECCALC> sum_buf, part_ub, out_buf;
-    pipe.InitBuffer(sum_buf, UB_TILE_BYTES / 2);
-    pipe.InitBuffer(part_ub, UB_TILE_BYTES / 2);
-    pipe.InitBuffer(out_buf, UB_TILE_BYTES / 2);
-    AscendC::LocalTensor<acc_t> sum = sum_buf.Get<acc_t>();
-    AscendC::LocalTensor<acc_t> part = part_ub.Get<acc_t>();
-    AscendC::LocalTensor<elem_t> rounded = out_buf.Get<elem_t>();
+    // The unified buffer in num_ranks + 2 slots: a part per source, the f32 sum, the rounded tile.
+    AscendC::TBuf<AscendC::TPosition::VECCALC> ub_buf;
+    pipe.InitBuffer(ub_buf, UB_REDUCE_BYTES);
+    AscendC::LocalTensor<uint8_t> ub_bytes = ub_buf.Get<uint8_t>();
+    AscendC::LocalTensor<acc_t> sum = ub_bytes[world * slot_bytes].ReinterpretCast<acc_t>();
+    AscendC::LocalTensor<elem_t> rounded = ub_bytes[(world + 1) * slot_bytes].ReinterpretCast<elem_t>();
     const int64_t mine = offs[me + 1] - offs[me];
     const int64_t chunks = chunk_count(mine, n, row_step, col_step);
     if (pid >= chunks) {
         return;
     }
-    // Every rank's partials for this rank's rows, in rank order: one token for them all.
+    // Every rank's partials for this rank's rows: one token for them all.
     Token all_here{true};
     for (int64_t src = 0; src < world && all_here.ok; ++src) {
         all_here = wait_ge(sig, src, static_cast<int32_t>(want[world]), st, pid, sub);
@@ -132,19 +134,26 @@ extern "C" __global__ __aicore__ void matmul_reduce_scatter(
     }
     for (int64_t t = pid; t < chunks; t += ncore) {
         const Chunk c = chunk_at(t, mine, n, row_step, col_step);
-        const int64_t pitch = ub_pitch<acc_t>(c.cols);
         const int64_t at = (offs[me] + c.row) * n + c.col;
-        for (int64_t src = 0; src < world; ++src) {  // rank order: the same bits on every run
+        // Load in rotated order...
+        for (int64_t i = 0; i < world; ++i) {
+            const int64_t src = (me + i) % world;
             __gm__ acc_t *from = consume_token(symm_at(part_buf, src), all_here) + at;
-            AscendC::LocalTensor<acc_t> &target = src == 0 ? sum : part;
-            load_2d(target, from, n, c.rows, c.cols);
-            AscendC::SetFlag<AscendC::HardEvent::MTE2_V>(EVENT_ID0);
-            AscendC::WaitFlag<AscendC::HardEvent::MTE2_V>(EVENT_ID0);
-            if (src > 0) {
-                AscendC::Add(sum, sum, part, static_cast<int32_t>(c.rows * pitch));
-                AscendC::SetFlag<AscendC::HardEvent::V_MTE2>(EVENT_ID0);  // `part` is free again
-                AscendC::WaitFlag<AscendC::HardEvent::V_MTE2>(EVENT_ID0);
+            AscendC::LocalTensor<acc_t> part = ub_bytes[src * slot_bytes].ReinterpretCast<acc_t>();
+            load_2d(part, from, n, c.rows, c.cols);
+        }
+        AscendC::SetFlag<AscendC::HardEvent::MTE2_V>(EVENT_ID0);
+        AscendC::WaitFlag<AscendC::HardEvent::MTE2_V>(EVENT_ID0);
+        // ...and add in rank order 0, 1, 2, ...: the same bits on every run.
+        const int32_t count = static_cast<int32_t>(c.rows * ub_pitch<acc_t>(c.cols));
+        for (int64_t src = 0; src < world; ++src) {
+            AscendC::LocalTensor<acc_t> part = ub_bytes[src * slot_bytes].ReinterpretCast<acc_t>();
+            if (src == 0) {
+                AscendC::Adds(sum, part, 0.0f, count);
+            } else {
+                AscendC::Add(sum, sum, part, count);
             }
+            AscendC::PipeBarrier<PIPE_V>();
         }
         round_store(reinterpret_cast<__gm__ elem_t *>(out) + c.row * n + c.col, n, sum, rounded, c.rows, c.cols);
     }

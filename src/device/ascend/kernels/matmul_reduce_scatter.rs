@@ -5,11 +5,13 @@
 use ndarray::{Array2, ArrayView2};
 
 use super::all_gather_matmul::MATMUL_WORKSPACE_BYTES;
-use super::{GEMM_BLOCK, KernelArgs, MATMUL_REDUCE_SCATTER, TilePlan, UB_TILE_BYTES, offsets, words};
+use super::{
+    GEMM_BLOCK, KernelArgs, MATMUL_REDUCE_SCATTER, TilePlan, offsets, reduce_slot_bytes, words,
+};
+use crate::Result;
 use crate::device::ascend::npu::AscendRank;
 use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
-use crate::Result;
 
 const OP: &str = "matmul_reduce_scatter";
 
@@ -27,7 +29,8 @@ pub(crate) fn run<T: Element>(
     let offs = offsets(row_counts);
     let (m_total, k) = (offs[world], x.ncols());
     let (block_m, block_n) = GEMM_BLOCK;
-    let partials = npu.symmetric(OP, "matmul_reduce_scatter.partials", m_total * n * size_of::<f32>())?;
+    let partials =
+        npu.symmetric(OP, "matmul_reduce_scatter.partials", m_total * n * size_of::<f32>())?;
     let signals = npu.signals(OP, 2 * world)?;
     // Tiles of each owner's rows this rank computes (every rank cuts the product the same way),
     // and the calls so far, which every rank's "done" signal to this one reaches.
@@ -39,8 +42,9 @@ pub(crate) fn run<T: Element>(
         counts[world] += 1;
         counts.clone()
     });
-    // The reduction's chunks: three tiles of f32 rows in the unified buffer.
-    let plan = TilePlan::new(row_counts[me], n, size_of::<f32>(), UB_TILE_BYTES / 2);
+    // The reduction's chunks: f32 rows that fit one of the unified buffer's world + 2 slots.
+    let slot_bytes = reduce_slot_bytes(world);
+    let plan = TilePlan::new(row_counts[me], n, size_of::<f32>(), slot_bytes);
     let x = x.as_standard_layout();
     let w = w.as_standard_layout();
     let x_dev = npu.upload("matmul_reduce_scatter.x", x.as_slice().expect("standard layout"))?;
@@ -67,6 +71,7 @@ pub(crate) fn run<T: Element>(
         .int("block_n", block_n)
         .int("row_step", plan.row_step)
         .int("col_step", plan.col_step)
+        .int("slot_bytes", slot_bytes)
         .int("timeout_cycles", npu.timeout_cycles());
     npu.launch::<T>(OP, &MATMUL_REDUCE_SCATTER, args)?;
     let data = npu.download::<T>(out_dev, row_counts[me] * n)?;

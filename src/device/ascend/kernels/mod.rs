@@ -43,8 +43,8 @@ const HEADERS: [(&str, &str); 3] = [
 
 /// Bytes of the unified buffer one tile copy uses (`UB_TILE_BYTES` in `prelude.h`).
 pub(crate) const UB_TILE_BYTES: usize = 64 * 1024;
-/// Bytes of the unified buffer `reduce_scatter` carves into slots (`UB_REDUCE_BYTES` in
-/// `reduce_scatter.cpp`).
+/// Bytes of the unified buffer the reductions carve into `num_ranks + 2` slots
+/// (`UB_REDUCE_BYTES` in `prelude.h`).
 pub(crate) const UB_REDUCE_BYTES: usize = 160 * 1024;
 /// Bytes of a program's status record (eight `int64_t`), where a wait that timed out reports.
 pub(crate) const STATUS_BYTES: usize = 64;
@@ -202,13 +202,22 @@ impl KernelSource {
         let start = self.text.find(&head).unwrap_or_else(|| {
             panic!("{} has no entry point `{}`", self.file, head.trim_end_matches('('))
         }) + head.len();
-        let end = start + self.text[start..].find(')').expect("the parameter list closes");
-        self.text[start..end]
-            .lines()
-            .map(|line| line.split("//").next().unwrap_or(""))
-            .collect::<Vec<_>>()
-            .join(" ")
-            .split(',')
+        // The parameter list, comments dropped, up to the closing parenthesis.
+        let mut list = String::new();
+        for line in self.text[start..].lines() {
+            let code = line.split("//").next().unwrap_or("");
+            match code.find(')') {
+                Some(end) => {
+                    list.push_str(&code[..end]);
+                    break;
+                }
+                None => {
+                    list.push_str(code);
+                    list.push(' ');
+                }
+            }
+        }
+        list.split(',')
             .map(str::trim)
             .filter(|p| !p.is_empty())
             .map(|p| {
@@ -323,6 +332,11 @@ pub(crate) fn staging(
     Ok((staging, ready))
 }
 
+/// Bytes of one of the `num_ranks + 2` slots the reductions carve the unified buffer into.
+pub(crate) fn reduce_slot_bytes(num_ranks: usize) -> usize {
+    ((UB_REDUCE_BYTES / (num_ranks + 2)) / 32 * 32).max(32)
+}
+
 /// Records that the ranks for which `publishers` holds publish in this call (every program of
 /// a vector-only launch adds one to every peer's `ready`); returns, per rank, the count that
 /// means its publication of this call is complete.
@@ -347,16 +361,13 @@ mod tests {
     fn ub_budgets_match_the_sources() {
         let prelude = HEADERS[0].1;
         assert!(prelude.contains(&format!("UB_TILE_BYTES = {} * 1024;", UB_TILE_BYTES / 1024)));
-        assert!(
-            REDUCE_SCATTER
-                .text
-                .contains(&format!("UB_REDUCE_BYTES = {} * 1024;", UB_REDUCE_BYTES / 1024))
-        );
+        assert!(prelude.contains(&format!("UB_REDUCE_BYTES = {} * 1024;", UB_REDUCE_BYTES / 1024)));
     }
 
     #[test]
     fn tile_plans_fit_the_budget_and_cover_the_block_once() {
-        for (rows, cols, elem) in [(1, 1, 2), (7, 13, 4), (3, 100_000, 2), (1000, 3, 4), (0, 5, 2)] {
+        for (rows, cols, elem) in [(1, 1, 2), (7, 13, 4), (3, 100_000, 2), (1000, 3, 4), (0, 5, 2)]
+        {
             let plan = TilePlan::new(rows, cols, elem, UB_TILE_BYTES);
             assert!(plan.row_step * (plan.col_step * elem).div_ceil(32) * 32 <= UB_TILE_BYTES);
             let per_row = cols.div_ceil(plan.col_step);

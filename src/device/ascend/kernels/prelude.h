@@ -138,6 +138,10 @@ __aicore__ inline __gm__ T *consume_token(__gm__ T *ptr, Token token) {
 // holds the same number, and a test checks that they agree).
 constexpr uint32_t UB_TILE_BYTES = 64 * 1024;
 
+// Bytes of the unified buffer the reductions carve into num_ranks + 2 equal slots (one part
+// per source rank, the f32 sum, the rounded tile); the host sizes chunks to fit one slot.
+constexpr uint32_t UB_REDUCE_BYTES = 160 * 1024;
+
 // A block cut into tasks of whole rows of at most `col_step` columns and at most `row_step` rows
 // (the host's TilePlan, same formula): task t covers rows [row, row + rows), columns [col, col + cols).
 struct Chunk {

@@ -9,10 +9,6 @@
 
 using namespace dt;
 
-// Bytes of the unified buffer the reduction carves into num_ranks + 2 equal slots (one part per
-// rank, the f32 sum, the rounded tile); ascend/kernels/mod.rs holds the same number.
-constexpr uint32_t UB_REDUCE_BYTES = 160 * 1024;
-
 extern "C" __global__ __aicore__ void reduce_scatter(
     GM_ADDR input,    // [rows, total] elem_t
     GM_ADDR output,   // [rows, counts[me]] elem_t

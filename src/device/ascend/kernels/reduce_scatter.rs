@@ -2,11 +2,14 @@
 //! ([`collectives::reduce_scatter_cols`](crate::collectives::reduce_scatter_cols)) once the ranks
 //! have agreed on the lengths.
 
-use super::{KernelArgs, REDUCE_SCATTER, TilePlan, UB_REDUCE_BYTES, UB_TILE_BYTES, offsets, publish_counts, words};
+use super::{
+    KernelArgs, REDUCE_SCATTER, TilePlan, UB_REDUCE_BYTES, offsets, publish_counts,
+    reduce_slot_bytes, words,
+};
+use crate::Result;
 use crate::device::ascend::npu::AscendRank;
 use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
-use crate::Result;
 
 const OP: &str = "reduce_scatter";
 
@@ -29,8 +32,8 @@ pub(crate) fn run<T: Element>(
     let publish = TilePlan::new(rows, total, size, UB_REDUCE_BYTES);
     // The unified buffer is carved into n + 2 equal slots (a part per rank, the f32 sum, the
     // rounded tile); a chunk's f32 rows fit one slot.
-    let slot_bytes = (UB_REDUCE_BYTES / (n + 2)) / 32 * 32;
-    let reduce = TilePlan::new(rows, counts[me], size_of::<f32>(), slot_bytes.max(32).min(UB_TILE_BYTES));
+    let slot_bytes = reduce_slot_bytes(n);
+    let reduce = TilePlan::new(rows, counts[me], size_of::<f32>(), slot_bytes);
     let mut table = words(counts);
     table.extend(words(&col_offsets));
     table.extend(ready_at.iter().map(|&r| r as i64));

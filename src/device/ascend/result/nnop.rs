@@ -131,7 +131,19 @@ pub(crate) unsafe fn all_gather_matmul_prepare(
     // aclnnop/aclnn_all_gather_matmul.h: (x1, x2, bias, group, gatherIndex, commTurn,
     // streamMode, output, gatherOut, workspaceSize, executor); a null bias means none.
     let status = unsafe {
-        get(x1, x2, null, group.as_ptr(), 0, 0, 1, output, gather_out, &mut workspace_bytes, &mut executor)
+        get(
+            x1,
+            x2,
+            null,
+            group.as_ptr(),
+            0,
+            0,
+            1,
+            output,
+            gather_out,
+            &mut workspace_bytes,
+            &mut executor,
+        )
     };
     check(acl, CALL, status)?;
     Ok(Prepared { workspace_bytes, executor })

@@ -79,8 +79,11 @@ pub(crate) fn compile(
     };
     let src = CString::new(source).map_err(|_| nul("source"))?;
     let name = CString::new(kernel).map_err(|_| nul("name"))?;
-    let opts: Vec<CString> =
-        options.iter().map(|o| CString::new(o.as_str())).collect::<Result<_, _>>().map_err(|_| nul("options"))?;
+    let opts: Vec<CString> = options
+        .iter()
+        .map(|o| CString::new(o.as_str()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| nul("options"))?;
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
 
     let mut handle = std::ptr::null_mut();
@@ -88,7 +91,14 @@ pub(crate) fn compile(
     // numHeaders, const char **headers, const char **includeNames)`: NUL-terminated strings, no
     // headers (the header says they must be 0 and NULL), a live local for the handle.
     let code = unsafe {
-        (rtc.create_prog)(&mut handle, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
+        (rtc.create_prog)(
+            &mut handle,
+            src.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
     };
     status("aclrtcCreateProg", code)?;
     let program = Program { rtc, handle };

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::check;
 use crate::device::ascend::sys::{
-    Acl, BINARY_LOAD_OPT_MAGIC, KernelCalls, BINARY_MAGIC_ELF_AICORE, BinaryLoadOption, BinaryLoadOptions,
-    MEM_MALLOC_HUGE_FIRST, MemcpyKind,
+    Acl, BINARY_LOAD_OPT_MAGIC, BINARY_MAGIC_ELF_AICORE, BinaryLoadOption, BinaryLoadOptions,
+    KernelCalls, MEM_MALLOC_HUGE_FIRST, MemcpyKind,
 };
 use crate::{Error, Result};
 
@@ -167,10 +167,8 @@ fn kernel_calls(acl: &Acl) -> Result<&KernelCalls> {
 /// context's device.
 pub(crate) fn binary_load(acl: &Acl, elf: &[u8]) -> Result<*mut c_void> {
     let calls = kernel_calls(acl)?;
-    let mut option = BinaryLoadOption {
-        kind: BINARY_LOAD_OPT_MAGIC,
-        value: [BINARY_MAGIC_ELF_AICORE, 0, 0, 0],
-    };
+    let mut option =
+        BinaryLoadOption { kind: BINARY_LOAD_OPT_MAGIC, value: [BINARY_MAGIC_ELF_AICORE, 0, 0, 0] };
     let options = BinaryLoadOptions { options: &mut option, count: 1 };
     let mut bin = std::ptr::null_mut();
     // SAFETY: `aclrtBinaryLoadFromData(const void *data, size_t length, const
@@ -272,6 +270,7 @@ pub(crate) unsafe fn launch(
     // SAFETY: `aclrtLaunchKernelWithConfig(aclrtFuncHandle, uint32_t numBlocks, aclrtStream,
     // aclrtLaunchKernelCfg *cfg, aclrtArgsHandle, void *reserve)`: a null `cfg` means none, and
     // `reserve` must be null; the handles are live, as the caller vouches.
-    let status = unsafe { (calls.launch_kernel_with_config)(func, blocks, stream, null, args, null) };
+    let status =
+        unsafe { (calls.launch_kernel_with_config)(func, blocks, stream, null, args, null) };
     check(acl, "aclrtLaunchKernelWithConfig", status)
 }

@@ -53,9 +53,12 @@ pub(crate) fn init(
     heap_bytes: usize,
     uid: &ShmemUniqueId,
 ) -> Result<()> {
-    let invalid = |reason: String| Error::InvalidArgument { op: "aclshmemx_init_attr", rank: my_pe, reason };
-    let pe = c_int::try_from(my_pe).map_err(|_| invalid(format!("PE {my_pe} does not fit an int")))?;
-    let pes = c_int::try_from(n_pes).map_err(|_| invalid(format!("{n_pes} PEs do not fit an int")))?;
+    let invalid =
+        |reason: String| Error::InvalidArgument { op: "aclshmemx_init_attr", rank: my_pe, reason };
+    let pe =
+        c_int::try_from(my_pe).map_err(|_| invalid(format!("PE {my_pe} does not fit an int")))?;
+    let pes =
+        c_int::try_from(n_pes).map_err(|_| invalid(format!("{n_pes} PEs do not fit an int")))?;
     let bytes = i64::try_from(heap_bytes)
         .map_err(|_| invalid(format!("a heap of {heap_bytes} bytes does not fit an int64_t")))?;
     let mut uid = *uid;

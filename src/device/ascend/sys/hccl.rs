@@ -319,7 +319,6 @@ impl fmt::Debug for Hccl {
     }
 }
 
-
 /// `HcclDataType`: the element types collectives move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(i32)]
@@ -343,11 +342,8 @@ pub(crate) enum HcclReduceOp {
 /// `HcclCommInitAll`, `HcclGetCommName` and the collectives of the unfused baselines
 /// (`hccl/hccl.h`), resolved as a group.
 pub(crate) struct CollectiveCalls {
-    pub(crate) comm_init_all: unsafe extern "C" fn(
-        ndev: u32,
-        devices: *mut i32,
-        comms: *mut *mut c_void,
-    ) -> HcclResult,
+    pub(crate) comm_init_all:
+        unsafe extern "C" fn(ndev: u32, devices: *mut i32, comms: *mut *mut c_void) -> HcclResult,
     pub(crate) get_comm_name:
         unsafe extern "C" fn(comm: *mut c_void, name: *mut c_char) -> HcclResult,
     pub(crate) all_gather_v: unsafe extern "C" fn(

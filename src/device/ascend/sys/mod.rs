@@ -46,13 +46,13 @@ pub(crate) use acl::{
     BINARY_LOAD_OPT_MAGIC, BINARY_MAGIC_ELF_AICORE, BinaryLoadOption, BinaryLoadOptions,
     KernelCalls, MEM_MALLOC_HUGE_FIRST, MemcpyKind,
 };
-pub use hccl::{HCCL_ROOT_INFO_BYTES, HCCL_SUCCESS, Hccl, HcclResult, HcclRootInfo};
 pub(crate) use hccl::{COMM_NAME_BYTES, CollectiveCalls, HcclDataType, HcclReduceOp};
+pub use hccl::{HCCL_ROOT_INFO_BYTES, HCCL_SUCCESS, Hccl, HcclResult, HcclRootInfo};
 pub use nnop::Nnop;
 pub(crate) use nnop::{AclDataType, FORMAT_ND};
 pub use rtc::Rtc;
-pub use shmem::{SHMEM_HOME_PATH, Shmem};
 pub(crate) use shmem::{INIT_WITH_UNIQUEID, ShmemInitAttr, ShmemUniqueId};
+pub use shmem::{SHMEM_HOME_PATH, Shmem};
 
 use std::ffi::c_int;
 use std::path::{Path, PathBuf};

@@ -221,7 +221,9 @@ impl Nnop {
     /// ```
     pub fn provides(&self, symbol: &str) -> bool {
         match symbol {
-            "aclCreateTensor" | "aclDestroyTensor" | "aclnnMatmulGetWorkspaceSize"
+            "aclCreateTensor"
+            | "aclDestroyTensor"
+            | "aclnnMatmulGetWorkspaceSize"
             | "aclnnMatmul" => true,
             "aclnnAllGatherMatmulGetWorkspaceSize" | "aclnnAllGatherMatmul" => {
                 self.all_gather_matmul.is_some()

@@ -48,11 +48,13 @@ pub struct Rtc {
         num_options: c_int,
         options: *const *const c_char,
     ) -> AclError,
-    pub(crate) get_bin_data_size: unsafe extern "C" fn(prog: *mut c_void, size: *mut usize) -> AclError,
+    pub(crate) get_bin_data_size:
+        unsafe extern "C" fn(prog: *mut c_void, size: *mut usize) -> AclError,
     pub(crate) get_bin_data: unsafe extern "C" fn(prog: *mut c_void, data: *mut c_char) -> AclError,
     pub(crate) get_compile_log_size:
         unsafe extern "C" fn(prog: *mut c_void, size: *mut usize) -> AclError,
-    pub(crate) get_compile_log: unsafe extern "C" fn(prog: *mut c_void, log: *mut c_char) -> AclError,
+    pub(crate) get_compile_log:
+        unsafe extern "C" fn(prog: *mut c_void, log: *mut c_char) -> AclError,
     pub(crate) destroy_prog: unsafe extern "C" fn(prog: *mut *mut c_void) -> AclError,
     // Declared last so that it is dropped (closed) after the pointers above.
     _library: Library,
