@@ -131,7 +131,10 @@ fn gather<T: Element>(
         check_outputs(OP, &all, 2, |_| rows * total_cols)?;
         if let Some(npu) = rank.ascend() {
             let gathered = ascend::launch::all_gather(&npu, local, rows, &cols)?;
-            return out.fill(gathered.len(), |out| Ok(out.copy_from_slice(&gathered)));
+            return out.fill(gathered.len(), |out| {
+                out.copy_from_slice(&gathered);
+                Ok(())
+            });
         }
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[1] as usize).max().unwrap_or(0))?;

@@ -127,7 +127,10 @@ fn exchange_and_send<T: Element>(
         if let Some(npu) = rank.ascend() {
             let longest = all.iter().map(|w| w[0] as usize).max().unwrap_or(0);
             let got = ascend::launch::all_to_all_v(&npu, input, &recv, &send_start, longest)?;
-            return out.fill(got.len(), |out| Ok(out.copy_from_slice(&got)));
+            return out.fill(got.len(), |out| {
+                out.copy_from_slice(&got);
+                Ok(())
+            });
         }
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[0] as usize).max().unwrap_or(0))?;

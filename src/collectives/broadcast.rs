@@ -73,7 +73,10 @@ fn cast<T: Element>(
         check_outputs(OP, &all, 2, |_| len)?;
         if let Some(npu) = rank.ascend() {
             let got = ascend::launch::broadcast(&npu, data, root, len)?;
-            return out.fill(len, |out| Ok(out.copy_from_slice(&got)));
+            return out.fill(len, |out| {
+                out.copy_from_slice(&got);
+                Ok(())
+            });
         }
         if n > 1 {
             ws.reserve(rank, len)?;

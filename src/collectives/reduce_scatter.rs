@@ -171,7 +171,10 @@ fn reduce<T: Element>(
         if let Some(npu) = rank.ascend() {
             let mean = op == ReduceOp::Mean;
             let mine = ascend::launch::reduce_scatter(&npu, input, rows, counts, mean)?;
-            return out.fill(mine.len(), |out| Ok(out.copy_from_slice(&mine)));
+            return out.fill(mine.len(), |out| {
+                out.copy_from_slice(&mine);
+                Ok(())
+            });
         }
         let mine = counts[me];
         if n > 1 {

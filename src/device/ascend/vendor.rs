@@ -95,7 +95,7 @@ fn group(npu: &AscendRank<'_>) -> Result<String> {
 /// # Examples
 /// ```
 /// use dist_tensor::device::ascend::vendor;
-/// use dist_tensor::{Error, Tensor, World};
+/// use dist_tensor::{Tensor, World};
 ///
 /// // On a host world the vendor path is not there, and says so on every rank.
 /// let err = World::threads(2)?.run(|rank| {

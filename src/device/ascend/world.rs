@@ -574,7 +574,18 @@ fn init_shmem(world: &AscendWorld, shmem: &Shmem, heap_bytes: usize) -> Result<(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Ok(()))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::DeviceUnavailable {
+                        op: OP,
+                        device: "Ascend".into(),
+                        reason: "a thread joining Ascend SHMEM panicked".into(),
+                    })
+                })
+            })
+            .collect()
     });
     // The first rank's own error, before a "rank r did not join".
     let mut errors: Vec<Error> = outcomes.into_iter().filter_map(Result::err).collect();

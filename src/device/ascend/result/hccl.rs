@@ -84,6 +84,7 @@ pub(crate) struct On {
 /// # Safety
 /// `send` holds `send_count` elements and `recv` the sum of `counts`, in device memory of the
 /// communicator's device; the handles are live; both stay valid until the stream is synchronised.
+#[allow(clippy::too_many_arguments)] // the C call's own arguments
 pub(crate) unsafe fn all_gather_v(
     hccl: &Hccl,
     send: *mut c_void,
@@ -118,6 +119,7 @@ pub(crate) unsafe fn all_gather_v(
 ///
 /// # Safety
 /// As [`all_gather_v`], with `recv` holding `recv_count` elements.
+#[allow(clippy::too_many_arguments)] // the C call's own arguments
 pub(crate) unsafe fn reduce_scatter_v(
     hccl: &Hccl,
     send: *mut c_void,

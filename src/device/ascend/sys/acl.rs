@@ -16,7 +16,7 @@ use crate::Result;
 /// The AscendCL runtime's symbol table: required calls resolved, optional ones as `Option`s.
 ///
 /// The function pointers are valid while the table lives (it owns the open library); they are
-/// called through [`result`](super::result).
+/// called through [`result`](crate::device::ascend::result).
 ///
 /// # Examples
 /// ```
@@ -80,8 +80,8 @@ impl Acl {
     /// Opens the AscendCL runtime at exactly `path` and resolves its symbols.
     ///
     /// # Errors
-    /// [`Error::LibraryNotFound`] when the file does not open (the loader's reason included);
-    /// [`Error::SymbolMissing`] when a required call is absent.
+    /// [`Error::LibraryNotFound`](crate::Error::LibraryNotFound) when the file does not open (the loader's reason included);
+    /// [`Error::SymbolMissing`](crate::Error::SymbolMissing) when a required call is absent.
     ///
     /// # Safety
     /// Loading runs the library's initialisers, and its symbols are then called with the C
@@ -111,8 +111,8 @@ impl Acl {
     /// and opens the first file that opens.
     ///
     /// # Errors
-    /// [`Error::LibraryNotFound`] listing every path tried with the loader's reason;
-    /// [`Error::SymbolMissing`] when the library that opened lacks a required call.
+    /// [`Error::LibraryNotFound`](crate::Error::LibraryNotFound) listing every path tried with the loader's reason;
+    /// [`Error::SymbolMissing`](crate::Error::SymbolMissing) when the library that opened lacks a required call.
     ///
     /// # Safety
     /// Every file in the search order must be sound to load, as for [`Acl::load`]: `ascend_home`
@@ -155,7 +155,7 @@ impl Acl {
     /// every CANN program trusts them.
     ///
     /// # Errors
-    /// As [`Acl::discover`]; on a machine without CANN, [`Error::LibraryNotFound`].
+    /// As [`Acl::discover`]; on a machine without CANN, [`Error::LibraryNotFound`](crate::Error::LibraryNotFound).
     ///
     /// # Examples
     /// ```
@@ -308,8 +308,6 @@ impl fmt::Debug for Acl {
             .finish_non_exhaustive()
     }
 }
-
-/// HCCL's symbol table: `libhccl.so`, with `libhcomm.so` where newer CANN keeps the
 
 /// The calls that load compiled kernels and launch them (CANN 8.3 and later), resolved as a
 /// group: kernels need all of them.

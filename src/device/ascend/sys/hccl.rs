@@ -84,11 +84,7 @@ impl fmt::Debug for HcclRootInfo {
     }
 }
 
-/// The environment variable naming the CANN install (set by CANN's `set_env.sh`).
-///
-/// # Examples
-/// ```
-
+/// HCCL's symbol table: `libhccl.so`, with `libhcomm.so` where newer CANN keeps the
 /// communicator calls. Each communicator call is looked up in `libhccl.so` first, then in
 /// `libhcomm.so`. Opened only when collectives need it (see `Ascend::hccl`).
 ///
@@ -147,7 +143,7 @@ impl Hccl {
     ///
     /// # Safety
     /// Every file searched must be HCCL, or a library exporting the same symbols with the same C
-    /// signatures (see [`Acl::load`]).
+    /// signatures (see [`Acl::load`](super::Acl::load)).
     ///
     /// # Examples
     /// ```

@@ -120,6 +120,10 @@ pub enum DevAttr {
     VectorCoreNum = 201,
 }
 
+/// The environment variable naming the CANN install (set by CANN's `set_env.sh`).
+///
+/// # Examples
+/// ```
 /// assert_eq!(dist_tensor::device::ascend::sys::ASCEND_HOME_PATH, "ASCEND_HOME_PATH");
 /// ```
 pub const ASCEND_HOME_PATH: &str = "ASCEND_HOME_PATH";

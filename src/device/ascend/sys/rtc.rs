@@ -77,7 +77,6 @@ impl Rtc {
     /// # Examples
     /// ```
     /// use dist_tensor::device::ascend::sys::Rtc;
-    /// use dist_tensor::Error;
     ///
     /// // SAFETY: the directories searched hold a CANN install when they hold anything.
     /// match unsafe { Rtc::discover(None, None) } {
