@@ -95,6 +95,46 @@ fn remote_store_vs_memcpy(c: &mut Criterion) {
     group.finish();
 }
 
+/// One all_gather of one float per rank at growing world sizes: the cost of a collective call's
+/// exchange, which is linear in the world size (each rank writes its message once and reads one
+/// small message per peer). Timed on rank 0, over calls after the first.
+fn exchange_by_world_size(c: &mut Criterion) {
+    let mut group = c.benchmark_group("world_size");
+    group.sample_size(10);
+    for n in [10, 100, 1000] {
+        let world = World::builder(n).heap_capacity(1 << 20).build().unwrap();
+        group.bench_with_input(BenchmarkId::new("all_gather_1_float", n), &n, |b, _| {
+            b.iter_custom(|iters| {
+                world
+                    .run(|rank| {
+                        let _ = dist_tensor::collectives::all_gather(rank, &[1.0f32])?;
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            black_box(dist_tensor::collectives::all_gather(rank, &[1.0f32])?);
+                        }
+                        Ok(start.elapsed())
+                    })
+                    .unwrap()[0]
+            })
+        });
+        // The exchange alone: a barrier is an exchange of no words.
+        group.bench_with_input(BenchmarkId::new("barrier_all", n), &n, |b, _| {
+            b.iter_custom(|iters| {
+                world
+                    .run(|rank| {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            let _ = black_box(rank.barrier_all()?);
+                        }
+                        Ok(start.elapsed())
+                    })
+                    .unwrap()[0]
+            })
+        });
+    }
+    group.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .sample_size(20)
@@ -102,5 +142,5 @@ fn config() -> Criterion {
         .measurement_time(Duration::from_secs(2))
 }
 
-criterion_group! { name = benches; config = config(); targets = signal_round_trip, remote_store_vs_memcpy }
+criterion_group! { name = benches; config = config(); targets = signal_round_trip, remote_store_vs_memcpy, exchange_by_world_size }
 criterion_main!(benches);

@@ -3,6 +3,7 @@
 //! Every variant carries what went wrong, where (the op, the rank, the program) and why, so that a
 //! message read in a log from an eight-rank run is enough to find the cause.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Result of every fallible operation in the crate.
@@ -105,12 +106,17 @@ pub enum Error {
 
     /// Ranks made symmetric allocations in different orders or sizes.
     #[error(
-        "symmetric allocation #{sequence} differs across ranks: rank {rank_a} got {bytes_a} bytes \
-         at offset {offset_a}, rank {rank_b} got {bytes_b} bytes at offset {offset_b}"
+        "symmetric allocation differs across ranks in call #{sequence}: rank {rank_a} allocated \
+         {bytes_a} bytes for {purpose_a} at offset {offset_a}, rank {rank_b} {bytes_b} bytes for \
+         {purpose_b} at offset {offset_b}"
     )]
     AllocationMismatch {
-        /// Index of the allocation in the collective sequence.
+        /// The rank's collective call number (see [`Error::OpMismatch`]).
         sequence: u64,
+        /// What the first rank allocated for, with the element type (`all_gather staging<f32>`).
+        purpose_a: String,
+        /// What the second rank allocated for.
+        purpose_b: String,
         /// First rank.
         rank_a: usize,
         /// Its size.
@@ -123,6 +129,36 @@ pub enum Error {
         bytes_b: usize,
         /// Its offset.
         offset_b: usize,
+    },
+
+    /// Ranks are in different collective calls: different ops, element types or call numbers.
+    /// Every collective call (an op, an allocation, a barrier) starts with an exchange that
+    /// carries what the call is, so the ranks find out together and every one returns this.
+    #[error(
+        "ranks are in different collective calls: rank {rank_a} is in {call_a}, rank {rank_b} in {call_b}"
+    )]
+    OpMismatch {
+        /// First rank (rank 0, or the lowest rank that disagrees with it).
+        rank_a: usize,
+        /// Its call, such as `all_gather<f32> #12`.
+        call_a: String,
+        /// Second rank.
+        rank_b: usize,
+        /// Its call.
+        call_b: String,
+    },
+
+    // ---- memory ----------------------------------------------------------------------------
+    /// A buffer the operation needs cannot be allocated: the machine cannot hold it, or its size
+    /// does not fit in the address space.
+    #[error("{op}: out of memory: cannot allocate {bytes} bytes ({what})")]
+    OutOfMemory {
+        /// The operation.
+        op: &'static str,
+        /// Bytes asked for (`usize::MAX` when the size itself overflows).
+        bytes: usize,
+        /// What the buffer is for, and the elements and shape asked for.
+        what: String,
     },
 
     // ---- signals and the world -----------------------------------------------------------
@@ -146,22 +182,70 @@ pub enum Error {
         timeout: Duration,
     },
 
+    /// A collective call did not complete in time: some ranks never made it.
+    #[error("rank {rank}: {call} timed out after {timeout:?}: ranks {missing:?} never joined it")]
+    CallTimeout {
+        /// The waiting rank.
+        rank: usize,
+        /// The call, such as `all_gather<f32> #12`.
+        call: String,
+        /// The ranks that had not arrived.
+        missing: Vec<usize>,
+        /// How long it waited.
+        timeout: Duration,
+    },
+
     /// Another rank (or program) failed first; this rank stopped waiting for it.
-    #[error("rank {rank}: stopped because rank {failed_rank} failed first")]
+    #[error("rank {rank}: stopped because rank {failed_rank} failed first: {reason}")]
     PeerFailed {
         /// The rank that gave up.
         rank: usize,
         /// The rank that failed first.
         failed_rank: usize,
+        /// What the failed rank said (its error or panic message).
+        reason: String,
+    },
+
+    /// A peer left the world (returned from `run`, or its process ended) while this rank still
+    /// waited for it: it will never send what this rank waits for.
+    #[error("rank {rank}: rank {peer} {how} while rank {rank} waits {waiting}")]
+    PeerGone {
+        /// The rank that waited.
+        rank: usize,
+        /// The rank that left.
+        peer: usize,
+        /// How it left: `returned from run`, `exited with status 3`, `was killed by signal 9`.
+        how: String,
+        /// What this rank waited in: `in all_gather<f32> #12`, `on signal 3 (>= 5, saw 2)`.
+        waiting: String,
     },
 
     /// A rank of a world failed (returned an error or panicked); the run as a whole failed.
-    #[error("rank {rank} failed first: {reason}")]
+    ///
+    /// `source` is the failing rank's own error, typed (match on it, or downcast a user error
+    /// carried by [`Error::User`]). It is `None` only where that error lives in another process
+    /// (a process world's peer); `reason` always has its text.
+    #[error("rank {rank} failed first: {reason}{}", others_failed(*rank, failed_ranks))]
     RankFailed {
         /// The rank that failed first.
         rank: usize,
         /// Its error or panic message.
         reason: String,
+        /// Its error, typed, where this process holds it.
+        #[source]
+        source: Option<Arc<Error>>,
+        /// Every rank that failed of its own (an error of its own or a panic, not only
+        /// "stopped because another failed"), in rank order.
+        failed_ranks: Vec<usize>,
+    },
+
+    /// A rank's closure panicked inside `run`.
+    #[error("rank {rank} panicked: {message}")]
+    Panicked {
+        /// The rank.
+        rank: usize,
+        /// The panic message.
+        message: String,
     },
 
     /// A program of a kernel launch panicked.
@@ -174,6 +258,37 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
+
+    /// The process's environment does not describe a rank of a job: a variable is missing, not a
+    /// number, or inconsistent with another.
+    #[error("{op}: bad environment: {reason}")]
+    Environment {
+        /// The operation (`World::from_env`).
+        op: &'static str,
+        /// What is missing or wrong, naming the variables.
+        reason: String,
+    },
+
+    /// Setting up or joining a process world failed at the operating system.
+    #[error("{op}: rank {rank}: {what}: {source}")]
+    System {
+        /// The operation.
+        op: &'static str,
+        /// The rank.
+        rank: usize,
+        /// What was being done.
+        what: String,
+        /// The system's error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+
+    // ---- user errors -----------------------------------------------------------------------
+    /// An error of the user's own code inside [`World::run`](crate::World::run): `?` on an
+    /// `std::io::Error` (and the other standard errors with a `From` here), or any error through
+    /// [`Error::user`]. Kept typed: [`Error::downcast_ref`] gets it back.
+    #[error("{0}")]
+    User(#[source] Arc<dyn std::error::Error + Send + Sync + 'static>),
 
     // ---- devices ---------------------------------------------------------------------------
     /// A vendor library could not be opened.
@@ -233,6 +348,128 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+}
+
+fn others_failed(first: usize, failed: &[usize]) -> String {
+    if failed.iter().all(|&r| r == first) {
+        String::new()
+    } else {
+        let list: Vec<String> = failed.iter().map(|r| r.to_string()).collect();
+        format!(" (ranks that failed: {})", list.join(", "))
+    }
+}
+
+impl Error {
+    /// Wraps any error of the user's own code, so that `?` can carry it out of
+    /// [`World::run`](crate::World::run) and [`Error::downcast_ref`] can get it back.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Error, World};
+    ///
+    /// #[derive(Debug)]
+    /// struct NoCheckpoint(u32);
+    /// impl std::fmt::Display for NoCheckpoint {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         write!(f, "no checkpoint {}", self.0)
+    ///     }
+    /// }
+    /// impl std::error::Error for NoCheckpoint {}
+    ///
+    /// let err = World::threads(2)?
+    ///     .run(|rank| if rank.rank() == 1 { Err(Error::user(NoCheckpoint(7))) } else { Ok(()) })
+    ///     .unwrap_err();
+    /// assert_eq!(err.downcast_ref::<NoCheckpoint>().map(|e| e.0), Some(7));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn user(err: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Error {
+        let boxed = err.into();
+        match boxed.downcast::<Error>() {
+            Ok(ours) => *ours,
+            Err(other) => Error::User(Arc::from(other)),
+        }
+    }
+
+    /// The failing rank's own error inside a [`Error::RankFailed`] (or this error itself
+    /// otherwise): what to match on after [`World::run`](crate::World::run).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Error, Tensor, World};
+    ///
+    /// let err = World::threads(2)?
+    ///     .run(|_rank| Tensor::<f32>::zeros(&[2, 3]).matmul(&Tensor::zeros(&[2, 3])).map(drop))
+    ///     .unwrap_err();
+    /// assert!(matches!(err, Error::RankFailed { .. }));
+    /// assert!(matches!(err.rank_error(), Error::InnerDimMismatch { .. }), "{err}");
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn rank_error(&self) -> &Error {
+        match self {
+            Error::RankFailed { source: Some(inner), .. } => inner.rank_error(),
+            other => other,
+        }
+    }
+
+    /// The user's error of type `E` this error carries (directly, inside [`Error::User`], or as
+    /// the failing rank's error of a [`Error::RankFailed`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Error, World};
+    ///
+    /// let err = World::threads(2)?
+    ///     .run(|rank| {
+    ///         if rank.rank() == 0 {
+    ///             std::fs::read("/no/such/file")?; // ? on an io::Error inside run
+    ///         }
+    ///         rank.barrier_all().map(drop)
+    ///     })
+    ///     .unwrap_err();
+    /// let io = err.downcast_ref::<std::io::Error>().expect("rank 0's io::Error, typed");
+    /// assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    /// assert!(matches!(err, Error::RankFailed { rank: 0, .. }), "{err}");
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self.rank_error() {
+            Error::User(inner) => inner.downcast_ref::<E>(),
+            Error::System { source, .. } => (&**source as &dyn std::error::Error).downcast_ref(),
+            other => (other as &dyn std::error::Error).downcast_ref::<E>(),
+        }
+    }
+}
+
+macro_rules! user_errors {
+    ($($ty:ty),* $(,)?) => {
+        $(
+            impl From<$ty> for Error {
+                /// Carries the error as [`Error::User`], so that `?` works on it inside `run`.
+                fn from(err: $ty) -> Self {
+                    Error::User(Arc::new(err))
+                }
+            }
+        )*
+    };
+}
+
+user_errors!(
+    std::io::Error,
+    std::fmt::Error,
+    std::num::ParseIntError,
+    std::num::ParseFloatError,
+    std::num::TryFromIntError,
+    std::str::Utf8Error,
+    std::string::FromUtf8Error,
+    std::env::VarError,
+    ndarray::ShapeError,
+);
+
+impl From<Box<dyn std::error::Error + Send + Sync + 'static>> for Error {
+    /// Carries the error as [`Error::User`] (or as itself, if it is one of ours).
+    fn from(err: Box<dyn std::error::Error + Send + Sync + 'static>) -> Self {
+        Error::user(err)
+    }
 }
 
 /// Which program of a launch something happened in, for messages.

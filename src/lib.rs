@@ -44,7 +44,18 @@
 //! heap is one anonymous mapping per rank, program threads stay resident between launches, and the
 //! default topology shares the machine's cores between the ranks. A panic or error anywhere fails
 //! the whole world: every waiting rank stops with [`Error::PeerFailed`], and `run` returns
-//! [`Error::RankFailed`] naming the rank that failed first.
+//! [`Error::RankFailed`] naming the rank that failed first, with its error typed (as `source`,
+//! and through [`Error::rank_error`] and [`Error::downcast_ref`]) and every rank that failed. A
+//! rank that returns from `run` while a peer still waits for it ends that wait at once
+//! ([`Error::PeerGone`]). What the ranks must see of each other (the failure record, each rank's
+//! state, who is blocked) lives in a shared control block, and blocked waits sleep on
+//! process-shared futexes.
+//!
+//! **Collective calls meet in one exchange.** Every collective call (a collective, a fused op, a
+//! symmetric allocation, a barrier) starts by telling every rank what it is (op, element type,
+//! the rank's call number) and its arguments. Ranks in different calls fail together with
+//! [`Error::OpMismatch`] naming both sides (`rank 0 is in all_gather<f32> #12, rank 1 in
+//! broadcast<f32> #12`), never with a wrong value or a wait that outlasts its cause.
 //!
 //! **Ascend.** [`World::ascend`] runs one rank per NPU: the fused ops and collectives run as tile
 //! kernels written in Ascend C (one beside each host kernel), compiled at run time by CANN's
@@ -78,8 +89,11 @@
 //! # Errors and panics
 //!
 //! Anything one rank can get wrong at run time (a shape, a placement, a peer that failed or never
-//! signalled, symmetric memory running out) returns [`Error`], because a panic on one rank would
-//! leave the others waiting. Collective ops exchange their arguments first, so a bad argument on
+//! signalled, symmetric memory running out, an output the machine cannot hold) returns [`Error`],
+//! because a panic on one rank would leave the others waiting; allocations are fallible
+//! ([`Error::OutOfMemory`] names the op and the bytes, never an abort). Errors of the user's own
+//! code travel too: `?` on an `std::io::Error` inside `run` works ([`Error::User`]), and the
+//! error comes back typed. Collective ops exchange their arguments first, so a bad argument on
 //! one rank fails every rank at once, naming that rank. Only programmer mistakes that cannot depend
 //! on run-time data panic (a tile access out of bounds inside a kernel, which then fails the
 //! launch and the world rather than hanging them), and those functions say so under `# Panics`.

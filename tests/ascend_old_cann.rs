@@ -31,15 +31,14 @@ mod ascend {
             .heap_bytes(1 << 20)
             .wait_timeout(Duration::from_secs(5))
             .build()?;
-        let errs = world.run(|rank| Ok(collectives::all_gather(rank, &[1.0f32]).unwrap_err()))?;
-        for err in errs {
-            match &err {
-                Error::SymbolMissing { symbol, library } => {
-                    assert_eq!(*symbol, "aclrtBinaryLoadFromData");
-                    assert!(library.contains("needs CANN 8.3 or later"), "{library}");
-                }
-                other => panic!("expected a missing symbol, got {other:?}"),
+        // An error after every rank agreed fails the world: its first failure, typed.
+        let run = world.run(|rank| collectives::all_gather(rank, &[1.0f32]));
+        match run.expect_err("the run fails").rank_error() {
+            Error::SymbolMissing { symbol, library } => {
+                assert_eq!(*symbol, "aclrtBinaryLoadFromData");
+                assert!(library.contains("needs CANN 8.3 or later"), "{library}");
             }
+            other => panic!("expected a missing symbol, got {other:?}"),
         }
         // Compiled (the compiler is there), never loaded.
         assert!(cann.acl.log().iter().any(|l| l.starts_with("aclrtcCompileProg(all_gather,")));

@@ -1,8 +1,7 @@
 //! all_gather: every rank gets every rank's block, in rank order.
 
 use super::workspace::{
-    CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_agree, check_outputs, exchange_checked,
-    with_workspace,
+    CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
@@ -54,7 +53,7 @@ pub fn all_gather<T: Element>(rank: &Rank<'_>, local: &[T]) -> Result<Vec<T>> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub fn all_gather_cols<T: Element>(rank: &Rank<'_>, local: &[T], rows: usize) -> Result<Vec<T>> {
-    Ok(gather(rank, local, rows, Out::Alloc)?.expect("allocated"))
+    Ok(gather("all_gather", rank, local, rows, Out::Alloc)?.expect("allocated"))
 }
 
 /// [`all_gather`] into the caller's `out`, which must hold the whole result.
@@ -75,7 +74,7 @@ pub fn all_gather_cols<T: Element>(rank: &Rank<'_>, local: &[T], rows: usize) ->
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub fn all_gather_into<T: Element>(rank: &Rank<'_>, local: &[T], out: &mut [T]) -> Result<()> {
-    gather(rank, local, 1, Out::Into(out)).map(drop)
+    gather("all_gather", rank, local, 1, Out::Into(out)).map(drop)
 }
 
 /// [`all_gather_cols`] into the caller's `out`, which must hold the whole `[rows, sum of cols_r]`.
@@ -101,16 +100,18 @@ pub fn all_gather_cols_into<T: Element>(
     rows: usize,
     out: &mut [T],
 ) -> Result<()> {
-    gather(rank, local, rows, Out::Into(out)).map(drop)
+    gather("all_gather", rank, local, rows, Out::Into(out)).map(drop)
 }
 
-fn gather<T: Element>(
+/// The all_gather, for the call `op` (a composite op such as all_reduce names itself, so that
+/// its exchanges never meet a plain all_gather's).
+pub(crate) fn gather<T: Element>(
+    op: &'static str,
     rank: &Rank<'_>,
     local: &[T],
     rows: usize,
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
-    const OP: &str = "all_gather";
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = match rows {
         0 if !local.is_empty() => Some(format!("{} elements cannot form 0 rows", local.len())),
@@ -119,19 +120,20 @@ fn gather<T: Element>(
         }
         _ => None,
     };
-    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
+    let words = [rows as u64, local.len() as u64, out.len_word()];
+    let all = exchange_checked::<T>(rank, op, &words, problem, &[])?;
+    all.agree(op, 0, "rows")?;
     with_workspace::<T, _>(rank, |ws| {
-        let words = [rows as u64, local.len() as u64, out.len_word()];
-        let all = exchange_checked(ws, rank, OP, &words, problem)?;
-        check_agree(OP, &all, 0, "rows")?;
         let cols: Vec<usize> =
             all.iter().map(|w| (w[1] as usize).checked_div(rows).unwrap_or(0)).collect();
         let col_offsets = split_offsets(&cols);
         let total_cols = col_offsets[n];
-        check_outputs(OP, &all, 2, |_| rows * total_cols)?;
+        check_outputs(op, &all, 2, |_| rows * total_cols)?;
         if let Some(npu) = rank.ascend() {
-            let gathered = ascend::launch::all_gather(&npu, local, rows, &cols)?;
-            return out.fill(gathered.len(), |out| {
+            let gathered = ascend::launch::all_gather(&npu, local, rows, &cols)
+                .inspect_err(|e| rank.fail_after_agreeing(e))?;
+            return out.fill(op, gathered.len(), |out| {
                 out.copy_from_slice(&gathered);
                 Ok(())
             });
@@ -147,7 +149,7 @@ fn gather<T: Element>(
         let input = GlobalPtr::from_slice(local);
         let stream = rows * total_cols * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
         let ws = &*ws;
-        out.fill(rows * total_cols, |out| {
+        out.fill(op, rows.saturating_mul(total_cols), |out| {
             let output = GlobalPtrMut::from_slice(out);
             // SAFETY: each rank writes only its own staging buffer, and only before it notifies;
             // peers read it only after waiting for every program's notify. Each task writes its own

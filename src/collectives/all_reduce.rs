@@ -1,17 +1,31 @@
 //! all_reduce: every rank gets the sum over all ranks.
 
-use super::{ReduceOp, all_gather, all_gather_into, reduce_scatter};
+use super::ReduceOp;
+use super::all_gather::gather;
+use super::reduce_scatter::reduce;
+use super::workspace::Out;
 use crate::shmem::Rank;
+use crate::tensor::array_split;
 use crate::{Element, Result};
+
+/// Its own name in both exchanges: a rank in all_reduce never meets a rank in a plain
+/// reduce_scatter or all_gather (which would otherwise agree on the first half).
+const OP: &str = "all_reduce";
+
+/// The reduce_scatter half: this rank's piece of the sum.
+fn reduced_piece<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
+    let counts = array_split(input.len(), rank.num_ranks());
+    Ok(reduce(OP, rank, input, 1, &counts, ReduceOp::Sum, Out::Alloc)?.expect("allocated"))
+}
 
 /// Sums `input` over all ranks; every rank gets the whole sum.
 ///
-/// Done as a [`reduce_scatter`] (each rank sums its piece, in rank order) followed by an
-/// [`all_gather`] of the pieces: every element is summed once, by one rank, so every rank gets the
+/// Done as a [`reduce_scatter`](super::reduce_scatter) (each rank sums its piece, in rank order) followed by an
+/// [`all_gather`](super::all_gather) of the pieces: every element is summed once, by one rank, so every rank gets the
 /// same bits, and the same bits on every run.
 ///
 /// # Errors
-/// As [`reduce_scatter`].
+/// As [`reduce_scatter`](super::reduce_scatter).
 ///
 /// # Examples
 /// ```
@@ -23,8 +37,8 @@ use crate::{Element, Result};
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub fn all_reduce<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
-    let piece = reduce_scatter(rank, input, ReduceOp::Sum)?;
-    all_gather(rank, &piece)
+    let piece = reduced_piece(rank, input)?;
+    Ok(gather(OP, rank, &piece, 1, Out::Alloc)?.expect("allocated"))
 }
 
 /// [`all_reduce`] into the caller's `out`, which must be as long as `input`.
@@ -45,6 +59,6 @@ pub fn all_reduce<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub fn all_reduce_into<T: Element>(rank: &Rank<'_>, input: &[T], out: &mut [T]) -> Result<()> {
-    let piece = reduce_scatter(rank, input, ReduceOp::Sum)?;
-    all_gather_into(rank, &piece, out)
+    let piece = reduced_piece(rank, input)?;
+    gather(OP, rank, &piece, 1, Out::Into(out)).map(drop)
 }

@@ -111,27 +111,35 @@ fn exchange_and_send<T: Element>(
 ) -> Result<Option<Vec<T>>> {
     const OP: &str = "all_to_all";
     let (me, n) = (rank.rank(), rank.num_ranks());
-    let mut words = vec![input.len() as u64];
-    words.extend(send_counts.iter().map(|&c| c as u64));
-    words.resize(1 + n, 0);
-    words.push(out.len_word());
+    let words = [input.len() as u64, out.len_word()];
+    // To each rank in particular: how much it gets, and where that starts in this input.
+    let mut personal = Vec::with_capacity(2 * n);
+    let mut start = 0u64;
+    for r in 0..n {
+        let count = send_counts.get(r).map_or(0, |&c| c as u64);
+        personal.extend([count, start]);
+        start = start.saturating_add(count);
+    }
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
+    let all = exchange_checked::<T>(rank, OP, &words, problem, &personal)?;
+    // What rank p sends me, and where in p's input it starts.
+    let recv: Vec<usize> = (0..n).map(|p| all.personal(p)[0] as usize).collect();
+    let send_start: Vec<usize> = (0..n).map(|p| all.personal(p)[1] as usize).collect();
+    let recv_offsets = split_offsets(&recv);
+    // Only the `_into` form names an output length, and it splits inputs evenly: every rank
+    // receives a 1/n of every input.
+    let even_total: usize = all.iter().map(|w| w[0] as usize / n).sum();
+    check_outputs(OP, &all, 1, |_| even_total)?;
+    if let Some(npu) = rank.ascend() {
+        let longest = all.iter().map(|w| w[0] as usize).max().unwrap_or(0);
+        let got = ascend::launch::all_to_all_v(&npu, input, &recv, &send_start, longest)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        return out.fill(OP, got.len(), |out| {
+            out.copy_from_slice(&got);
+            Ok(())
+        });
+    }
     with_workspace::<T, _>(rank, |ws| {
-        let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
-        let all = exchange_checked(ws, rank, OP, &words, problem)?;
-        // What rank p sends me, and where in p's input it starts.
-        let recv: Vec<usize> = all.iter().map(|w| w[1 + me] as usize).collect();
-        let send_start: Vec<usize> =
-            all.iter().map(|w| w[1..1 + me].iter().sum::<u64>() as usize).collect();
-        let recv_offsets = split_offsets(&recv);
-        check_outputs(OP, &all, 1 + n, |r| all.iter().map(|w| w[1 + r] as usize).sum())?;
-        if let Some(npu) = rank.ascend() {
-            let longest = all.iter().map(|w| w[0] as usize).max().unwrap_or(0);
-            let got = ascend::launch::all_to_all_v(&npu, input, &recv, &send_start, longest)?;
-            return out.fill(got.len(), |out| {
-                out.copy_from_slice(&got);
-                Ok(())
-            });
-        }
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[0] as usize).max().unwrap_or(0))?;
         }
@@ -144,7 +152,7 @@ fn exchange_and_send<T: Element>(
         let input_ptr = GlobalPtr::from_slice(input);
         let stream = recv_offsets[n] * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
         let ws = &*ws;
-        out.fill(recv_offsets[n], |out| {
+        out.fill(OP, recv_offsets[n], |out| {
             let output = GlobalPtrMut::from_slice(out);
             // SAFETY: as in all_gather: a rank writes its own staging buffer before notifying, peers
             // read it after waiting; each task writes its own chunk of `out`.

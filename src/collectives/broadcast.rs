@@ -1,8 +1,6 @@
 //! broadcast: every rank gets the root's data.
 
-use super::workspace::{
-    CHUNK_ELEMS, Chunks, Out, check_agree, check_outputs, exchange_checked, with_workspace,
-};
+use super::workspace::{CHUNK_ELEMS, Chunks, Out, check_outputs, exchange_checked, with_workspace};
 use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::{Element, Result};
@@ -65,15 +63,16 @@ fn cast<T: Element>(
     let problem = (root >= n)
         .then(|| format!("root {root} is outside a world of {n} ranks"))
         .or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
+    let words = [root as u64, data.len() as u64, out.len_word()];
+    let all = exchange_checked::<T>(rank, OP, &words, problem, &[])?;
+    all.agree(OP, 0, "root")?;
     with_workspace::<T, _>(rank, |ws| {
-        let words = [root as u64, data.len() as u64, out.len_word()];
-        let all = exchange_checked(ws, rank, OP, &words, problem)?;
-        check_agree(OP, &all, 0, "root")?;
         let len = all[root][1] as usize;
         check_outputs(OP, &all, 2, |_| len)?;
         if let Some(npu) = rank.ascend() {
-            let got = ascend::launch::broadcast(&npu, data, root, len)?;
-            return out.fill(len, |out| {
+            let got = ascend::launch::broadcast(&npu, data, root, len)
+                .inspect_err(|e| rank.fail_after_agreeing(e))?;
+            return out.fill(OP, len, |out| {
                 out.copy_from_slice(&got);
                 Ok(())
             });
@@ -88,7 +87,7 @@ fn cast<T: Element>(
         let input = GlobalPtr::from_slice(data);
         let stream = len * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
         let ws = &*ws;
-        out.fill(len, |out| {
+        out.fill(OP, len, |out| {
             let output = GlobalPtrMut::from_slice(out);
             // SAFETY: the root writes its own staging buffer before notifying; the others read it
             // after waiting; each task writes its own chunk of `out`.

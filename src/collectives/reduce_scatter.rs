@@ -1,11 +1,9 @@
 //! reduce_scatter: every rank gets its own piece of the sum (or mean) over all ranks.
 
-use super::workspace::{
-    CHUNK_ELEMS, Chunks, Out, check_agree, check_outputs, exchange_checked, with_workspace,
-};
+use super::workspace::{CHUNK_ELEMS, Chunks, Out, check_outputs, exchange_checked, with_workspace};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, ascend, launch};
-use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, MAX_WORDS, Rank, digest};
 use crate::tensor::{array_split, split_offsets};
 use crate::{Element, Result};
 
@@ -72,7 +70,7 @@ pub fn reduce_scatter_into<T: Element>(
     out: &mut [T],
 ) -> Result<()> {
     let counts = array_split(input.len(), rank.num_ranks());
-    reduce(rank, input, 1, &counts, op, Out::Into(out)).map(drop)
+    reduce("reduce_scatter", rank, input, 1, &counts, op, Out::Into(out)).map(drop)
 }
 
 /// [`reduce_scatter_cols`] into the caller's `out`, which must hold `[rows, counts[rank]]`.
@@ -102,7 +100,7 @@ pub fn reduce_scatter_cols_into<T: Element>(
     op: ReduceOp,
     out: &mut [T],
 ) -> Result<()> {
-    reduce(rank, input, rows, counts, op, Out::Into(out)).map(drop)
+    reduce("reduce_scatter", rank, input, rows, counts, op, Out::Into(out)).map(drop)
 }
 
 /// Reduces row-major `[rows, sum of counts]` inputs over all ranks and gives rank `r` its column
@@ -133,10 +131,12 @@ pub fn reduce_scatter_cols<T: Element>(
     counts: &[usize],
     op: ReduceOp,
 ) -> Result<Vec<T>> {
-    Ok(reduce(rank, input, rows, counts, op, Out::Alloc)?.expect("allocated"))
+    Ok(reduce("reduce_scatter", rank, input, rows, counts, op, Out::Alloc)?.expect("allocated"))
 }
 
-fn reduce<T: Element>(
+/// The reduce_scatter, for the call `name` (see `all_gather::gather`).
+pub(crate) fn reduce<T: Element>(
+    name: &'static str,
     rank: &Rank<'_>,
     input: &[T],
     rows: usize,
@@ -144,38 +144,50 @@ fn reduce<T: Element>(
     op: ReduceOp,
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
-    const OP: &str = "reduce_scatter";
     let (me, n) = (rank.rank(), rank.num_ranks());
-    let total: usize = counts.iter().sum();
+    let total = counts.iter().try_fold(0usize, |t, &c| t.checked_add(c));
     let problem = if counts.len() != n {
         Some(format!("{} split counts for a world of {n} ranks", counts.len()))
-    } else if input.len() != rows * total {
-        Some(format!("{} elements are not {rows} rows of {total}", input.len()))
+    } else if total.and_then(|t| rows.checked_mul(t)) != Some(input.len()) {
+        Some(format!("{} elements are not {rows} rows of {total:?}", input.len()))
     } else {
-        rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP))
+        rank.ascend().and_then(|_| ascend::check_dtype::<T>(name))
     };
-    let mut words = vec![rows as u64, input.len() as u64, op as u64];
-    words.extend(counts.iter().map(|&c| c as u64));
-    words.resize(3 + n, u64::MAX);
-    words.push(out.len_word());
-    with_workspace::<T, _>(rank, |ws| {
-        let all = exchange_checked(ws, rank, OP, &words, problem)?;
-        check_agree(OP, &all, 0, "rows")?;
-        check_agree(OP, &all, 1, "input length")?;
-        check_agree(OP, &all, 2, "reduce op")?;
+    let total = total.unwrap_or(0);
+    // The counts must be the same on every rank: each sends a digest, and the counts themselves
+    // where they fit (for a message that names the count that differs).
+    let spelled = n + 5 <= MAX_WORDS;
+    let mut words = vec![
+        rows as u64,
+        input.len() as u64,
+        op as u64,
+        digest(counts.iter().map(|&c| c as u64)),
+        out.len_word(),
+    ];
+    if spelled {
+        words.extend((0..n).map(|i| counts.get(i).map_or(u64::MAX, |&c| c as u64)));
+    }
+    let all = exchange_checked::<T>(rank, name, &words, problem, &[])?;
+    all.agree(name, 0, "rows")?;
+    all.agree(name, 1, "input length")?;
+    all.agree(name, 2, "reduce op")?;
+    if spelled {
         for i in 0..n {
-            check_agree(OP, &all, 3 + i, &format!("count[{i}]"))?;
+            all.agree(name, 5 + i, &format!("count[{i}]"))?;
         }
+    }
+    all.agree(name, 3, "digest of the split counts")?;
+    check_outputs(name, &all, 4, |r| rows * counts[r])?;
+    if let Some(npu) = rank.ascend() {
+        let mine = ascend::launch::reduce_scatter(&npu, input, rows, counts, op == ReduceOp::Mean)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        return out.fill(name, mine.len(), |out| {
+            out.copy_from_slice(&mine);
+            Ok(())
+        });
+    }
+    with_workspace::<T, _>(rank, |ws| {
         let col_offsets = split_offsets(counts);
-        check_outputs(OP, &all, 3 + n, |r| rows * counts[r])?;
-        if let Some(npu) = rank.ascend() {
-            let mean = op == ReduceOp::Mean;
-            let mine = ascend::launch::reduce_scatter(&npu, input, rows, counts, mean)?;
-            return out.fill(mine.len(), |out| {
-                out.copy_from_slice(&mine);
-                Ok(())
-            });
-        }
         let mine = counts[me];
         if n > 1 {
             ws.reserve(rank, input.len())?;
@@ -188,7 +200,7 @@ fn reduce<T: Element>(
         let ranks = <T::Acc as Element>::from_f64(n as f64);
         let input_ptr = GlobalPtr::from_slice(input);
         let ws = &*ws;
-        out.fill(rows * mine, |out| {
+        out.fill(name, rows.saturating_mul(mine), |out| {
             let output = GlobalPtrMut::from_slice(out);
             // SAFETY: as in all_gather: a rank writes its own staging buffer before notifying, peers
             // read it after waiting; each task writes its own chunk of `out`.

@@ -1,8 +1,11 @@
 //! What every collective keeps between calls: a metadata exchange, a staging buffer, signals.
 //!
 //! A call goes in three steps, none of them a barrier:
-//! 1. **Exchange** ([`WordExchange`]): every rank learns every rank's arguments (lengths, counts),
-//!    so they all validate them the same way and fail together, never leaving a peer waiting.
+//! 1. **Exchange** (the rank's one exchange, `shmem::exchange`): every rank learns what call every
+//!    rank is in (op, element type, call number) and its arguments (lengths, counts), so they all
+//!    validate them the same way and fail together, never leaving a peer waiting. The five
+//!    collectives of one element type share this workspace; the exchange is what keeps a rank in
+//!    one of them from meeting a rank in another (or in the same op on another type).
 //! 2. **Publish**: a rank copies its input into its own staging buffer, and each program then adds
 //!    one to a `ready` signal of every peer. Readers wait for `published x grid`: the count only
 //!    grows, so no signal is ever reset.
@@ -12,10 +15,9 @@
 
 use crate::device::tile::valid_len;
 use crate::device::{Program, tile};
-pub(crate) use crate::shmem::check_agree;
 use crate::shmem::{
-    GlobalPtr, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, WaitCmp, WaitSem,
-    WordExchange, Workspace, consume_token, symm_at,
+    Call, Exchanged, GlobalPtr, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, WaitCmp,
+    WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::{Element, Error, Result};
 
@@ -25,7 +27,6 @@ pub(crate) const CHUNK_ELEMS: usize = 16 * 1024;
 
 /// The buffers and signals of one element type's collectives on one rank.
 pub(crate) struct CollectiveWorkspace<T: Element> {
-    pub(crate) meta: WordExchange,
     staging: Option<SymmBuf<T>>,
     pub(crate) ready: SignalBuf,
     published: Vec<u64>,
@@ -33,9 +34,7 @@ pub(crate) struct CollectiveWorkspace<T: Element> {
 
 impl<T: Element> Workspace for CollectiveWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.meta.symmetric_bytes()
-            + self.ready.len() * 64
-            + self.staging.as_ref().map_or(0, |s| s.len() * size_of::<T>())
+        self.ready.len() * 64 + self.staging.as_ref().map_or(0, |s| s.len() * size_of::<T>())
     }
 }
 
@@ -43,9 +42,8 @@ impl<T: Element> CollectiveWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
         let n = rank.num_ranks();
         Ok(CollectiveWorkspace {
-            meta: WordExchange::new(rank, n + 5)?, // the longest metadata: reduce_scatter's
             staging: None,
-            ready: rank.alloc_signals(n)?,
+            ready: rank.alloc_signals_for("collectives ready", n)?,
             published: vec![0; n],
         })
     }
@@ -53,7 +51,7 @@ impl<T: Element> CollectiveWorkspace<T> {
     /// Makes the staging buffer hold at least `len` elements. Collective: every rank passes the
     /// same `len` (computed from exchanged metadata).
     pub(crate) fn reserve(&mut self, rank: &Rank<'_>, len: usize) -> Result<()> {
-        rank.reserve(&mut self.staging, len)
+        rank.reserve_for("collectives staging", &mut self.staging, len)
     }
 
     /// The publish step, run by every program of a launch: copies this program's chunks of
@@ -106,7 +104,8 @@ impl<T: Element> CollectiveWorkspace<T> {
         if src == p.rank() {
             return Ok(input);
         }
-        let token = p.wait(&self.ready, src, WaitCmp::Ge(ready_at[src]), WaitSem::Acquire)?;
+        let token =
+            p.wait_from(&self.ready, src, src, WaitCmp::Ge(ready_at[src]), WaitSem::Acquire)?;
         Ok(consume_token(symm_at(self.staging(), src), token).into())
     }
 
@@ -135,15 +134,16 @@ pub(crate) fn with_workspace<T: Element, R>(
     rank.with_workspace(CollectiveWorkspace::<T>::new, f)
 }
 
-/// Exchanges `words` with every rank, with this rank's `problem` if its input is invalid.
+/// Exchanges `words` (and `personal` words, `k` per rank) with every rank for the call `op` on
+/// `T`, with this rank's `problem` if its input is invalid.
 pub(crate) fn exchange_checked<T: Element>(
-    ws: &mut CollectiveWorkspace<T>,
     rank: &Rank<'_>,
     op: &'static str,
     words: &[u64],
     problem: Option<String>,
-) -> Result<Vec<Vec<u64>>> {
-    ws.meta.exchange_checked(rank, op, words, problem)
+    personal: &[u64],
+) -> Result<Exchanged> {
+    rank.exchange(Call::of::<T>(op), words, problem, personal)
 }
 
 /// Where a collective writes its result: a vector it allocates, or the caller's slice.
@@ -164,13 +164,14 @@ impl<T: Element> Out<'_, T> {
     /// Runs `fill` on an output of `len` elements; returns the vector if it allocated one.
     pub(crate) fn fill(
         self,
+        op: &'static str,
         len: usize,
         fill: impl FnOnce(&mut [T]) -> Result<()>,
     ) -> Result<Option<Vec<T>>> {
         match self {
             Out::Alloc => {
                 // Every element is written by the kernel: a cached buffer needs no zeroing.
-                let mut out = crate::tensor::pool::take(len);
+                let mut out = crate::tensor::pool::take(op, len)?;
                 fill(&mut out)?;
                 Ok(Some(out))
             }
@@ -182,7 +183,7 @@ impl<T: Element> Out<'_, T> {
 /// Checks every rank's output length (metadata word `index`) against what its result will be.
 pub(crate) fn check_outputs(
     op: &'static str,
-    all: &[Vec<u64>],
+    all: &Exchanged,
     index: usize,
     expected: impl Fn(usize) -> usize,
 ) -> Result<()> {

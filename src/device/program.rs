@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use crate::Result;
 use crate::error::ProgramLabel;
-use crate::shmem::{NotifySem, Rank, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
+use crate::shmem::{Awaited, NotifySem, Rank, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
 
 /// One program of a kernel launch: `program_id` of `num_programs`, running on vector sub-core
 /// `sub_vec_id` of `sub_vec_num`, on rank `rank` of `num_ranks`.
@@ -217,7 +217,21 @@ impl<'a> Program<'a> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn wait(&self, sig: &SignalBuf, index: usize, cmp: WaitCmp, sem: WaitSem) -> Result<Token> {
-        self.rank.wait_labeled(self.label(), sig, index, cmp, sem)
+        self.rank.wait_labeled(self.label(), sig, index, cmp, sem, Awaited::Anyone)
+    }
+
+    /// [`Program::wait`] for a signal that rank `from` sends: if `from` leaves `run` (or its
+    /// process ends) before sending it, the wait fails at once naming it. Every wait of the
+    /// crate's own kernels names its sender.
+    pub(crate) fn wait_from(
+        &self,
+        sig: &SignalBuf,
+        index: usize,
+        from: usize,
+        cmp: WaitCmp,
+        sem: WaitSem,
+    ) -> Result<Token> {
+        self.rank.wait_labeled(self.label(), sig, index, cmp, sem, Awaited::Peer(from))
     }
 
     /// Notifies `peer`'s signal `index` of `sig` (`dl.notify`); see [`Rank::notify`].

@@ -27,13 +27,14 @@ use crate::device::ascend;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
-    GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
-    WaitSem, WordExchange, Workspace, consume_token, symm_at,
+    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
+    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, matmul_into, pool};
 use crate::{Error, Result};
 
 const OP: &str = "all_gather_matmul";
+const UNFUSED_OP: &str = "all_gather_matmul_unfused";
 /// The most weights one call takes (metadata words are sized for them).
 pub const MAX_WEIGHTS: usize = 16;
 /// Elements the communication part moves per chunk.
@@ -53,7 +54,6 @@ pub struct AgMatmulOutput<T> {
 }
 
 struct AgMatmulWorkspace<T: Element> {
-    meta: WordExchange,
     /// The gathered rows, in the accumulator type (half types are widened as they are pushed).
     gathered: Option<SymmBuf<T::Acc>>,
     /// `arrived[s]`: chunks of shard `s` that have landed in this rank's `gathered` buffer.
@@ -64,8 +64,7 @@ struct AgMatmulWorkspace<T: Element> {
 
 impl<T: Element> Workspace for AgMatmulWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.meta.symmetric_bytes()
-            + self.arrived.len() * 64
+        self.arrived.len() * 64
             + self.gathered.as_ref().map_or(0, |g| g.len() * size_of::<T::Acc>())
     }
 }
@@ -74,15 +73,14 @@ impl<T: Element> AgMatmulWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
         let n = rank.num_ranks();
         Ok(AgMatmulWorkspace {
-            meta: WordExchange::new(rank, 3 + 2 * MAX_WEIGHTS)?,
             gathered: None,
-            arrived: rank.alloc_signals(n)?,
+            arrived: rank.alloc_signals_for("all_gather_matmul arrived", n)?,
             expected: vec![0; n],
         })
     }
 
     fn reserve(&mut self, rank: &Rank<'_>, len: usize) -> Result<()> {
-        rank.reserve(&mut self.gathered, len)
+        rank.reserve_for("all_gather_matmul gathered", &mut self.gathered, len)
     }
 }
 
@@ -95,7 +93,7 @@ struct Agreed {
 
 /// Exchanges shapes and checks them on every rank, so that all fail together.
 fn agree<T: Element>(
-    ws: &mut AgMatmulWorkspace<T>,
+    op: &'static str,
     rank: &Rank<'_>,
     x: &ArrayView2<T>,
     weights: &[ArrayView2<T>],
@@ -106,12 +104,12 @@ fn agree<T: Element>(
             (weights.len() > MAX_WEIGHTS || weights.is_empty())
                 .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()))
         })
-        .or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
+        .or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
     let mut words = vec![x.nrows() as u64, x.ncols() as u64, weights.len() as u64];
     for w in weights.iter().take(MAX_WEIGHTS) {
         words.extend([w.nrows() as u64, w.ncols() as u64]);
     }
-    let all = ws.meta.exchange_checked(rank, OP, &words, problem)?;
+    let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     for (r, w) in all.iter().enumerate() {
         let (m, k) = (w[0] as usize, w[1] as usize);
         for i in 0..w[2] as usize {
@@ -126,8 +124,8 @@ fn agree<T: Element>(
             }
         }
     }
-    let k = crate::shmem::check_agree(OP, &all, 1, "K (columns of x)")? as usize;
-    crate::shmem::check_agree(OP, &all, 2, "number of weights")?;
+    let k = all.agree(OP, 1, "K (columns of x)")? as usize;
+    all.agree(OP, 2, "number of weights")?;
     let col_counts =
         (0..weights.len()).map(|i| all.iter().map(|w| w[4 + 2 * i] as usize).collect()).collect();
     Ok(Agreed { rows: Shards::new(all.iter().map(|w| w[0] as usize).collect()), k, col_counts })
@@ -176,16 +174,16 @@ pub(crate) fn all_gather_matmul_checked<T: Element>(
     if !fused {
         return unfused(rank, x, weights, problem);
     }
-    rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| {
-        let agreed = agree(ws, rank, &x, weights, problem)?;
-        if let Some(npu) = rank.ascend() {
-            let (rows, k) = (agreed.rows.counts(), agreed.k);
-            let outputs = ascend::launch::all_gather_matmul(&npu, rows, k, x, weights)?;
-            let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
-            return Ok(AgMatmulOutput { outputs, row_counts, col_counts });
-        }
-        run_fused(rank, ws, &agreed, x, weights)
-    })
+    let agreed = agree(OP, rank, &x, weights, problem)?;
+    if let Some(npu) = rank.ascend() {
+        let (rows, k) = (agreed.rows.counts(), agreed.k);
+        let outputs = ascend::launch::all_gather_matmul(&npu, rows, k, x, weights)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
+        return Ok(AgMatmulOutput { outputs, row_counts, col_counts });
+    }
+    rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| run_fused(rank, ws, &agreed, x, weights))
+        .inspect_err(|e| rank.fail_after_agreeing(e))
 }
 
 /// The unfused baseline: [`collectives::all_gather`] of the rows, then one local product per
@@ -224,11 +222,13 @@ fn unfused<T: Element>(
     weights: &[ArrayView2<T>],
     problem: Option<String>,
 ) -> Result<AgMatmulOutput<T>> {
-    let agreed = rank
-        .with_workspace(AgMatmulWorkspace::<T>::new, |ws| agree(ws, rank, &x, weights, problem))?;
+    // Its own name in the exchange: a rank in the fused op and one in the unfused one would
+    // otherwise agree on the shapes and then wait for each other in different protocols.
+    let agreed = agree(UNFUSED_OP, rank, &x, weights, problem)?;
     if let Some(npu) = rank.ascend() {
         let (rows, k) = (agreed.rows.counts(), agreed.k);
-        let outputs = ascend::launch::all_gather_matmul_unfused(&npu, rows, k, x, weights)?;
+        let outputs = ascend::launch::all_gather_matmul_unfused(&npu, rows, k, x, weights)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
         let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
         return Ok(AgMatmulOutput { outputs, row_counts, col_counts });
     }
@@ -238,7 +238,8 @@ fn unfused<T: Element>(
     let threads = rank.topology().aicore_num();
     let mut outputs = Vec::with_capacity(weights.len());
     for w in weights {
-        let mut c = scratch((a.nrows(), w.ncols()));
+        let mut c = scratch(UNFUSED_OP, (a.nrows(), w.ncols()))
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
         matmul_into(c.view_mut(), a, *w, false, threads)?;
         outputs.push(c);
     }
@@ -263,7 +264,7 @@ fn run_fused<T: Element>(
     // Tiles per shard, or over the gathered rows when shards are too short to be worth it.
     let per_shard = n == 1 || rows.counts().iter().all(|&m| m == 0 || m >= MIN_SHARD_ROWS);
     let x = x.as_standard_layout();
-    let x_acc = AccData::new(x.as_slice().expect("standard layout"));
+    let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
     let input = GlobalPtr::from_slice(&x_acc);
     let push = super::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
     let chunks_of = |m: usize| if k == 0 { 0 } else { m.div_ceil(push) };
@@ -276,12 +277,15 @@ fn run_fused<T: Element>(
         }
     }
     let weights: Vec<_> = weights.iter().map(|w| w.as_standard_layout()).collect();
-    let w_acc: Vec<AccData<'_, T::Acc>> =
-        weights.iter().map(|w| AccData::new(w.as_slice().expect("standard layout"))).collect();
+    let w_acc: Vec<AccData<'_, T::Acc>> = weights
+        .iter()
+        .map(|w| AccData::new(OP, w.as_slice().expect("standard layout")))
+        .collect::<Result<_>>()?;
     let w_ptrs: Vec<GlobalPtr<'_, T::Acc>> =
         w_acc.iter().map(|w| GlobalPtr::from_slice(w)).collect();
     let widths: Vec<usize> = weights.iter().map(|w| w.ncols()).collect();
-    let mut outputs: Vec<Array2<T>> = widths.iter().map(|&nw| scratch((m_total, nw))).collect();
+    let mut outputs: Vec<Array2<T>> =
+        widths.iter().map(|&nw| scratch(OP, (m_total, nw))).collect::<Result<_>>()?;
     let out_ptrs: Vec<Output<'_, T>> =
         outputs.iter_mut().map(|o| Output::new(o.as_slice_mut().expect("fresh array"))).collect();
 
@@ -329,7 +333,8 @@ fn run_fused<T: Element>(
                     for s in rows.covering(task.row, task.rows) {
                         if tokens[s].is_none() {
                             let want = WaitCmp::Ge(ws.expected[s]);
-                            tokens[s] = Some(p.wait(&ws.arrived, s, want, WaitSem::Acquire)?);
+                            tokens[s] =
+                                Some(p.wait_from(&ws.arrived, s, s, want, WaitSem::Acquire)?);
                         }
                         token = tokens[s];
                     }

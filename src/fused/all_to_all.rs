@@ -23,13 +23,14 @@ use crate::collectives;
 use crate::device::ascend;
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{
-    GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
-    WaitSem, WordExchange, Workspace, check_agree, consume_token, symm_at,
+    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
+    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};
 
 const OP: &str = "all_to_all";
+const UNFUSED_OP: &str = "all_to_all_unfused";
 /// The most dimensions a tensor may have here (metadata words are sized for them).
 pub const MAX_DIMS: usize = 8;
 /// Elements per copy task.
@@ -47,7 +48,6 @@ pub struct AllToAllOutput<T: Element> {
 }
 
 struct AllToAllWorkspace<T: Element> {
-    meta: WordExchange,
     recv: Option<SymmBuf<T>>,
     arrived: SignalBuf,
     expected: Vec<u64>,
@@ -55,9 +55,7 @@ struct AllToAllWorkspace<T: Element> {
 
 impl<T: Element> Workspace for AllToAllWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.meta.symmetric_bytes()
-            + self.arrived.len() * 64
-            + self.recv.as_ref().map_or(0, |r| r.len() * size_of::<T>())
+        self.arrived.len() * 64 + self.recv.as_ref().map_or(0, |r| r.len() * size_of::<T>())
     }
 }
 
@@ -65,9 +63,8 @@ impl<T: Element> AllToAllWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
         let n = rank.num_ranks();
         Ok(AllToAllWorkspace {
-            meta: WordExchange::new(rank, 3 + MAX_DIMS)?,
             recv: None,
-            arrived: rank.alloc_signals(n)?,
+            arrived: rank.alloc_signals_for("all_to_all arrived", n)?,
             expected: vec![0; n],
         })
     }
@@ -145,7 +142,7 @@ impl Layout {
 
 /// Exchanges shapes and checks them on every rank.
 fn agree<T: Element>(
-    ws: &mut AllToAllWorkspace<T>,
+    op: &'static str,
     rank: &Rank<'_>,
     shape: &[usize],
     scatter_dim: usize,
@@ -162,16 +159,16 @@ fn agree<T: Element>(
     } else if scatter_dim == gather_dim {
         Some(format!("scatter and gather dimension are both {scatter_dim}"))
     } else {
-        rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP))
+        rank.ascend().and_then(|_| ascend::check_dtype::<T>(op))
     };
     let mut words = vec![ndim as u64, scatter_dim as u64, gather_dim as u64];
     words.extend(shape.iter().take(MAX_DIMS).map(|&d| d as u64));
-    let all = ws.meta.exchange_checked(rank, OP, &words, problem)?;
-    check_agree(OP, &all, 0, "number of dimensions")?;
-    check_agree(OP, &all, 1, "scatter dimension")?;
-    check_agree(OP, &all, 2, "gather dimension")?;
+    let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
+    all.agree(OP, 0, "number of dimensions")?;
+    all.agree(OP, 1, "scatter dimension")?;
+    all.agree(OP, 2, "gather dimension")?;
     for d in (0..ndim).filter(|&d| d != gather_dim) {
-        check_agree(OP, &all, 3 + d, &format!("size of dimension {d}"))?;
+        all.agree(OP, 3 + d, &format!("size of dimension {d}"))?;
     }
     let (lo, hi) = (scatter_dim.min(gather_dim), scatter_dim.max(gather_dim));
     let gathers: Vec<usize> = all.iter().map(|w| w[3 + gather_dim] as usize).collect();
@@ -227,14 +224,16 @@ pub fn all_to_all<T: Element>(
     scatter_dim: usize,
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
-    let result = rank.with_workspace(AllToAllWorkspace::<T>::new, |ws| {
-        let layout = agree(ws, rank, x.shape(), scatter_dim, gather_dim)?;
-        if let Some(npu) = rank.ascend() {
-            return on_npu(&npu, &layout, x, scatter_dim, gather_dim);
-        }
+    let layout = agree::<T>(OP, rank, x.shape(), scatter_dim, gather_dim)
+        .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
+    if let Some(npu) = rank.ascend() {
+        return on_npu(&npu, &layout, x, scatter_dim, gather_dim)
+            .inspect_err(|e| rank.fail_after_agreeing(e));
+    }
+    rank.with_workspace(AllToAllWorkspace::<T>::new, |ws| {
         run_fused(rank, ws, &layout, x, scatter_dim, gather_dim)
-    });
-    result.map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))
+    })
+    .inspect_err(|e| rank.fail_after_agreeing(e))
 }
 
 /// Reports a bad dimension as [`Error::DimOutOfRange`] on the rank that passed it.
@@ -269,10 +268,8 @@ pub fn all_to_all_unfused<T: Element>(
     scatter_dim: usize,
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
-    let layout = rank
-        .with_workspace(AllToAllWorkspace::<T>::new, |ws| {
-            agree(ws, rank, x.shape(), scatter_dim, gather_dim)
-        })
+    // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
+    let layout = agree::<T>(UNFUSED_OP, rank, x.shape(), scatter_dim, gather_dim)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
     let (me, n) = (rank.rank(), rank.num_ranks());
     let ndim = x.ndim();
@@ -358,7 +355,7 @@ fn run_fused<T: Element>(
     out_shape[scatter_dim] = layout.scatters[me];
     let recv_len = (0..n).map(|r| layout.output_len(r)).max().unwrap_or(0);
     if n > 1 {
-        rank.reserve(&mut ws.recv, recv_len)?;
+        rank.reserve_for("all_to_all receive", &mut ws.recv, recv_len)?;
     }
     // Tasks: (peer i, a, b, row block), peers rotated; the same plan on every rank.
     let plan = |src: usize, dst: usize| {
@@ -379,7 +376,7 @@ fn run_fused<T: Element>(
         split_offsets(&recv_order.iter().map(|&s| receives[s].1 * ab).collect::<Vec<_>>());
 
     // Every element is written below (own part, then each source's blocks).
-    let mut output = Tensor::<T>::scratch(&out_shape);
+    let mut output = Tensor::<T>::scratch(OP, &out_shape)?;
     let stream = output.len() * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
     let out_ptr = GlobalPtrMut::from_slice(output.as_mut_slice());
     let input = GlobalPtr::from_slice(x.as_slice());
@@ -444,7 +441,13 @@ fn run_fused<T: Element>(
                     Some(token) => token,
                     None => {
                         let want = WaitCmp::Ge(ws.expected[src]);
-                        *tokens[src].insert(p.wait(&ws.arrived, src, want, WaitSem::Acquire)?)
+                        *tokens[src].insert(p.wait_from(
+                            &ws.arrived,
+                            src,
+                            src,
+                            want,
+                            WaitSem::Acquire,
+                        )?)
                     }
                 };
                 let at = block.dst + row * block.dst_stride;

@@ -20,19 +20,19 @@ use crate::device::ascend;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
-    GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
-    WaitSem, WordExchange, Workspace, check_agree, consume_token, symm_at,
+    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
+    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, array_split, matmul_into, pool};
 use crate::{Error, Result};
 
 const OP: &str = "matmul_reduce_scatter";
+const UNFUSED_OP: &str = "matmul_reduce_scatter_unfused";
 /// Elements per reduction task.
 const REDUCE_CHUNK_ELEMS: usize = 16 * 1024;
 
 /// The workspace: partial products in the accumulator type, and per-source tile counts.
 struct MmRsWorkspace<T: Element> {
-    meta: WordExchange,
     partials: Option<SymmBuf<T::Acc>>,
     /// `done[s]`: tiles of this rank's rows that rank `s` has written into its `partials`.
     done: SignalBuf,
@@ -42,18 +42,15 @@ struct MmRsWorkspace<T: Element> {
 
 impl<T: Element> Workspace for MmRsWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.meta.symmetric_bytes()
-            + self.done.len() * 64
-            + self.partials.as_ref().map_or(0, |p| p.len() * size_of::<T::Acc>())
+        self.done.len() * 64 + self.partials.as_ref().map_or(0, |p| p.len() * size_of::<T::Acc>())
     }
 }
 
 impl<T: Element> MmRsWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
         Ok(MmRsWorkspace {
-            meta: WordExchange::new(rank, 4)?,
             partials: None,
-            done: rank.alloc_signals(rank.num_ranks())?,
+            done: rank.alloc_signals_for("matmul_reduce_scatter done", rank.num_ranks())?,
             expected: 0,
         })
     }
@@ -61,15 +58,15 @@ impl<T: Element> MmRsWorkspace<T> {
 
 /// Exchanges shapes and checks them on every rank; returns the row shards of the result and `N`.
 fn agree<T: Element>(
-    ws: &mut MmRsWorkspace<T>,
+    op: &'static str,
     rank: &Rank<'_>,
     x: &ArrayView2<T>,
     w: &ArrayView2<T>,
     problem: Option<String>,
 ) -> Result<(Shards, usize)> {
     let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols()].map(|v| v as u64);
-    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
-    let all = ws.meta.exchange_checked(rank, OP, &words, problem)?;
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
+    let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     for (r, v) in all.iter().enumerate() {
         if v[1] != v[2] {
             return Err(Error::InnerDimMismatch {
@@ -80,8 +77,8 @@ fn agree<T: Element>(
             });
         }
     }
-    let m = check_agree(OP, &all, 0, "M (rows of x)")? as usize;
-    let n = check_agree(OP, &all, 3, "N (columns of w)")? as usize;
+    let m = all.agree(OP, 0, "M (rows of x)")? as usize;
+    let n = all.agree(OP, 3, "N (columns of w)")? as usize;
     Ok((Shards::new(array_split(m, rank.num_ranks())), n))
 }
 
@@ -129,13 +126,13 @@ pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
     if !fused {
         return unfused(rank, x, w, problem);
     }
-    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
-        let (rows, n) = agree(ws, rank, &x, &w, problem)?;
-        if let Some(npu) = rank.ascend() {
-            return ascend::launch::matmul_reduce_scatter(&npu, rows.counts(), n, x, w);
-        }
-        run_fused(rank, ws, &rows, n, x, w)
-    })
+    let (rows, n) = agree(OP, rank, &x, &w, problem)?;
+    if let Some(npu) = rank.ascend() {
+        return ascend::launch::matmul_reduce_scatter(&npu, rows.counts(), n, x, w)
+            .inspect_err(|e| rank.fail_after_agreeing(e));
+    }
+    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| run_fused(rank, ws, &rows, n, x, w))
+        .inspect_err(|e| rank.fail_after_agreeing(e))
 }
 
 /// The unfused baseline: the local product on this rank's compute cores (rounded to `T`), then
@@ -172,12 +169,14 @@ fn unfused<T: Element>(
     w: ArrayView2<T>,
     problem: Option<String>,
 ) -> Result<Array2<T>> {
-    let (rows, n) =
-        rank.with_workspace(MmRsWorkspace::<T>::new, |ws| agree(ws, rank, &x, &w, problem))?;
+    // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
+    let (rows, n) = agree(UNFUSED_OP, rank, &x, &w, problem)?;
     if let Some(npu) = rank.ascend() {
-        return ascend::launch::matmul_reduce_scatter_unfused(&npu, rows.counts(), n, x, w);
+        return ascend::launch::matmul_reduce_scatter_unfused(&npu, rows.counts(), n, x, w)
+            .inspect_err(|e| rank.fail_after_agreeing(e));
     }
-    let mut partial = scratch((rows.total(), n));
+    let mut partial =
+        scratch(UNFUSED_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
     let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();
     let flat = partial.as_slice().expect("fresh array");
@@ -196,7 +195,15 @@ fn run_fused<T: Element>(
 ) -> Result<Array2<T>> {
     let (me, world) = (rank.rank(), rank.num_ranks());
     let (m, k) = (rows.total(), x.ncols());
-    rank.reserve(&mut ws.partials, m * n)?;
+    let x = x.as_standard_layout();
+    let w = w.as_standard_layout();
+    // Half types widened once, so that every tile runs the f32 kernel in place.
+    let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
+    let w_acc = AccData::new(OP, w.as_slice().expect("standard layout"))?;
+    let mine = rows.count(me);
+    let mut out = scratch(OP, (mine, n))?;
+    let partial_len = m.saturating_mul(n);
+    rank.reserve_for("matmul_reduce_scatter partials", &mut ws.partials, partial_len)?;
     // Tiles of the rows each rank owns, the other ranks' rows first and this rank's last; when
     // shards are short, tiles over all rows instead (a tile then serves several owners).
     let order: Vec<usize> = (1..=world).map(|i| (me + i) % world).collect();
@@ -218,14 +225,7 @@ fn run_fused<T: Element>(
         .count();
     ws.expected += covering_me as u64;
 
-    let x = x.as_standard_layout();
-    let w = w.as_standard_layout();
-    // Half types widened once, so that every tile runs the f32 kernel in place.
-    let x_acc = AccData::new(x.as_slice().expect("standard layout"));
-    let w_acc = AccData::new(w.as_slice().expect("standard layout"));
     let (x_ptr, w_ptr) = (GlobalPtr::from_slice(&x_acc), GlobalPtr::from_slice(&w_acc));
-    let mine = rows.count(me);
-    let mut out = scratch((mine, n));
     let out_ptr = GlobalPtrMut::from_slice(out.as_slice_mut().expect("fresh array"));
     let reduce_rows = row_chunks(n, REDUCE_CHUNK_ELEMS).min(mine.max(1));
     let reduce_tasks = if n == 0 { 0 } else { mine.div_ceil(reduce_rows) };
@@ -283,7 +283,7 @@ fn reduce_rows_of<T: Element>(
                 Some(token) => token,
                 None => {
                     let want = WaitCmp::Ge(ws.expected);
-                    *held.insert(p.wait(&ws.done, src, want, WaitSem::Acquire)?)
+                    *held.insert(p.wait_from(&ws.done, src, src, want, WaitSem::Acquire)?)
                 }
             };
             let from = consume_token(symm_at(partials, src), token);

@@ -8,6 +8,7 @@ use ndarray::Array2;
 
 use crate::shmem::GlobalPtrMut;
 use crate::tensor::{Element, pool, split_offsets};
+use crate::{Error, Result};
 
 /// An operand in its accumulator type: borrowed as it is when the element type is its own
 /// accumulator (f32, f64), widened once otherwise (f16, bf16 to f32), so that the tiles of a
@@ -18,18 +19,18 @@ pub(crate) enum AccData<'a, A: Element> {
 }
 
 impl<'a, A: Element> AccData<'a, A> {
-    pub(crate) fn new<T: Element<Acc = A>>(data: &'a [T]) -> Self {
+    pub(crate) fn new<T: Element<Acc = A>>(op: &'static str, data: &'a [T]) -> Result<Self> {
         if TypeId::of::<T>() == TypeId::of::<A>() {
             // SAFETY: `T` and `A` are the same type, so the slice is reinterpreted as itself.
-            AccData::Borrowed(unsafe {
+            Ok(AccData::Borrowed(unsafe {
                 std::slice::from_raw_parts(data.as_ptr().cast(), data.len())
-            })
+            }))
         } else {
-            let mut widened = pool::take::<A>(data.len());
+            let mut widened = pool::take::<A>(op, data.len())?;
             for (w, &x) in widened.iter_mut().zip(data) {
                 *w = x.to_acc();
             }
-            AccData::Widened(widened)
+            Ok(AccData::Widened(widened))
         }
     }
 }
@@ -55,8 +56,16 @@ impl<A: Element> Drop for AccData<'_, A> {
 
 /// An output array whose values are unspecified, from the buffer cache: every element is written
 /// by the kernel that fills it.
-pub(crate) fn scratch<T: Element>((rows, cols): (usize, usize)) -> Array2<T> {
-    Array2::from_shape_vec((rows, cols), pool::take(rows * cols)).expect("rows x cols")
+pub(crate) fn scratch<T: Element>(
+    op: &'static str,
+    (rows, cols): (usize, usize),
+) -> Result<Array2<T>> {
+    let len = rows.checked_mul(cols).ok_or_else(|| Error::OutOfMemory {
+        op,
+        bytes: usize::MAX,
+        what: format!("a {rows} x {cols} output: the size overflows"),
+    })?;
+    Ok(Array2::from_shape_vec((rows, cols), pool::take(op, len)?).expect("rows x cols"))
 }
 
 /// Most rows per tile of a product, and most columns. Measured on the development machine (two

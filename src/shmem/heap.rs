@@ -1,37 +1,21 @@
 //! The symmetric heap: one segment of equal capacity per rank, addressed by offsets.
 //!
 //! Offsets, not references, so that the same layout can later serve ranks that are processes
-//! sharing `/dev/shm` or hosts joined by one-sided windows: a symmetric allocation is an offset
+//! sharing memfd segments or hosts joined by one-sided windows: a symmetric allocation is an offset
 //! that means the same thing in every rank's segment.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
-use memmap2::MmapMut;
-
+use super::mapping::Mapping;
 use crate::{Error, Result};
 
 /// Allocation granularity and alignment: two cache lines, so that buffers never share a line.
 pub(crate) const ALIGN: usize = 128;
 
-/// One rank's segment: an anonymous mapping, so pages that are never touched cost nothing.
-struct Segment {
-    _map: MmapMut,
-    base: *mut u8,
-}
-
-// SAFETY: the segment is plain memory shared by the ranks' threads; every access through `base`
-// goes through the pointer types of `shmem`, whose users synchronize through signals.
-unsafe impl Send for Segment {}
-// SAFETY: as above.
-unsafe impl Sync for Segment {}
-
 /// Free blocks of one segment, sorted by offset, coalesced on free.
 #[derive(Debug)]
 struct FreeList {
     blocks: Vec<(usize, usize)>,
-    /// How many allocations this rank has made: the position in the collective sequence.
-    sequence: u64,
 }
 
 impl FreeList {
@@ -68,55 +52,66 @@ impl FreeList {
     }
 }
 
-/// What the first rank to make allocation number `sequence` got, for the others to compare.
-struct LogEntry {
-    rank: usize,
-    offset: usize,
-    bytes: usize,
-    seen: usize,
-}
-
-/// The heap of a world: segments, their free lists, and the check that allocation is collective.
+/// The heap of a world as this process sees it: every rank's segment mapped (the table of peer
+/// bases), and the free lists of the segments this process allocates in (every rank's for a
+/// thread world, its own for a process world). Whether ranks allocate alike is checked by the
+/// allocation's exchange (`Rank::alloc`), not here.
 pub(crate) struct Heap {
-    segments: Vec<Segment>,
+    segments: Vec<Mapping>,
     capacity: usize,
     reserved: usize,
     free_lists: Vec<Mutex<FreeList>>,
-    log: Mutex<HashMap<u64, LogEntry>>,
+}
+
+/// `capacity` rounded up to the allocation granularity, or an error if that overflows or leaves
+/// nothing after the runtime's `reserved` bytes.
+pub(crate) fn segment_bytes(capacity: usize, reserved: usize) -> Result<(usize, usize)> {
+    let too_large = || Error::InvalidArgument {
+        op: "World::build",
+        rank: 0,
+        reason: format!(
+            "a symmetric heap of {capacity} bytes per rank does not fit the address space"
+        ),
+    };
+    let reserved = reserved.checked_next_multiple_of(ALIGN).ok_or_else(too_large)?;
+    let capacity = capacity.checked_next_multiple_of(ALIGN).ok_or_else(too_large)?;
+    if capacity > isize::MAX as usize {
+        return Err(too_large());
+    }
+    if capacity <= reserved {
+        return Err(Error::InvalidArgument {
+            op: "World::build",
+            rank: 0,
+            reason: format!(
+                "a symmetric heap of {capacity} bytes leaves nothing after the runtime's \
+                 {reserved} reserved bytes"
+            ),
+        });
+    }
+    Ok((capacity, reserved))
 }
 
 impl Heap {
-    /// Maps `num_ranks` segments of `capacity` bytes; the first `reserved` bytes of each are kept
-    /// for the runtime's own signals (the barrier).
-    pub(crate) fn new(num_ranks: usize, capacity: usize, reserved: usize) -> Result<Heap> {
-        let capacity = capacity.next_multiple_of(ALIGN);
-        let reserved = reserved.next_multiple_of(ALIGN);
-        if capacity <= reserved {
-            return Err(Error::InvalidArgument {
-                op: "World::build",
-                rank: 0,
-                reason: format!(
-                    "a symmetric heap of {capacity} bytes leaves nothing after the runtime's \
-                     {reserved} reserved bytes"
-                ),
-            });
-        }
+    /// A heap over `segments` (one per rank, each `capacity` bytes, the first `reserved` of
+    /// which the runtime keeps for itself).
+    pub(crate) fn new(segments: Vec<Mapping>, capacity: usize, reserved: usize) -> Heap {
+        let free_lists = (0..segments.len())
+            .map(|_| Mutex::new(FreeList { blocks: vec![(reserved, capacity - reserved)] }))
+            .collect();
+        Heap { segments, capacity, reserved, free_lists }
+    }
+
+    /// Maps `num_ranks` anonymous segments: the heap of a thread world.
+    pub(crate) fn anonymous(num_ranks: usize, capacity: usize, reserved: usize) -> Result<Heap> {
         let mut segments = Vec::with_capacity(num_ranks);
         for rank in 0..num_ranks {
-            let mut map = MmapMut::map_anon(capacity).map_err(|e| Error::InvalidArgument {
+            segments.push(Mapping::anonymous(capacity).map_err(|e| Error::InvalidArgument {
                 op: "World::build",
                 rank,
                 reason: format!("cannot map a symmetric heap segment of {capacity} bytes: {e}"),
-            })?;
-            let base = map.as_mut_ptr();
-            segments.push(Segment { _map: map, base });
+            })?);
         }
-        let free_lists = (0..num_ranks)
-            .map(|_| {
-                Mutex::new(FreeList { blocks: vec![(reserved, capacity - reserved)], sequence: 0 })
-            })
-            .collect();
-        Ok(Heap { segments, capacity, reserved, free_lists, log: Mutex::new(HashMap::new()) })
+        Ok(Heap::new(segments, capacity, reserved))
     }
 
     pub(crate) fn num_ranks(&self) -> usize {
@@ -135,7 +130,13 @@ impl Heap {
 
     /// Base address of `rank`'s segment.
     pub(crate) fn base(&self, rank: usize) -> *mut u8 {
-        self.segments[rank].base
+        self.segments[rank].base()
+    }
+
+    /// The mapping of `rank`'s segment.
+    #[allow(dead_code)] // for ranks that are processes (World::from_env)
+    pub(crate) fn segment(&self, rank: usize) -> &Mapping {
+        &self.segments[rank]
     }
 
     /// Bytes free in `rank`'s segment.
@@ -143,46 +144,18 @@ impl Heap {
         lock(&self.free_lists[rank]).free_bytes()
     }
 
-    /// Allocates `bytes` on `rank`, and checks that every rank's allocation of the same number in
-    /// the sequence got the same offset and size.
+    /// Takes `bytes` from `rank`'s free list (rounded up to [`ALIGN`]); returns the offset, or
+    /// the error saying what is left.
     pub(crate) fn alloc(&self, rank: usize, bytes: usize) -> Result<usize> {
         let rounded = bytes.max(1).checked_next_multiple_of(ALIGN).unwrap_or(usize::MAX);
-        let (offset, sequence) = {
-            let mut list = lock(&self.free_lists[rank]);
-            let Some(offset) = list.alloc(rounded) else {
-                return Err(Error::SymmetricMemoryExhausted {
-                    rank,
-                    requested: bytes,
-                    largest_free: list.largest_free(),
-                    free: list.free_bytes(),
-                    capacity: self.capacity - self.reserved,
-                });
-            };
-            list.sequence += 1;
-            (offset, list.sequence)
-        };
-        let mut log = lock(&self.log);
-        let entry =
-            log.entry(sequence).or_insert(LogEntry { rank, offset, bytes: rounded, seen: 0 });
-        if entry.offset != offset || entry.bytes != rounded {
-            let err = Error::AllocationMismatch {
-                sequence,
-                rank_a: entry.rank,
-                bytes_a: entry.bytes,
-                offset_a: entry.offset,
-                rank_b: rank,
-                bytes_b: rounded,
-                offset_b: offset,
-            };
-            drop(log);
-            self.free(rank, offset, bytes);
-            return Err(err);
-        }
-        entry.seen += 1;
-        if entry.seen == self.num_ranks() {
-            log.remove(&sequence);
-        }
-        Ok(offset)
+        let mut list = lock(&self.free_lists[rank]);
+        list.alloc(rounded).ok_or_else(|| Error::SymmetricMemoryExhausted {
+            rank,
+            requested: bytes,
+            largest_free: list.largest_free(),
+            free: list.free_bytes(),
+            capacity: self.capacity - self.reserved,
+        })
     }
 
     /// Returns an allocation made by [`Heap::alloc`] to `rank`'s free list.
@@ -203,7 +176,7 @@ mod tests {
 
     #[test]
     fn free_list_coalesces_neighbours() {
-        let mut list = FreeList { blocks: vec![(0, 1024)], sequence: 0 };
+        let mut list = FreeList { blocks: vec![(0, 1024)] };
         let a = list.alloc(128).unwrap();
         let b = list.alloc(256).unwrap();
         let c = list.alloc(128).unwrap();
@@ -217,7 +190,7 @@ mod tests {
 
     #[test]
     fn exhaustion_names_request_and_what_is_left() {
-        let heap = Heap::new(1, 4096, 128).unwrap();
+        let heap = Heap::anonymous(1, 4096, 128).unwrap();
         heap.alloc(0, 3000).unwrap();
         let err = heap.alloc(0, 2000).unwrap_err().to_string();
         assert!(err.contains("asked for 2000 bytes"), "{err}");

@@ -10,8 +10,10 @@
 //! | `barrier_all()` | [`Rank::barrier_all`] |
 
 mod buffer;
+mod control;
 mod exchange;
 mod heap;
+mod mapping;
 mod rank;
 mod signal;
 mod sync;
@@ -21,8 +23,10 @@ pub use crate::tensor::Pod;
 pub use buffer::{
     GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
 };
-pub use exchange::{WordExchange, check_agree};
+pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
+pub use exchange::{MAX_WORDS, WordExchange, check_agree};
 pub use rank::Rank;
+pub(crate) use signal::Awaited;
 pub use signal::{NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
 pub use world::{
     DEFAULT_HEAP_BYTES, DEFAULT_WAIT_TIMEOUT, HEAP_BYTES_ENV, WAIT_TIMEOUT_ENV, Workspace, World,

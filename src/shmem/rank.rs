@@ -4,14 +4,17 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::buffer::SymmBuf;
+use super::exchange::Call;
 use super::heap::lock;
-use super::signal::{self, NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
+use super::signal::{
+    self, Awaited, NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem,
+};
 use super::signal::{SIGNAL_STRIDE, cell};
 use super::world::{Workspace, WorldShared};
-use crate::Result;
 use crate::device::Topology;
 use crate::error::ProgramLabel;
 use crate::tensor::Pod;
+use crate::{Error, Result};
 
 /// One rank of a running [`World`](crate::World): who it is, its symmetric heap, its signals.
 ///
@@ -23,8 +26,8 @@ use crate::tensor::Pod;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub struct Rank<'w> {
-    world: &'w WorldShared,
-    rank: usize,
+    pub(crate) world: &'w WorldShared,
+    pub(crate) rank: usize,
 }
 
 impl<'w> Rank<'w> {
@@ -129,11 +132,89 @@ impl<'w> Rank<'w> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<SymmBuf<T>> {
-        let bytes = self.bytes_of(len, size_of::<T>())?;
-        let offset = self.world.heap.alloc(self.rank, bytes)?;
-        let buf = SymmBuf::new(self.world.heap.clone(), self.rank, offset, len);
-        let _ = self.barrier_all()?;
-        Ok(buf)
+        self.alloc_for("Rank::alloc", len)
+    }
+
+    /// [`Rank::alloc`] for `purpose`, which the allocation's exchange carries with the element
+    /// type: ranks that allocate for different purposes fail together, naming both.
+    pub(crate) fn alloc_for<T: Pod>(
+        &self,
+        purpose: &'static str,
+        len: usize,
+    ) -> Result<SymmBuf<T>> {
+        let call = Call::of_pod::<T>(purpose);
+        let offset = self.alloc_bytes(call, len, size_of::<T>(), |_| {})?;
+        Ok(SymmBuf::new(self.world.heap.clone(), self.rank, offset, len))
+    }
+
+    /// A symmetric allocation of `len` items of `size` bytes: allocates on this rank, runs
+    /// `init` on the block's offset, then exchanges (size, offset) with every rank and checks
+    /// they agree. The exchange is the barrier that keeps peers from writing into the block
+    /// before every rank has it. Any rank's failure (exhausted, overflow) fails all of them.
+    fn alloc_bytes(
+        &self,
+        call: Call,
+        len: usize,
+        size: usize,
+        init: impl FnOnce(usize),
+    ) -> Result<usize> {
+        let heap = &self.world.heap;
+        let (bytes, mut problem) = match len.checked_mul(size) {
+            Some(bytes) => (bytes, None),
+            None => (
+                usize::MAX,
+                Some(format!("{len} items of {size} bytes overflow the address space")),
+            ),
+        };
+        let mut own_error = None;
+        let offset = if problem.is_none() {
+            match heap.alloc(self.rank, bytes) {
+                Ok(offset) => {
+                    init(offset);
+                    Some(offset)
+                }
+                Err(err) => {
+                    problem = Some(err.to_string());
+                    own_error = Some(err);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let words = [bytes as u64, offset.map_or(u64::MAX, |o| o as u64)];
+        let free = || {
+            if let Some(offset) = offset {
+                heap.free(self.rank, offset, bytes);
+            }
+        };
+        let all = match self.exchange(call, &words, problem, &[]) {
+            Ok(all) => all,
+            Err(err) => {
+                free();
+                // This rank's own exhaustion keeps its type (and what is left) on this rank.
+                return Err(match (own_error, &err) {
+                    (Some(own), Error::InvalidArgument { rank, .. }) if *rank == self.rank => own,
+                    _ => err,
+                });
+            }
+        };
+        if let Some(bad) = (1..all.len()).find(|&r| all[r] != all[0]) {
+            free();
+            let purpose = format!("{}<{}>", call.op, call.dtype);
+            return Err(Error::AllocationMismatch {
+                sequence: lock(&self.world.local[self.rank].calls).seq,
+                purpose_a: purpose.clone(),
+                purpose_b: purpose,
+                rank_a: 0,
+                bytes_a: all[0][0] as usize,
+                offset_a: all[0][1] as usize,
+                rank_b: bad,
+                bytes_b: all[bad][0] as usize,
+                offset_b: all[bad][1] as usize,
+            });
+        }
+        Ok(offset.expect("every rank allocated, this one too"))
     }
 
     /// Makes `buf` hold at least `len` elements: keeps it if it does, else frees it and allocates
@@ -159,12 +240,22 @@ impl<'w> Rank<'w> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn reserve<T: Pod>(&self, buf: &mut Option<SymmBuf<T>>, len: usize) -> Result<()> {
+        self.reserve_for("Rank::reserve", buf, len)
+    }
+
+    /// [`Rank::reserve`] for `purpose` (see [`Rank::alloc_for`]).
+    pub(crate) fn reserve_for<T: Pod>(
+        &self,
+        purpose: &'static str,
+        buf: &mut Option<SymmBuf<T>>,
+        len: usize,
+    ) -> Result<()> {
         let old = buf.as_ref().map_or(0, |b| b.len());
         if buf.is_some() && old >= len {
             return Ok(());
         }
         *buf = None; // freed first, so the heap can reuse its space
-        *buf = Some(self.alloc(len.max(old + old / 2))?);
+        *buf = Some(self.alloc_for(purpose, len.max(old.saturating_add(old / 2)))?);
         Ok(())
     }
 
@@ -186,24 +277,20 @@ impl<'w> Rank<'w> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn alloc_signals(&self, len: usize) -> Result<SignalBuf> {
-        let bytes = self.bytes_of(len, SIGNAL_STRIDE)?;
-        let offset = self.world.heap.alloc(self.rank, bytes)?;
-        for i in 0..len {
-            cell(&self.world.heap, self.rank, offset + i * SIGNAL_STRIDE)
-                .store(0, Ordering::Relaxed);
-        }
-        let sigs = SignalBuf::new(self.world.heap.clone(), self.rank, offset, len);
-        let _ = self.barrier_all()?;
-        Ok(sigs)
+        self.alloc_signals_for("Rank::alloc_signals", len)
     }
 
-    /// `len` items of `size` bytes, or an error if that does not fit in a `usize`.
-    fn bytes_of(&self, len: usize, size: usize) -> Result<usize> {
-        len.checked_mul(size).ok_or_else(|| crate::Error::InvalidArgument {
-            op: "Rank::alloc",
-            rank: self.rank,
-            reason: format!("{len} items of {size} bytes overflow the address space"),
-        })
+    /// [`Rank::alloc_signals`] for `purpose` (see [`Rank::alloc_for`]).
+    pub(crate) fn alloc_signals_for(&self, purpose: &'static str, len: usize) -> Result<SignalBuf> {
+        let heap = &self.world.heap;
+        let zero = |offset: usize| {
+            for i in 0..len {
+                cell(heap, self.rank, offset + i * SIGNAL_STRIDE).value.store(0, Ordering::Relaxed);
+            }
+        };
+        let call = Call { op: purpose, dtype: "signal" };
+        let offset = self.alloc_bytes(call, len, SIGNAL_STRIDE, zero)?;
+        Ok(SignalBuf::new(heap.clone(), self.rank, offset, len))
     }
 
     /// Waits until every rank has reached this barrier. Everything each rank wrote before it is
@@ -280,7 +367,7 @@ impl<'w> Rank<'w> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn wait(&self, sig: &SignalBuf, index: usize, cmp: WaitCmp, sem: WaitSem) -> Result<Token> {
-        self.wait_labeled(ProgramLabel::Host, sig, index, cmp, sem)
+        self.wait_labeled(ProgramLabel::Host, sig, index, cmp, sem, Awaited::Anyone)
     }
 
     /// Runs `f` on this rank's workspace of type `W`, made by `init` on first use and kept for
@@ -315,7 +402,7 @@ impl<'w> Rank<'w> {
         // Taken out while in use; the entry stays, empty, so that a second user of the same
         // workspace on this rank (a collective called from two threads of one rank, or from
         // inside another) is an error rather than a one-rank collective allocation.
-        let taken = lock(&self.world.workspaces[self.rank]).insert(key, None);
+        let taken = lock(&self.world.local[self.rank].workspaces).insert(key, None);
         let mut ws: Box<W> = match taken {
             Some(Some(boxed)) => {
                 let any: Box<dyn std::any::Any> = boxed;
@@ -335,13 +422,13 @@ impl<'w> Rank<'w> {
             None => match init(self) {
                 Ok(ws) => Box::new(ws),
                 Err(err) => {
-                    lock(&self.world.workspaces[self.rank]).remove(&key);
+                    lock(&self.world.local[self.rank].workspaces).remove(&key);
                     return Err(err);
                 }
             },
         };
         let result = f(&mut ws);
-        lock(&self.world.workspaces[self.rank]).insert(key, Some(ws));
+        lock(&self.world.local[self.rank].workspaces).insert(key, Some(ws));
         result
     }
 
@@ -359,7 +446,7 @@ impl<'w> Rank<'w> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn workspace_bytes(&self) -> usize {
-        lock(&self.world.workspaces[self.rank])
+        lock(&self.world.local[self.rank].workspaces)
             .values()
             .flatten()
             .map(|w| w.symmetric_bytes())
@@ -385,7 +472,7 @@ impl<'w> Rank<'w> {
     pub fn release_workspaces(&self) -> Result<()> {
         // Peers may still read this rank's buffers from the last call: wait until all are here.
         let _ = self.barrier_all()?;
-        lock(&self.world.workspaces[self.rank]).clear();
+        lock(&self.world.local[self.rank].workspaces).clear();
         Ok(())
     }
 
@@ -396,37 +483,27 @@ impl<'w> Rank<'w> {
         index: usize,
         cmp: WaitCmp,
         sem: WaitSem,
+        awaited: Awaited,
     ) -> Result<Token> {
-        signal::wait(self.world, self.rank, program, sig, index, cmp, sem)
+        signal::wait(self.world, self.rank, program, sig, index, cmp, sem, awaited)
     }
 
-    pub(crate) fn barrier_labeled(&self, program: ProgramLabel) -> Result<Token> {
-        let (world, me, n) = (self.world, self.rank, self.num_ranks());
-        let epoch = world.barrier_epochs[me].fetch_add(1, Ordering::Relaxed) + 1;
-        // Rotated by rank, so the ranks do not all write to the same peer at once.
-        for i in 1..n {
-            let peer = (me + i) % n;
-            cell(&world.heap, peer, me * SIGNAL_STRIDE).store(epoch, Ordering::Release);
-            world.parkers[peer].wake();
-        }
-        for i in 1..n {
-            let peer = (me + i) % n;
-            let slot = cell(&world.heap, me, peer * SIGNAL_STRIDE);
-            let _ = signal::wait_cell(
-                world,
-                me,
-                program,
-                slot,
-                peer,
-                WaitCmp::Ge(epoch),
-                WaitSem::Acquire,
-            )?;
-        }
+    /// A barrier is an exchange of no words: it meets every other collective call, so a rank in
+    /// a barrier while another is in a collective op fails both with [`Error::OpMismatch`].
+    pub(crate) fn barrier_labeled(&self, _program: ProgramLabel) -> Result<Token> {
+        self.exchange(Call::untyped("barrier_all"), &[], None, &[])?;
         Ok(Token::new())
     }
 
     /// Records `err` as this rank's failure so that every other rank stops waiting.
     pub(crate) fn fail_with(&self, err: &crate::Error) {
+        self.world.fail_with(self.rank, err);
+    }
+
+    /// For an error after every rank agreed to a call (a buffer that cannot be allocated here, a
+    /// kernel that failed): the peers are committed to the call and would wait for this rank's
+    /// part, so the world fails and they stop at once.
+    pub(crate) fn fail_after_agreeing(&self, err: &crate::Error) {
         self.world.fail_with(self.rank, err);
     }
 }

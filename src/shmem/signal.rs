@@ -1,17 +1,17 @@
 //! Signals in the symmetric heap: `notify` a peer's signal, `wait` on one's own, get a token.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
 
+use super::control::RankState;
 use super::heap::Heap;
-use super::sync::WaitOutcome;
+use super::sync::{Cell, WaitOutcome, wait_until};
 use super::world::WorldShared;
 use crate::error::ProgramLabel;
 use crate::{Error, Result};
 
-/// Bytes between two signals: one cache line each, so signals written by different peers never
-/// share a line.
+/// Bytes between two signals: one cache line each (the value and its doorbell), so signals
+/// written by different peers never share a line.
 pub(crate) const SIGNAL_STRIDE: usize = 64;
 
 /// Proof that a wait or barrier completed. Symmetric memory becomes readable only by passing a
@@ -162,7 +162,7 @@ impl SignalBuf {
     }
 
     /// Signal `index` in `rank`'s segment.
-    fn cell(&self, rank: usize, index: usize) -> &AtomicU64 {
+    fn cell(&self, rank: usize, index: usize) -> &Cell {
         cell(&self.heap, rank, self.offset + index * SIGNAL_STRIDE)
     }
 }
@@ -184,11 +184,23 @@ impl std::fmt::Debug for SignalBuf {
 }
 
 /// The signal at byte `offset` of `rank`'s segment.
-pub(crate) fn cell(heap: &Heap, rank: usize, offset: usize) -> &AtomicU64 {
-    assert!(offset + 8 <= heap.capacity(), "signal at byte {offset} outside the heap segment");
+pub(crate) fn cell(heap: &Heap, rank: usize, offset: usize) -> &Cell {
+    assert!(
+        offset + size_of::<Cell>() <= heap.capacity(),
+        "signal at byte {offset} outside the heap segment"
+    );
     // SAFETY: the offset is inside the segment and 8-byte aligned (signal blocks are ALIGNed and
     // strided by 64 bytes); signals are only ever accessed atomically.
-    unsafe { &*(heap.base(rank).add(offset) as *const AtomicU64) }
+    unsafe { &*(heap.base(rank).add(offset) as *const Cell) }
+}
+
+/// Who is expected to satisfy a wait: a wait whose sender has left fails at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Awaited {
+    /// Rank `p` sends it (every wait inside the crate's own ops knows its sender).
+    Peer(usize),
+    /// Unknown (a user's wait): it fails once every other rank has left.
+    Anyone,
 }
 
 fn check_signal(
@@ -244,16 +256,17 @@ pub(crate) fn notify(
     };
     let target = sig.cell(peer, index);
     match op {
-        SignalOp::Set(v) => target.store(v, order),
+        SignalOp::Set(v) => target.value.store(v, order),
         SignalOp::Add(v) => {
-            target.fetch_add(v, order);
+            target.value.fetch_add(v, order);
         }
     }
-    world.parkers[peer].wake();
+    target.ring(&world.control, peer);
     Ok(())
 }
 
 /// Waits, on `rank`, until its signal `index` of `sig` meets `cmp`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn wait(
     world: &WorldShared,
     rank: usize,
@@ -262,40 +275,69 @@ pub(crate) fn wait(
     index: usize,
     cmp: WaitCmp,
     sem: WaitSem,
+    awaited: Awaited,
 ) -> Result<Token> {
     check_signal(world, "wait", rank, sig, index)?;
-    wait_cell(world, rank, program, sig.cell(rank, index), index, cmp, sem)
+    if let Awaited::Peer(peer) = awaited {
+        if peer >= world.num_ranks() {
+            return Err(Error::InvalidArgument {
+                op: "wait",
+                rank,
+                reason: format!("rank {peer} is outside a world of {} ranks", world.num_ranks()),
+            });
+        }
+    }
+    wait_cell(world, rank, program, sig.cell(rank, index), index, cmp, sem, awaited)
 }
 
 /// Waits on one signal cell of `rank`'s own segment.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn wait_cell(
     world: &WorldShared,
     rank: usize,
     program: ProgramLabel,
-    cell: &AtomicU64,
+    cell: &Cell,
     index: usize,
     cmp: WaitCmp,
     sem: WaitSem,
+    awaited: Awaited,
 ) -> Result<Token> {
     let order = match sem {
         WaitSem::Acquire => Ordering::Acquire,
         WaitSem::Relaxed => Ordering::Relaxed,
     };
-    let deadline = Instant::now() + world.wait_timeout;
-    let outcome = world.parkers[rank].wait_until(
-        deadline,
-        || cmp.holds(cell.load(order)),
-        || world.failure.is_set(),
+    let control = &world.control;
+    let n = world.num_ranks();
+    let waiting = || {
+        let seen = cell.value.load(Ordering::Relaxed);
+        format!("on signal {index} (awaited {cmp}, saw {seen}) in program {program}")
+    };
+    let left = |p: usize| p != rank && !matches!(control.state(p), RankState::Running);
+    let outcome = wait_until(
+        &world.watch(rank),
+        cell,
+        || cmp.holds(cell.value.load(order)),
+        || {
+            let peer = match awaited {
+                Awaited::Peer(p) => Some(p).filter(|&p| left(p)),
+                Awaited::Anyone if n > 1 && (0..n).all(|p| p == rank || left(p)) => {
+                    (0..n).find(|&p| p != rank)
+                }
+                Awaited::Anyone => None,
+            }?;
+            Some(Error::PeerGone { rank, peer, how: control.how_left(peer), waiting: waiting() })
+        },
     );
     match outcome {
         WaitOutcome::Ready => Ok(Token::new()),
         WaitOutcome::Failed => Err(world.peer_failed(rank)),
+        WaitOutcome::Gone(err) => Err(err),
         WaitOutcome::TimedOut => Err(Error::WaitTimeout {
             rank,
             program,
             signal: index,
             awaited: cmp.to_string(),
-            seen: cell.load(Ordering::Relaxed),
+            seen: cell.value.load(Ordering::Relaxed),
             timeout: world.wait_timeout,
         }),
     }

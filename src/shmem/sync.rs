@@ -1,126 +1,159 @@
-//! How waiting works on the host: spin briefly, then block until a notify or a failure wakes us.
+//! How waiting works: spin briefly, then block on a process-shared futex until a notify, a
+//! failure, a peer leaving, or the deadline.
 //!
-//! Every rank has one [`Parker`]. A waiter that has spun long enough registers itself and sleeps
-//! on the parker's condition variable; a notifier that finds waiters registered on the target
-//! rank wakes them. The registration count is read after the signal store and written before the
-//! signal load, both sequentially consistent, so a wake-up is never lost: either the notifier
-//! sees the waiter, or the waiter sees the signal.
+//! Every signal is a [`Cell`]: a 64-bit value and, beside it, a 32-bit doorbell. A waiter that has
+//! spun long enough registers in its rank's waiter count (in the control block), reads the
+//! doorbell, checks the value, and sleeps on the doorbell's futex. A notifier stores the value,
+//! and only if the target rank has registered waiters rings that cell's doorbell and wakes the
+//! threads sleeping on it (no other cell's). The count is written before the value is read and
+//! read after the value is stored, both sequentially consistent, so a wake-up is never lost.
+//!
+//! The futexes are process-shared (no `FUTEX_PRIVATE_FLAG`), so the same code wakes a thread of
+//! this process or of another that maps the same memory. A sleeping waiter also wakes up on its
+//! own every few milliseconds to look at the world: a failure, a rank that left, its deadline,
+//! and (in a process world) whether a peer process died.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
-use super::heap::lock;
+use rustix::thread::futex;
+
+use super::control::Control;
 
 /// Spins before a waiter yields, then yields before it blocks: short enough that a waiter on a
 /// busy machine gives its core back quickly to the producer it waits for.
 const SPIN_ROUNDS: u32 = 200;
 const YIELD_ROUNDS: u32 = 20;
-/// Longest single sleep: a bound on how late a waiter notices a deadline.
-const MAX_SLEEP: Duration = Duration::from_millis(50);
+/// First and longest sleep between looks at the world while blocked: a bound on how late a
+/// waiter notices a failure, a peer that left, or its deadline.
+const FIRST_TICK: Duration = Duration::from_millis(1);
+const MAX_TICK: Duration = Duration::from_millis(16);
 
-#[derive(Default)]
-pub(crate) struct Parker {
-    waiters: AtomicUsize,
-    mutex: Mutex<()>,
-    cond: Condvar,
+/// A signal: the value, and the doorbell its waiters sleep on. Lives in symmetric memory, one
+/// per 64-byte line.
+#[repr(C)]
+pub(crate) struct Cell {
+    pub(crate) value: AtomicU64,
+    doorbell: AtomicU32,
 }
 
-impl Parker {
-    /// Wakes every waiter of this rank, if any is blocked. Call after the store it announces.
-    pub(crate) fn wake(&self) {
+impl Cell {
+    /// Wakes the threads of `owner` sleeping on this cell, if `owner` has any blocked waiter.
+    /// Call after the store it announces.
+    pub(crate) fn ring(&self, control: &Control, owner: usize) {
         fence(Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) > 0 {
-            let _guard = lock(&self.mutex);
-            self.cond.notify_all();
-        }
-    }
-
-    /// Waits until `ready()` is true, `failed()` is true, or `deadline` passes; returns whether
-    /// `ready()` held.
-    pub(crate) fn wait_until(
-        &self,
-        deadline: Instant,
-        mut ready: impl FnMut() -> bool,
-        failed: impl Fn() -> bool,
-    ) -> WaitOutcome {
-        for round in 0..SPIN_ROUNDS + YIELD_ROUNDS {
-            if ready() {
-                return WaitOutcome::Ready;
-            }
-            if failed() {
-                return WaitOutcome::Failed;
-            }
-            if round < SPIN_ROUNDS {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        self.waiters.fetch_add(1, Ordering::SeqCst);
-        let outcome = self.block(deadline, ready, failed);
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
-        outcome
-    }
-
-    fn block(
-        &self,
-        deadline: Instant,
-        mut ready: impl FnMut() -> bool,
-        failed: impl Fn() -> bool,
-    ) -> WaitOutcome {
-        let mut guard = lock(&self.mutex);
-        loop {
-            fence(Ordering::SeqCst);
-            if ready() {
-                return WaitOutcome::Ready;
-            }
-            if failed() {
-                return WaitOutcome::Failed;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return WaitOutcome::TimedOut;
-            }
-            let sleep = (deadline - now).min(MAX_SLEEP);
-            guard = self.cond.wait_timeout(guard, sleep).unwrap_or_else(|e| e.into_inner()).0;
+        if control.waiters(owner).load(Ordering::SeqCst) > 0 {
+            self.doorbell.fetch_add(1, Ordering::SeqCst);
+            // A failed wake only costs the waiter its next tick.
+            let _ = futex::wake(&self.doorbell, futex::Flags::empty(), u32::MAX);
         }
     }
 }
 
 /// How a wait ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WaitOutcome {
+#[derive(Debug)]
+pub(crate) enum WaitOutcome<E> {
     Ready,
+    /// Some rank failed (the control block's flag is set).
     Failed,
+    /// What `gone` reported: a rank this wait needs has left.
+    Gone(E),
     TimedOut,
 }
 
-/// The first failure of a world: once set, every wait of every rank gives up.
-#[derive(Default)]
-pub(crate) struct Failure {
-    failed: AtomicBool,
-    first: Mutex<Option<(usize, String)>>,
+/// What a waiter looks at besides its condition.
+pub(crate) struct Watch<'a> {
+    pub(crate) control: &'a Control,
+    /// The waiting rank.
+    pub(crate) rank: usize,
+    pub(crate) deadline: Option<Instant>,
+    /// Called on every tick while blocked (a process world looks for dead peers here).
+    pub(crate) on_tick: Option<&'a (dyn Fn() + Send + Sync)>,
 }
 
-impl Failure {
-    pub(crate) fn is_set(&self) -> bool {
-        self.failed.load(Ordering::Acquire)
-    }
-
-    /// Records `rank`'s failure unless another came first; returns whether this one was first.
-    pub(crate) fn set(&self, rank: usize, reason: String) -> bool {
-        let mut first = lock(&self.first);
-        let is_first = first.is_none();
-        if is_first {
-            *first = Some((rank, reason));
+/// Waits on `cell` until `ready()`, a failure, `gone()` reporting a reason (asked whenever a rank
+/// has left the running state since the last look), or the deadline.
+pub(crate) fn wait_until<E>(
+    watch: &Watch<'_>,
+    cell: &Cell,
+    mut ready: impl FnMut() -> bool,
+    mut gone: impl FnMut() -> Option<E>,
+) -> WaitOutcome<E> {
+    let control = watch.control;
+    for round in 0..SPIN_ROUNDS + YIELD_ROUNDS {
+        if ready() {
+            return WaitOutcome::Ready;
         }
-        self.failed.store(true, Ordering::Release);
-        is_first
+        if control.failed() {
+            return WaitOutcome::Failed;
+        }
+        if round < SPIN_ROUNDS {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
+    let waiters = control.waiters(watch.rank);
+    waiters.fetch_add(1, Ordering::SeqCst);
+    let outcome = block(watch, cell, &mut ready, &mut gone);
+    waiters.fetch_sub(1, Ordering::SeqCst);
+    outcome
+}
 
-    /// The first failure: its rank and reason.
-    pub(crate) fn first(&self) -> Option<(usize, String)> {
-        lock(&self.first).clone()
+fn block<E>(
+    watch: &Watch<'_>,
+    cell: &Cell,
+    ready: &mut impl FnMut() -> bool,
+    gone: &mut impl FnMut() -> Option<E>,
+) -> WaitOutcome<E> {
+    let control = watch.control;
+    let mut seen_exits = None;
+    let mut tick = FIRST_TICK;
+    loop {
+        let ring = cell.doorbell.load(Ordering::SeqCst);
+        // Exits first: a rank publishes its exit after every signal it sent, so a waiter that
+        // sees the exit and then finds its condition unmet knows the signal will never come.
+        let exits = control.exits();
+        if ready() {
+            return WaitOutcome::Ready;
+        }
+        if control.failed() {
+            return WaitOutcome::Failed;
+        }
+        if seen_exits != Some(exits) {
+            seen_exits = Some(exits);
+            if let Some(reason) = gone() {
+                // `gone` acquired the leaver's state, published after every signal it sent:
+                // look once more, so that a signal sent just before leaving is not missed.
+                if ready() {
+                    return WaitOutcome::Ready;
+                }
+                return WaitOutcome::Gone(reason);
+            }
+        }
+        let mut sleep = tick;
+        if let Some(deadline) = watch.deadline {
+            let now = Instant::now();
+            if now >= deadline {
+                return WaitOutcome::TimedOut;
+            }
+            sleep = sleep.min(deadline - now);
+        }
+        let timeout = rustix::time::Timespec {
+            tv_sec: sleep.as_secs() as i64,
+            tv_nsec: sleep.subsec_nanos() as i64,
+        };
+        // Returns at once if the doorbell rang since it was read; errors (EAGAIN, EINTR,
+        // ETIMEDOUT) all mean "look again".
+        let _ = futex::wait(&cell.doorbell, futex::Flags::empty(), ring, Some(&timeout));
+        if let Some(on_tick) = watch.on_tick {
+            on_tick();
+        }
+        tick = (tick * 2).min(MAX_TICK);
     }
+}
+
+/// The deadline `timeout` from now, or none if that is past what an `Instant` can hold.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
 }

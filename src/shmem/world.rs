@@ -3,14 +3,15 @@
 use std::any::TypeId;
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::heap::{Heap, lock};
+use super::control::{Control, RankState};
+use super::exchange::{CallCounter, reserved_bytes};
+use super::heap::{Heap, lock, segment_bytes};
+use super::mapping::Mapping;
 use super::rank::Rank;
-use super::signal::SIGNAL_STRIDE;
-use super::sync::{Failure, Parker};
+use super::sync::{Watch, deadline_after};
 use crate::device::{Backend, Topology};
 use crate::{Error, Result};
 
@@ -20,20 +21,31 @@ pub const DEFAULT_HEAP_BYTES: usize = 1 << 30;
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Environment variable that overrides the heap capacity per rank, in bytes.
 pub const HEAP_BYTES_ENV: &str = "DIST_TENSOR_HEAP_BYTES";
-/// Environment variable that overrides the wait timeout, in milliseconds.
+/// Environment variable that overrides the wait timeout, in milliseconds (at least 1).
 pub const WAIT_TIMEOUT_ENV: &str = "DIST_TENSOR_WAIT_TIMEOUT_MS";
+
+/// What a rank keeps in its own process: nothing here is read by a peer.
+#[derive(Default)]
+pub(crate) struct RankLocal {
+    /// The number of the rank's last collective call; locked while a call is in progress.
+    pub(crate) calls: Mutex<CallCounter>,
+    /// Workspaces kept from one call (and one run) to the next, by type.
+    pub(crate) workspaces: Mutex<Workspaces>,
+    /// The rank's own error, typed, once it failed.
+    error: Mutex<Option<Arc<Error>>>,
+}
 
 /// State shared by every rank of a world.
 pub(crate) struct WorldShared {
     pub(crate) heap: Arc<Heap>,
+    /// What the ranks see of each other: failure, states, waiters (see `control`).
+    pub(crate) control: Control,
     pub(crate) topology: Topology,
     pub(crate) wait_timeout: Duration,
-    pub(crate) parkers: Vec<Parker>,
-    pub(crate) failure: Failure,
-    /// Per rank: how many barriers it has entered (the epoch its barrier signals carry).
-    pub(crate) barrier_epochs: Vec<AtomicU64>,
-    /// Per rank: workspaces kept from one call (and one run) to the next, by type.
-    pub(crate) workspaces: Vec<Mutex<Workspaces>>,
+    /// Per rank, what stays in the rank's own process.
+    pub(crate) local: Vec<RankLocal>,
+    /// Looks at the world while a wait is blocked (a process world looks for dead peers).
+    pub(crate) on_tick: Option<Box<dyn Fn() + Send + Sync>>,
     /// Where the ranks' kernels run: the host simulation, or a device backend.
     pub(crate) backend: Backend,
     run_lock: Mutex<()>,
@@ -51,28 +63,58 @@ pub trait Workspace: std::any::Any + Send {
 
 impl WorldShared {
     pub(crate) fn num_ranks(&self) -> usize {
-        self.parkers.len()
+        self.heap.num_ranks()
     }
 
-    /// The error a rank reports when it stops because another failed.
+    /// What a wait of `rank` looks at besides its condition.
+    pub(crate) fn watch(&self, rank: usize) -> Watch<'_> {
+        Watch {
+            control: &self.control,
+            rank,
+            deadline: deadline_after(self.wait_timeout),
+            on_tick: self.on_tick.as_deref(),
+        }
+    }
+
+    /// The error a rank reports when it stops because another failed: it says what that one said.
     pub(crate) fn peer_failed(&self, rank: usize) -> Error {
-        let failed_rank = self.failure.first().map_or(rank, |(r, _)| r);
-        Error::PeerFailed { rank, failed_rank }
+        let (failed_rank, reason) =
+            self.control.first_failure().unwrap_or((rank, "(no failure recorded)".into()));
+        Error::PeerFailed { rank, failed_rank, reason }
     }
 
-    /// Records a failure of `rank` and wakes every waiter of every rank so that they give up.
-    pub(crate) fn fail(&self, rank: usize, reason: String) {
-        self.failure.set(rank, reason);
-        for parker in &self.parkers {
-            parker.wake();
-        }
-    }
-
-    /// Records `err` as `rank`'s failure, unless it only reports that another rank failed first.
+    /// Records `err` as `rank`'s failure, unless it only reports that another rank failed first,
+    /// and makes every rank's waits give up.
     pub(crate) fn fail_with(&self, rank: usize, err: &Error) {
-        if !matches!(err, Error::PeerFailed { .. }) || !self.failure.is_set() {
-            self.fail(rank, err.to_string());
+        if matches!(err, Error::PeerFailed { .. }) && self.control.failed() {
+            return;
         }
+        let mut own = lock(&self.local[rank].error);
+        if own.is_none() {
+            *own = Some(Arc::new(err.clone()));
+        }
+        drop(own);
+        self.control.fail(rank, &err.to_string());
+    }
+
+    /// The rank's own error, typed, if it failed of its own in this process.
+    fn own_error(&self, rank: usize) -> Option<Arc<Error>> {
+        lock(&self.local[rank].error).clone()
+    }
+
+    /// The error a failed world reports: the first failure, typed where this process holds it,
+    /// and every rank that failed of its own.
+    pub(crate) fn world_error(&self, earlier: bool) -> Option<Error> {
+        let (rank, reason) = self.control.first_failure()?;
+        let failed_ranks = (0..self.num_ranks())
+            .filter(|&r| {
+                r == rank
+                    || self.own_error(r).is_some_and(|e| !matches!(*e, Error::PeerFailed { .. }))
+                    || matches!(self.control.state(r), RankState::Died)
+            })
+            .collect();
+        let reason = if earlier { format!("(in an earlier run) {reason}") } else { reason };
+        Some(Error::RankFailed { rank, reason, source: self.own_error(rank), failed_ranks })
     }
 }
 
@@ -201,31 +243,92 @@ impl WorldBuilder {
                 reason: "a world needs at least one rank".into(),
             });
         }
-        let heap_capacity = match self.heap_capacity {
+        let settings = Settings::resolve(self.heap_capacity, self.wait_timeout)?.for_ranks(n)?;
+        let heap = Heap::anonymous(n, settings.capacity, settings.reserved)?;
+        let control =
+            Mapping::anonymous(Control::bytes(n)).map_err(|e| Error::InvalidArgument {
+                op: "World::build",
+                rank: 0,
+                reason: format!("cannot map the control block: {e}"),
+            })?;
+        let topology = self.topology.unwrap_or_else(|| Topology::host_default(n));
+        let mut shared = WorldShared::new(heap, Control::create(control, n), topology, &settings);
+        shared.backend = self.backend;
+        Ok(World { shared: Arc::new(shared) })
+    }
+}
+
+/// A world's settings, from the builder or else the environment, checked.
+pub(crate) struct Settings {
+    pub(crate) capacity: usize,
+    pub(crate) reserved: usize,
+    pub(crate) wait_timeout: Duration,
+}
+
+impl Settings {
+    pub(crate) fn resolve(
+        heap_capacity: Option<usize>,
+        wait_timeout: Option<Duration>,
+    ) -> Result<Settings> {
+        crate::tensor::pool::check_env()?;
+        let capacity = match heap_capacity {
             Some(bytes) => bytes,
             None => env_number(HEAP_BYTES_ENV)?.map_or(DEFAULT_HEAP_BYTES, |b| b as usize),
         };
-        let wait_timeout = match self.wait_timeout {
+        let wait_timeout = match wait_timeout {
             Some(t) => t,
-            None => {
-                env_number(WAIT_TIMEOUT_ENV)?.map_or(DEFAULT_WAIT_TIMEOUT, Duration::from_millis)
-            }
+            None => match env_number(WAIT_TIMEOUT_ENV)? {
+                Some(0) => {
+                    return Err(Error::InvalidArgument {
+                        op: "World::build",
+                        rank: 0,
+                        reason: format!(
+                            "{WAIT_TIMEOUT_ENV}=0: a wait timeout of 0 ms fails healthy runs; \
+                             give at least 1"
+                        ),
+                    });
+                }
+                Some(ms) => Duration::from_millis(ms),
+                None => DEFAULT_WAIT_TIMEOUT,
+            },
         };
-        // The runtime keeps one barrier signal per rank at the start of every segment.
-        let heap = Heap::new(n, heap_capacity, n * SIGNAL_STRIDE)?;
-        Ok(World {
-            shared: Arc::new(WorldShared {
-                heap: Arc::new(heap),
-                topology: self.topology.unwrap_or_else(|| Topology::host_default(n)),
-                wait_timeout,
-                parkers: (0..n).map(|_| Parker::default()).collect(),
-                failure: Failure::default(),
-                barrier_epochs: (0..n).map(|_| AtomicU64::new(0)).collect(),
-                workspaces: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
-                backend: self.backend,
-                run_lock: Mutex::new(()),
-            }),
-        })
+        if wait_timeout.is_zero() {
+            return Err(Error::InvalidArgument {
+                op: "World::build",
+                rank: 0,
+                reason: "a wait timeout of zero fails healthy runs".into(),
+            });
+        }
+        Ok(Settings { capacity, reserved: 0, wait_timeout })
+    }
+
+    /// With the runtime's reserved part for `num_ranks` ranks, and the capacity rounded.
+    fn for_ranks(mut self, num_ranks: usize) -> Result<Settings> {
+        let (capacity, reserved) = segment_bytes(self.capacity, reserved_bytes(num_ranks))?;
+        self.capacity = capacity;
+        self.reserved = reserved;
+        Ok(self)
+    }
+}
+
+impl WorldShared {
+    pub(crate) fn new(
+        heap: Heap,
+        control: Control,
+        topology: Topology,
+        settings: &Settings,
+    ) -> WorldShared {
+        let n = heap.num_ranks();
+        WorldShared {
+            heap: Arc::new(heap),
+            control,
+            topology,
+            wait_timeout: settings.wait_timeout,
+            local: (0..n).map(|_| RankLocal::default()).collect(),
+            on_tick: None,
+            backend: Backend::Host,
+            run_lock: Mutex::new(()),
+        }
     }
 }
 
@@ -356,9 +459,9 @@ impl World {
     /// ```
     pub fn workspace_bytes(&self) -> Vec<usize> {
         self.shared
-            .workspaces
+            .local
             .iter()
-            .map(|w| lock(w).values().flatten().map(|ws| ws.symmetric_bytes()).sum())
+            .map(|l| lock(&l.workspaces).values().flatten().map(|ws| ws.symmetric_bytes()).sum())
             .collect()
     }
 
@@ -370,8 +473,29 @@ impl World {
     ///
     /// # Errors
     /// If any rank returns an error or panics, the world fails: every rank's waits return
-    /// [`Error::PeerFailed`] at once, and `run` returns [`Error::RankFailed`] naming the rank that
-    /// failed first and why. A failed world stays failed: later runs return the same error.
+    /// [`Error::PeerFailed`] at once (saying what the failed rank said), and `run` returns
+    /// [`Error::RankFailed`] naming the rank that failed first, with its error typed as `source`
+    /// (see [`Error::rank_error`], [`Error::downcast_ref`]) and every rank that failed of its own.
+    /// A rank that returns from `f` while a peer still waits for it (in a collective, a barrier,
+    /// or a wait only it could satisfy) ends that wait at once with [`Error::PeerGone`]. A
+    /// failed world stays failed: later runs return the same error.
+    ///
+    /// `?` works on the user's own errors inside `f`: the standard ones convert through `From`
+    /// into [`Error::User`], any other through [`Error::user`]:
+    /// ```
+    /// use dist_tensor::{Error, World};
+    ///
+    /// let err = World::threads(2)?
+    ///     .run(|rank| {
+    ///         let config = std::fs::read_to_string(format!("/no/config-{}.toml", rank.rank()))?;
+    ///         Ok(config.len())
+    ///     })
+    ///     .unwrap_err();
+    /// let io: &std::io::Error = err.downcast_ref().expect("the io::Error, typed");
+    /// assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    /// assert!(matches!(&err, Error::RankFailed { failed_ranks, .. } if failed_ranks == &[0, 1]));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     ///
     /// # Examples
     /// ```
@@ -409,46 +533,72 @@ impl World {
                 });
             }
         };
-        if let Some((rank, reason)) = self.shared.failure.first() {
-            return Err(Error::RankFailed {
-                rank,
-                reason: format!("(in an earlier run) {reason}"),
-            });
-        }
         let shared = &*self.shared;
+        if let Some(err) = shared.world_error(true) {
+            return Err(err);
+        }
+        let n = shared.num_ranks();
+        for r in 0..n {
+            shared.control.set_state(r, RankState::Running);
+        }
         let f = &f;
         let outcomes: Vec<Option<R>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..shared.num_ranks())
-                .map(|r| {
-                    std::thread::Builder::new()
-                        .name(format!("rank-{r}"))
-                        .spawn_scoped(scope, move || {
-                            let rank = Rank::new(shared, r);
-                            match catch_unwind(AssertUnwindSafe(|| f(&rank))) {
-                                Ok(Ok(value)) => Some(value),
-                                Ok(Err(err)) => {
-                                    shared.fail_with(r, &err);
-                                    None
-                                }
-                                Err(panic) => {
-                                    shared.fail(r, format!("panicked: {}", panic_message(&*panic)));
-                                    None
-                                }
-                            }
-                        })
-                        .expect("spawning a rank thread")
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or(None)).collect()
+            let mut handles = Vec::with_capacity(n);
+            for r in 0..n {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("rank-{r}"))
+                    .spawn_scoped(scope, move || run_rank(shared, r, f));
+                match spawned {
+                    Ok(handle) => handles.push(handle),
+                    Err(err) => {
+                        // The ranks already started stop at once: the world has failed.
+                        let err = Error::System {
+                            op: "World::run",
+                            rank: r,
+                            what: "cannot start the rank's thread".into(),
+                            source: Arc::new(err),
+                        };
+                        shared.fail_with(r, &err);
+                        for rest in r..n {
+                            shared.control.set_state(rest, RankState::Failed);
+                        }
+                        break;
+                    }
+                }
+            }
+            let mut outcomes: Vec<Option<R>> =
+                handles.into_iter().map(|h| h.join().unwrap_or(None)).collect();
+            outcomes.resize_with(n, || None);
+            outcomes
         });
-        if let Some((rank, reason)) = self.shared.failure.first() {
-            return Err(Error::RankFailed { rank, reason });
+        if let Some(err) = shared.world_error(false) {
+            return Err(err);
         }
         Ok(outcomes
             .into_iter()
             .map(|o| o.expect("no failure recorded, so every rank returned"))
             .collect())
     }
+}
+
+/// One rank's part of a run: the closure, then its state for the peers to see.
+pub(crate) fn run_rank<R, F>(shared: &WorldShared, r: usize, f: &F) -> Option<R>
+where
+    F: Fn(&Rank<'_>) -> Result<R>,
+{
+    let rank = Rank::new(shared, r);
+    let outcome = catch_unwind(AssertUnwindSafe(|| f(&rank)));
+    let err = match outcome {
+        Ok(Ok(value)) => {
+            shared.control.set_state(r, RankState::Returned);
+            return Some(value);
+        }
+        Ok(Err(err)) => err,
+        Err(panic) => Error::Panicked { rank: r, message: panic_message(&*panic) },
+    };
+    shared.fail_with(r, &err);
+    shared.control.set_state(r, RankState::Failed);
+    None
 }
 
 impl std::fmt::Debug for World {

@@ -107,17 +107,53 @@ impl<T: Element> Tensor<T> {
     /// use dist_tensor::Tensor;
     /// assert!(Tensor::<f64>::zeros(&[2, 3]).as_slice().iter().all(|&x| x == 0.0));
     /// ```
+    ///
+    /// # Panics
+    /// If the tensor cannot be allocated (its size overflows, or the machine cannot hold it):
+    /// use [`Tensor::try_zeros`] where the shape comes from data.
+    #[track_caller]
     pub fn zeros(shape: &[usize]) -> Self {
-        let mut t = Self::scratch(shape);
+        Self::try_zeros(shape).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A tensor of zeros, or an error if it cannot be allocated.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) naming the bytes when the shape's size
+    /// overflows or the machine cannot hold it.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Error, Tensor};
+    /// assert_eq!(Tensor::<f32>::try_zeros(&[2, 3])?.len(), 6);
+    /// let err = Tensor::<f32>::try_zeros(&[1 << 40, 1 << 30]).unwrap_err();
+    /// assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn try_zeros(shape: &[usize]) -> Result<Self> {
+        let mut t = Self::scratch("Tensor::zeros", shape)?;
         t.as_mut_slice().fill(T::zero());
-        t
+        Ok(t)
+    }
+
+    /// The number of elements of `shape`, or an out-of-memory error for `op` if it overflows.
+    fn checked_len(op: &'static str, shape: &[usize]) -> Result<usize> {
+        shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+            crate::Error::OutOfMemory {
+                op,
+                bytes: usize::MAX,
+                what: format!("a tensor of shape {shape:?}: the size overflows"),
+            }
+        })
     }
 
     /// A tensor whose values are unspecified (zeros, or what a dropped tensor held), taken from
     /// the buffer cache: for outputs a kernel overwrites entirely.
-    pub(crate) fn scratch(shape: &[usize]) -> Self {
-        let data = pool::take(shape.iter().product());
-        Tensor { data: ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product") }
+    pub(crate) fn scratch(op: &'static str, shape: &[usize]) -> Result<Self> {
+        let data = pool::take(op, Self::checked_len(op, shape)?)?;
+        Ok(Tensor {
+            data: ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product"),
+        })
     }
 
     /// A tensor of values drawn uniformly from `[-1, 1)` by a generator seeded with `seed`: the same
@@ -130,9 +166,31 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(a, Tensor::<f32>::random(&[4, 5], 7));
     /// assert!(a.as_slice().iter().all(|&x| (-1.0..1.0).contains(&x) && x != 0.0));
     /// ```
+    ///
+    /// # Panics
+    /// If the tensor cannot be allocated: use [`Tensor::try_random`] where the shape comes from
+    /// data.
+    #[track_caller]
     pub fn random(shape: &[usize], seed: u64) -> Self {
+        Self::try_random(shape, seed).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::random`], or an error if the tensor cannot be allocated.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the shape's size overflows or the
+    /// machine cannot hold it.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// assert_eq!(Tensor::<f32>::try_random(&[3, 2], 1)?, Tensor::random(&[3, 2], 1));
+    /// assert!(Tensor::<f32>::try_random(&[usize::MAX, 2], 1).is_err());
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn try_random(shape: &[usize], seed: u64) -> Result<Self> {
         let mut rng = StdRng::seed_from_u64(seed);
-        let len = shape.iter().product();
+        let mut t = Self::scratch("Tensor::random", shape)?;
         // Redraw what rounds to 1.0 or 0 in the element type (only the half types ever do), so
         // values stay in [-1, 1) and are never zero.
         let mut draw = || loop {
@@ -141,8 +199,10 @@ impl<T: Element> Tensor<T> {
                 return x;
             }
         };
-        let data = (0..len).map(|_| draw()).collect();
-        Self::from_shape_vec(shape, data).expect("length is the product of the shape")
+        for x in t.as_mut_slice() {
+            *x = draw();
+        }
+        Ok(t)
     }
 
     /// The shape.

@@ -43,7 +43,8 @@ fn check_inner<T>(op: &'static str, a: &ArrayView2<T>, b: &ArrayView2<T>) -> Res
 pub fn matmul<T: Element>(a: ArrayView2<T>, b: ArrayView2<T>, threads: usize) -> Result<Array2<T>> {
     check_inner("matmul", &a, &b)?;
     // Overwritten entirely (accumulate = false): a cached buffer needs no zeroing.
-    let data = super::pool::take(a.nrows() * b.ncols());
+    let len = a.nrows().saturating_mul(b.ncols());
+    let data = super::pool::take("matmul", len)?;
     let mut c = Array2::from_shape_vec((a.nrows(), b.ncols()), data).expect("m x n");
     matmul_into(c.view_mut(), a, b, false, threads)?;
     Ok(c)

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use super::Element;
+use crate::{Error, Result};
 
 /// Smallest buffer worth keeping, in bytes.
 const MIN_POOLED_BYTES: usize = 1 << 20;
@@ -27,13 +28,29 @@ struct Pool {
     cap: usize,
 }
 
+/// The cache's capacity from [`POOL_BYTES_ENV`], or an error naming a value that is not a
+/// number.
+fn env_cap() -> Result<usize> {
+    match std::env::var(POOL_BYTES_ENV) {
+        Ok(text) => text.trim().parse().map_err(|_| Error::InvalidArgument {
+            op: "World::build",
+            rank: 0,
+            reason: format!("{POOL_BYTES_ENV}={text:?} is not a whole number of bytes"),
+        }),
+        Err(_) => Ok(DEFAULT_POOL_BYTES),
+    }
+}
+
+/// Checks [`POOL_BYTES_ENV`]: a world refuses to start on a value that is not a number (the
+/// cache itself, made lazily, then caches nothing rather than guess).
+pub(crate) fn check_env() -> Result<()> {
+    env_cap().map(drop)
+}
+
 fn pool() -> &'static Mutex<Pool> {
     static POOL: OnceLock<Mutex<Pool>> = OnceLock::new();
     POOL.get_or_init(|| {
-        let cap = std::env::var(POOL_BYTES_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(DEFAULT_POOL_BYTES);
+        let cap = env_cap().unwrap_or(0);
         Mutex::new(Pool { buffers: HashMap::new(), bytes: 0, cap })
     })
 }
@@ -50,10 +67,20 @@ fn buffers_of<T: Element>(pool: &mut Pool) -> &mut Vec<Vec<T>> {
         .expect("keyed by the element type")
 }
 
-/// A buffer of `len` elements whose values are unspecified (zeros, or what a dropped tensor
-/// held): for outputs that a kernel overwrites entirely.
-pub(crate) fn take<T: Element>(len: usize) -> Vec<T> {
-    if len * size_of::<T>() >= MIN_POOLED_BYTES {
+/// A buffer of `len` elements for `op`: a cached one that fits (its contents unspecified), or a
+/// fresh zeroed one from the allocator.
+///
+/// # Errors
+/// [`Error::OutOfMemory`] naming `op` and the bytes when the allocator refuses the request or its
+/// size overflows: never an abort.
+pub(crate) fn take<T: Element>(op: &'static str, len: usize) -> Result<Vec<T>> {
+    let elems = || format!("{len} elements of {}", crate::shmem::short_type_name::<T>());
+    let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| Error::OutOfMemory {
+        op,
+        bytes: usize::MAX,
+        what: format!("{}: the size overflows", elems()),
+    })?;
+    if bytes >= MIN_POOLED_BYTES {
         let mut pool = lock();
         let buffers = buffers_of::<T>(&mut pool);
         // The smallest cached buffer that fits and wastes at most half of itself.
@@ -67,10 +94,27 @@ pub(crate) fn take<T: Element>(len: usize) -> Vec<T> {
             let mut buffer = buffers.swap_remove(i);
             pool.bytes -= buffer.capacity() * size_of::<T>();
             buffer.truncate(len);
-            return buffer;
+            return Ok(buffer);
         }
     }
-    vec![T::zero(); len]
+    zeroed(len).ok_or_else(|| Error::OutOfMemory { op, bytes, what: elems() })
+}
+
+/// A vector of `len` zeros straight from the allocator (`calloc`: the pages are zeroed when first
+/// touched, as `vec![0.0; len]` does), or `None` if the allocator refuses.
+pub(crate) fn zeroed<T: Element>(len: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(vec![T::zero(); len]);
+    }
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `len` elements of
+    // `T`, and all-zero bytes are the value zero of every element type (f32, f64, f16, bf16).
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 /// Gives a buffer back for later [`take`]s (or to the allocator, if small or the cache is full).
@@ -123,18 +167,29 @@ mod tests {
     #[test]
     fn a_given_buffer_is_taken_again_only_when_it_fits() {
         let len = (MIN_POOLED_BYTES / 4) * 3;
-        let mut buffer = take::<f32>(len);
+        let mut buffer = take::<f32>("test", len).unwrap();
         buffer[0] = 42.0;
         let address = buffer.as_ptr();
         give(buffer);
-        let other_type = take::<f64>(len / 2);
+        let other_type = take::<f64>("test", len / 2).unwrap();
         assert_ne!(other_type.as_ptr() as *const f32, address);
-        let smaller = take::<f32>(len - 5);
+        let smaller = take::<f32>("test", len - 5).unwrap();
         assert_eq!(smaller.as_ptr(), address);
         assert_eq!(smaller.len(), len - 5);
         give(smaller);
         // Far smaller requests do not take a big buffer.
-        let far_smaller = take::<f32>(len / 3);
+        let far_smaller = take::<f32>("test", len / 3).unwrap();
         assert_ne!(far_smaller.as_ptr(), address);
+    }
+
+    #[test]
+    fn a_request_the_machine_cannot_hold_is_an_error_naming_op_and_bytes() {
+        let err = take::<f64>("demo", usize::MAX / 4).unwrap_err().to_string();
+        assert!(err.contains("demo: out of memory") && err.contains("overflows"), "{err}");
+        let err = take::<f32>("demo", 1 << 60).unwrap_err().to_string(); // 4 EiB
+        assert!(
+            err.contains("demo: out of memory: cannot allocate 4611686018427387904 bytes"),
+            "{err}"
+        );
     }
 }

@@ -14,28 +14,17 @@ use super::npu::AscendRank;
 use super::result::{self, nnop::Operator};
 use super::unfused::{Descriptor, sync, types, workspace};
 use super::world::PathTaken;
-use crate::shmem::{Rank, WordExchange, Workspace, check_agree};
+use crate::shmem::{Call, Rank};
 use crate::tensor::Element;
 use crate::{DType, Error, Result};
-
-/// The metadata exchange of the vendor calls (kept between calls, like the crate's own ops').
-struct VendorWorkspace {
-    meta: WordExchange,
-}
-
-impl Workspace for VendorWorkspace {
-    fn symmetric_bytes(&self) -> usize {
-        self.meta.symmetric_bytes()
-    }
-}
 
 /// The world sizes an MC2 operator takes on this SoC.
 fn world_sizes(soc: &str) -> &'static [usize] {
     if soc.starts_with("Ascend910_93") { &[2, 4, 8, 16, 32] } else { &[2, 4, 8] }
 }
 
-/// Checks the limits on this rank, exchanges shapes, and checks that every rank agrees;
-/// returns every rank's `[m, k, w rows, w cols]`.
+/// Checks the limits on this rank, exchanges shapes (naming the call, as every collective call
+/// does), and checks that every rank agrees; returns every rank's `[m, k, w rows, w cols]`.
 fn agree<T: Element>(
     op: &'static str,
     rank: &Rank<'_>,
@@ -66,13 +55,10 @@ fn agree<T: Element>(
         None
     };
     let words = [x.nrows(), k, w.nrows(), w.ncols()].map(|v| v as u64);
-    let all = rank.with_workspace(
-        |rank| Ok(VendorWorkspace { meta: WordExchange::new(rank, 4)? }),
-        |ws| ws.meta.exchange_checked(rank, op, &words, problem),
-    )?;
-    check_agree(op, &all, 0, "rows of x (the operator takes equal shards)")?;
-    check_agree(op, &all, 1, "K")?;
-    Ok(all)
+    let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
+    all.agree(op, 0, "rows of x (the operator takes equal shards)")?;
+    all.agree(op, 1, "K")?;
+    Ok(all.iter().map(<[u64]>::to_vec).collect())
 }
 
 /// The communicator's group name, which the operators take.

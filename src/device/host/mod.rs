@@ -49,10 +49,9 @@ where
         let outcome = instance(i / sub_vec_num, i % sub_vec_num);
         *results[i].lock().unwrap_or_else(|e| e.into_inner()) = outcome;
     };
-    rank.with_workspace(ProgramPool::new, |pool| {
-        pool.run(instances, &job);
-        Ok(())
-    })?;
+    // A program thread that cannot start fails the world: the peers wait for this launch.
+    rank.with_workspace(ProgramPool::new, |pool| pool.run(instances, &job))
+        .inspect_err(|e| rank.fail_with(e))?;
     let results = results.into_iter().map(|r| r.into_inner().unwrap_or_else(|e| e.into_inner()));
     // Report this rank's own failure before a "stopped because a peer failed".
     let mut errors: Vec<Error> = results.filter_map(Result::err).collect();

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use crate::Result;
 use crate::shmem::{Rank, Workspace};
+use crate::{Error, Result};
 
 /// A launch's body, called with the instance index `1..instances` on the pool's threads.
 type Job = dyn Fn(usize) + Sync;
@@ -92,14 +92,19 @@ impl ProgramPool {
     /// Runs `job(i)` for every `i` in `0..instances` at once: 0 on the calling thread, the others
     /// on resident threads. Returns when all have returned. `job` must not panic (callers catch
     /// panics inside it).
-    pub(crate) fn run(&mut self, instances: usize, job: &(dyn Fn(usize) + Sync)) {
+    pub(crate) fn run(&mut self, instances: usize, job: &(dyn Fn(usize) + Sync)) -> Result<()> {
         while self.workers.len() + 1 < instances {
             let index = self.workers.len() + 1;
             let shared = self.shared.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("rank-{}/instance-{index}", self.rank))
                 .spawn(move || worker(&shared, index))
-                .expect("spawning a program thread");
+                .map_err(|e| Error::System {
+                    op: "launch",
+                    rank: self.rank,
+                    what: format!("cannot start program thread {index} of {instances}"),
+                    source: std::sync::Arc::new(e),
+                })?;
             self.workers.push(handle);
         }
         // SAFETY: only the lifetime is erased; the job outlives its use, as `JobPtr` says.
@@ -121,6 +126,7 @@ impl ProgramPool {
         if instances > 0 {
             job(0);
         }
+        Ok(())
     }
 }
 

@@ -1,0 +1,298 @@
+//! The control block: what every rank of a world must see of every other, in one shared mapping.
+//!
+//! Ranks that are threads of this process map it once; ranks that are processes map the same
+//! memfd. Either way the code that reads and writes it is the same:
+//!
+//! | what | where | who writes |
+//! | --- | --- | --- |
+//! | failure flag and first-failure record (rank, message) | header, text area | the first rank to fail |
+//! | `exits`: how many times a rank left the running state | header | a rank that returns or fails, a peer that finds a rank dead |
+//! | per rank: state (idle, running, returned, failed, died) | rank record | the rank; a peer for `died` |
+//! | per rank: blocked waiters (who to wake) | rank record | the rank's waiting threads |
+//! | per rank: pid, exit status | rank record | the rank; a peer that reaps it |
+//!
+//! Per-rank state that no peer reads (the free list of the rank's own segment, its call
+//! counter, its workspaces) stays in the rank's own process.
+
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use super::mapping::Mapping;
+
+const MAGIC: u64 = 0x6469_7374_5f74_656e; // "dist_ten"
+const HEADER_BYTES: usize = 64;
+/// Room for the first failure's message; longer messages are cut.
+pub(crate) const FAILURE_TEXT_BYTES: usize = 4096;
+const RECORD_BYTES: usize = 64;
+
+/// Where a rank is in its life: peers read it to stop waiting for a rank that left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum RankState {
+    /// Not in `run` (before the first, between runs, or not joined yet).
+    Idle = 0,
+    /// Inside `run`.
+    Running = 1,
+    /// Returned from `run` without an error of its own.
+    Returned = 2,
+    /// Returned an error or panicked.
+    Failed = 3,
+    /// Its process ended without returning (killed, or exited from inside `run`).
+    Died = 4,
+}
+
+impl RankState {
+    fn from_u32(v: u32) -> RankState {
+        match v {
+            1 => RankState::Running,
+            2 => RankState::Returned,
+            3 => RankState::Failed,
+            4 => RankState::Died,
+            _ => RankState::Idle,
+        }
+    }
+}
+
+/// The shared control block of a world.
+pub(crate) struct Control {
+    map: Mapping,
+    num_ranks: usize,
+}
+
+impl Control {
+    /// Bytes of a control block for `num_ranks` ranks.
+    pub(crate) fn bytes(num_ranks: usize) -> usize {
+        HEADER_BYTES + FAILURE_TEXT_BYTES + num_ranks * RECORD_BYTES
+    }
+
+    /// Takes a fresh (zeroed) mapping of at least [`Control::bytes`] and writes its header.
+    pub(crate) fn create(map: Mapping, num_ranks: usize) -> Control {
+        assert!(map.len() >= Self::bytes(num_ranks), "control block mapping too small");
+        let control = Control { map, num_ranks };
+        control.word(8).store(num_ranks as u64, Ordering::Relaxed);
+        control.word(0).store(MAGIC, Ordering::Release);
+        control
+    }
+
+    /// Opens a control block another process created; checks it is one, for this world size.
+    #[allow(dead_code)] // for ranks that are processes (World::from_env)
+    pub(crate) fn open(map: Mapping, num_ranks: usize) -> Result<Control, String> {
+        if map.len() < Self::bytes(num_ranks) {
+            return Err(format!("a control block of {} bytes is too small", map.len()));
+        }
+        let control = Control { map, num_ranks };
+        if control.word(0).load(Ordering::Acquire) != MAGIC {
+            return Err("the shared control block is not one of dist-tensor's".into());
+        }
+        let n = control.word(8).load(Ordering::Relaxed);
+        if n != num_ranks as u64 {
+            return Err(format!(
+                "the control block is for {n} ranks, this process for {num_ranks}"
+            ));
+        }
+        Ok(control)
+    }
+
+    #[allow(dead_code)] // for ranks that are processes (World::from_env)
+    pub(crate) fn mapping(&self) -> &Mapping {
+        &self.map
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.map.len());
+        // SAFETY: inside the mapping, 8-aligned (the mapping is page-aligned); the control block
+        // is only ever accessed through atomics.
+        unsafe { &*(self.map.base().add(offset) as *const AtomicU64) }
+    }
+
+    fn half(&self, offset: usize) -> &AtomicU32 {
+        debug_assert!(offset % 4 == 0 && offset + 4 <= self.map.len());
+        // SAFETY: as in `word`, 4-aligned.
+        unsafe { &*(self.map.base().add(offset) as *const AtomicU32) }
+    }
+
+    fn record(&self, rank: usize) -> usize {
+        assert!(rank < self.num_ranks, "rank {rank} outside a world of {}", self.num_ranks);
+        HEADER_BYTES + FAILURE_TEXT_BYTES + rank * RECORD_BYTES
+    }
+
+    // ---- failure --------------------------------------------------------------------------
+
+    /// Whether some rank failed.
+    pub(crate) fn failed(&self) -> bool {
+        self.half(16).load(Ordering::Acquire) != 0
+    }
+
+    /// Records `rank`'s failure with its message unless another came first; sets the flag
+    /// either way. Returns whether this one was first.
+    pub(crate) fn fail(&self, rank: usize, message: &str) -> bool {
+        let first =
+            self.word(24).compare_exchange(0, rank as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
+        let is_first = first.is_ok();
+        if is_first {
+            let text = truncate(message, FAILURE_TEXT_BYTES);
+            // SAFETY: only the first failing rank writes the text area, once, before it
+            // publishes its length with release ordering; readers read it only after acquiring
+            // that length.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    text.as_ptr(),
+                    self.map.base().add(HEADER_BYTES),
+                    text.len(),
+                )
+            };
+            self.half(20).store(text.len() as u32 + 1, Ordering::Release);
+        }
+        self.half(16).store(1, Ordering::Release);
+        is_first
+    }
+
+    /// The first failure: its rank and message (empty while its writer is still writing it).
+    pub(crate) fn first_failure(&self) -> Option<(usize, String)> {
+        let first = self.word(24).load(Ordering::Acquire);
+        if first == 0 {
+            return None;
+        }
+        let mut len = self.half(20).load(Ordering::Acquire);
+        for _ in 0..10_000 {
+            if len != 0 {
+                break;
+            }
+            std::hint::spin_loop();
+            len = self.half(20).load(Ordering::Acquire);
+        }
+        let text = if len == 0 {
+            String::from("(its message was still being written)")
+        } else {
+            let mut bytes = vec![0u8; len as usize - 1];
+            // SAFETY: the writer stored these bytes before releasing `len`, which was acquired.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.map.base().add(HEADER_BYTES),
+                    bytes.as_mut_ptr(),
+                    bytes.len(),
+                )
+            };
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        Some((first as usize - 1, text))
+    }
+
+    // ---- rank states ----------------------------------------------------------------------
+
+    /// How many times a rank left the running state: a waiter that sees it change looks at who.
+    pub(crate) fn exits(&self) -> u32 {
+        self.half(32).load(Ordering::Acquire)
+    }
+
+    pub(crate) fn state(&self, rank: usize) -> RankState {
+        RankState::from_u32(self.half(self.record(rank)).load(Ordering::Acquire))
+    }
+
+    /// Sets `rank`'s state. Leaving `Running` is published with release ordering after
+    /// everything the rank did, so a peer that sees it also sees every signal it sent.
+    pub(crate) fn set_state(&self, rank: usize, state: RankState) {
+        let old = self.half(self.record(rank)).swap(state as u32, Ordering::AcqRel);
+        if old == RankState::Running as u32 && state != RankState::Running {
+            self.half(32).fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Marks a running `rank` as died (a peer found its process gone); returns whether this
+    /// call changed it.
+    #[allow(dead_code)] // for ranks that are processes (World::from_env)
+    pub(crate) fn mark_died(&self, rank: usize, status: i32) -> bool {
+        let cell = self.half(self.record(rank));
+        let changed = cell
+            .compare_exchange(
+                RankState::Running as u32,
+                RankState::Died as u32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if changed {
+            self.exit_status(rank).store(status, Ordering::Release);
+            self.half(32).fetch_add(1, Ordering::AcqRel);
+        }
+        changed
+    }
+
+    /// Threads of `rank` blocked in a wait: a notifier wakes them only when there are some.
+    pub(crate) fn waiters(&self, rank: usize) -> &AtomicU32 {
+        self.half(self.record(rank) + 4)
+    }
+
+    /// `rank`'s process id (0 until it joined).
+    #[allow(dead_code)] // for ranks that are processes (World::from_env)
+    pub(crate) fn pid(&self, rank: usize) -> &AtomicU32 {
+        self.half(self.record(rank) + 8)
+    }
+
+    /// How `rank`'s process ended, as found by a peer (a wait status).
+    pub(crate) fn exit_status(&self, rank: usize) -> &AtomicI32 {
+        // SAFETY: as in `half`; i32 and u32 atomics have the same layout.
+        unsafe { &*(self.map.base().add(self.record(rank) + 12) as *const AtomicI32) }
+    }
+
+    /// How many ranks have joined (a process world's start-up count).
+    #[allow(dead_code)] // for ranks that are processes (World::from_env)
+    pub(crate) fn joined(&self) -> &AtomicU32 {
+        self.half(36)
+    }
+
+    /// How a rank that is no longer running left, for messages.
+    pub(crate) fn how_left(&self, rank: usize) -> String {
+        match self.state(rank) {
+            RankState::Returned => "returned from run".into(),
+            RankState::Failed => "failed".into(),
+            RankState::Died => describe_status(self.exit_status(rank).load(Ordering::Acquire)),
+            RankState::Idle => "is not in run".into(),
+            RankState::Running => "is running".into(),
+        }
+    }
+}
+
+/// A wait status in words: `exited with status 3`, `was killed by signal 9`.
+pub(crate) fn describe_status(status: i32) -> String {
+    if status < 0 {
+        "ended (its process is gone)".into()
+    } else if status & 0x7f == 0 {
+        format!("exited with status {} without returning from run", (status >> 8) & 0xff)
+    } else {
+        format!("was killed by signal {}", status & 0x7f)
+    }
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+fn truncate(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_failure_wins_and_states_count_exits() {
+        let control = Control::create(Mapping::anonymous(Control::bytes(3)).unwrap(), 3);
+        assert!(!control.failed());
+        control.set_state(1, RankState::Running);
+        control.set_state(1, RankState::Returned);
+        assert_eq!(control.exits(), 1);
+        assert!(control.fail(2, "two broke"));
+        assert!(!control.fail(0, "zero broke too"));
+        assert!(control.failed());
+        assert_eq!(control.first_failure(), Some((2, "two broke".to_string())));
+        assert_eq!(control.how_left(1), "returned from run");
+    }
+
+    #[test]
+    fn a_long_message_is_cut_on_a_character_boundary() {
+        assert_eq!(truncate("aé", 2), "a");
+        assert_eq!(truncate("abc", 10), "abc");
+    }
+}
