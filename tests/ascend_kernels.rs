@@ -105,9 +105,10 @@ fn check_masks_not_padding(name: &str, src: &str, kernel: bool) -> Result<(), St
     Ok(())
 }
 
-/// Whether `expr` is rotated by the rank: `(me + ...) % world`.
+/// Whether `expr` is rotated by the rank: `(me + ...) % world`, or the prelude's
+/// `locate_rotated` (checked on its own to rotate).
 fn rotated(expr: &str) -> bool {
-    expr.contains("me +") && expr.contains("% world")
+    (expr.contains("me +") && expr.contains("% world")) || expr.contains("locate_rotated(")
 }
 
 /// Whether identifier `ident` is assigned (anywhere in `src`) from a rotated expression.
@@ -356,6 +357,11 @@ mod ascend {
         }
         let collective = std::fs::read_to_string(kernels_dir().join("collective.h")).unwrap();
         assert!(calls(&collective, "notify_add").iter().all(|(_, a)| rotated(&a[2])));
+        // The helper the kernels locate their rotated tasks with does rotate.
+        let prelude = std::fs::read_to_string(kernels_dir().join("prelude.h")).unwrap();
+        let helper = &prelude[prelude.find("int64_t locate_rotated(").expect("the helper")..];
+        let body = &helper[..helper.find("\n}\n").expect("its end")];
+        assert!(body.contains("const int64_t r = (me + i) % world;"), "{body}");
     }
 
     #[test]

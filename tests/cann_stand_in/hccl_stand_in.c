@@ -22,8 +22,7 @@
  * (standin_fail).
  */
 
-#define _GNU_SOURCE
-#include <dlfcn.h>
+#include "stand_in_log.h"
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -66,21 +65,6 @@ struct comm {
     uint32_t n_ranks;
     int32_t device;
 };
-
-static void record(const char *fmt, ...) {
-    char line[512];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(line, sizeof line, fmt, args);
-    va_end(args);
-    void (*sink)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "standin_record_line");
-    if (sink != NULL) sink(line);
-}
-
-static int injected(const char *call) {
-    int (*status)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "standin_injected_status");
-    return status == NULL ? 0 : status(call);
-}
 
 static struct comm *as_comm(void *handle) {
     struct comm *c = handle;

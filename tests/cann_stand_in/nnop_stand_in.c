@@ -13,8 +13,7 @@
  * was told to (standin_fail).
  */
 
-#define _GNU_SOURCE
-#include <dlfcn.h>
+#include "stand_in_log.h"
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,21 +40,6 @@ struct executor {
     char op[48];
     uint64_t workspace;
 };
-
-static void record(const char *fmt, ...) {
-    char line[512];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(line, sizeof line, fmt, args);
-    va_end(args);
-    void (*sink)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "standin_record_line");
-    if (sink != NULL) sink(line);
-}
-
-static int injected(const char *call) {
-    int (*status)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "standin_injected_status");
-    return status == NULL ? 0 : status(call);
-}
 
 static int refuse(const char *message) {
     void (*set)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "standin_set_recent");

@@ -21,8 +21,7 @@
  * Every call is recorded in the AscendCL stand-in's log (found with dlsym).
  */
 
-#define _GNU_SOURCE
-#include <dlfcn.h>
+#include "stand_in_log.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,21 +41,6 @@ struct prog {
     char *bin;
     size_t bin_len;
 };
-
-static void record(const char *fmt, ...) {
-    char line[1024];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(line, sizeof line, fmt, args);
-    va_end(args);
-    void (*sink)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "standin_record_line");
-    if (sink != NULL) sink(line);
-}
-
-static int injected(const char *call) {
-    int (*status)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "standin_injected_status");
-    return status == NULL ? 0 : status(call);
-}
 
 static const char *(*recent(void))(void) {
     return (const char *(*)(void))dlsym(RTLD_DEFAULT, "aclGetRecentErrMsg");

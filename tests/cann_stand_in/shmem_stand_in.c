@@ -23,8 +23,7 @@
  * version word), and every call is recorded in the AscendCL stand-in's log.
  */
 
-#define _GNU_SOURCE
-#include <dlfcn.h>
+#include "stand_in_log.h"
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -91,21 +90,6 @@ void standin_shmem_process_global(int on) {
     }
     g_global_pe = -1;
     pthread_mutex_unlock(&g_lock);
-}
-
-static void record(const char *fmt, ...) {
-    char line[512];
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(line, sizeof line, fmt, args);
-    va_end(args);
-    void (*sink)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "standin_record_line");
-    if (sink != NULL) sink(line);
-}
-
-static int injected(const char *call) {
-    int (*status)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "standin_injected_status");
-    return status == NULL ? 0 : status(call);
 }
 
 static int current_device(void) {

@@ -10,8 +10,11 @@
 
 use ndarray::{Array2, ArrayView2};
 
+use std::ffi::c_void;
+
 use super::npu::AscendRank;
 use super::result::{self, nnop::Operator};
+use super::sys::Nnop;
 use super::unfused::{Descriptor, sync, types, workspace};
 use super::world::PathTaken;
 use crate::shmem::{Call, Rank};
@@ -99,56 +102,24 @@ pub fn all_gather_matmul<T: Element>(
 ) -> Result<Array2<T>> {
     const OP: &str = "aclnnAllGatherMatmul";
     agree(OP, rank, &x, &w)?;
-    let npu = rank.ascend().expect("agree() checked the world");
-    npu.bind()?;
-    let nnop = npu.world.nnop()?;
-    let (_, acl_type) = types(T::DTYPE);
-    let (m, k, n, world) = (x.nrows(), x.ncols(), w.ncols(), rank.num_ranks());
-    let size = size_of::<T>();
-    let x = x.as_standard_layout();
-    let w = w.as_standard_layout();
-    let x_dev = npu.upload("vendor.x", x.as_slice().expect("standard layout"))?;
-    let w_dev = npu.upload("vendor.w", w.as_slice().expect("standard layout"))?;
-    let out_dev = npu.buffer("vendor.out", m * world * n * size)?;
-    let gather_dev = npu.buffer("vendor.gather_out", m * world * k * size)?;
-    let group = group(&npu)?;
-    let acl = npu.world.acl();
-    {
-        let x1 = Descriptor::new(&nnop, &[m, k], acl_type, x_dev)?;
-        let x2 = Descriptor::new(&nnop, &[k, n], acl_type, w_dev)?;
-        let out = Descriptor::new(&nnop, &[m * world, n], acl_type, out_dev)?;
-        let gather_out = Descriptor::new(&nnop, &[m * world, k], acl_type, gather_dev)?;
+    let world = rank.num_ranks();
+    let (m, k, n) = (x.nrows(), x.ncols(), w.ncols());
+    let outputs = [[m * world, n], [m * world, k]]; // the product, and the gathered rows
+    run_mc2(rank, OP, Operator::AllGatherMatmul, x, w, &outputs, |npu, nnop, x1, x2, out, group| {
         // SAFETY: the descriptors describe device memory of the bound device, alive until the
-        // synchronisation below.
-        let prepared = unsafe {
-            result::nnop::all_gather_matmul_prepare(
-                acl,
-                &nnop,
-                x1.handle.0,
-                x2.handle.0,
-                &group,
-                out.handle.0,
-                gather_out.handle.0,
-            )
-        }?;
-        let ws = workspace(&npu, prepared.workspace_bytes)?;
-        // SAFETY: the executor is this call's, the workspace holds its size, the stream is the
-        // rank's; everything lives until the synchronisation.
+        // run synchronises.
         unsafe {
-            result::nnop::execute(
-                acl,
-                &nnop,
-                Operator::AllGatherMatmul,
-                &prepared,
-                ws.0,
-                npu.npu().stream.0,
+            result::nnop::all_gather_matmul_prepare(
+                npu.world.acl(),
+                nnop,
+                x1,
+                x2,
+                group,
+                out[0],
+                out[1],
             )
-        }?;
-        sync(&npu)?;
-    }
-    let data = npu.download::<T>(out_dev, m * world * n)?;
-    npu.took(PathTaken::Vendor(OP));
-    Ok(Array2::from_shape_vec((m * world, n), data).expect("M x n"))
+        }
+    })
 }
 
 /// `reduce_scatter(x @ w)` summed by CANN's `aclnnMatmulReduceScatter`: `x` is this rank's
@@ -188,42 +159,84 @@ pub fn matmul_reduce_scatter<T: Element>(
             reason: format!("M = {m} is not a multiple of the {world} ranks, as {OP} needs"),
         });
     }
+    let outputs = [[m / world, w.ncols()]];
+    run_mc2(
+        rank,
+        OP,
+        Operator::MatmulReduceScatter,
+        x,
+        w,
+        &outputs,
+        |npu, nnop, x1, x2, out, group| {
+            // SAFETY: as in `all_gather_matmul`.
+            unsafe {
+                result::nnop::matmul_reduce_scatter_prepare(
+                    npu.world.acl(),
+                    nnop,
+                    x1,
+                    x2,
+                    group,
+                    out[0],
+                )
+            }
+        },
+    )
+}
+
+/// Runs an MC2 operator on this rank's NPU: uploads `x` and `w`, describes them and the
+/// `outputs` (the first is the result), runs the first phase (`prepare`, given the descriptors
+/// and the group name), the second with a workspace of the size it asked for, synchronises, and
+/// copies the result back.
+fn run_mc2<T: Element>(
+    rank: &Rank<'_>,
+    op: &'static str,
+    operator: Operator,
+    x: ArrayView2<'_, T>,
+    w: ArrayView2<'_, T>,
+    outputs: &[[usize; 2]],
+    prepare: impl FnOnce(
+        &AscendRank<'_>,
+        &Nnop,
+        *mut c_void,
+        *mut c_void,
+        &[*mut c_void],
+        &str,
+    ) -> Result<result::nnop::Prepared>,
+) -> Result<Array2<T>> {
     let npu = rank.ascend().expect("agree() checked the world");
     npu.bind()?;
     let nnop = npu.world.nnop()?;
     let (_, acl_type) = types(T::DTYPE);
-    let (k, n) = (x.ncols(), w.ncols());
     let size = size_of::<T>();
     let x = x.as_standard_layout();
     let w = w.as_standard_layout();
     let x_dev = npu.upload("vendor.x", x.as_slice().expect("standard layout"))?;
     let w_dev = npu.upload("vendor.w", w.as_slice().expect("standard layout"))?;
-    let mine = m / world;
-    let out_dev = npu.buffer("vendor.out", mine * n * size)?;
+    let roles = ["vendor.out", "vendor.gather_out"];
+    let out_devs: Vec<_> = outputs
+        .iter()
+        .zip(roles)
+        .map(|(&[r, c], role)| npu.buffer(role, r * c * size))
+        .collect::<Result<_>>()?;
     let group = group(&npu)?;
-    let acl = npu.world.acl();
     {
-        let x1 = Descriptor::new(&nnop, &[m, k], acl_type, x_dev)?;
-        let x2 = Descriptor::new(&nnop, &[k, n], acl_type, w_dev)?;
-        let out = Descriptor::new(&nnop, &[mine, n], acl_type, out_dev)?;
-        // SAFETY: as in `all_gather_matmul`.
-        let prepared = unsafe {
-            result::nnop::matmul_reduce_scatter_prepare(
-                acl,
-                &nnop,
-                x1.handle.0,
-                x2.handle.0,
-                &group,
-                out.handle.0,
-            )
-        }?;
+        let x1 = Descriptor::new(&nnop, x.shape(), acl_type, x_dev)?;
+        let x2 = Descriptor::new(&nnop, w.shape(), acl_type, w_dev)?;
+        let outs: Vec<Descriptor<'_>> = outputs
+            .iter()
+            .zip(&out_devs)
+            .map(|(shape, &dev)| Descriptor::new(&nnop, shape, acl_type, dev))
+            .collect::<Result<_>>()?;
+        let handles: Vec<*mut c_void> = outs.iter().map(|d| d.handle.0).collect();
+        let prepared = prepare(&npu, &nnop, x1.handle.0, x2.handle.0, &handles, &group)?;
         let ws = workspace(&npu, prepared.workspace_bytes)?;
-        // SAFETY: as in `all_gather_matmul`.
+        // SAFETY: the executor is this call's, the workspace holds its size, the stream is the
+        // rank's; everything lives until the synchronisation below.
         unsafe {
             result::nnop::execute(
-                acl,
+                npu.world.acl(),
                 &nnop,
-                Operator::MatmulReduceScatter,
+                operator,
                 &prepared,
                 ws.0,
                 npu.npu().stream.0,
@@ -231,7 +244,8 @@ pub fn matmul_reduce_scatter<T: Element>(
         }?;
         sync(&npu)?;
     }
-    let data = npu.download::<T>(out_dev, mine * n)?;
-    npu.took(PathTaken::Vendor(OP));
-    Ok(Array2::from_shape_vec((mine, n), data).expect("M / world x N"))
+    let [rows, cols] = outputs[0];
+    let data = npu.download::<T>(out_devs[0], rows * cols)?;
+    npu.took(PathTaken::Vendor(op));
+    Ok(Array2::from_shape_vec((rows, cols), data).expect("the result's shape"))
 }

@@ -14,7 +14,8 @@ extern "C" __global__ __aicore__ void all_gather(
     GM_ADDR output,   // [rows, total_cols] elem_t
     GM_ADDR staging,  // symmetric elem_t: this rank's published input
     GM_ADDR ready,    // symmetric int32 [num_ranks]: programs of each rank that have published
-    GM_ADDR table,    // int64: cols[w], col_offsets[w+1], ready_at[w], row_step[w], col_step[w]
+    GM_ADDR table,    // int64: cols[w], col_offsets[w+1], ready_at[w], row_step[w], col_step[w],
+                      // tasks[w] (chunks of each rank's block)
     GM_ADDR status,   // int64 [8]: what a wait that timed out saw
     int64_t rank, int64_t num_ranks, int64_t rows, int64_t timeout_cycles)
 {
@@ -27,6 +28,7 @@ extern "C" __global__ __aicore__ void all_gather(
     __gm__ int64_t *ready_at = tab + 2 * world + 1;
     __gm__ int64_t *row_step = tab + 3 * world + 1;
     __gm__ int64_t *col_step = tab + 4 * world + 1;
+    __gm__ int64_t *tasks = tab + 5 * world + 1;
     __gm__ elem_t *in = reinterpret_cast<__gm__ elem_t *>(input);
     __gm__ elem_t *out = reinterpret_cast<__gm__ elem_t *>(output);
     __gm__ elem_t *stage = reinterpret_cast<__gm__ elem_t *>(staging);
@@ -41,22 +43,13 @@ extern "C" __global__ __aicore__ void all_gather(
     if (world > 1) {
         publish_part(stage, in, rows, cols[me], row_step[me], col_step[me], signals, me, world, ub);
     }
-    int64_t total = 0;
-    for (int64_t s = 0; s < world; ++s) {
-        total += chunk_count(rows, cols[s], row_step[s], col_step[s]);
-    }
+    // Tasks flattened over (source, chunk), sources rotated: own block first, then the next ranks.
+    const int64_t total = total_rotated(me, world, 0, tasks);
     int64_t held = -1;
     __gm__ elem_t *from = nullptr;
     for (int64_t t = pid; t < total; t += ncore) {
-        int64_t start = 0, src = me, count = 0;
-        for (int64_t i = 0; i < world; ++i) {
-            src = (me + i) % world;  // rotated: own block first, then the next ranks
-            count = chunk_count(rows, cols[src], row_step[src], col_step[src]);
-            if (t < start + count) {
-                break;
-            }
-            start += count;
-        }
+        int64_t within = 0;
+        const int64_t src = locate_rotated(t, me, world, 0, tasks, within);
         if (held != src) {
             from = source(stage, in, src, me, signals, ready_at[src], st);
             held = src;
@@ -64,7 +57,7 @@ extern "C" __global__ __aicore__ void all_gather(
         if (from == nullptr) {
             return;  // the host reads the status record and reports the timeout
         }
-        const Chunk c = chunk_at(t - start, rows, cols[src], row_step[src], col_step[src]);
+        const Chunk c = chunk_at(within, rows, cols[src], row_step[src], col_step[src]);
         copy_2d(out + c.row * total_cols + col_offsets[src] + c.col, total_cols,
                 from + c.row * cols[src] + c.col, cols[src], c.rows, c.cols, ub);
     }

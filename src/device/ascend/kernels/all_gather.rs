@@ -2,10 +2,12 @@
 //! ([`collectives::all_gather_cols`](crate::collectives::all_gather_cols)) once the ranks have
 //! agreed on the lengths.
 
-use super::{ALL_GATHER, KernelArgs, TilePlan, UB_TILE_BYTES, offsets, publish_counts, words};
+use super::{
+    ALL_GATHER, TilePlan, UB_TILE_BYTES, collective_args, launch_and_fetch, offsets,
+    publish_counts, words,
+};
 use crate::Result;
 use crate::device::ascend::npu::AscendRank;
-use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
 
 const OP: &str = "all_gather";
@@ -18,7 +20,7 @@ pub(crate) fn run<T: Element>(
     cols: &[usize],
 ) -> Result<Vec<T>> {
     npu.bind()?;
-    let (me, n) = (npu.rank.rank(), npu.rank.num_ranks());
+    let n = npu.rank.num_ranks();
     let size = size_of::<T>();
     let col_offsets = offsets(cols);
     let total = rows * col_offsets[n];
@@ -32,22 +34,13 @@ pub(crate) fn run<T: Element>(
     table.extend(ready_at.iter().map(|&r| r as i64));
     table.extend(plans.iter().map(|p| p.row_step as i64));
     table.extend(plans.iter().map(|p| p.col_step as i64));
+    table.extend(plans.iter().map(|p| p.count() as i64));
     let table_dev = npu.upload("all_gather.table", &table)?;
     let input = npu.upload("all_gather.input", local)?;
     let out_dev = npu.buffer("all_gather.out", total * size)?;
-    let args = KernelArgs::new(&ALL_GATHER)
-        .ptr("input", input)
-        .ptr("output", out_dev)
-        .ptr("staging", staging)
-        .ptr("ready", ready)
-        .ptr("table", table_dev)
-        .ptr("status", npu.status_ptr()?)
-        .int("rank", me)
-        .int("num_ranks", n)
-        .int("rows", rows)
-        .int("timeout_cycles", npu.timeout_cycles());
-    npu.launch::<T>(OP, &ALL_GATHER, args)?;
-    let out = npu.download::<T>(out_dev, total)?;
-    npu.took(PathTaken::Kernel(OP));
-    Ok(out)
+    let args =
+        collective_args(npu, &ALL_GATHER, input, out_dev, (staging, ready), Some(table_dev))?
+            .int("rows", rows)
+            .int("timeout_cycles", npu.timeout_cycles());
+    launch_and_fetch(npu, OP, &ALL_GATHER, args, out_dev, total)
 }

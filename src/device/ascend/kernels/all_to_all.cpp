@@ -63,7 +63,8 @@ extern "C" __global__ __aicore__ void all_to_all(
     GM_ADDR arrived,   // symmetric int32 [num_ranks]: blocks from each source landed here
     GM_ADDR table,     // int64: gathers[w], gather_offsets[w+1], scatters[w], scatter_offsets[w+1],
                        // send_rows_per_task[w] (by destination), recv_rows_per_task[w] (by
-                       // source), expected[w] (by source, cumulative)
+                       // source), expected[w] (by source, cumulative), send_tasks[w] (by
+                       // destination), recv_tasks[w] (by source)
     GM_ADDR status,    // int64 [8]: what a wait that timed out saw
     int64_t rank, int64_t num_ranks, int64_t a, int64_t bm, int64_t c, int64_t gather_first,
     int64_t scatter_len, int64_t timeout_cycles)
@@ -77,6 +78,8 @@ extern "C" __global__ __aicore__ void all_to_all(
     __gm__ int64_t *send_rows = tab + 4 * world + 2;
     __gm__ int64_t *recv_rows = tab + 5 * world + 2;
     __gm__ int64_t *want = tab + 6 * world + 2;
+    __gm__ int64_t *send_tasks = tab + 7 * world + 2;
+    __gm__ int64_t *recv_tasks = tab + 8 * world + 2;
     __gm__ int32_t *signals = reinterpret_cast<__gm__ int32_t *>(arrived);
     __gm__ elem_t *input = reinterpret_cast<__gm__ elem_t *>(x);
     __gm__ elem_t *output = reinterpret_cast<__gm__ elem_t *>(out);
@@ -89,24 +92,11 @@ extern "C" __global__ __aicore__ void all_to_all(
     AscendC::LocalTensor<elem_t> ub = ub_buf.Get<elem_t>();
 
     // ---- send: tasks (peer i, a, b, row block), peers rotated; own part straight to out ----
-    int64_t total = 0;
-    for (int64_t i = 0; i < world; ++i) {
-        const int64_t dst = (me + i) % world;
-        const Block b = layout.block(me, dst, 0, 0);
-        total += (b.cols == 0 ? 0 : ceil_div(b.rows, send_rows[dst])) * ab;
-    }
+    int64_t total = total_rotated(me, world, 0, send_tasks);
     for (int64_t t = pid; t < total; t += ncore) {
-        int64_t start = 0, per_ab = 0, dst = me;
-        for (int64_t i = 0; i < world; ++i) {
-            dst = (me + i) % world;
-            const Block b = layout.block(me, dst, 0, 0);
-            per_ab = b.cols == 0 ? 0 : ceil_div(b.rows, send_rows[dst]);
-            if (t < start + per_ab * ab) {
-                break;
-            }
-            start += per_ab * ab;
-        }
-        const int64_t within = t - start;
+        int64_t within = 0;
+        const int64_t dst = locate_rotated(t, me, world, 0, send_tasks, within);
+        const int64_t per_ab = send_tasks[dst] / ab;
         const int64_t ab_index = within / per_ab, row_block = within % per_ab;
         const Block b = layout.block(me, dst, ab_index / bm, ab_index % bm);
         const int64_t row = row_block * send_rows[dst];
@@ -122,25 +112,13 @@ extern "C" __global__ __aicore__ void all_to_all(
     }
 
     // ---- receive: each source's blocks, once its count is complete, into out ----------------
-    total = 0;
-    for (int64_t i = 1; i < world; ++i) {
-        const int64_t src = (me + i) % world;
-        const Block b = layout.block(src, me, 0, 0);
-        total += (b.cols == 0 ? 0 : ceil_div(b.rows, recv_rows[src])) * ab;
-    }
+    total = total_rotated(me, world, 1, recv_tasks);
     int64_t held = -1;
     Token token{false};
     for (int64_t t = pid; t < total; t += ncore) {
-        int64_t start = 0, per_ab = 0, src = me;
-        for (int64_t i = 1; i < world; ++i) {
-            src = (me + i) % world;
-            const Block b = layout.block(src, me, 0, 0);
-            per_ab = b.cols == 0 ? 0 : ceil_div(b.rows, recv_rows[src]);
-            if (t < start + per_ab * ab) {
-                break;
-            }
-            start += per_ab * ab;
-        }
+        int64_t within = 0;
+        const int64_t src = locate_rotated(t, me, world, 1, recv_tasks, within);
+        const int64_t per_ab = recv_tasks[src] / ab;
         if (held != src) {
             token = wait_ge(signals, src, static_cast<int32_t>(want[src]), st, pid, 0);
             held = src;
@@ -148,7 +126,6 @@ extern "C" __global__ __aicore__ void all_to_all(
         if (!token.ok) {
             return;  // the host reads the status record and reports the timeout
         }
-        const int64_t within = t - start;
         const int64_t ab_index = within / per_ab, row_block = within % per_ab;
         const Block b = layout.block(src, me, ab_index / bm, ab_index % bm);
         const int64_t row = row_block * recv_rows[src];

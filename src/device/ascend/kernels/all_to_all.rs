@@ -1,10 +1,9 @@
 //! Launches `all_to_all.cpp`: the NPU side of [`fused::all_to_all`](crate::fused::all_to_all)
 //! once the ranks have agreed on the shapes.
 
-use super::{ALL_TO_ALL, KernelArgs, UB_TILE_BYTES, words};
+use super::{ALL_TO_ALL, KernelArgs, UB_TILE_BYTES, launch_and_fetch, words};
 use crate::Result;
 use crate::device::ascend::npu::AscendRank;
-use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
 
 const OP: &str = "all_to_all";
@@ -76,6 +75,8 @@ pub(crate) fn run<T: Element>(
     table.extend((0..n).map(|dst| rows_per_task(layout.block(me, dst).1, size) as i64));
     table.extend((0..n).map(|src| rows_per_task(layout.block(src, me).1, size) as i64));
     table.extend(expected.iter().map(|&e| e as i64));
+    table.extend((0..n).map(|dst| tasks(me, dst) as i64));
+    table.extend((0..n).map(|src| tasks(src, me) as i64));
     let table_dev = npu.upload("all_to_all.table", &table)?;
     let x_dev = npu.upload("all_to_all.x", input)?;
     let out_len = layout.output_len(me);
@@ -95,8 +96,5 @@ pub(crate) fn run<T: Element>(
         .int("gather_first", usize::from(layout.gather_first))
         .int("scatter_len", layout.scatter_len)
         .int("timeout_cycles", npu.timeout_cycles());
-    npu.launch::<T>(OP, &ALL_TO_ALL, args)?;
-    let out = npu.download::<T>(out_dev, out_len)?;
-    npu.took(PathTaken::Kernel(OP));
-    Ok(out)
+    launch_and_fetch(npu, OP, &ALL_TO_ALL, args, out_dev, out_len)
 }

@@ -14,7 +14,8 @@ extern "C" __global__ __aicore__ void all_to_all_v(
     GM_ADDR staging,  // symmetric elem_t: this rank's published input
     GM_ADDR ready,    // symmetric int32 [num_ranks]: programs of each rank that have published
     GM_ADDR table,    // int64: recv[w] (elements from each source), send_start[w] (where they
-                      // start in the source's input), recv_offsets[w+1], ready_at[w], col_step[w]
+                      // start in the source's input), recv_offsets[w+1], ready_at[w], col_step[w],
+                      // tasks[w] (chunks of each source's piece)
     GM_ADDR status,   // int64 [8]: what a wait that timed out saw
     int64_t rank, int64_t num_ranks, int64_t in_len,
     int64_t publish_col_step,  // the publish chunks (host TilePlan over one row of in_len)
@@ -29,6 +30,7 @@ extern "C" __global__ __aicore__ void all_to_all_v(
     __gm__ int64_t *recv_offsets = tab + 2 * world;
     __gm__ int64_t *ready_at = tab + 3 * world + 1;
     __gm__ int64_t *col_step = tab + 4 * world + 1;
+    __gm__ int64_t *tasks = tab + 5 * world + 1;
     __gm__ elem_t *in = reinterpret_cast<__gm__ elem_t *>(input);
     __gm__ elem_t *out = reinterpret_cast<__gm__ elem_t *>(output);
     __gm__ elem_t *stage = reinterpret_cast<__gm__ elem_t *>(staging);
@@ -42,22 +44,13 @@ extern "C" __global__ __aicore__ void all_to_all_v(
     if (world > 1) {
         publish_part(stage, in, 1, in_len, 1, publish_col_step, signals, me, world, ub);
     }
-    int64_t total = 0;
-    for (int64_t s = 0; s < world; ++s) {
-        total += chunk_count(1, recv[s], 1, col_step[s]);
-    }
+    // Tasks flattened over (source, chunk), sources rotated: own piece first.
+    const int64_t total = total_rotated(me, world, 0, tasks);
     int64_t held = -1;
     __gm__ elem_t *from = nullptr;
     for (int64_t t = pid; t < total; t += ncore) {
-        int64_t start = 0, src = me, count = 0;
-        for (int64_t i = 0; i < world; ++i) {
-            src = (me + i) % world;  // rotated: own piece first
-            count = chunk_count(1, recv[src], 1, col_step[src]);
-            if (t < start + count) {
-                break;
-            }
-            start += count;
-        }
+        int64_t within = 0;
+        const int64_t src = locate_rotated(t, me, world, 0, tasks, within);
         if (held != src) {
             from = source(stage, in, src, me, signals, ready_at[src], st);
             held = src;
@@ -65,7 +58,7 @@ extern "C" __global__ __aicore__ void all_to_all_v(
         if (from == nullptr) {
             return;  // the host reads the status record and reports the timeout
         }
-        const Chunk c = chunk_at(t - start, 1, recv[src], 1, col_step[src]);
+        const Chunk c = chunk_at(within, 1, recv[src], 1, col_step[src]);
         copy_2d(out + recv_offsets[src] + c.col, c.cols, from + send_start[src] + c.col, c.cols, 1, c.cols, ub);
     }
 }

@@ -2,10 +2,12 @@
 //! [`collectives::all_to_all_v`](crate::collectives::all_to_all_v) once the ranks have agreed
 //! on the counts.
 
-use super::{ALL_TO_ALL_V, KernelArgs, TilePlan, UB_TILE_BYTES, offsets, publish_counts, words};
+use super::{
+    ALL_TO_ALL_V, TilePlan, UB_TILE_BYTES, collective_args, launch_and_fetch, offsets,
+    publish_counts, words,
+};
 use crate::Result;
 use crate::device::ascend::npu::AscendRank;
-use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
 
 const OP: &str = "all_to_all_v";
@@ -20,7 +22,7 @@ pub(crate) fn run<T: Element>(
     longest: usize,
 ) -> Result<Vec<T>> {
     npu.bind()?;
-    let (me, n) = (npu.rank.rank(), npu.rank.num_ranks());
+    let n = npu.rank.num_ranks();
     let size = size_of::<T>();
     let recv_offsets = offsets(recv);
     let (staging, ready) = super::staging(npu, OP, longest * size)?;
@@ -30,25 +32,18 @@ pub(crate) fn run<T: Element>(
     table.extend(words(send_start));
     table.extend(words(&recv_offsets));
     table.extend(ready_at.iter().map(|&r| r as i64));
-    table.extend(recv.iter().map(|&c| TilePlan::new(1, c, size, UB_TILE_BYTES).col_step as i64));
+    let pieces: Vec<TilePlan> =
+        recv.iter().map(|&c| TilePlan::new(1, c, size, UB_TILE_BYTES)).collect();
+    table.extend(pieces.iter().map(|p| p.col_step as i64));
+    table.extend(pieces.iter().map(|p| p.count() as i64));
     let table_dev = npu.upload("all_to_all_v.table", &table)?;
     let input_dev = npu.upload("all_to_all_v.input", input)?;
     let out_len = recv_offsets[n];
     let out_dev = npu.buffer("all_to_all_v.out", out_len * size)?;
-    let args = KernelArgs::new(&ALL_TO_ALL_V)
-        .ptr("input", input_dev)
-        .ptr("output", out_dev)
-        .ptr("staging", staging)
-        .ptr("ready", ready)
-        .ptr("table", table_dev)
-        .ptr("status", npu.status_ptr()?)
-        .int("rank", me)
-        .int("num_ranks", n)
-        .int("in_len", input.len())
-        .int("publish_col_step", publish.col_step)
-        .int("timeout_cycles", npu.timeout_cycles());
-    npu.launch::<T>(OP, &ALL_TO_ALL_V, args)?;
-    let out = npu.download::<T>(out_dev, out_len)?;
-    npu.took(PathTaken::Kernel(OP));
-    Ok(out)
+    let args =
+        collective_args(npu, &ALL_TO_ALL_V, input_dev, out_dev, (staging, ready), Some(table_dev))?
+            .int("in_len", input.len())
+            .int("publish_col_step", publish.col_step)
+            .int("timeout_cycles", npu.timeout_cycles());
+    launch_and_fetch(npu, OP, &ALL_TO_ALL_V, args, out_dev, out_len)
 }

@@ -1,10 +1,11 @@
 //! Launches `broadcast.cpp`: the NPU side of [`collectives::broadcast`](crate::collectives::broadcast)
 //! once the ranks have agreed on the root and the length.
 
-use super::{BROADCAST, KernelArgs, TilePlan, UB_TILE_BYTES, publish_counts};
+use super::{
+    BROADCAST, TilePlan, UB_TILE_BYTES, collective_args, launch_and_fetch, publish_counts,
+};
 use crate::Result;
 use crate::device::ascend::npu::AscendRank;
-use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
 
 const OP: &str = "broadcast";
@@ -24,21 +25,11 @@ pub(crate) fn run<T: Element>(
     let plan = TilePlan::new(1, len, size, UB_TILE_BYTES);
     let input_dev = npu.upload("broadcast.input", if me == root { data } else { &[] })?;
     let out_dev = npu.buffer("broadcast.out", len * size)?;
-    let args = KernelArgs::new(&BROADCAST)
-        .ptr("input", input_dev)
-        .ptr("output", out_dev)
-        .ptr("staging", staging)
-        .ptr("ready", ready)
-        .ptr("status", npu.status_ptr()?)
-        .int("rank", me)
-        .int("num_ranks", n)
+    let args = collective_args(npu, &BROADCAST, input_dev, out_dev, (staging, ready), None)?
         .int("root", root)
         .int("len", len)
         .int("col_step", plan.col_step)
         .int("ready_at", ready_at[root] as usize)
         .int("timeout_cycles", npu.timeout_cycles());
-    npu.launch::<T>(OP, &BROADCAST, args)?;
-    let out = npu.download::<T>(out_dev, len)?;
-    npu.took(PathTaken::Kernel(OP));
-    Ok(out)
+    launch_and_fetch(npu, OP, &BROADCAST, args, out_dev, len)
 }

@@ -31,8 +31,9 @@ pub(crate) mod reduce_scatter;
 pub(crate) use cache::{KernelArgs, KernelCache};
 
 use crate::device::LaunchMode;
-use crate::device::ascend::npu::AscendRank;
-use crate::{DType, Error, Result};
+use crate::device::ascend::npu::{AscendRank, Handle};
+use crate::device::ascend::world::PathTaken;
+use crate::{DType, Element, Error, Result};
 
 /// The headers the kernel sources include, by the name they include them as.
 const HEADERS: [(&str, &str); 3] = [
@@ -330,6 +331,47 @@ pub(crate) fn staging(
     let staging = npu.symmetric(op, "collectives.staging", bytes)?;
     let ready = npu.signals("collectives", n)?;
     Ok((staging, ready))
+}
+
+/// The arguments every collective kernel takes first, in its order: its input and output, the
+/// shared staging buffer and `ready` signals, its table (all but `broadcast`), the status record,
+/// the rank and the world's size.
+pub(crate) fn collective_args(
+    npu: &AscendRank<'_>,
+    source: &KernelSource,
+    input: Handle,
+    output: Handle,
+    (staging, ready): (Handle, Handle),
+    table: Option<Handle>,
+) -> Result<KernelArgs> {
+    let args = KernelArgs::new(source)
+        .ptr("input", input)
+        .ptr("output", output)
+        .ptr("staging", staging)
+        .ptr("ready", ready);
+    let args = match table {
+        Some(table) => args.ptr("table", table),
+        None => args,
+    };
+    Ok(args
+        .ptr("status", npu.status_ptr()?)
+        .int("rank", npu.rank.rank())
+        .int("num_ranks", npu.rank.num_ranks()))
+}
+
+/// Launches `source` and copies its `len` output elements back: the end of every launcher.
+pub(crate) fn launch_and_fetch<T: Element>(
+    npu: &AscendRank<'_>,
+    op: &'static str,
+    source: &KernelSource,
+    args: KernelArgs,
+    output: Handle,
+    len: usize,
+) -> Result<Vec<T>> {
+    npu.launch::<T>(op, source, args)?;
+    let out = npu.download::<T>(output, len)?;
+    npu.took(PathTaken::Kernel(op));
+    Ok(out)
 }
 
 /// Bytes of one of the `num_ranks + 2` slots the reductions carve the unified buffer into.

@@ -49,6 +49,33 @@ __aicore__ inline int64_t valid_len(int64_t start, int64_t block, int64_t len) {
 
 __aicore__ inline int64_t ceil_div(int64_t a, int64_t b) { return b == 0 ? 0 : (a + b - 1) / b; }
 
+// Tasks flattened over ranks in an order rotated by `me` (segment i is rank (me + i) % world,
+// for i from `first`), rank r holding counts[r] tasks (the host's count): how many there are.
+__aicore__ inline int64_t total_rotated(int64_t me, int64_t world, int64_t first, __gm__ int64_t *counts) {
+    int64_t total = 0;
+    for (int64_t i = first; i < world; ++i) {
+        total += counts[(me + i) % world];
+    }
+    return total;
+}
+
+// Which rank flat task `t` of those tasks belongs to, and (in `within`) its index among that
+// rank's tasks; -1 past the end.
+__aicore__ inline int64_t locate_rotated(int64_t t, int64_t me, int64_t world, int64_t first,
+                                         __gm__ int64_t *counts, int64_t &within) {
+    int64_t start = 0;
+    for (int64_t i = first; i < world; ++i) {
+        const int64_t r = (me + i) % world;
+        if (t < start + counts[r]) {
+            within = t - start;
+            return r;
+        }
+        start += counts[r];
+    }
+    within = 0;
+    return -1;
+}
+
 // ---- symmetric memory -------------------------------------------------------------------------
 
 // The seed's symm_at: a peer's copy of a symmetric buffer. Rule 1: it takes the buffer's scalar

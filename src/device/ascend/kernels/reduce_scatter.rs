@@ -3,12 +3,11 @@
 //! have agreed on the lengths.
 
 use super::{
-    KernelArgs, REDUCE_SCATTER, TilePlan, UB_REDUCE_BYTES, offsets, publish_counts,
-    reduce_slot_bytes, words,
+    REDUCE_SCATTER, TilePlan, UB_REDUCE_BYTES, collective_args, launch_and_fetch, offsets,
+    publish_counts, reduce_slot_bytes, words,
 };
 use crate::Result;
 use crate::device::ascend::npu::AscendRank;
-use crate::device::ascend::world::PathTaken;
 use crate::tensor::Element;
 
 const OP: &str = "reduce_scatter";
@@ -41,25 +40,21 @@ pub(crate) fn run<T: Element>(
     let input_dev = npu.upload("reduce_scatter.input", input)?;
     let out_len = rows * counts[me];
     let out_dev = npu.buffer("reduce_scatter.out", out_len * size)?;
-    let args = KernelArgs::new(&REDUCE_SCATTER)
-        .ptr("input", input_dev)
-        .ptr("output", out_dev)
-        .ptr("staging", staging)
-        .ptr("ready", ready)
-        .ptr("table", table_dev)
-        .ptr("status", npu.status_ptr()?)
-        .int("rank", me)
-        .int("num_ranks", n)
-        .int("rows", rows)
-        .int("mean", usize::from(mean))
-        .int("publish_row_step", publish.row_step)
-        .int("publish_col_step", publish.col_step)
-        .int("row_step", reduce.row_step)
-        .int("col_step", reduce.col_step)
-        .int("slot_bytes", slot_bytes)
-        .int("timeout_cycles", npu.timeout_cycles());
-    npu.launch::<T>(OP, &REDUCE_SCATTER, args)?;
-    let out = npu.download::<T>(out_dev, out_len)?;
-    npu.took(PathTaken::Kernel(OP));
-    Ok(out)
+    let args = collective_args(
+        npu,
+        &REDUCE_SCATTER,
+        input_dev,
+        out_dev,
+        (staging, ready),
+        Some(table_dev),
+    )?
+    .int("rows", rows)
+    .int("mean", usize::from(mean))
+    .int("publish_row_step", publish.row_step)
+    .int("publish_col_step", publish.col_step)
+    .int("row_step", reduce.row_step)
+    .int("col_step", reduce.col_step)
+    .int("slot_bytes", slot_bytes)
+    .int("timeout_cycles", npu.timeout_cycles());
+    launch_and_fetch(npu, OP, &REDUCE_SCATTER, args, out_dev, out_len)
 }
