@@ -203,7 +203,10 @@ pub(crate) fn all_gather_matmul_checked<T: Element>(
 ///     let (x, w) = (x.view2("x")?, w.view2("w")?);
 ///     let fused = all_gather_matmul(rank, x, &[w])?;
 ///     let unfused = all_gather_matmul_unfused(rank, x, &[w])?;
-///     assert_eq!(fused.row_counts, unfused.row_counts);
+///     assert_eq!((fused.row_counts, fused.col_counts), (unfused.row_counts, unfused.col_counts));
+///     let differ = &fused.outputs[0] - &unfused.outputs[0];
+///     assert_eq!(unfused.outputs[0].dim(), (15, 4));
+///     assert!(differ.iter().all(|d| d.abs() < 1e-5), "{differ}");
 ///     Ok(())
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
