@@ -2,7 +2,11 @@
 //! ceiling (the `gemm` crate on the same total work with all cores, or memcpy of the same bytes
 //! split over all cores), medians of several runs, all measured in this one process.
 //!
-//! Run: `cargo run --release --example perf_report [-- --quick]`
+//! Run: `cargo run --release --example perf_report [-- --quick] [--processes]`
+//!
+//! `--processes` measures every row twice, one right after the other: with the ranks as threads
+//! (as without it), then as processes of this program (`World::local_job`, each process one rank
+//! running only that row), and adds the processes' fused time and the ratio of the two.
 
 use std::time::{Duration, Instant};
 
@@ -73,6 +77,12 @@ fn measure(
     })
 }
 
+/// The world a row runs on: this process's rank of a job when started as one (a row of
+/// `--processes`), else `n` threads.
+fn world_of(n: usize) -> Result<World> {
+    if World::launched() { World::from_env() } else { World::threads(n) }
+}
+
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |t| t.get())
 }
@@ -136,7 +146,7 @@ fn all_gather_matmul<T: Element>(
 ) -> Result<Row> {
     let x = Tensor::<T>::random(&[m, k], 1);
     let w = Tensor::<T>::random(&[k, n], 2);
-    let times = World::threads(world)?.run(|rank| {
+    let times = world_of(world)?.run(|rank| {
         let x = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
         let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?.into_local();
         measure(
@@ -164,7 +174,7 @@ fn matmul_reduce_scatter<T: Element>(
 ) -> Result<Row> {
     let h = Tensor::<T>::random(&[m, k], 1);
     let w = Tensor::<T>::random(&[k, n], 2);
-    let times = World::threads(world)?.run(|rank| {
+    let times = world_of(world)?.run(|rank| {
         let h = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
         let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?.into_local();
         measure(
@@ -187,7 +197,7 @@ fn matmul_reduce_scatter<T: Element>(
 
 fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize), reps: usize) -> Result<Row> {
     let q = Tensor::<f32>::random(&[b, s, h, d], 1);
-    let times = World::threads(world)?.run(|rank| {
+    let times = world_of(world)?.run(|rank| {
         let q = DistTensor::from_global(rank, &q, Placement::Shard(1))?;
         measure(
             rank,
@@ -207,33 +217,82 @@ fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize), reps: usize
     })
 }
 
+/// The value after `flag` in the arguments.
+fn arg_value(flag: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1).cloned())
+}
+
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
+    let processes = std::env::args().any(|a| a == "--processes");
     let reps = if quick { 3 } else { 9 };
     let square = (2048, 2048, 2048);
-    let rows = [
-        all_gather_matmul::<f32>(2, square, reps)?,
-        matmul_reduce_scatter::<f32>(2, square, reps)?,
-        all_gather_matmul::<f32>(2, (16, 4096, 4096), reps)?,
-        all_gather_matmul::<f32>(4, square, reps)?,
-        matmul_reduce_scatter::<f32>(4, square, reps)?,
-        all_gather_matmul::<bf16>(2, square, reps)?,
-        ulysses(4, (1, 8192, 32, 128), reps)?,
+    type RowFn = Box<dyn Fn() -> Result<Row>>;
+    let row_fns: Vec<(usize, RowFn)> = vec![
+        (2, Box::new(move || all_gather_matmul::<f32>(2, square, reps))),
+        (2, Box::new(move || matmul_reduce_scatter::<f32>(2, square, reps))),
+        (2, Box::new(move || all_gather_matmul::<f32>(2, (16, 4096, 4096), reps))),
+        (4, Box::new(move || all_gather_matmul::<f32>(4, square, reps))),
+        (4, Box::new(move || matmul_reduce_scatter::<f32>(4, square, reps))),
+        (2, Box::new(move || all_gather_matmul::<bf16>(2, square, reps))),
+        (4, Box::new(move || ulysses(4, (1, 8192, 32, 128), reps))),
     ];
+    if World::launched() {
+        // One rank of one row of `--processes`: it reports its medians (the parent reads rank
+        // 0's, as a thread world reports rank 0's).
+        let i: usize = arg_value("--row").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let row = row_fns[i].1()?;
+        println!("ROW {}", row.measured.fused.as_nanos());
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    let mut as_processes = Vec::new();
+    for (i, (world, row)) in row_fns.iter().enumerate() {
+        rows.push(row()?);
+        if processes {
+            let mut args = vec!["--row".to_string(), i.to_string()];
+            if quick {
+                args.push("--quick".into());
+            }
+            let exits =
+                World::local_job(*world).args(args).timeout(Duration::from_secs(600)).run()?;
+            let fused_ns: Option<u64> = exits[0]
+                .stdout_text()
+                .lines()
+                .find_map(|l| l.strip_prefix("ROW ")?.trim().parse().ok());
+            if let Some(bad) = exits.iter().find(|e| !e.success()) {
+                eprintln!("row {i}, rank {}: {}\n{}", bad.rank, bad.describe(), bad.stderr_text());
+                std::process::exit(1);
+            }
+            as_processes.push(Duration::from_nanos(fused_ns.expect("rank 0 reports its row")));
+        }
+    }
     println!(
         "{} cores; medians of {reps} runs, ratios taken run by run; ceiling: the gemm crate on the \
          same total work with all cores, or memcpy of the same bytes split over all cores",
         cores()
     );
-    println!(
-        "| op | world | dtype | shape | fused ms | unfused ms | fused/unfused | fused/ceiling |"
-    );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    for r in rows {
+    if processes {
+        println!(
+            "| op | world | dtype | shape | fused ms | unfused ms | fused/unfused | fused/ceiling \
+             | fused ms, processes | processes/threads |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    } else {
+        println!(
+            "| op | world | dtype | shape | fused ms | unfused ms | fused/unfused | fused/ceiling |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    }
+    for (i, r) in rows.into_iter().enumerate() {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let m = &r.measured;
+        let extra = as_processes.get(i).map_or(String::new(), |p| {
+            format!(" {:.2} | {:.3} |", ms(*p), p.as_secs_f64() / m.fused.as_secs_f64())
+        });
         println!(
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.3} ({}) |",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.3} ({}) |{extra}",
             r.op,
             r.world,
             r.dtype,

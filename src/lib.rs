@@ -12,7 +12,9 @@
 //!
 //! **Ranks.** A [`World`] is a set of ranks; [`World::run`] runs a closure once per rank, each on
 //! its own thread, and returns the results in rank order. A [`Rank`] is a rank's handle: who it
-//! is, its symmetric memory, its signals.
+//! is, its symmetric memory, its signals. The ranks can also be the processes of one host
+//! ([`World::from_env`], started by mpirun, torchrun, Slurm or [`World::spawn_local`]): the same
+//! program runs unchanged, and `run` runs the closure once, for this process's rank.
 //!
 //! **Symmetric memory.** Every rank owns a heap segment of the same capacity.
 //! [`Rank::alloc`] is collective: every rank gets a [`SymmBuf`](shmem::SymmBuf) at the same
@@ -85,6 +87,7 @@
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
 //! | devices | host simulation (default); Ascend NPUs through CANN (`World::ascend`, not yet run on hardware) |
+//! | ranks | threads of one process, or processes of one host (memfd segments, fd passing) |
 //!
 //! # Errors and panics
 //!

@@ -100,7 +100,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
         words.extend(shape.iter().take(MAX_DIMS).map(|&d| d as u64));
         let all = rank.with_workspace(
             |r| Ok(ShapeExchange(WordExchange::new(r, 3 + MAX_DIMS)?)),
-            |ex| ex.0.exchange_checked(rank, OP, &words, problem),
+            |ex| ex.0.exchange_typed::<T>(rank, OP, &words, problem),
         )?;
         check_agree(OP, &all, 0, "placement")?;
         check_agree(OP, &all, 1, "placement dimension")?;

@@ -351,7 +351,9 @@ impl<'w> Rank<'w> {
     /// # Errors
     /// [`Error::WaitTimeout`](crate::Error::WaitTimeout) naming the rank, signal, awaited and seen
     /// value after [`Rank::wait_timeout`]; [`Error::PeerFailed`](crate::Error::PeerFailed) as soon
-    /// as another rank fails.
+    /// as another rank fails; [`Error::PeerGone`](crate::Error::PeerGone) as soon as every other
+    /// rank has left `run` (this wait does not know which rank would signal it; the waits inside
+    /// the crate's own ops do, and end as soon as that one leaves).
     ///
     /// # Examples
     /// ```
