@@ -86,7 +86,7 @@
 //! | fused ops | `all_gather_matmul` (one or several weights), `matmul_reduce_scatter`, `all_to_all` |
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
-//! | devices | host simulation (default); Ascend NPUs through CANN (`World::ascend`, not yet run on hardware) |
+//! | devices | host simulation (default); Ascend NPUs through CANN (`World::ascend`, not yet run on hardware); NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
 //! | ranks | threads of one process, or processes of one host (memfd segments, fd passing) |
 //!
 //! # Errors and panics

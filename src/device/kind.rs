@@ -27,6 +27,9 @@ pub enum Device {
     Host,
     /// Ascend NPU `n`, reached through the CANN runtime loaded at run time.
     Ascend(u32),
+    /// NVIDIA GPU `n` (a CUDA ordinal), feature `cuda`: tensors live in its memory and the
+    /// `DistTensor` ops of a [`World::cuda`](crate::World::cuda) run there.
+    Cuda(u32),
 }
 
 impl Device {
@@ -72,6 +75,8 @@ impl Device {
         match *self {
             Device::Host => Ok(Topology::host_default(world_size)),
             Device::Ascend(index) => Ascend::open()?.device(index)?.topology(),
+            // The host simulation runs nothing on a GPU; a GPU world sizes its own grids.
+            Device::Cuda(_) => Ok(Topology::host_default(world_size)),
         }
     }
 
@@ -99,7 +104,7 @@ impl Device {
     /// ```
     pub fn ensure_supported(&self, op: &'static str) -> Result<()> {
         match *self {
-            Device::Host => Ok(()),
+            Device::Host | Device::Cuda(_) => Ok(()),
             Device::Ascend(_) if NPU_OPS.contains(&op) => Ok(()),
             Device::Ascend(_) => Err(Error::DeviceUnavailable {
                 op,
@@ -136,19 +141,21 @@ impl fmt::Display for Device {
         match self {
             Device::Host => write!(f, "host"),
             Device::Ascend(index) => write!(f, "ascend:{index}"),
+            Device::Cuda(index) => write!(f, "cuda:{index}"),
         }
     }
 }
 
-/// Parses `host` (or `cpu`), `ascend:N` (or `npu:N`), and `ascend` / `npu` for device 0;
-/// case is ignored.
+/// Parses `host` (or `cpu`), `ascend:N` (or `npu:N`), `cuda:N` (or `gpu:N`), and `ascend` /
+/// `npu` / `cuda` / `gpu` for device 0; case is ignored.
 ///
 /// # Examples
 /// ```
 /// use dist_tensor::device::Device;
 /// assert_eq!("NPU:3".parse::<Device>()?, Device::Ascend(3));
 /// assert_eq!("cpu".parse::<Device>()?, Device::Host);
-/// assert!("gpu:0".parse::<Device>().is_err());
+/// assert_eq!("gpu:1".parse::<Device>()?, Device::Cuda(1));
+/// assert!("tpu:0".parse::<Device>().is_err());
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 impl FromStr for Device {
@@ -159,17 +166,22 @@ impl FromStr for Device {
         let invalid = || Error::InvalidArgument {
             op: "Device::from_str",
             rank: 0,
-            reason: format!("{s:?} is not a device: expected host, cpu, ascend:N or npu:N"),
+            reason: format!(
+                "{s:?} is not a device: expected host, cpu, ascend:N, npu:N, cuda:N or gpu:N"
+            ),
         };
         match text.as_str() {
             "host" | "cpu" => Ok(Device::Host),
             "ascend" | "npu" => Ok(Device::Ascend(0)),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
             _ => {
                 let (kind, index) = text.split_once(':').ok_or_else(invalid)?;
-                if kind != "ascend" && kind != "npu" {
-                    return Err(invalid());
+                let index: u32 = index.parse().map_err(|_| invalid())?;
+                match kind {
+                    "ascend" | "npu" => Ok(Device::Ascend(index)),
+                    "cuda" | "gpu" => Ok(Device::Cuda(index)),
+                    _ => Err(invalid()),
                 }
-                index.parse().map(Device::Ascend).map_err(|_| invalid())
             }
         }
     }

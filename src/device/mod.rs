@@ -5,6 +5,7 @@
 
 pub mod ascend;
 mod backend;
+pub mod cuda;
 pub mod host;
 mod kind;
 mod launch;

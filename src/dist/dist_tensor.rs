@@ -121,6 +121,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
             }
             None => Vec::new(),
         };
+        let local = super::on_gpu::place(rank, local)?;
         Ok(DistTensor { rank, local, placement, global_shape, splits })
     }
 
@@ -143,6 +144,20 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn from_global(
+        rank: &'r Rank<'r>,
+        global: &Tensor<T>,
+        placement: Placement,
+    ) -> Result<Self> {
+        if rank.cuda_world().is_some() {
+            // A GPU world: split on the host, then each part goes to its rank's GPU.
+            let host = DistTensor::from_global_host(rank, &global.to_host()?, placement)?;
+            let local = super::on_gpu::place(rank, host.local)?;
+            return Ok(DistTensor { local, ..host });
+        }
+        Self::from_global_host(rank, global, placement)
+    }
+
+    fn from_global_host(
         rank: &'r Rank<'r>,
         global: &Tensor<T>,
         placement: Placement,
@@ -192,6 +207,9 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn to_global(&self) -> Result<Tensor<T>> {
+        if let Some(world) = self.gpus() {
+            return self.gpu_to_global(world);
+        }
         match self.placement {
             Placement::Shard(d) => {
                 let rows: usize = self.global_shape[..d].iter().product();

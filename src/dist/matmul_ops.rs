@@ -128,6 +128,9 @@ impl<'r, T: Element> DistTensor<'r, T> {
             &[Placement::Shard(0)],
             "a 2-D Shard(0) tensor [m_r, K]",
         )?;
+        if let Some(world) = self.gpus() {
+            return self.gpu_gather_products(world, ws, fused);
+        }
         let (views, problem) = weight_views(ws);
         let x = self.local.view2("all_gather_matmul")?;
         let out = all_gather_matmul_checked(self.rank, x, &views, problem, fused)?;
@@ -211,6 +214,9 @@ impl<'r, T: Element> DistTensor<'r, T> {
             &[Placement::Shard(1), Placement::Partial],
             "a 2-D Shard(1) tensor [M, k_r] or a 2-D Partial tensor [M, K]",
         )?;
+        if let Some(world) = self.gpus() {
+            return self.gpu_reduce_product(world, w, fused);
+        }
         let (mut views, problem) = weight_views(&[w]);
         let x = self.local.view2("matmul_reduce_scatter")?;
         let local = matmul_reduce_scatter_checked(self.rank, x, views.remove(0), problem, fused)?;

@@ -3,6 +3,7 @@
 
 mod dist_tensor;
 mod matmul_ops;
+mod on_gpu;
 mod placement;
 mod redistribute;
 mod sequence;

@@ -42,6 +42,14 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 return Err(Error::DimOutOfRange { op: "DistTensor::redistribute", dim: d, ndim });
             }
         }
+        match self.gpus() {
+            Some(world) => self.gpu_redistribute(world, to),
+            None => self.host_redistribute(to),
+        }
+    }
+
+    /// `redistribute` with this rank's part on the host.
+    pub(crate) fn host_redistribute(&self, to: Placement) -> Result<Self> {
         let (rank, shape) = (self.rank, self.global_shape.clone());
         let (me, n) = (rank.rank(), rank.num_ranks());
         match (self.placement, to) {

@@ -66,6 +66,31 @@ impl<'w> Rank<'w> {
         self.world.num_ranks()
     }
 
+    /// Where this rank's tensors live: [`Device::Cuda`](crate::Device::Cuda) with its GPU in a
+    /// world made by [`World::cuda`](crate::World::cuda), [`Device::Host`](crate::Device::Host)
+    /// otherwise.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Device, World};
+    /// let devices = World::threads(2)?.run(|rank| Ok(rank.device()))?;
+    /// assert_eq!(devices, vec![Device::Host; 2]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn device(&self) -> crate::Device {
+        match &self.world.cuda {
+            Some(gpus) => {
+                crate::Device::Cuda(crate::device::cuda::ordinal_of(gpus, self.rank) as u32)
+            }
+            None => crate::Device::Host,
+        }
+    }
+
+    /// The GPUs of this rank's world, if it is a GPU world.
+    pub(crate) fn cuda_world(&self) -> Option<&'w crate::device::cuda::CudaWorld> {
+        self.world.cuda.as_deref()
+    }
+
     /// The topology of this rank's device.
     ///
     /// # Examples

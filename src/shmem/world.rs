@@ -49,6 +49,8 @@ pub(crate) struct WorldShared {
     /// Where the ranks' kernels run: the host simulation, or a device backend.
     pub(crate) backend: Backend,
     run_lock: Mutex<()>,
+    /// The GPUs of a world made by [`World::cuda`]: rank `r` runs on GPU `r` of it.
+    pub(crate) cuda: Option<Arc<crate::device::cuda::CudaWorld>>,
 }
 
 /// What a blocked waiter calls on every tick (a process world looks for dead peers).
@@ -96,7 +98,12 @@ impl WorldShared {
             *own = Some(Arc::new(err.clone()));
         }
         drop(own);
-        self.control.fail(rank, &err.to_string());
+        let reason = err.to_string();
+        self.control.fail(rank, &reason);
+        if let Some(gpus) = &self.cuda {
+            // Kernels on the GPUs wait on device signals, not on the control block: end them too.
+            crate::device::cuda::world_failed(gpus, rank, &reason);
+        }
     }
 
     /// The rank's own error, typed, if it failed of its own in this process.
@@ -159,6 +166,7 @@ pub struct WorldBuilder {
     topology: Option<Topology>,
     wait_timeout: Option<Duration>,
     backend: Backend,
+    cuda: Option<Vec<usize>>,
 }
 
 fn env_number(name: &'static str) -> Result<Option<u64>> {
@@ -173,6 +181,24 @@ fn env_number(name: &'static str) -> Result<Option<u64>> {
 }
 
 impl WorldBuilder {
+    /// Runs the world on NVIDIA GPUs: rank `r` on CUDA device `devices[r]` (feature `cuda`; see
+    /// [`World::cuda`]). The number of devices must be the number of ranks.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dist_tensor::World;
+    /// // Without GPUs (or without the `cuda` feature) building fails with a typed error.
+    /// match World::builder(1).cuda(&[0]).wait_timeout(Duration::from_secs(5)).build() {
+    ///     Ok(world) => assert_eq!(world.num_ranks(), 1),
+    ///     Err(e) => println!("no GPU world: {e}"),
+    /// }
+    /// ```
+    pub fn cuda(mut self, devices: &[usize]) -> Self {
+        self.cuda = Some(devices.to_vec());
+        self
+    }
+
     /// Capacity of each rank's heap segment in bytes (default [`DEFAULT_HEAP_BYTES`], or the
     /// environment variable [`HEAP_BYTES_ENV`]).
     ///
@@ -241,6 +267,15 @@ impl WorldBuilder {
     /// ```
     pub fn build(self) -> Result<World> {
         let n = self.num_ranks;
+        if let Some(devices) = &self.cuda
+            && devices.len() != n
+        {
+            return Err(Error::InvalidArgument {
+                op: "World::build",
+                rank: 0,
+                reason: format!("{n} ranks on {} GPUs: one rank per GPU", devices.len()),
+            });
+        }
         if n == 0 {
             return Err(Error::InvalidArgument {
                 op: "World::build",
@@ -259,6 +294,9 @@ impl WorldBuilder {
         let topology = self.topology.unwrap_or_else(|| Topology::host_default(n));
         let mut shared = WorldShared::new(heap, Control::create(control, n), topology, &settings);
         shared.backend = self.backend;
+        if let Some(devices) = &self.cuda {
+            shared.cuda = Some(crate::device::cuda::open_world(devices, settings.wait_timeout)?);
+        }
         Ok(World { shared: Arc::new(shared), here: None })
     }
 }
@@ -333,6 +371,7 @@ impl WorldShared {
             on_tick: None,
             backend: Backend::Host,
             run_lock: Mutex::new(()),
+            cuda: None,
         }
     }
 }
@@ -577,6 +616,7 @@ impl World {
             topology: None,
             wait_timeout: None,
             backend: Backend::Host,
+            cuda: None,
         }
     }
 
@@ -782,7 +822,16 @@ where
     F: Fn(&Rank<'_>) -> Result<R>,
 {
     let rank = Rank::new(shared, r);
-    let outcome = catch_unwind(AssertUnwindSafe(|| f(&rank)));
+    // On a GPU world, a rank's part ends once its GPU work is done (no kernel outlives the run,
+    // and a failure on the GPU is the run's error).
+    let body = || {
+        let value = f(&rank)?;
+        match &shared.cuda {
+            Some(gpus) => crate::device::cuda::finish_rank(gpus, r).map(|()| value),
+            None => Ok(value),
+        }
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(body));
     let err = match outcome {
         Ok(Ok(value)) => {
             shared.control.set_state(r, RankState::Returned);

@@ -3,10 +3,17 @@
 use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+use super::storage::Storage;
 use super::{Element, matmul, pool};
 use crate::{Error, Result};
 
-/// A local n-dimensional tensor, always row-major and contiguous.
+/// A local n-dimensional tensor, always row-major and contiguous, in host memory or (feature
+/// `cuda`) on a GPU.
+///
+/// # Panics
+/// Methods that read or write the elements on the host (`as_slice`, `view`, `permute`, ...)
+/// panic on a tensor that lives on a GPU: call [`Tensor::to_host`] first. [`Tensor::shape`],
+/// [`Tensor::device`], [`Tensor::reshape`], [`Tensor::matmul`] and cloning work on either.
 ///
 /// # Examples
 /// ```
@@ -20,14 +27,16 @@ use crate::{Error, Result};
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor<T: Element> {
-    data: ArrayD<T>,
+    pub(super) data: Storage<T>,
 }
 
 impl<T: Element> Drop for Tensor<T> {
     /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse.
     fn drop(&mut self) {
-        let data = std::mem::replace(&mut self.data, empty());
-        pool::give(data.into_raw_vec_and_offset().0);
+        if let Storage::Host(array) = &mut self.data {
+            let data = std::mem::replace(array, empty());
+            pool::give(data.into_raw_vec_and_offset().0);
+        }
     }
 }
 
@@ -54,7 +63,7 @@ impl<T: Element> Tensor<T> {
         } else {
             array.as_standard_layout().into_owned()
         };
-        Tensor { data }
+        Tensor { data: data.into() }
     }
 
     /// A copy of the data as an ndarray array.
@@ -66,7 +75,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.to_array().shape(), &[2, 2]);
     /// ```
     pub fn to_array(&self) -> ArrayD<T> {
-        self.data.clone()
+        (*self.data).clone()
     }
 
     /// The data as an ndarray array, without a copy.
@@ -78,7 +87,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(a.len(), 3);
     /// ```
     pub fn into_array(mut self) -> ArrayD<T> {
-        std::mem::replace(&mut self.data, empty())
+        std::mem::replace(&mut *self.data, empty())
     }
 
     /// A tensor of `shape` from row-major `data`.
@@ -97,7 +106,7 @@ impl<T: Element> Tensor<T> {
             op: "Tensor::from_shape_vec",
             reason: format!("{len} elements do not fill shape {shape:?}"),
         })?;
-        Ok(Tensor { data })
+        Ok(Tensor { data: data.into() })
     }
 
     /// A tensor of zeros.
@@ -151,9 +160,8 @@ impl<T: Element> Tensor<T> {
     /// the buffer cache: for outputs a kernel overwrites entirely.
     pub(crate) fn scratch(op: &'static str, shape: &[usize]) -> Result<Self> {
         let data = pool::take(op, Self::checked_len(op, shape)?)?;
-        Ok(Tensor {
-            data: ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product"),
-        })
+        let data = ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product");
+        Ok(Tensor { data: data.into() })
     }
 
     /// A tensor of values drawn uniformly from `[-1, 1)` by a generator seeded with `seed`: the same
@@ -224,7 +232,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).ndim(), 2);
     /// ```
     pub fn ndim(&self) -> usize {
-        self.data.ndim()
+        self.shape().len()
     }
 
     /// The number of elements.
@@ -235,7 +243,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).len(), 6);
     /// ```
     pub fn len(&self) -> usize {
-        self.data.len()
+        self.shape().iter().product()
     }
 
     /// Whether the tensor has no elements.
@@ -246,7 +254,7 @@ impl<T: Element> Tensor<T> {
     /// assert!(Tensor::<f32>::zeros(&[2, 0]).is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.data.is_empty()
+        self.len() == 0
     }
 
     /// The elements in row-major order.
@@ -331,6 +339,9 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
+        if let Some(device) = self.device_storage() {
+            return Ok(Tensor::from_device_storage(device.reshaped(shape)?));
+        }
         Self::from_shape_vec(shape, self.as_slice().to_vec()).map_err(|_| Error::InvalidShape {
             op: "Tensor::reshape",
             reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
@@ -361,7 +372,9 @@ impl<T: Element> Tensor<T> {
                 reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
             });
         }
-        Ok(Tensor { data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned() })
+        Ok(Tensor {
+            data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned().into(),
+        })
     }
 
     /// Converts every element to another element type (through f64, so exactly where it fits).
@@ -376,7 +389,7 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn cast<U: Element>(&self) -> Tensor<U> {
-        Tensor { data: self.data.mapv(|x| U::from_f64(x.to_f64())) }
+        Tensor { data: self.data.mapv(|x| U::from_f64(x.to_f64())).into() }
     }
 
     /// The 2-D product `self (m x k) * rhs (k x n)` on the calling thread.
@@ -393,6 +406,23 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor<T>) -> Result<Tensor<T>> {
+        match (self.device_storage(), rhs.device_storage()) {
+            (Some(a), Some(b)) => {
+                return Ok(Tensor::from_device_storage(crate::device::cuda::matmul(a, b)?));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(Error::InvalidArgument {
+                    op: "Tensor::matmul",
+                    rank: 0,
+                    reason: format!(
+                        "operands on {} and {}: move one first",
+                        self.device(),
+                        rhs.device()
+                    ),
+                });
+            }
+        }
         self.matmul_threads(rhs, 1)
     }
 
@@ -412,6 +442,6 @@ impl<T: Element> Tensor<T> {
     pub fn matmul_threads(&self, rhs: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
         let c: Array2<T> =
             matmul(self.view2("Tensor::matmul")?, rhs.view2("Tensor::matmul")?, threads)?;
-        Ok(Tensor { data: c.into_dyn() })
+        Ok(Tensor { data: c.into_dyn().into() })
     }
 }

@@ -7,6 +7,7 @@ mod matmul;
 mod pod;
 pub(crate) mod pool;
 mod split;
+mod storage;
 
 pub use dense::Tensor;
 pub use element::{Accumulator, DType, Element};
