@@ -68,11 +68,13 @@
 //!
 //! **Devices.** A [`Device`] says where a tensor lives and its ops run: the host (the default),
 //! an NVIDIA GPU (feature `cuda`: [`Tensor::to_device`], [`World::cuda`]) or an Ascend NPU.
-//! [`device::ascend`] opens the CANN runtime at run time (no build-time dependency); where it is
-//! absent, asking for an NPU returns an error that lists every path tried. Kernels do not run on
-//! NPUs yet ([`Device::ensure_supported`](device::Device::ensure_supported) says so); an NPU's
-//! [`topology`](device::Device::topology) can drive the host simulation
-//! ([`WorldBuilder::topology`](shmem::WorldBuilder::topology)).
+//!
+//! **Ascend.** [`World::ascend`] runs one rank per NPU: the fused ops and collectives run as tile
+//! kernels written in Ascend C (one beside each host kernel), compiled at run time by CANN's
+//! `aclrtc` and launched on Ascend SHMEM's symmetric heap; CANN is opened at run time (no
+//! build-time dependency), and where it is absent the error lists every path tried. This backend
+//! has been checked against a stand-in CANN only, never on an NPU: [`device::ascend`] says what
+//! was verified where.
 //!
 //! # Layers
 //!
@@ -97,7 +99,7 @@
 //! | fused ops | `all_gather_matmul` (one or several weights), `matmul_reduce_scatter`, on `[..., K]`; `all_to_all` |
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
-//! | devices | host simulation (default); Ascend NPUs found and queried through CANN; NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
+//! | devices | host simulation (default); Ascend NPUs through CANN (`World::ascend`, not yet run on hardware); NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
 //! | ranks | threads of one process, or processes of one host (memfd segments, fd passing) |
 //!
 //! # Errors and panics

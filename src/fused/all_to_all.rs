@@ -20,6 +20,7 @@ use ndarray::{ArrayViewD, Axis, IxDyn};
 
 use super::plan::row_chunks;
 use crate::collectives;
+use crate::device::ascend;
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{
     Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
@@ -158,7 +159,7 @@ fn agree<T: Element>(
     } else if scatter_dim == gather_dim {
         Some(format!("scatter and gather dimension are both {scatter_dim}"))
     } else {
-        None
+        rank.ascend().and_then(|_| ascend::check_dtype::<T>(op))
     };
     let mut words = vec![ndim as u64, scatter_dim as u64, gather_dim as u64];
     words.extend(shape.iter().take(MAX_DIMS).map(|&d| d as u64));
@@ -225,6 +226,10 @@ pub fn all_to_all<T: Element>(
 ) -> Result<AllToAllOutput<T>> {
     let layout = agree::<T>(OP, rank, x.shape(), scatter_dim, gather_dim)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
+    if let Some(npu) = rank.ascend() {
+        return on_npu(&npu, &layout, x, scatter_dim, gather_dim)
+            .inspect_err(|e| rank.fail_after_agreeing(e));
+    }
     rank.with_workspace(AllToAllWorkspace::<T>::new, |ws| {
         run_fused(rank, ws, &layout, x, scatter_dim, gather_dim)
     })
@@ -301,6 +306,36 @@ pub fn all_to_all_unfused<T: Element>(
     pool::give(received);
     Ok(AllToAllOutput {
         output,
+        gather_counts: layout.gathers.clone(),
+        scatter_counts: layout.scatters.clone(),
+    })
+}
+
+/// The fused all_to_all on this rank's NPU (`device::ascend`'s kernel of the same algorithm).
+fn on_npu<T: Element>(
+    npu: &ascend::AscendRank<'_>,
+    layout: &Layout,
+    x: &Tensor<T>,
+    scatter_dim: usize,
+    gather_dim: usize,
+) -> Result<AllToAllOutput<T>> {
+    let npu_layout = ascend::launch::AllToAllLayout {
+        a: layout.a,
+        bm: layout.bm,
+        c: layout.c,
+        gather_first: layout.gather_first,
+        scatter_len: layout.scatter_len,
+        gathers: &layout.gathers,
+        gather_offsets: &layout.gather_offsets,
+        scatters: &layout.scatters,
+        scatter_offsets: &layout.scatter_offsets,
+    };
+    let data = ascend::launch::all_to_all(npu, &npu_layout, x.as_slice())?;
+    let mut out_shape = x.shape().to_vec();
+    out_shape[gather_dim] = layout.gather_total();
+    out_shape[scatter_dim] = layout.scatters[npu.rank.rank()];
+    Ok(AllToAllOutput {
+        output: Tensor::from_shape_vec(&out_shape, data)?,
         gather_counts: layout.gathers.clone(),
         scatter_counts: layout.scatters.clone(),
     })

@@ -16,6 +16,7 @@ use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
 };
 use crate::collectives::{self, ReduceOp};
+use crate::device::ascend;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
@@ -66,6 +67,7 @@ fn agree<T: Element>(
     problem: Option<String>,
 ) -> Result<(Shards, usize)> {
     let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols(), my_rows].map(|v| v as u64);
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
     let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     for (r, v) in all.iter().enumerate() {
         if v[1] != v[2] {
@@ -146,6 +148,11 @@ pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
         return unfused(rank, x, w, my_rows, problem);
     }
     let (rows, n) = agree(OP, rank, &x, &w, my_rows, problem)?;
+    if let Some(npu) = rank.ascend() {
+        return ascend::launch::matmul_reduce_scatter(&npu, rows.counts(), n, x, w)
+            .inspect_err(|e| rank.fail_after_agreeing(e))
+            .map(|out| (out, rows.counts().to_vec()));
+    }
     rank.with_workspace(MmRsWorkspace::<T>::new, |ws| run_fused(rank, ws, &rows, n, x, w))
         .inspect_err(|e| rank.fail_after_agreeing(e))
         .map(|out| (out, rows.counts().to_vec()))
@@ -189,6 +196,11 @@ fn unfused<T: Element>(
 ) -> Result<(Array2<T>, Vec<usize>)> {
     // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
     let (rows, n) = agree(UNFUSED_OP, rank, &x, &w, my_rows, problem)?;
+    if let Some(npu) = rank.ascend() {
+        return ascend::launch::matmul_reduce_scatter_unfused(&npu, rows.counts(), n, x, w)
+            .inspect_err(|e| rank.fail_after_agreeing(e))
+            .map(|out| (out, rows.counts().to_vec()));
+    }
     let mut partial =
         scratch(UNFUSED_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
