@@ -1,11 +1,23 @@
-//! Local tensors: [`Tensor`] on ndarray, the [`Element`] types, and local matrix products.
+//! Local tensors: [`Tensor`] on ndarray, the [`Element`] types, local matrix products, and the
+//! local math a model needs between the distributed ops: arithmetic operators, maps,
+//! activations, reductions and normalizations, each computed in the accumulator type (f32 for
+//! f16 and bf16) and rounded once.
 
+mod activation;
+mod arith;
+mod batched;
+mod convert;
 mod dense;
+mod display;
 mod element;
 mod gemm_kernel;
+mod layout;
+mod map;
 mod matmul;
+mod norm;
 mod pod;
 pub(crate) mod pool;
+mod reduce;
 mod split;
 mod storage;
 
