@@ -5,10 +5,13 @@
 //! collectives and world sizes compare. For `S` bytes of input per rank and `n` ranks:
 //! all_gather moves `S (n - 1)`, reduce_scatter and all_to_all `S (n - 1) / n`, all_reduce twice
 //! that, broadcast `S`. memcpy copies `S` bytes once, on one thread, into a buffer it reuses; the
-//! collectives write into outputs allocated once, too (their `_into` forms).
+//! collectives write into outputs allocated once, too (their `_into` forms). A collective's time
+//! runs from a barrier to a barrier: it is the slowest rank's.
+
+mod common;
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use dist_tensor::collectives::{self, ReduceOp};
@@ -75,13 +78,9 @@ fn collectives_vs_memcpy(c: &mut Criterion) {
                                 let x: Vec<f32> =
                                     (0..len).map(|i| (i + rank.rank()) as f32).collect();
                                 let mut out = vec![0.0f32; out_len(len, world_size, rank.rank())];
-                                op(rank, &x, &mut out)?; // warm: workspaces sized, pages touched
-                                let _ = rank.barrier_all()?;
-                                let start = Instant::now();
-                                for _ in 0..iters {
-                                    op(rank, black_box(&x), &mut out)?;
-                                }
-                                Ok(start.elapsed())
+                                // Warmed once (workspaces sized, pages touched), then timed
+                                // between two barriers.
+                                common::timed(rank, iters, || op(rank, black_box(&x), &mut out))
                             })
                             .unwrap()[0]
                     })

@@ -14,7 +14,12 @@ use ndarray::{Axis, Slice};
 fn main() -> Result<(), Error> {
     let (b, s, h, d) = (2, 1021, 6, 64);
     let q = Tensor::<f32>::random(&[b, s, h, d], 7);
-    let ok = World::threads(4)?.run(|rank| {
+    // `--processes N` runs the ranks as processes (`World::spawn_local`); under mpirun or
+    // torchrun each process is one rank (`World::from_env`); otherwise threads.
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(world) = World::from_args(&mut args, 4)? else { return Ok(()) };
+    let lead = world.ranks_here().contains(&0); // rank 0 prints the summary
+    let ok = world.run(|rank| {
         let seq = DistTensor::from_global(rank, &q, Placement::Shard(1))?; // [B, s_r, H, D]
         let heads = seq.all_to_all(2, 1)?; // [B, S, h_r, D]
         let back = heads.all_to_all(1, 2)?; // [B, s_r, H, D]
@@ -36,6 +41,8 @@ fn main() -> Result<(), Error> {
         eprintln!("wrong exchange");
         std::process::exit(1);
     }
-    println!("ok");
+    if lead {
+        println!("ok");
+    }
     Ok(())
 }

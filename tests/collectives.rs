@@ -346,14 +346,16 @@ fn large_outputs_written_with_streaming_stores_equal_the_reference() {
             let gathered = collectives::all_gather_cols(rank, &block, rows)?;
             let flat = input::<f32>(951, rank.rank(), 2 * 1_500_001);
             let exchanged = collectives::all_to_all(rank, &flat)?;
-            let root_data = input::<f32>(952, 0, 2_500_003);
-            let cast = collectives::broadcast(rank, &root_data, 0)?;
-            Ok((gathered, exchanged, cast == root_data))
+            // Every rank passes its own data: only rank 0's may come back.
+            let mine = input::<f32>(952, rank.rank(), 2_500_003);
+            let cast = collectives::broadcast(rank, &mine, 0)?;
+            Ok((gathered, exchanged, cast))
         })
         .unwrap();
     let blocks: Vec<Vec<f32>> = (0..2).map(|r| input::<f32>(950, r, rows * (width + r))).collect();
     let total = 2 * width + 1;
-    for (r, (gathered, exchanged, cast_ok)) in outs.iter().enumerate() {
+    let root_data = input::<f32>(952, 0, 2_500_003);
+    for (r, (gathered, exchanged, cast)) in outs.iter().enumerate() {
         for i in 0..rows {
             assert_eq!(
                 gathered[i * total..i * total + width],
@@ -371,6 +373,6 @@ fn large_outputs_written_with_streaming_stores_equal_the_reference() {
             })
             .collect();
         assert_eq!(exchanged, &want);
-        assert!(cast_ok);
+        assert!(cast == &root_data, "broadcast on rank {r}: not rank 0's data");
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! Worlds of 1, 2, 3, 4 and 8 ranks; every element type; shapes with M not divisible by the world,
 //! M smaller than the world (ranks with no rows), N or K smaller than the world (ranks with no
-//! columns), odd and prime K and N; one large f32 case at world 2 checked on sampled entries.
+//! columns), odd and prime K and N; shards of 256 rows or more (the shard-by-shard path of the fused
+//! products); one large f32 case at world 2. Every entry of every result is checked.
 //!
 //! # Tolerance
 //! Inputs are exact in f64, so the reference is the exact product up to f64 rounding. An output
@@ -38,7 +39,6 @@ use dist_tensor::tensor::{array_split, split_offsets};
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Result, Tensor, World};
 use half::{bf16, f16};
 use ndarray::{Array2, Axis, Ix2, Slice, concatenate, s};
-use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const WORLDS: [usize; 5] = [1, 2, 3, 4, 8];
 
@@ -194,15 +194,29 @@ fn fewer_than(n: usize) -> usize {
     n.saturating_sub(1).max(1)
 }
 
+/// Rows per rank from which the fused ops cut their tiles shard by shard (`MIN_SHARD_ROWS` in
+/// `src/fused/plan.rs`): below it on any rank, tiles run over all the gathered rows instead.
+const SHARD_BY_SHARD_ROWS: usize = 256;
+
 /// `(M, K, N)` for world `n`: all ones; M smaller than the world and N or K smaller than 8; M
-/// not divisible by the world; primes spanning several tiles and k-blocks.
+/// not divisible by the world; primes spanning several tiles and k-blocks; and shards of 256 and
+/// 257 rows, which take the shard-by-shard path of both fused products (the others take the path
+/// over all rows), with K = 300 so that all_gather_matmul pushes each shard in two chunks.
 fn shapes(n: usize) -> Vec<(usize, usize, usize)> {
-    vec![(1, 1, 1), (fewer_than(n), 3, 7), (2 * n + 1, 17, 11), (61, 127, 67), (67, 263, 131)]
+    vec![
+        (1, 1, 1),
+        (fewer_than(n), 3, 7),
+        (2 * n + 1, 17, 11),
+        (61, 127, 67),
+        (67, 263, 131),
+        (SHARD_BY_SHARD_ROWS * n + 1, 300, 67),
+    ]
 }
 
 // ---- all_gather_matmul --------------------------------------------------------------------------
 
-fn check_all_gather_matmul<T: Element>(n: usize) {
+/// Failures of world `n`, described.
+fn check_all_gather_matmul<T: Element>(n: usize) -> Vec<String> {
     let world = World::threads(n).unwrap();
     let cases: Vec<_> = shapes(n)
         .into_iter()
@@ -251,35 +265,86 @@ fn check_all_gather_matmul<T: Element>(n: usize) {
             Ok(fails)
         })
         .unwrap_or_else(|e| panic!("world {n}, {}: {e}", T::DTYPE));
-    assert_no_failures(fails);
+    fails.into_iter().flatten().collect()
 }
 
 #[test]
 fn all_gather_matmul_equals_the_reference_f32() {
-    for n in WORLDS {
-        check_all_gather_matmul::<f32>(n);
-    }
+    assert_no_failures(WORLDS.iter().map(|&n| check_all_gather_matmul::<f32>(n)).collect());
 }
 
 #[test]
 fn all_gather_matmul_equals_the_reference_f64() {
-    for n in WORLDS {
-        check_all_gather_matmul::<f64>(n);
-    }
+    assert_no_failures(WORLDS.iter().map(|&n| check_all_gather_matmul::<f64>(n)).collect());
 }
 
 #[test]
 fn all_gather_matmul_equals_the_reference_f16() {
-    for n in WORLDS {
-        check_all_gather_matmul::<f16>(n);
-    }
+    assert_no_failures(WORLDS.iter().map(|&n| check_all_gather_matmul::<f16>(n)).collect());
 }
 
 #[test]
 fn all_gather_matmul_equals_the_reference_bf16() {
-    for n in WORLDS {
-        check_all_gather_matmul::<bf16>(n);
+    assert_no_failures(WORLDS.iter().map(|&n| check_all_gather_matmul::<bf16>(n)).collect());
+}
+
+/// Shard by shard with shards that are not array_split: one rank has no rows (which keeps the
+/// shard-by-shard path: empty shards do not count), the others 256 rows or more, ragged; two
+/// weights, one narrower than the world.
+fn check_all_gather_matmul_uneven_long_shards<T: Element>(n: usize) {
+    let world = World::threads(n).unwrap();
+    let counts: Vec<usize> = (0..n)
+        .map(|r| if r == 1 { 0 } else { SHARD_BY_SHARD_ROWS + [44, 0, 1, 7, 130][r % 5] })
+        .collect();
+    let offsets = split_offsets(&counts);
+    let (m, k, widths) = (offsets[n], 301, [37, 3]);
+    let x = Tensor::<T>::random(&[m, k], 41);
+    let ws: Vec<Tensor<T>> =
+        widths.iter().enumerate().map(|(i, &nn)| Tensor::random(&[k, nn], 42 + i as u64)).collect();
+    let refs: Vec<Reference> = ws
+        .iter()
+        .map(|w| Reference::new(&to_f64_2(&x), &to_f64_2(w), tolerance::<T>(k), dropped_block(k)))
+        .collect();
+    let fails = world
+        .run(|rank| {
+            let r = rank.rank();
+            let xd = DistTensor::from_local(
+                rank,
+                slice(&x, 0, offsets[r]..offsets[r + 1]),
+                Placement::Shard(0),
+            )?;
+            let cols: Vec<Range<usize>> =
+                widths.iter().map(|&nn| pieces(nn, n)[r].clone()).collect();
+            let w_r: Vec<Tensor<T>> =
+                ws.iter().zip(&cols).map(|(w, c)| slice(w, 1, c.clone())).collect();
+            let mut fails = Vec::new();
+            let many = xd.all_gather_matmul_many(&w_r.iter().collect::<Vec<_>>())?;
+            for (i, y) in many.iter().enumerate() {
+                let what = format!(
+                    "all_gather_matmul_many, {}, world {n}, rank {r}, rows per rank {counts:?}, \
+                     K = {k}, weight {i} of width {}",
+                    T::DTYPE,
+                    widths[i]
+                );
+                fails.extend(refs[i].check(y.local(), 0..m, cols[i].clone(), &what));
+            }
+            let y = xd.all_gather_matmul_unfused(&w_r[0])?;
+            let what = format!("all_gather_matmul_unfused, {}, world {n}, rank {r}", T::DTYPE);
+            fails.extend(refs[0].check(y.local(), 0..m, cols[0].clone(), &what));
+            Ok(fails)
+        })
+        .unwrap_or_else(|e| panic!("world {n}, {}: {e}", T::DTYPE));
+    assert_no_failures(fails);
+}
+
+#[test]
+fn all_gather_matmul_shard_by_shard_with_an_empty_shard() {
+    for n in [3, 4] {
+        check_all_gather_matmul_uneven_long_shards::<f32>(n);
+        check_all_gather_matmul_uneven_long_shards::<f16>(n);
+        check_all_gather_matmul_uneven_long_shards::<bf16>(n);
     }
+    check_all_gather_matmul_uneven_long_shards::<f64>(3);
 }
 
 /// Fused QKV: one gather, three products of different widths (the narrow one smaller than a
@@ -384,7 +449,8 @@ fn all_gather_matmul_many_equals_separate_products() {
 /// Both inputs `matmul_reduce_scatter` takes: Shard(1) `[M, k_r]` with `w [k_r, N]` (the
 /// column and row pieces of one global product), and Partial `[M, K]` with each rank's own
 /// `w_r [K, N]` (the sum of `n` products).
-fn check_matmul_reduce_scatter<T: Element>(n: usize) {
+/// Failures of world `n`, described.
+fn check_matmul_reduce_scatter<T: Element>(n: usize) -> Vec<String> {
     let world = World::threads(n).unwrap();
     let cases: Vec<_> = shapes(n)
         .into_iter()
@@ -456,35 +522,27 @@ fn check_matmul_reduce_scatter<T: Element>(n: usize) {
             Ok(fails)
         })
         .unwrap_or_else(|e| panic!("world {n}, {}: {e}", T::DTYPE));
-    assert_no_failures(fails);
+    fails.into_iter().flatten().collect()
 }
 
 #[test]
 fn matmul_reduce_scatter_equals_the_reference_f32() {
-    for n in WORLDS {
-        check_matmul_reduce_scatter::<f32>(n);
-    }
+    assert_no_failures(WORLDS.iter().map(|&n| check_matmul_reduce_scatter::<f32>(n)).collect());
 }
 
 #[test]
 fn matmul_reduce_scatter_equals_the_reference_f64() {
-    for n in WORLDS {
-        check_matmul_reduce_scatter::<f64>(n);
-    }
+    assert_no_failures(WORLDS.iter().map(|&n| check_matmul_reduce_scatter::<f64>(n)).collect());
 }
 
 #[test]
 fn matmul_reduce_scatter_equals_the_reference_f16() {
-    for n in WORLDS {
-        check_matmul_reduce_scatter::<f16>(n);
-    }
+    assert_no_failures(WORLDS.iter().map(|&n| check_matmul_reduce_scatter::<f16>(n)).collect());
 }
 
 #[test]
 fn matmul_reduce_scatter_equals_the_reference_bf16() {
-    for n in WORLDS {
-        check_matmul_reduce_scatter::<bf16>(n);
-    }
+    assert_no_failures(WORLDS.iter().map(|&n| check_matmul_reduce_scatter::<bf16>(n)).collect());
 }
 
 /// What the unfused `matmul_reduce_scatter` may add: it rounds each rank's partial product to
@@ -523,6 +581,122 @@ fn unfused_matmul_reduce_scatter_of_half_types_rounds_twice() {
         unfused == fused || unfused.to_f64() == 1.34375,
         "unfused gives {unfused}: neither correctly rounded nor the double rounding seen before"
     );
+}
+
+/// The documented order of `matmul_reduce_scatter`'s sum, to the bit: with `k_r = 1` each rank's
+/// partial product `p_r = x_r w_r` is one product, rounded once to the accumulator type whatever
+/// the kernel does (a half-type product is even exact in f32), so the promised result is known:
+/// `(((p_0 + p_1) + p_2) + ...)` added in the accumulator type in rank order, then rounded once to
+/// `T`. Float addition does not associate, so any other order (each rank starting from its own
+/// partial, say) changes the bits of many entries from world 3 on (at world 2, `p_0 + p_1` and
+/// `p_1 + p_0` are the same). The unfused baseline rounds each `p_r` to `T` first (documented),
+/// then the reduce_scatter adds in rank order too: that is checked to the bit as well.
+fn check_rank_order<T: Element>(world: &World) -> Vec<String> {
+    let n = world.num_ranks();
+    // Short shards (tiles over all rows) and shards of 256 rows or more (tiles per owner).
+    let shapes = [(1, 1), (fewer_than(n), 5), (2 * n + 1, 13), (SHARD_BY_SHARD_ROWS * n + 3, 67)];
+    let cases: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(c, &(m, nn))| {
+            let seed = 7000 + 100 * c as u64;
+            let xs: Vec<Tensor<T>> =
+                (0..n).map(|r| Tensor::random(&[m, 1], seed + r as u64)).collect();
+            let ws: Vec<Tensor<T>> =
+                (0..n).map(|r| Tensor::random(&[1, nn], seed + 50 + r as u64)).collect();
+            let mut fused = Vec::with_capacity(m * nn);
+            let mut unfused = Vec::with_capacity(m * nn);
+            for i in 0..m {
+                for j in 0..nn {
+                    let partial =
+                        |r: usize| xs[r].as_slice()[i].to_acc() * ws[r].as_slice()[j].to_acc();
+                    let mut sum = partial(0);
+                    let mut sum_rounded = T::from_acc(partial(0)).to_acc();
+                    for r in 1..n {
+                        sum += partial(r);
+                        sum_rounded += T::from_acc(partial(r)).to_acc();
+                    }
+                    fused.push(T::from_acc(sum));
+                    unfused.push(T::from_acc(sum_rounded));
+                }
+            }
+            let fused = Tensor::from_shape_vec(&[m, nn], fused).unwrap();
+            let unfused = Tensor::from_shape_vec(&[m, nn], unfused).unwrap();
+            let columns: Vec<_> = xs.iter().map(|x| x.view()).collect();
+            let x_all = Tensor::from_array(concatenate(Axis(1), &columns).unwrap());
+            (xs, x_all, ws, fused, unfused)
+        })
+        .collect();
+    world
+        .run(|rank| {
+            let r = rank.rank();
+            let mut fails = Vec::new();
+            for (xs, x_all, ws, want_fused, want_unfused) in &cases {
+                let (m, nn) = (xs[0].shape()[0], ws[0].shape()[1]);
+                let rows = pieces(m, n)[r].clone();
+                // Partial [M, 1] by [1, N] on every rank; and the same sum as a Shard(1) [M, n]
+                // (one column per rank) by its row of the stacked weights.
+                let xp = DistTensor::from_local(rank, xs[r].clone(), Placement::Partial)?;
+                let x1 = DistTensor::from_global(rank, x_all, Placement::Shard(1))?;
+                let w1 = &ws[r];
+                let runs = [
+                    (
+                        "Partial",
+                        "matmul_reduce_scatter",
+                        xp.matmul_reduce_scatter(&ws[r])?,
+                        want_fused,
+                    ),
+                    (
+                        "Partial",
+                        "matmul_reduce_scatter_unfused",
+                        xp.matmul_reduce_scatter_unfused(&ws[r])?,
+                        want_unfused,
+                    ),
+                    (
+                        "Shard(1)",
+                        "matmul_reduce_scatter",
+                        x1.matmul_reduce_scatter(w1)?,
+                        want_fused,
+                    ),
+                    (
+                        "Shard(1)",
+                        "matmul_reduce_scatter_unfused",
+                        x1.matmul_reduce_scatter_unfused(w1)?,
+                        want_unfused,
+                    ),
+                ];
+                for (input, variant, y, want) in runs {
+                    let what = format!(
+                        "{variant} of {input}, {}, world {n}, rank {r}, [M, N] = [{m}, {nn}], \
+                         one product per rank, against the sum in rank order",
+                        T::DTYPE
+                    );
+                    let want_rows = slice(want, 0, rows.clone());
+                    fails.extend(diff(y.local(), &want_rows).map(|e| format!("{what}: {e}")));
+                }
+            }
+            Ok(fails)
+        })
+        .unwrap_or_else(|e| panic!("world {n}, {}: {e}", T::DTYPE))
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn matmul_reduce_scatter_adds_the_partials_in_rank_order() {
+    let mut fails = Vec::new();
+    for n in [2, 3, 4, 5, 8] {
+        let world = World::threads(n).unwrap();
+        fails.push(check_rank_order::<f32>(&world));
+        fails.push(check_rank_order::<f64>(&world));
+        fails.push(check_rank_order::<bf16>(&world));
+        fails.push(check_rank_order::<f16>(&world));
+    }
+    // Many computing programs (tiles of a few rows, several per owner).
+    let world = World::builder(4).topology(dist_tensor::device::Topology::ascend_910b()).build();
+    fails.push(check_rank_order::<f32>(&world.unwrap()));
+    assert_no_failures(fails);
 }
 
 fn bits(t: &Tensor<f32>) -> Vec<u32> {
@@ -584,76 +758,45 @@ fn matmul_reduce_scatter_is_bitwise_the_same_over_50_calls() {
     }
 }
 
-// ---- large case, checked on sampled entries ---------------------------------------------------
+// ---- large case, every entry checked --------------------------------------------------------
 
-/// Checks `samples` seeded-random entries (plus the corners and the first and last row of every
-/// rank's rows) of `got`, rank `r`'s block `rows x cols` of `x @ w`, against f64 dot products.
-fn check_sampled(
-    got: &Tensor<f32>,
-    rows: Range<usize>,
-    cols: Range<usize>,
-    x: &Tensor<f32>,
-    w: &Tensor<f32>,
-    terms: usize,
-    what: &str,
-) -> Vec<String> {
-    if got.shape() != [rows.len(), cols.len()] {
-        return vec![format!(
-            "{what}: shape {:?}, want [{}, {}]",
-            got.shape(),
-            rows.len(),
-            cols.len()
-        )];
-    }
-    let (k, nn) = (x.shape()[1], w.shape()[1]);
-    let (xs, ws) = (x.as_slice(), w.as_slice());
-    let (h, wd) = (rows.len(), cols.len());
-    let mut at: Vec<(usize, usize)> = vec![(0, 0), (0, wd - 1), (h - 1, 0), (h - 1, wd - 1)];
-    for p in pieces(x.shape()[0], 2) {
-        for i in [p.start, p.end - 1] {
-            if rows.contains(&i) {
-                at.push((i - rows.start, (i * 7919) % wd));
-            }
-        }
-    }
-    let mut rng = StdRng::seed_from_u64(rows.start as u64 * 31 + cols.start as u64);
-    at.extend((0..300).map(|_| (rng.random_range(0..h), rng.random_range(0..wd))));
-    let tol = tolerance::<f32>(terms);
-    let mut fails = Vec::new();
-    for (i, j) in at {
-        let (gi, gj) = (rows.start + i, cols.start + j);
-        let (mut want, mut scale) = (0.0f64, 0.0f64);
-        for p in 0..k {
-            let prod = xs[gi * k + p] as f64 * ws[p * nn + gj] as f64;
-            want += prod;
-            scale += prod.abs();
-        }
-        let v = got.as_slice()[i * wd + j] as f64;
-        let err = (v - want).abs();
-        if err.is_nan() || err > tol * scale {
-            fails.push(format!(
-                "{what}: global ({gi}, {gj}): got {v}, want {want} (bound {:e})",
-                tol * scale
-            ));
-        }
-    }
-    fails
+/// The large case: `[M, K] x [K, N]` with M = 2 x 4091, so that each of 2 ranks has 512-row tiles
+/// and a ragged last one, and the reference of every entry, computed once in f64 (by ndarray, not
+/// by the crate) and shared by both large tests: the all_gather_matmul of x's rows times w's
+/// columns and the matmul_reduce_scatter of x's columns times w's rows are the same product.
+struct Large {
+    x: Tensor<f32>,
+    w: Tensor<f32>,
+    reference: Reference,
+}
+
+fn large() -> &'static Large {
+    static LARGE: std::sync::OnceLock<Large> = std::sync::OnceLock::new();
+    LARGE.get_or_init(|| {
+        let (m, k, nn) = (4091 * 2, 1024, 5120);
+        let x = Tensor::<f32>::random(&[m, k], 77);
+        let w = Tensor::<f32>::random(&[k, nn], 78);
+        let (xf, wf) = (to_f64_2(&x), to_f64_2(&w));
+        let (want, scale) = (xf.dot(&wf), xf.abs().dot(&wf.abs()));
+        // Each test passes its own tolerance to `check_tol`.
+        let reference = Reference { want, scale, tol: f64::NAN, lost: Array2::zeros((0, 0)) };
+        Large { x, w, reference }
+    })
 }
 
 #[test]
 fn all_gather_matmul_large_f32_world_2() {
     let n = 2;
-    let (m, k, nn) = (4091 * n, 1024, 5120);
-    let x = Tensor::<f32>::random(&[m, k], 77);
-    let w = Tensor::<f32>::random(&[k, nn], 78);
+    let Large { x, w, reference } = large();
+    let (m, k, nn) = (x.shape()[0], x.shape()[1], w.shape()[1]);
     let fails = World::threads(n)
         .unwrap()
         .run(|rank| {
             let r = rank.rank();
             let rows = pieces(m, n)[r].clone();
             let cols = pieces(nn, n)[r].clone();
-            let xd = DistTensor::from_local(rank, slice(&x, 0, rows), Placement::Shard(0))?;
-            let w_r = slice(&w, 1, cols.clone());
+            let xd = DistTensor::from_local(rank, slice(x, 0, rows), Placement::Shard(0))?;
+            let w_r = slice(w, 1, cols.clone());
             let mut fails = Vec::new();
             for fused in [true, false] {
                 let y = if fused {
@@ -663,7 +806,8 @@ fn all_gather_matmul_large_f32_world_2() {
                 };
                 let variant = if fused { "all_gather_matmul" } else { "all_gather_matmul_unfused" };
                 let what = format!("{variant} [{m}, {k}, {nn}], rank {r}");
-                fails.extend(check_sampled(y.local(), 0..m, cols.clone(), &x, &w, k, &what));
+                let tol = tolerance::<f32>(k);
+                fails.extend(reference.check_tol(tol, y.local(), 0..m, cols.clone(), &what));
                 if y.placement() != Placement::Shard(1) {
                     fails.push(format!("{what}: placement {}", y.placement()));
                 }
@@ -677,16 +821,15 @@ fn all_gather_matmul_large_f32_world_2() {
 #[test]
 fn matmul_reduce_scatter_large_f32_world_2() {
     let n = 2;
-    let (m, k, nn) = (4091 * n, 1024, 5120);
-    let x = Tensor::<f32>::random(&[m, k], 87);
-    let w = Tensor::<f32>::random(&[k, nn], 88);
+    let Large { x, w, reference } = large();
+    let (m, k, nn) = (x.shape()[0], x.shape()[1], w.shape()[1]);
     let fails = World::threads(n)
         .unwrap()
         .run(|rank| {
             let r = rank.rank();
             let ks = pieces(k, n)[r].clone();
-            let xd = DistTensor::from_local(rank, slice(&x, 1, ks.clone()), Placement::Shard(1))?;
-            let w_r = slice(&w, 0, ks);
+            let xd = DistTensor::from_local(rank, slice(x, 1, ks.clone()), Placement::Shard(1))?;
+            let w_r = slice(w, 0, ks);
             let rows = pieces(m, n)[r].clone();
             let mut fails = Vec::new();
             for fused in [true, false] {
@@ -698,7 +841,8 @@ fn matmul_reduce_scatter_large_f32_world_2() {
                 let variant =
                     if fused { "matmul_reduce_scatter" } else { "matmul_reduce_scatter_unfused" };
                 let what = format!("{variant} [{m}, {k}, {nn}], rank {r}");
-                fails.extend(check_sampled(y.local(), rows.clone(), 0..nn, &x, &w, k + n, &what));
+                let tol = tolerance::<f32>(k + n);
+                fails.extend(reference.check_tol(tol, y.local(), rows.clone(), 0..nn, &what));
                 if y.placement() != Placement::Shard(0) {
                     fails.push(format!("{what}: placement {}", y.placement()));
                 }
@@ -865,6 +1009,70 @@ fn all_to_all_between_any_two_dims_of_3d_tensors() {
     }
     check_all_to_all_3d::<bf16>(3);
     check_all_to_all_3d::<f64>(4);
+}
+
+// ---- many calls, new data each time ---------------------------------------------------------
+
+/// The fused products keep their symmetric buffers and signal counts from call to call; a call
+/// that read a peer's data before it landed would see the previous call's. With the same inputs
+/// every call that goes unseen, so here every call has new inputs: 12 calls of each product on
+/// one world, rank 1 with no rows (it reads peers' rows first, as soon as they are announced),
+/// shards of several push chunks (K = 1024), short shards and shards of 256 rows or more.
+#[test]
+fn fused_products_over_many_calls_with_new_data_each_time() {
+    const CALLS: u64 = 12;
+    let n = 3;
+    let (k, nn) = (1024, 48);
+    let world = World::threads(n).unwrap();
+    let mut fails = Vec::new();
+    for counts in [[300, 0, 599], [3, 0, 5]] {
+        let offsets = split_offsets(&counts);
+        let m = offsets[n];
+        let cases: Vec<_> = (0..CALLS)
+            .map(|call| {
+                let x = Tensor::<f32>::random(&[m, k], 5000 + call);
+                let w = Tensor::<f32>::random(&[k, nn], 6000 + call);
+                let tol = tolerance::<f32>(k + n);
+                let reference = Reference::new(&to_f64_2(&x), &to_f64_2(&w), tol, 0..0);
+                (x, w, reference)
+            })
+            .collect();
+        let out = world
+            .run(|rank| {
+                let r = rank.rank();
+                let mut fails = Vec::new();
+                for (call, (x, w, reference)) in cases.iter().enumerate() {
+                    let what = |op: &str| {
+                        format!("{op}, call {call} of {CALLS}, rows per rank {counts:?}, rank {r}")
+                    };
+                    let rows = offsets[r]..offsets[r + 1];
+                    let xd = DistTensor::from_local(rank, slice(x, 0, rows), Placement::Shard(0))?;
+                    let cols = pieces(nn, n)[r].clone();
+                    let y = xd.all_gather_matmul(&slice(w, 1, cols.clone()))?;
+                    fails.extend(reference.check(
+                        y.local(),
+                        0..m,
+                        cols,
+                        &what("all_gather_matmul"),
+                    ));
+                    let ks = pieces(k, n)[r].clone();
+                    let x1 =
+                        DistTensor::from_local(rank, slice(x, 1, ks.clone()), Placement::Shard(1))?;
+                    let y = x1.matmul_reduce_scatter(&slice(w, 0, ks))?;
+                    let rows = pieces(m, n)[r].clone();
+                    fails.extend(reference.check(
+                        y.local(),
+                        rows,
+                        0..nn,
+                        &what("matmul_reduce_scatter"),
+                    ));
+                }
+                Ok(fails)
+            })
+            .unwrap_or_else(|e| panic!("rows per rank {counts:?}: {e}"));
+        fails.extend(out);
+    }
+    assert_no_failures(fails);
 }
 
 // ---- a tensor-parallel MLP -------------------------------------------------------------------
@@ -1142,8 +1350,9 @@ fn all_to_all_dims_out_of_range_are_an_error_on_every_rank() {
     assert_no_failures(out);
 }
 
-/// x must be 2-D (documented: UnsupportedPlacement, the op takes "a 2-D Shard(0) tensor"); a
-/// weight that is not 2-D is rejected on every rank.
+/// x must be sharded on a dimension before its last for all_gather_matmul, and have 2 or more
+/// dimensions for matmul_reduce_scatter (documented: UnsupportedPlacement); a weight that is not
+/// 2-D is rejected on every rank.
 #[test]
 fn operands_that_are_not_matrices_are_an_error_on_every_rank() {
     let out = run_quick(2, |rank| {
@@ -1152,22 +1361,19 @@ fn operands_that_are_not_matrices_are_an_error_on_every_rank() {
         let x3 = DistTensor::from_global(
             rank,
             &Tensor::<f32>::random(&[4, 3, 2], 1),
-            Placement::Shard(0),
+            Placement::Shard(2),
         )?;
         let w = Tensor::<f32>::random(&[2, 3], 2);
         fails.extend(expect_err(
             x3.all_gather_matmul(&w),
-            &format!("all_gather_matmul of a 3-D x, rank {r}"),
+            &format!("all_gather_matmul of x sharded on its last dimension, rank {r}"),
             unsupported("all_gather_matmul"),
         ));
-        let xp = DistTensor::from_global(
-            rank,
-            &Tensor::<f32>::random(&[4, 3, 2], 1),
-            Placement::Partial,
-        )?;
+        let xp =
+            DistTensor::from_global(rank, &Tensor::<f32>::random(&[4], 1), Placement::Partial)?;
         fails.extend(expect_err(
             xp.matmul_reduce_scatter(&w),
-            &format!("matmul_reduce_scatter of a 3-D x, rank {r}"),
+            &format!("matmul_reduce_scatter of a 1-D x, rank {r}"),
             unsupported("matmul_reduce_scatter"),
         ));
         let x =

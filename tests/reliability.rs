@@ -613,3 +613,25 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn from_local_with_different_element_types_fails_on_every_rank() {
+    let errors = World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            let err = if rank.rank() == 0 {
+                let t = Tensor::<f32>::zeros(&[2, 3]);
+                dist_tensor::DistTensor::from_local(rank, t, dist_tensor::Placement::Shard(0))
+                    .map(drop)
+                    .unwrap_err()
+            } else {
+                let t = Tensor::<f64>::zeros(&[2, 3]);
+                dist_tensor::DistTensor::from_local(rank, t, dist_tensor::Placement::Shard(0))
+                    .map(drop)
+                    .unwrap_err()
+            };
+            Ok(err)
+        })
+        .unwrap();
+    assert!(errors.iter().all(|e| matches!(e, Error::OpMismatch { .. })), "{errors:?}");
+}

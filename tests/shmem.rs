@@ -7,20 +7,48 @@ use dist_tensor::error::ProgramLabel;
 use dist_tensor::shmem::{NotifySem, Scope, SignalOp, WaitCmp, WaitSem, consume_token, symm_at};
 use dist_tensor::{Error, World};
 
+/// The value rank `from` sends rank `to` in `round`.
+fn ping_payload(from: usize, to: usize, round: u64) -> f64 {
+    (round * 10_000 + from as u64 * 100 + to as u64) as f64
+}
+
+/// Every rank pings every other, 20 rounds: it writes a payload into the peer's `inbox` through
+/// `symm_at`, then notifies; the peer waits for the ping, reads the payload, echoes what it read
+/// into the sender's `echo` and answers with a pong; the sender waits for the pong and checks
+/// the echo. A wait that returns before its signal is set reads the previous round's payload (or
+/// nothing): every round one rank is 2 ms late with its pings, so that its peers are surely
+/// waiting when they come.
 #[test]
 fn signals_ping_pong_between_every_pair_of_ranks() {
+    const ROUNDS: u64 = 20;
     for n in [2, 3, 5, 8] {
-        World::threads(n)
+        let fails = World::threads(n)
             .unwrap()
             .run(|rank| {
                 let me = rank.rank();
                 // Signal `peer` of rank r counts the pings from `peer`; each rank answers each.
                 let ping = rank.alloc_signals(n)?;
                 let pong = rank.alloc_signals(n)?;
-                const ROUNDS: u64 = 20;
+                // `inbox[p]` of rank r: what p sent r this round; `echo[p]`: what p read from r.
+                let inbox = rank.alloc::<f64>(n)?;
+                let echo = rank.alloc::<f64>(n)?;
+                let mut got = [0.0f64];
+                let mut fails = Vec::new();
                 for round in 1..=ROUNDS {
+                    if me == round as usize % n {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
                     for i in 1..n {
                         let peer = (me + i) % n;
+                        // SAFETY: `peer` reads this slot only after the ping below, and answered
+                        // the previous round's ping (the pong this rank waited for) after reading.
+                        unsafe {
+                            tile::store_1d(
+                                symm_at(&inbox, peer) + me,
+                                &[ping_payload(me, peer, round)],
+                                1,
+                            )
+                        };
                         rank.notify(
                             &ping,
                             me,
@@ -33,7 +61,27 @@ fn signals_ping_pong_between_every_pair_of_ranks() {
                     // Answer every ping of this round, then wait for every answer.
                     for i in 1..n {
                         let peer = (me + n - i) % n;
-                        let _ = rank.wait(&ping, peer, WaitCmp::Ge(round), WaitSem::Acquire)?;
+                        let token = rank.wait(&ping, peer, WaitCmp::Ge(round), WaitSem::Acquire)?;
+                        // SAFETY: `peer` wrote the slot before its release notify, acquired above.
+                        unsafe {
+                            tile::load_1d(
+                                consume_token(inbox.ptr(), token) + peer,
+                                &mut got,
+                                1,
+                                f64::NAN,
+                            )
+                        };
+                        if got[0] != ping_payload(peer, me, round) {
+                            fails.push(format!(
+                                "world {n}, rank {me}, round {round}: the ping from {peer} \
+                                 carried {}, want {}",
+                                got[0],
+                                ping_payload(peer, me, round)
+                            ));
+                        }
+                        // SAFETY: `peer` reads its echo slot only after the pong below, and
+                        // read the previous one before sending this round's ping.
+                        unsafe { tile::store_1d(symm_at(&echo, peer) + me, &got, 1) };
                         rank.notify(
                             &pong,
                             me,
@@ -45,13 +93,36 @@ fn signals_ping_pong_between_every_pair_of_ranks() {
                     }
                     for i in 1..n {
                         let peer = (me + i) % n;
-                        let _ = rank.wait(&pong, peer, WaitCmp::Ge(round), WaitSem::Acquire)?;
+                        let token = rank.wait(&pong, peer, WaitCmp::Ge(round), WaitSem::Acquire)?;
+                        // SAFETY: `peer` wrote the echo before its release notify, acquired above.
+                        unsafe {
+                            tile::load_1d(
+                                consume_token(echo.ptr(), token) + peer,
+                                &mut got,
+                                1,
+                                f64::NAN,
+                            )
+                        };
+                        if got[0] != ping_payload(me, peer, round) {
+                            fails.push(format!(
+                                "world {n}, rank {me}, round {round}: {peer} echoed {}, want {}",
+                                got[0],
+                                ping_payload(me, peer, round)
+                            ));
+                        }
                     }
                 }
                 let _ = rank.barrier_all()?;
-                Ok(())
+                Ok(fails)
             })
             .unwrap_or_else(|e| panic!("world {n}: {e}"));
+        let fails: Vec<String> = fails.into_iter().flatten().collect();
+        assert!(
+            fails.is_empty(),
+            "{} failures:\n{}",
+            fails.len(),
+            fails[..fails.len().min(10)].join("\n")
+        );
     }
 }
 

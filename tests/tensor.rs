@@ -281,33 +281,101 @@ fn cast_half_types_through_f32_and_f64_and_back_is_exact() {
     assert_eq!(t.cast::<f64>().cast::<f16>(), t);
 }
 
-/// `x` rounded to nearest f32 with ties to *odd* (inexact results get an odd last bit): followed
-/// by a round to nearest into any type of at most 22 significant bits, it is the one correct
-/// rounding of `x` into that type (no double rounding).
-fn round_to_odd_f32(x: f64) -> f32 {
-    let t = x as f32;
-    if f64::from(t) == x || t.is_infinite() {
-        return t;
-    }
-    // Toward zero: the neighbour of `t` on the zero side of `x` if `t` overshot.
-    let toward_zero =
-        if f64::from(t).abs() > x.abs() { f32::from_bits(t.to_bits() - 1) } else { t };
-    f32::from_bits(toward_zero.to_bits() | 1)
+/// A binary floating-point format of 16 bits (1 sign, `exp_bits` exponent, `man_bits` fraction
+/// bits), described by its bit layout alone: the reference below uses no conversion code of `half`
+/// or of the crate, only exact f64 arithmetic.
+struct Format16 {
+    exp_bits: u32,
+    man_bits: u32,
 }
 
-/// Checks that `values` cast to `U` land on the nearest `U` (ties to even); `reference` is a
-/// correctly rounding conversion from f64.
-fn check_rounds_to_nearest<T: Element, U: Element>(values: &[T], reference: impl Fn(f64) -> U) {
+const F16: Format16 = Format16 { exp_bits: 5, man_bits: 10 };
+const BF16: Format16 = Format16 { exp_bits: 8, man_bits: 7 };
+
+impl Format16 {
+    /// The bits of +infinity.
+    fn infinity(&self) -> u16 {
+        (((1u32 << self.exp_bits) - 1) << self.man_bits) as u16
+    }
+
+    /// The value of the positive `bits` up to `infinity()`, which counts as the power of two
+    /// after the largest finite value (where the exponent would take it).
+    fn value(&self, bits: u16) -> f64 {
+        let (e, m) =
+            (i32::from(bits >> self.man_bits), f64::from(bits & ((1 << self.man_bits) - 1)));
+        let (bias, p) = ((1i32 << (self.exp_bits - 1)) - 1, self.man_bits as i32);
+        if e == 0 {
+            m * 2f64.powi(1 - bias - p)
+        } else {
+            (2f64.powi(p) + m) * 2f64.powi(e - bias - p)
+        }
+    }
+
+    /// The bits of `x` rounded to nearest, ties to the even bit pattern, beyond the largest finite
+    /// value (from half way to the next power of two) to infinity; `x` not NaN.
+    fn round(&self, x: f64) -> u16 {
+        let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+        let a = x.abs();
+        // The last bits whose value is at most `a` (binary search: values grow with the bits).
+        let (mut lo, mut hi) = (0u16, self.infinity());
+        if a >= self.value(hi) {
+            return sign | hi;
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.value(mid) <= a { lo = mid } else { hi = mid }
+        }
+        // Exact in f64: 2a, and the sum of two neighbouring 16-bit values.
+        let twice_midpoint = self.value(lo) + self.value(hi);
+        let nearest = match (2.0 * a).partial_cmp(&twice_midpoint).unwrap() {
+            std::cmp::Ordering::Less => lo,
+            std::cmp::Ordering::Greater => hi,
+            std::cmp::Ordering::Equal if lo % 2 == 0 => lo,
+            std::cmp::Ordering::Equal => hi,
+        };
+        sign | nearest
+    }
+}
+
+#[test]
+fn the_16_bit_reference_knows_its_formats() {
+    // Every finite value of f16 and bf16 rounds to itself; the largest finite values and the
+    // smallest subnormals, and rounding at the top and bottom of the range.
+    for bits in (0..F16.infinity()).chain([0x8001, 0xFBFF]) {
+        assert_eq!(F16.round(f16::from_bits(bits).to_f64()), bits, "f16 {bits:#x}");
+    }
+    for bits in (0..BF16.infinity()).chain([0x8001, 0xFF7F]) {
+        assert_eq!(BF16.round(bf16::from_bits(bits).to_f64()), bits, "bf16 {bits:#x}");
+    }
+    assert_eq!(F16.value(0x7BFF), 65504.0);
+    assert_eq!(F16.value(1), 2f64.powi(-24));
+    assert_eq!(BF16.value(1), 2f64.powi(-133));
+    assert_eq!(F16.round(65519.99), 0x7BFF);
+    assert_eq!(F16.round(65520.0), 0x7C00, "the tie above the largest f16 goes to infinity");
+    assert_eq!(F16.round(-f64::INFINITY), 0xFC00);
+    assert_eq!(F16.round(2f64.powi(-25)), 0, "the tie at half the smallest subnormal goes to 0");
+    assert_eq!(F16.round(-2f64.powi(-25) * 1.5), 0x8001);
+    assert_eq!(BF16.round(1.0 + 2f64.powi(-8)), 0x3F80, "tie to even: 1");
+}
+
+/// Checks that `values` cast to `U` land on the nearest `U` (ties to even), bit for bit, against
+/// the independent reference `format`; `bits_of` reads a `U`'s bits.
+fn check_rounds_to_nearest<T: Element, U: Element>(
+    values: &[T],
+    format: &Format16,
+    bits_of: impl Fn(U) -> u16,
+) {
     let t = Tensor::from_shape_vec(&[values.len()], values.to_vec()).unwrap();
     let wrong: Vec<String> = t
         .cast::<U>()
         .as_slice()
         .iter()
         .zip(values)
-        .filter_map(|(got, v)| {
-            let want = reference(v.to_f64());
-            (got.to_f64().to_bits() != want.to_f64().to_bits())
-                .then(|| format!("{:e} -> {got} (want {want})", v.to_f64()))
+        .filter_map(|(&got, v)| {
+            let want = format.round(v.to_f64());
+            (bits_of(got) != want).then(|| {
+                format!("{:e} -> {got} ({:#06x}), want {:#06x}", v.to_f64(), bits_of(got), want)
+            })
         })
         .collect();
     assert!(
@@ -325,7 +393,7 @@ fn check_rounds_to_nearest<T: Element, U: Element>(values: &[T], reference: impl
 fn cast_f32_to_bf16_rounds_to_nearest_even() {
     let mut values = awkward_f32();
     values.extend(random_f32_bits(200_000));
-    check_rounds_to_nearest::<f32, bf16>(&values, |x| bf16::from_f32(x as f32));
+    check_rounds_to_nearest::<f32, bf16>(&values, &BF16, bf16::to_bits);
 
     // Hand-checked: the midpoint between 1 and 1 + 2^-7 goes to the even 1; the midpoint between
     // 1 + 2^-7 and 1 + 2^-6 goes to the even 1 + 2^-6; just above the first midpoint goes up.
@@ -345,9 +413,13 @@ fn cast_f32_to_bf16_rounds_to_nearest_even() {
 fn cast_f32_to_f16_rounds_to_nearest_even() {
     let mut values = awkward_f32();
     values.extend(random_f32_bits(200_000));
-    // Keep to f16's range, so that overflow to infinity does not blur the picture.
-    values.retain(|x| x.abs() < 65504.0);
-    check_rounds_to_nearest::<f32, f16>(&values, |x| f16::from_f32(x as f32));
+    // Most random bit patterns are far outside f16's range: as many again with exponents from
+    // 2^-30 (below the smallest subnormal) to 2^17 (past the largest finite value).
+    values.extend(random_f32_bits(200_000).into_iter().map(|x| {
+        let exponent = 97 + (x.to_bits() >> 23 & 0xFF) % 48;
+        f32::from_bits(x.to_bits() & 0x807F_FFFF | exponent << 23)
+    }));
+    check_rounds_to_nearest::<f32, f16>(&values, &F16, f16::to_bits);
 }
 
 /// For every pair of neighbouring positive finite values of a half type (given as f64 by
@@ -365,9 +437,9 @@ fn near_midpoints(value_of_bits: impl Fn(u16) -> f64, max_finite_bits: u16) -> V
 #[test]
 fn cast_f64_to_half_types_rounds_to_nearest_even() {
     let bf16_midpoints = near_midpoints(|b| bf16::from_bits(b).to_f64(), bf16::MAX.to_bits());
-    check_rounds_to_nearest::<f64, bf16>(&bf16_midpoints, |x| bf16::from_f32(round_to_odd_f32(x)));
+    check_rounds_to_nearest::<f64, bf16>(&bf16_midpoints, &BF16, bf16::to_bits);
     let f16_midpoints = near_midpoints(|b| f16::from_bits(b).to_f64(), f16::MAX.to_bits());
-    check_rounds_to_nearest::<f64, f16>(&f16_midpoints, |x| f16::from_f32(round_to_odd_f32(x)));
+    check_rounds_to_nearest::<f64, f16>(&f16_midpoints, &F16, f16::to_bits);
 
     // Just above a midpoint, by less than f32 can hold: a conversion that drops the low bits
     // first (or rounds through f32 first) sees an exact tie and goes to even, down.

@@ -3,7 +3,12 @@
 //! on. Every time is a median over interleaved runs (fused, then unfused, right after each other)
 //! and every ratio is taken pair by pair, so that drift in the machine's speed cancels.
 //!
-//! Run: `cargo run --release --example perf_report [-- --quick] [--runs N] [--reps R] [--only TEXT]`
+//! Run: `cargo run --release --example perf_report [-- --quick] [--runs N] [--reps R] [--only TEXT]
+//! [--processes]`
+//!
+//! `--processes` also runs every row with the ranks as processes of this program
+//! (`World::local_job`, each process one rank running only that row), right after the threads,
+//! and adds the processes' fused time and its ratio to the threads'.
 //!
 //! The limits are measured again right before each row, and each row's ratio to its roofline
 //! uses those. `--runs N` repeats the whole report N times and prints one table over all of them:
@@ -11,6 +16,8 @@
 
 mod machine;
 mod measure;
+
+use std::time::Duration;
 
 use dist_tensor::{DType, DistTensor, Element, Placement, Result, Tensor, World};
 use half::bf16;
@@ -69,7 +76,7 @@ fn all_gather_matmul<T: Element>(world: usize, (m, k, n): (usize, usize, usize))
         run: Box::new(move |reps| {
             let x = Tensor::<T>::random(&[m, k], 1);
             let w = Tensor::<T>::random(&[k, n], 2);
-            let pairs = World::threads(world)?.run(|rank| {
+            let pairs = world_of(world)?.run(|rank| {
                 let x = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
                 let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?.into_local();
                 measure::pairs(
@@ -94,7 +101,7 @@ fn matmul_reduce_scatter<T: Element>(world: usize, (m, k, n): (usize, usize, usi
         run: Box::new(move |reps| {
             let h = Tensor::<T>::random(&[m, k], 1);
             let w = Tensor::<T>::random(&[k, n], 2);
-            let pairs = World::threads(world)?.run(|rank| {
+            let pairs = world_of(world)?.run(|rank| {
                 let h = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
                 let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?.into_local();
                 measure::pairs(
@@ -118,7 +125,7 @@ fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize)) -> Case {
         work: Work::Copy { bytes: (b * s * h * d * size_of::<f32>()) as f64 },
         run: Box::new(move |reps| {
             let q = Tensor::<f32>::random(&[b, s, h, d], 1);
-            let pairs = World::threads(world)?.run(|rank| {
+            let pairs = world_of(world)?.run(|rank| {
                 let q = DistTensor::from_global(rank, &q, Placement::Shard(1))?;
                 measure::pairs(
                     rank,
@@ -179,11 +186,39 @@ impl CoreGemm {
     }
 }
 
+/// The world a row runs on: this process's rank of a job when started as one (a row of
+/// `--processes`), else `n` threads.
+fn world_of(n: usize) -> Result<World> {
+    if World::launched() { World::from_env() } else { World::threads(n) }
+}
+
+/// Runs row `i` with its ranks as processes of this program (`World::local_job`); returns rank
+/// 0's fused median in seconds.
+fn row_as_processes(case: &Case, i: usize, reps: usize, only: Option<&str>) -> Result<f64> {
+    let mut args =
+        vec!["--row".to_string(), (i + 1).to_string(), "--reps".into(), reps.to_string()];
+    if let Some(only) = only {
+        args.extend(["--only".to_string(), only.to_string()]);
+    }
+    let exits = World::local_job(case.world).args(args).timeout(Duration::from_secs(600)).run()?;
+    if let Some(bad) = exits.iter().find(|e| !e.success()) {
+        eprintln!("row {i}, rank {}: {}\n{}", bad.rank, bad.describe(), bad.stderr_text());
+        std::process::exit(1);
+    }
+    let fused =
+        exits[0].stdout_text().lines().find_map(|l| l.strip_prefix("ROW ")?.trim().parse().ok());
+    Ok(fused.expect("rank 0 reports its row"))
+}
+
 struct Args {
     reps: usize,
     runs: usize,
     /// Only the rows whose op (or shape) contains this text.
     only: Option<String>,
+    /// Also run every row with the ranks as processes of this program.
+    processes: bool,
+    /// In a process of `--processes`: the row to run.
+    row: Option<usize>,
 }
 
 fn args() -> Args {
@@ -203,11 +238,13 @@ fn args() -> Args {
         reps: value("--reps").unwrap_or(if quick { 3 } else { 9 }),
         runs: value("--runs").unwrap_or(1),
         only: argv.iter().position(|a| a == "--only").and_then(|i| argv.get(i + 1).cloned()),
+        processes: argv.iter().any(|a| a == "--processes"),
+        row: value("--row").map(|r| r - 1),
     }
 }
 
 fn main() -> Result<()> {
-    let Args { reps, runs, only } = args();
+    let Args { reps, runs, only, processes, row } = args();
     let load_before = machine::load_average();
     let cases: Vec<Case> = cases()
         .into_iter()
@@ -215,7 +252,17 @@ fn main() -> Result<()> {
             only.as_ref().is_none_or(|o| c.op.contains(o.as_str()) || c.shape.contains(o.as_str()))
         })
         .collect();
+    if World::launched() {
+        // One rank of one row of `--processes`: it runs the row and reports its fused median
+        // (the parent reads rank 0's, as a thread world reports rank 0's).
+        let case = &cases[row.unwrap_or(0)];
+        let pairs = (case.run)(reps)?;
+        println!("ROW {}", Spread::of(pairs.iter().map(|p| p.fused)).median);
+        return Ok(());
+    }
     let mut limits = Vec::new();
+    // Per case and run, with --processes: the fused median with the ranks as processes.
+    let mut as_processes: Vec<Vec<f64>> = cases.iter().map(|_| Vec::new()).collect();
     // Per case: each run's limit (seconds) and pairs.
     let mut results: Vec<Vec<(f64, Vec<Pair>)>> = cases.iter().map(|_| Vec::new()).collect();
     // One core: a large product, and decode's per-rank product with its weight in L2, from
@@ -224,7 +271,7 @@ fn main() -> Result<()> {
     let mut core: Vec<Vec<f64>> = vec![Vec::new(); core_shapes.len()];
     for run in 0..runs {
         eprintln!("run {} of {runs}", run + 1);
-        for (case, out) in cases.iter().zip(&mut results) {
+        for (i, (case, out)) in cases.iter().zip(&mut results).enumerate() {
             eprintln!("  {} world {} {} {}", case.op, case.world, case.dtype, case.shape);
             // The limits right before each row: the machine is shared, its speed drifts.
             let l = Limits::measure();
@@ -234,6 +281,9 @@ fn main() -> Result<()> {
             // (a later row's buffers of other sizes would be page-faulted in on every call).
             dist_tensor::tensor::release_pool();
             out.push((case.work.limit(&l).0, (case.run)(reps)?));
+            if processes {
+                as_processes[i].push(row_as_processes(case, i, reps, only.as_deref())?);
+            }
         }
         for (shape, out) in core_shapes.iter().zip(&mut core) {
             out.extend(CoreGemm::measure(*shape, reps)?.seconds);
@@ -268,12 +318,17 @@ fn main() -> Result<()> {
          copies, bytes / copy bandwidth"
     );
     println!();
+    let (extra_head, extra_rule) = if processes {
+        (" fused ms, processes | processes/threads |", " --- | --- |")
+    } else {
+        ("", "")
+    };
     println!(
         "| op | world | dtype | shape | fused ms | unfused ms | roofline ms (bound) | fused/unfused \
-         | fused/roofline |"
+         | fused/roofline |{extra_head}"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    for (case, runs) in cases.iter().zip(&results) {
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |{extra_rule}");
+    for ((case, runs), procs) in cases.iter().zip(&results).zip(&as_processes) {
         let all = || runs.iter().flat_map(|(_, pairs)| pairs.iter());
         let fused = Spread::of(all().map(|p| p.fused)).median;
         let unfused = Spread::of(all().map(|p| p.unfused)).median;
@@ -283,8 +338,14 @@ fn main() -> Result<()> {
         );
         let limit = Spread::of(runs.iter().map(|(lim, _)| *lim)).median;
         let bound = case.work.limit(&l).1;
+        let extra = if procs.is_empty() {
+            String::new()
+        } else {
+            let p = Spread::of(procs.iter().copied()).median;
+            format!(" {:.2} | {:.3} |", p * 1e3, p / fused)
+        };
         println!(
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} ({bound}) | {} | {} |",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} ({bound}) | {} | {} |{extra}",
             case.op,
             case.world,
             case.dtype,

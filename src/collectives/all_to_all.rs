@@ -3,7 +3,7 @@
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
-use crate::device::{LaunchMode, launch, tile};
+use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::split_offsets;
 use crate::{Element, Result};
@@ -120,6 +120,7 @@ fn exchange_and_send<T: Element>(
         personal.extend([count, start]);
         start = start.saturating_add(count);
     }
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
     let all = exchange_checked::<T>(rank, OP, &words, problem, &personal)?;
     // What rank p sends me, and where in p's input it starts.
     let recv: Vec<usize> = (0..n).map(|p| all.personal(p)[0] as usize).collect();
@@ -129,6 +130,15 @@ fn exchange_and_send<T: Element>(
     // receives a 1/n of every input.
     let even_total: usize = all.iter().map(|w| w[0] as usize / n).sum();
     check_outputs(OP, &all, 1, |_| even_total)?;
+    if let Some(npu) = rank.ascend() {
+        let longest = all.iter().map(|w| w[0] as usize).max().unwrap_or(0);
+        let got = ascend::launch::all_to_all_v(&npu, input, &recv, &send_start, longest)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        return out.fill(OP, got.len(), |out| {
+            out.copy_from_slice(&got);
+            Ok(())
+        });
+    }
     with_workspace::<T, _>(rank, |ws| {
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[0] as usize).max().unwrap_or(0))?;

@@ -33,7 +33,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn all_to_all(&self, scatter_dim: usize, gather_dim: usize) -> Result<Self> {
-        self.reshard(scatter_dim, gather_dim, fused::all_to_all)
+        self.reshard(scatter_dim, gather_dim, true, fused::all_to_all)
     }
 
     /// The unfused baseline of [`DistTensor::all_to_all`]: permute, all_to_all, permute.
@@ -54,13 +54,14 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn all_to_all_unfused(&self, scatter_dim: usize, gather_dim: usize) -> Result<Self> {
-        self.reshard(scatter_dim, gather_dim, fused::all_to_all_unfused)
+        self.reshard(scatter_dim, gather_dim, false, fused::all_to_all_unfused)
     }
 
     fn reshard(
         &self,
         scatter_dim: usize,
         gather_dim: usize,
+        fused: bool,
         op: impl FnOnce(&crate::Rank<'_>, &Tensor<T>, usize, usize) -> Result<AllToAllOutput<T>>,
     ) -> Result<Self> {
         const OP: &str = "all_to_all";
@@ -76,6 +77,16 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 placement: self.placement.to_string(),
                 expected: format!("Shard({gather_dim}), the gather dimension"),
             });
+        }
+        if scatter_dim == gather_dim {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                rank: self.rank.rank(),
+                reason: format!("scatter and gather dimension are both {scatter_dim}"),
+            });
+        }
+        if let Some(world) = self.gpus() {
+            return self.gpu_all_to_all(world, scatter_dim, gather_dim, fused);
         }
         let out = op(self.rank, &self.local, scatter_dim, gather_dim)?;
         Ok(DistTensor::new(

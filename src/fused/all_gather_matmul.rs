@@ -23,6 +23,7 @@ use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, compute_lanes, computing_programs,
 };
 use crate::collectives;
+use crate::device::ascend;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
@@ -98,10 +99,12 @@ fn agree<T: Element>(
     weights: &[ArrayView2<T>],
     problem: Option<String>,
 ) -> Result<Agreed> {
-    let problem = problem.or_else(|| {
-        (weights.len() > MAX_WEIGHTS || weights.is_empty())
-            .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()))
-    });
+    let problem = problem
+        .or_else(|| {
+            (weights.len() > MAX_WEIGHTS || weights.is_empty())
+                .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()))
+        })
+        .or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
     let mut words = vec![x.nrows() as u64, x.ncols() as u64, weights.len() as u64];
     for w in weights.iter().take(MAX_WEIGHTS) {
         words.extend([w.nrows() as u64, w.ncols() as u64]);
@@ -172,6 +175,13 @@ pub(crate) fn all_gather_matmul_checked<T: Element>(
         return unfused(rank, x, weights, problem);
     }
     let agreed = agree(OP, rank, &x, weights, problem)?;
+    if let Some(npu) = rank.ascend() {
+        let (rows, k) = (agreed.rows.counts(), agreed.k);
+        let outputs = ascend::launch::all_gather_matmul(&npu, rows, k, x, weights)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
+        return Ok(AgMatmulOutput { outputs, row_counts, col_counts });
+    }
     rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| run_fused(rank, ws, &agreed, x, weights))
         .inspect_err(|e| rank.fail_after_agreeing(e))
 }
@@ -193,7 +203,10 @@ pub(crate) fn all_gather_matmul_checked<T: Element>(
 ///     let (x, w) = (x.view2("x")?, w.view2("w")?);
 ///     let fused = all_gather_matmul(rank, x, &[w])?;
 ///     let unfused = all_gather_matmul_unfused(rank, x, &[w])?;
-///     assert_eq!(fused.row_counts, unfused.row_counts);
+///     assert_eq!((fused.row_counts, fused.col_counts), (unfused.row_counts, unfused.col_counts));
+///     let differ = &fused.outputs[0] - &unfused.outputs[0];
+///     assert_eq!(unfused.outputs[0].dim(), (15, 4));
+///     assert!(differ.iter().all(|d| d.abs() < 1e-5), "{differ}");
 ///     Ok(())
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
@@ -215,6 +228,13 @@ fn unfused<T: Element>(
     // Its own name in the exchange: a rank in the fused op and one in the unfused one would
     // otherwise agree on the shapes and then wait for each other in different protocols.
     let agreed = agree(UNFUSED_OP, rank, &x, weights, problem)?;
+    if let Some(npu) = rank.ascend() {
+        let (rows, k) = (agreed.rows.counts(), agreed.k);
+        let outputs = ascend::launch::all_gather_matmul_unfused(&npu, rows, k, x, weights)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
+        return Ok(AgMatmulOutput { outputs, row_counts, col_counts });
+    }
     let x = x.as_standard_layout();
     let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
     let a = ArrayView2::from_shape((agreed.rows.total(), agreed.k), &gathered).expect("M x K");

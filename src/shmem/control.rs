@@ -7,9 +7,11 @@
 //! | --- | --- | --- |
 //! | failure flag and first-failure record (rank, message) | header, text area | the first rank to fail |
 //! | `exits`: how many times a rank left the running state | header | a rank that returns or fails, a peer that finds a rank dead |
-//! | per rank: state (idle, running, returned, failed, died) | rank record | the rank; a peer for `died` |
-//! | per rank: blocked waiters (who to wake) | rank record | the rank's waiting threads |
+//! | per rank: state (idle, running, returned, failed, died, left) and how many runs it entered | rank record | the rank; a peer for `died` |
 //! | per rank: pid, exit status | rank record | the rank; a peer that reaps it |
+//!
+//! Blocked waits sleep on futexes beside each signal (in the heap, see `sync`), which are
+//! process-shared like everything here.
 //!
 //! Per-rank state that no peer reads (the free list of the rank's own segment, its call
 //! counter, its workspaces) stays in the rank's own process.
@@ -38,6 +40,8 @@ pub(crate) enum RankState {
     Failed = 3,
     /// Its process ended without returning (killed, or exited from inside `run`).
     Died = 4,
+    /// Its process dropped its world: no more runs will come from it.
+    Left = 5,
 }
 
 impl RankState {
@@ -47,6 +51,7 @@ impl RankState {
             2 => RankState::Returned,
             3 => RankState::Failed,
             4 => RankState::Died,
+            5 => RankState::Left,
             _ => RankState::Idle,
         }
     }
@@ -74,7 +79,6 @@ impl Control {
     }
 
     /// Opens a control block another process created; checks it is one, for this world size.
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn open(map: Mapping, num_ranks: usize) -> Result<Control, String> {
         if map.len() < Self::bytes(num_ranks) {
             return Err(format!("a control block of {} bytes is too small", map.len()));
@@ -92,7 +96,6 @@ impl Control {
         Ok(control)
     }
 
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn mapping(&self) -> &Mapping {
         &self.map
     }
@@ -188,18 +191,42 @@ impl Control {
         RankState::from_u32(self.half(self.record(rank)).load(Ordering::Acquire))
     }
 
+    /// How many runs `rank` has entered.
+    pub(crate) fn runs(&self, rank: usize) -> &AtomicU32 {
+        self.half(self.record(rank) + 16)
+    }
+
+    /// Enters a run: counts it, then sets the state to running.
+    pub(crate) fn enter_run(&self, rank: usize) {
+        self.runs(rank).fetch_add(1, Ordering::AcqRel);
+        self.set_state(rank, RankState::Running);
+    }
+
+    /// Whether `peer` will never again send anything to `me` in `me`'s current run: it failed,
+    /// died or dropped its world, or returned from the run `me` is in (a peer that returned from
+    /// an earlier run, in a world of processes, is still on its way to this one).
+    pub(crate) fn has_left(&self, peer: usize, me: usize) -> bool {
+        match self.state(peer) {
+            RankState::Idle | RankState::Running => false,
+            RankState::Returned => {
+                self.runs(peer).load(Ordering::Acquire) >= self.runs(me).load(Ordering::Acquire)
+            }
+            RankState::Failed | RankState::Died | RankState::Left => true,
+        }
+    }
+
     /// Sets `rank`'s state. Leaving `Running` is published with release ordering after
     /// everything the rank did, so a peer that sees it also sees every signal it sent.
     pub(crate) fn set_state(&self, rank: usize, state: RankState) {
         let old = self.half(self.record(rank)).swap(state as u32, Ordering::AcqRel);
-        if old == RankState::Running as u32 && state != RankState::Running {
+        // Waiters look at who left when this count changes.
+        if old != state as u32 && state != RankState::Running {
             self.half(32).fetch_add(1, Ordering::AcqRel);
         }
     }
 
     /// Marks a running `rank` as died (a peer found its process gone); returns whether this
     /// call changed it.
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn mark_died(&self, rank: usize, status: i32) -> bool {
         let cell = self.half(self.record(rank));
         let changed = cell
@@ -217,13 +244,7 @@ impl Control {
         changed
     }
 
-    /// Threads of `rank` blocked in a wait: a notifier wakes them only when there are some.
-    pub(crate) fn waiters(&self, rank: usize) -> &AtomicU32 {
-        self.half(self.record(rank) + 4)
-    }
-
     /// `rank`'s process id (0 until it joined).
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn pid(&self, rank: usize) -> &AtomicU32 {
         self.half(self.record(rank) + 8)
     }
@@ -234,12 +255,6 @@ impl Control {
         unsafe { &*(self.map.base().add(self.record(rank) + 12) as *const AtomicI32) }
     }
 
-    /// How many ranks have joined (a process world's start-up count).
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
-    pub(crate) fn joined(&self) -> &AtomicU32 {
-        self.half(36)
-    }
-
     /// How a rank that is no longer running left, for messages.
     pub(crate) fn how_left(&self, rank: usize) -> String {
         match self.state(rank) {
@@ -247,6 +262,7 @@ impl Control {
             RankState::Failed => "failed".into(),
             RankState::Died => describe_status(self.exit_status(rank).load(Ordering::Acquire)),
             RankState::Idle => "is not in run".into(),
+            RankState::Left => "dropped its world".into(),
             RankState::Running => "is running".into(),
         }
     }
@@ -255,7 +271,8 @@ impl Control {
 /// A wait status in words: `exited with status 3`, `was killed by signal 9`.
 pub(crate) fn describe_status(status: i32) -> String {
     if status < 0 {
-        "ended (its process is gone)".into()
+        "ended without returning from run (its process is gone: killed, or exited inside run)"
+            .into()
     } else if status & 0x7f == 0 {
         format!("exited with status {} without returning from run", (status >> 8) & 0xff)
     } else {

@@ -26,7 +26,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Rank;
-use super::control::RankState;
 use super::sync::{Cell, WaitOutcome, wait_until};
 use crate::tensor::{Element, Pod};
 use crate::{Error, Result};
@@ -348,7 +347,7 @@ impl Rank<'_> {
             let peer = (me + i) % n;
             let cell = self.arrivals(peer, parity);
             if cell.value.fetch_add(1, Ordering::AcqRel) + 1 == target {
-                cell.ring(control, peer);
+                cell.ring();
             }
         }
 
@@ -359,13 +358,11 @@ impl Rank<'_> {
             (0..n).filter(|&p| self.outbox_seq(p, parity).load(Ordering::Acquire) != seq).collect()
         };
         let outcome = wait_until(
-            &self.world.watch(me),
+            &self.world.watch(),
             mine,
             || mine.value.load(Ordering::Acquire) >= target,
             || {
-                let gone = missing()
-                    .into_iter()
-                    .find(|&p| !matches!(control.state(p), RankState::Running))?;
+                let gone = missing().into_iter().find(|&p| control.has_left(p, me))?;
                 Some(Error::PeerGone {
                     rank: me,
                     peer: gone,

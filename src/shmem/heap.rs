@@ -133,12 +133,6 @@ impl Heap {
         self.segments[rank].base()
     }
 
-    /// The mapping of `rank`'s segment.
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
-    pub(crate) fn segment(&self, rank: usize) -> &Mapping {
-        &self.segments[rank]
-    }
-
     /// Bytes free in `rank`'s segment.
     pub(crate) fn free_bytes(&self, rank: usize) -> usize {
         lock(&self.free_lists[rank]).free_bytes()

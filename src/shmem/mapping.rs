@@ -10,7 +10,6 @@ use memmap2::{MmapMut, MmapOptions};
 pub(crate) struct Mapping {
     map: MmapMut,
     /// The memfd behind it, for a process world (kept to hand to peers); `None` when anonymous.
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     fd: Option<OwnedFd>,
 }
 
@@ -28,7 +27,6 @@ impl Mapping {
 
     /// A new memfd of `len` bytes (sparse: zero-filled on first touch), mapped shared. A memfd has
     /// no name in any file system, so nothing is left behind when every process is gone.
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<Mapping> {
         let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
         rustix::fs::ftruncate(&fd, len as u64)?;
@@ -36,7 +34,6 @@ impl Mapping {
     }
 
     /// Maps `len` bytes of a memfd that a peer created and passed over.
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn from_fd(fd: OwnedFd, len: usize) -> std::io::Result<Mapping> {
         let file = File::from(fd);
         let size = file.metadata()?.len();
@@ -62,7 +59,6 @@ impl Mapping {
     }
 
     /// The memfd behind the mapping, if it has one.
-    #[allow(dead_code)] // for ranks that are processes (World::from_env)
     pub(crate) fn fd(&self) -> Option<BorrowedFd<'_>> {
         self.fd.as_ref().map(|fd| fd.as_fd())
     }

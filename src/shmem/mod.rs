@@ -13,9 +13,12 @@ mod buffer;
 mod control;
 mod exchange;
 mod heap;
+pub mod job_env;
 mod mapping;
+mod process;
 mod rank;
 mod signal;
+mod spawn;
 mod sync;
 mod world;
 
@@ -28,6 +31,7 @@ pub use exchange::{MAX_WORDS, WordExchange, check_agree};
 pub use rank::Rank;
 pub(crate) use signal::Awaited;
 pub use signal::{NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
+pub use spawn::{LocalJob, RankExit};
 pub use world::{
     DEFAULT_HEAP_BYTES, DEFAULT_WAIT_TIMEOUT, HEAP_BYTES_ENV, WAIT_TIMEOUT_ENV, Workspace, World,
     WorldBuilder,

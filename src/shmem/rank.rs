@@ -35,6 +35,11 @@ impl<'w> Rank<'w> {
         Rank { world, rank }
     }
 
+    /// Where this rank's kernels run.
+    pub(crate) fn backend(&self) -> &'w crate::device::Backend {
+        &self.world.backend
+    }
+
     /// This rank's index, `0..num_ranks()`.
     ///
     /// # Examples
@@ -59,6 +64,31 @@ impl<'w> Rank<'w> {
     /// ```
     pub fn num_ranks(&self) -> usize {
         self.world.num_ranks()
+    }
+
+    /// Where this rank's tensors live: [`Device::Cuda`](crate::Device::Cuda) with its GPU in a
+    /// world made by [`World::cuda`](crate::World::cuda), [`Device::Host`](crate::Device::Host)
+    /// otherwise.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Device, World};
+    /// let devices = World::threads(2)?.run(|rank| Ok(rank.device()))?;
+    /// assert_eq!(devices, vec![Device::Host; 2]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn device(&self) -> crate::Device {
+        match &self.world.cuda {
+            Some(gpus) => {
+                crate::Device::Cuda(crate::device::cuda::ordinal_of(gpus, self.rank) as u32)
+            }
+            None => crate::Device::Host,
+        }
+    }
+
+    /// The GPUs of this rank's world, if it is a GPU world.
+    pub(crate) fn cuda_world(&self) -> Option<&'w crate::device::cuda::CudaWorld> {
+        self.world.cuda.as_deref()
     }
 
     /// The topology of this rank's device.
@@ -346,7 +376,9 @@ impl<'w> Rank<'w> {
     /// # Errors
     /// [`Error::WaitTimeout`](crate::Error::WaitTimeout) naming the rank, signal, awaited and seen
     /// value after [`Rank::wait_timeout`]; [`Error::PeerFailed`](crate::Error::PeerFailed) as soon
-    /// as another rank fails.
+    /// as another rank fails; [`Error::PeerGone`](crate::Error::PeerGone) as soon as every other
+    /// rank has left `run` (this wait does not know which rank would signal it; the waits inside
+    /// the crate's own ops do, and end as soon as that one leaves).
     ///
     /// # Examples
     /// ```

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::control::RankState;
 use super::heap::Heap;
 use super::sync::{Cell, WaitOutcome, wait_until};
 use super::world::WorldShared;
@@ -261,7 +260,7 @@ pub(crate) fn notify(
             target.value.fetch_add(v, order);
         }
     }
-    target.ring(&world.control, peer);
+    target.ring();
     Ok(())
 }
 
@@ -312,9 +311,9 @@ pub(crate) fn wait_cell(
         let seen = cell.value.load(Ordering::Relaxed);
         format!("on signal {index} (awaited {cmp}, saw {seen}) in program {program}")
     };
-    let left = |p: usize| p != rank && !matches!(control.state(p), RankState::Running);
+    let left = |p: usize| p != rank && control.has_left(p, rank);
     let outcome = wait_until(
-        &world.watch(rank),
+        &world.watch(),
         cell,
         || cmp.holds(cell.value.load(order)),
         || {

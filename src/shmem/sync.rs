@@ -1,12 +1,12 @@
 //! How waiting works: spin briefly, then block on a process-shared futex until a notify, a
 //! failure, a peer leaving, or the deadline.
 //!
-//! Every signal is a [`Cell`]: a 64-bit value and, beside it, a 32-bit doorbell. A waiter that has
-//! spun long enough registers in its rank's waiter count (in the control block), reads the
-//! doorbell, checks the value, and sleeps on the doorbell's futex. A notifier stores the value,
-//! and only if the target rank has registered waiters rings that cell's doorbell and wakes the
-//! threads sleeping on it (no other cell's). The count is written before the value is read and
-//! read after the value is stored, both sequentially consistent, so a wake-up is never lost.
+//! Every signal is a [`Cell`]: a 64-bit value and, beside it, a 32-bit doorbell and a count of the
+//! threads sleeping on it. A waiter that has spun long enough registers in the cell's count,
+//! reads the doorbell, checks the value, and sleeps on the doorbell's futex. A notifier stores the
+//! value, and only if the cell has sleepers rings its doorbell and wakes them (a notify of a cell
+//! nobody sleeps on costs no system call). The count is written before the value is read and read
+//! after the value is stored, both sequentially consistent, so a wake-up is never lost.
 //!
 //! The futexes are process-shared (no `FUTEX_PRIVATE_FLAG`), so the same code wakes a thread of
 //! this process or of another that maps the same memory. A sleeping waiter also wakes up on its
@@ -35,14 +35,14 @@ const MAX_TICK: Duration = Duration::from_millis(16);
 pub(crate) struct Cell {
     pub(crate) value: AtomicU64,
     doorbell: AtomicU32,
+    sleepers: AtomicU32,
 }
 
 impl Cell {
-    /// Wakes the threads of `owner` sleeping on this cell, if `owner` has any blocked waiter.
-    /// Call after the store it announces.
-    pub(crate) fn ring(&self, control: &Control, owner: usize) {
+    /// Wakes the threads sleeping on this cell, if any. Call after the store it announces.
+    pub(crate) fn ring(&self) {
         fence(Ordering::SeqCst);
-        if control.waiters(owner).load(Ordering::SeqCst) > 0 {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
             self.doorbell.fetch_add(1, Ordering::SeqCst);
             // A failed wake only costs the waiter its next tick.
             let _ = futex::wake(&self.doorbell, futex::Flags::empty(), u32::MAX);
@@ -64,11 +64,9 @@ pub(crate) enum WaitOutcome<E> {
 /// What a waiter looks at besides its condition.
 pub(crate) struct Watch<'a> {
     pub(crate) control: &'a Control,
-    /// The waiting rank.
-    pub(crate) rank: usize,
     pub(crate) deadline: Option<Instant>,
     /// Called on every tick while blocked (a process world looks for dead peers here).
-    pub(crate) on_tick: Option<&'a (dyn Fn() + Send + Sync)>,
+    pub(crate) on_tick: Option<&'a (dyn Fn(&Control) + Send + Sync)>,
 }
 
 /// Waits on `cell` until `ready()`, a failure, `gone()` reporting a reason (asked whenever a rank
@@ -93,10 +91,9 @@ pub(crate) fn wait_until<E>(
             std::thread::yield_now();
         }
     }
-    let waiters = control.waiters(watch.rank);
-    waiters.fetch_add(1, Ordering::SeqCst);
+    cell.sleepers.fetch_add(1, Ordering::SeqCst);
     let outcome = block(watch, cell, &mut ready, &mut gone);
-    waiters.fetch_sub(1, Ordering::SeqCst);
+    cell.sleepers.fetch_sub(1, Ordering::SeqCst);
     outcome
 }
 
@@ -147,7 +144,7 @@ fn block<E>(
         // ETIMEDOUT) all mean "look again".
         let _ = futex::wait(&cell.doorbell, futex::Flags::empty(), ring, Some(&timeout));
         if let Some(on_tick) = watch.on_tick {
-            on_tick();
+            on_tick(control);
         }
         tick = (tick * 2).min(MAX_TICK);
     }

@@ -12,7 +12,7 @@ use super::heap::{Heap, lock, segment_bytes};
 use super::mapping::Mapping;
 use super::rank::Rank;
 use super::sync::{Watch, deadline_after};
-use crate::device::Topology;
+use crate::device::{Backend, Topology};
 use crate::{Error, Result};
 
 /// Default capacity of each rank's heap segment. Address space only: untouched pages cost nothing.
@@ -45,9 +45,16 @@ pub(crate) struct WorldShared {
     /// Per rank, what stays in the rank's own process.
     pub(crate) local: Vec<RankLocal>,
     /// Looks at the world while a wait is blocked (a process world looks for dead peers).
-    pub(crate) on_tick: Option<Box<dyn Fn() + Send + Sync>>,
+    pub(crate) on_tick: Option<Box<OnTick>>,
+    /// Where the ranks' kernels run: the host simulation, or a device backend.
+    pub(crate) backend: Backend,
     run_lock: Mutex<()>,
+    /// The GPUs of a world made by [`World::cuda`]: rank `r` runs on GPU `r` of it.
+    pub(crate) cuda: Option<Arc<crate::device::cuda::CudaWorld>>,
 }
+
+/// What a blocked waiter calls on every tick (a process world looks for dead peers).
+pub(crate) type OnTick = dyn Fn(&Control) + Send + Sync;
 
 /// One rank's workspaces by type; `None` while the workspace is in use.
 pub(crate) type Workspaces = HashMap<TypeId, Option<Box<dyn Workspace>>>;
@@ -64,11 +71,10 @@ impl WorldShared {
         self.heap.num_ranks()
     }
 
-    /// What a wait of `rank` looks at besides its condition.
-    pub(crate) fn watch(&self, rank: usize) -> Watch<'_> {
+    /// What a wait looks at besides its condition.
+    pub(crate) fn watch(&self) -> Watch<'_> {
         Watch {
             control: &self.control,
-            rank,
             deadline: deadline_after(self.wait_timeout),
             on_tick: self.on_tick.as_deref(),
         }
@@ -92,7 +98,12 @@ impl WorldShared {
             *own = Some(Arc::new(err.clone()));
         }
         drop(own);
-        self.control.fail(rank, &err.to_string());
+        let reason = err.to_string();
+        self.control.fail(rank, &reason);
+        if let Some(gpus) = &self.cuda {
+            // Kernels on the GPUs wait on device signals, not on the control block: end them too.
+            crate::device::cuda::world_failed(gpus, rank, &reason);
+        }
     }
 
     /// The rank's own error, typed, if it failed of its own in this process.
@@ -128,6 +139,9 @@ impl WorldShared {
 /// ```
 pub struct World {
     shared: Arc<WorldShared>,
+    /// The rank this process is, for a world of processes; `None` when every rank is a thread
+    /// of this process.
+    here: Option<usize>,
 }
 
 /// Settings of a [`World`] before it is made.
@@ -151,6 +165,8 @@ pub struct WorldBuilder {
     heap_capacity: Option<usize>,
     topology: Option<Topology>,
     wait_timeout: Option<Duration>,
+    backend: Backend,
+    cuda: Option<Vec<usize>>,
 }
 
 fn env_number(name: &'static str) -> Result<Option<u64>> {
@@ -165,6 +181,24 @@ fn env_number(name: &'static str) -> Result<Option<u64>> {
 }
 
 impl WorldBuilder {
+    /// Runs the world on NVIDIA GPUs: rank `r` on CUDA device `devices[r]` (feature `cuda`; see
+    /// [`World::cuda`]). The number of devices must be the number of ranks.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dist_tensor::World;
+    /// // Without GPUs (or without the `cuda` feature) building fails with a typed error.
+    /// match World::builder(1).cuda(&[0]).wait_timeout(Duration::from_secs(5)).build() {
+    ///     Ok(world) => assert_eq!(world.num_ranks(), 1),
+    ///     Err(e) => println!("no GPU world: {e}"),
+    /// }
+    /// ```
+    pub fn cuda(mut self, devices: &[usize]) -> Self {
+        self.cuda = Some(devices.to_vec());
+        self
+    }
+
     /// Capacity of each rank's heap segment in bytes (default [`DEFAULT_HEAP_BYTES`], or the
     /// environment variable [`HEAP_BYTES_ENV`]).
     ///
@@ -211,6 +245,13 @@ impl WorldBuilder {
         self
     }
 
+    /// Runs the ranks' kernels on a device backend instead of the host simulation (used by the
+    /// device worlds' constructors, such as [`World::ascend`]).
+    pub(crate) fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
     /// Makes the world: maps the heap segments.
     ///
     /// # Errors
@@ -226,6 +267,15 @@ impl WorldBuilder {
     /// ```
     pub fn build(self) -> Result<World> {
         let n = self.num_ranks;
+        if let Some(devices) = &self.cuda
+            && devices.len() != n
+        {
+            return Err(Error::InvalidArgument {
+                op: "World::build",
+                rank: 0,
+                reason: format!("{n} ranks on {} GPUs: one rank per GPU", devices.len()),
+            });
+        }
         if n == 0 {
             return Err(Error::InvalidArgument {
                 op: "World::build",
@@ -242,8 +292,12 @@ impl WorldBuilder {
                 reason: format!("cannot map the control block: {e}"),
             })?;
         let topology = self.topology.unwrap_or_else(|| Topology::host_default(n));
-        let shared = WorldShared::new(heap, Control::create(control, n), topology, &settings);
-        Ok(World { shared: Arc::new(shared) })
+        let mut shared = WorldShared::new(heap, Control::create(control, n), topology, &settings);
+        shared.backend = self.backend;
+        if let Some(devices) = &self.cuda {
+            shared.cuda = Some(crate::device::cuda::open_world(devices, settings.wait_timeout)?);
+        }
+        Ok(World { shared: Arc::new(shared), here: None })
     }
 }
 
@@ -315,7 +369,9 @@ impl WorldShared {
             wait_timeout: settings.wait_timeout,
             local: (0..n).map(|_| RankLocal::default()).collect(),
             on_tick: None,
+            backend: Backend::Host,
             run_lock: Mutex::new(()),
+            cuda: None,
         }
     }
 }
@@ -337,6 +393,213 @@ impl World {
         Self::builder(num_ranks).build()
     }
 
+    /// A world of one rank per Ascend NPU in `devices` (indices among the visible devices),
+    /// each rank a thread of this process running the tile kernels on its NPU: compiled from
+    /// Ascend C with `aclrtc` at first use, on Ascend SHMEM's symmetric heap. Built by
+    /// [`AscendWorldBuilder`](crate::device::ascend::AscendWorldBuilder) with its defaults; see
+    /// there for the settings and [`device::ascend`](crate::device::ascend) for what has run
+    /// where.
+    ///
+    /// # Errors
+    /// As [`AscendWorldBuilder::build`](crate::device::ascend::AscendWorldBuilder::build): on a
+    /// machine without CANN, [`Error::LibraryNotFound`] naming every library path tried.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Error, World};
+    /// match World::ascend(&[0, 1]) {
+    ///     Ok(world) => assert_eq!(world.num_ranks(), 2),
+    ///     Err(Error::LibraryNotFound { tried, .. }) => {
+    ///         assert!(tried.iter().any(|t| t.contains("libascendcl.so")))
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn ascend(devices: &[u32]) -> Result<World> {
+        crate::device::ascend::AscendWorldBuilder::new(devices).build()
+    }
+
+    /// This process as one rank of a job whose ranks are the processes of this host, started by
+    /// mpirun, torchrun, Slurm or [`World::spawn_local`]: the rank, world size and job come from
+    /// the environment (see [`job_env`](crate::shmem::job_env)). The ranks meet, exchange their
+    /// heap segments (memfds passed over an abstract Unix socket) and map each other's; then
+    /// [`World::run`] runs the closure once, for this rank, and every op runs as between threads.
+    ///
+    /// Heap capacity and wait timeout come from rank 0's environment ([`HEAP_BYTES_ENV`],
+    /// [`WAIT_TIMEOUT_ENV`]); how long the ranks wait for each other to join from
+    /// [`JOIN_TIMEOUT_ENV`](crate::shmem::job_env::JOIN_TIMEOUT_ENV) (default 60 s).
+    ///
+    /// # Errors
+    /// [`Error::Environment`] naming what is missing or inconsistent (no rank, a rank not below
+    /// the world size, two launchers that disagree, a job over several hosts), or a peer that
+    /// never joins within the join timeout; [`Error::System`] when the operating system refuses a
+    /// step of the rendezvous.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// // Not started as a rank: the error says what it looked for.
+    /// if !World::launched() {
+    ///     let err = World::from_env().unwrap_err().to_string();
+    ///     assert!(err.contains("no rank in the environment"), "{err}");
+    /// }
+    /// ```
+    pub fn from_env() -> Result<World> {
+        let get = |name: &str| std::env::var(name).ok();
+        let env = super::job_env::JobEnv::read(&get)?;
+        let join_timeout = match env_number(super::job_env::JOIN_TIMEOUT_ENV)? {
+            Some(ms) => Duration::from_millis(ms.max(1)),
+            None => Duration::from_secs(60),
+        };
+        let settings = Settings::resolve(None, None)?.for_ranks(env.world_size)?;
+        let joined = super::process::join(&env, settings, join_timeout)?;
+        let me = env.rank;
+        let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        joined.control.pid(me).store(pid, std::sync::atomic::Ordering::Release);
+        // In the job from now on: a peer that waits for this rank before it enters `run` must
+        // not take it for gone.
+        joined.control.set_state(me, RankState::Running);
+        let topology = Topology::host_default(env.world_size);
+        let mut shared = WorldShared::new(joined.heap, joined.control, topology, &joined.settings);
+        let peers = joined.peers;
+        shared.on_tick = Some(Box::new(move |control: &Control| peers.check(control)));
+        Ok(World { shared: Arc::new(shared), here: Some(me) })
+    }
+
+    /// Re-executes this program as the `num_ranks` ranks of a job on this host and waits for
+    /// them: each child finds its rank in the environment ([`World::from_env`]). Returns how each
+    /// ended and what it printed. See [`World::local_job`] for arguments, variables, a timeout.
+    ///
+    /// # Errors
+    /// As [`LocalJob::run`](crate::shmem::LocalJob::run).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use dist_tensor::World;
+    /// if World::launched() {
+    ///     let world = World::from_env()?;
+    ///     world.run(|rank| rank.barrier_all().map(drop))?;
+    /// } else {
+    ///     assert!(World::spawn_local(4)?.iter().all(|exit| exit.success()));
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn spawn_local(num_ranks: usize) -> Result<Vec<super::RankExit>> {
+        super::LocalJob::new(num_ranks).run()
+    }
+
+    /// A job of `num_ranks` ranks of this program on this host, to set up before
+    /// [`LocalJob::run`](crate::shmem::LocalJob::run).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// use dist_tensor::World;
+    /// let job = World::local_job(2).args(["--rank-mode"]).timeout(Duration::from_secs(30));
+    /// assert!(format!("{job:?}").contains("ranks: 2"));
+    /// ```
+    pub fn local_job(num_ranks: usize) -> super::LocalJob {
+        super::LocalJob::new(num_ranks)
+    }
+
+    /// Where a program's ranks live, from its arguments and environment (what the examples use):
+    ///
+    /// - started as a rank of a job (mpirun, torchrun, Slurm, or a parent's `--processes`, see
+    ///   [`World::launched`]): this process's rank, [`World::from_env`];
+    /// - `--processes N` among `args`: starts `N` ranks of this program with
+    ///   [`World::spawn_local`], waits for them, prints what they printed (rank 0 last, as it
+    ///   prints the summary) and returns `None`;
+    /// - otherwise [`World::threads`]`(threads)`.
+    ///
+    /// `--processes N` is taken out of `args` in every case, so the program parses the rest.
+    ///
+    /// # Errors
+    /// As [`World::from_env`] or [`World::threads`]; for `--processes`, a value that is not a
+    /// number, or [`Error::RankFailed`] naming the first rank whose process failed (with what it
+    /// wrote to its standard error).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let mut args = vec!["--size".to_string(), "8".to_string()];
+    /// if let Some(world) = World::from_args(&mut args, 2)? {
+    ///     let ones = world.run(|rank| Ok(rank.num_ranks()))?;
+    ///     if !World::launched() {
+    ///         assert_eq!(ones, vec![2, 2]);
+    ///     }
+    /// }
+    /// assert_eq!(args, ["--size", "8"]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn from_args(args: &mut Vec<String>, threads: usize) -> Result<Option<World>> {
+        let mut processes = None;
+        if let Some(at) = args.iter().position(|a| a == "--processes") {
+            let value = args.get(at + 1).cloned().unwrap_or_default();
+            let n: usize = value.parse().map_err(|_| Error::InvalidArgument {
+                op: "World::from_args",
+                rank: 0,
+                reason: format!("--processes {value:?}: not a whole number"),
+            })?;
+            args.drain(at..(at + 2).min(args.len()));
+            processes = Some(n);
+        }
+        if World::launched() {
+            return World::from_env().map(Some);
+        }
+        let Some(n) = processes else {
+            return World::threads(threads).map(Some);
+        };
+        let exits = World::spawn_local(n)?;
+        for exit in exits.iter().skip(1).chain(exits.first()) {
+            print!("{}", exit.stdout_text());
+            eprint!("{}", exit.stderr_text());
+        }
+        let failed: Vec<usize> = exits.iter().filter(|e| !e.success()).map(|e| e.rank).collect();
+        match failed.first() {
+            None => Ok(None),
+            Some(&rank) => Err(Error::RankFailed {
+                rank,
+                reason: format!("its process {}", exits[rank].describe()),
+                source: None,
+                failed_ranks: failed,
+            }),
+        }
+    }
+
+    /// Whether this process was started as a rank of a job: whether the environment names a rank
+    /// (see [`World::from_env`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// // A doc-test is not started by mpirun (unless it is).
+    /// assert_eq!(World::launched(), std::env::var("DIST_TENSOR_RANK").is_ok()
+    ///     || std::env::var("OMPI_COMM_WORLD_RANK").is_ok()
+    ///     || std::env::var("PMI_RANK").is_ok()
+    ///     || std::env::var("SLURM_PROCID").is_ok()
+    ///     || std::env::var("RANK").is_ok());
+    /// ```
+    pub fn launched() -> bool {
+        super::job_env::launched(&|name| std::env::var(name).ok())
+    }
+
+    /// The ranks whose results [`World::run`] returns in this process: every rank for a world of
+    /// threads, this process's own for a world of processes.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// assert_eq!(World::threads(3)?.ranks_here(), 0..3);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn ranks_here(&self) -> std::ops::Range<usize> {
+        match self.here {
+            Some(me) => me..me + 1,
+            None => 0..self.num_ranks(),
+        }
+    }
+
     /// Settings for a world of `num_ranks` ranks.
     ///
     /// # Examples
@@ -347,7 +610,14 @@ impl World {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn builder(num_ranks: usize) -> WorldBuilder {
-        WorldBuilder { num_ranks, heap_capacity: None, topology: None, wait_timeout: None }
+        WorldBuilder {
+            num_ranks,
+            heap_capacity: None,
+            topology: None,
+            wait_timeout: None,
+            backend: Backend::Host,
+            cuda: None,
+        }
     }
 
     /// Number of ranks.
@@ -421,6 +691,8 @@ impl World {
     }
 
     /// Runs `f` once per rank, each on its own thread, and returns the results in rank order.
+    /// For a world of processes ([`World::from_env`]) it runs `f` once, for this process's rank,
+    /// and returns that one result (see [`World::ranks_here`]).
     ///
     /// `f` may borrow from the caller. Runs of one world cannot overlap (a second `run` while one
     /// is going, or from inside `f`, is an error); buffers a rank keeps
@@ -492,9 +764,17 @@ impl World {
         if let Some(err) = shared.world_error(true) {
             return Err(err);
         }
+        if let Some(me) = self.here {
+            // A world of processes: this process is one rank.
+            shared.control.enter_run(me);
+            return match run_rank(shared, me, &f) {
+                Some(value) => Ok(vec![value]),
+                None => Err(shared.world_error(false).expect("the rank failed")),
+            };
+        }
         let n = shared.num_ranks();
         for r in 0..n {
-            shared.control.set_state(r, RankState::Running);
+            shared.control.enter_run(r);
         }
         let f = &f;
         let outcomes: Vec<Option<R>> = std::thread::scope(|scope| {
@@ -542,7 +822,16 @@ where
     F: Fn(&Rank<'_>) -> Result<R>,
 {
     let rank = Rank::new(shared, r);
-    let outcome = catch_unwind(AssertUnwindSafe(|| f(&rank)));
+    // On a GPU world, a rank's part ends once its GPU work is done (no kernel outlives the run,
+    // and a failure on the GPU is the run's error).
+    let body = || {
+        let value = f(&rank)?;
+        match &shared.cuda {
+            Some(gpus) => crate::device::cuda::finish_rank(gpus, r).map(|()| value),
+            None => Ok(value),
+        }
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(body));
     let err = match outcome {
         Ok(Ok(value)) => {
             shared.control.set_state(r, RankState::Returned);
@@ -554,6 +843,18 @@ where
     shared.fail_with(r, &err);
     shared.control.set_state(r, RankState::Failed);
     None
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // A process that drops its world is done with it: peers that still wait for it (in this
+        // run or a later one) learn so at once instead of when its process ends.
+        if let Some(me) = self.here
+            && self.shared.control.state(me) != RankState::Failed
+        {
+            self.shared.control.set_state(me, RankState::Left);
+        }
+    }
 }
 
 impl std::fmt::Debug for World {

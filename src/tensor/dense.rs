@@ -1,13 +1,23 @@
 //! [`Tensor`]: a row-major, contiguous n-dimensional array on ndarray.
+//!
+//! Host elements are shared, copy-on-write (ndarray's `ArcArray`): cloning a tensor is cheap, and
+//! the first write through a clone copies it. Replicated weights and `DistTensor` parts that every
+//! rank holds whole share one buffer, and a reshape shares its input's.
 
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
+use ndarray::{ArcArray, Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-use super::storage::{Storage, SymmetricBlock};
+use super::storage::Storage;
 use super::{Element, matmul, pool};
 use crate::{Error, Result};
 
-/// A local n-dimensional tensor, always row-major and contiguous.
+/// A local n-dimensional tensor, always row-major and contiguous, in host memory or (feature
+/// `cuda`) on a GPU.
+///
+/// # Panics
+/// Methods that read or write the elements on the host (`as_slice`, `view`, `permute`, ...)
+/// panic on a tensor that lives on a GPU: call [`Tensor::to_host`] first. [`Tensor::shape`],
+/// [`Tensor::device`], [`Tensor::reshape`], [`Tensor::matmul`] and cloning work on either.
 ///
 /// # Examples
 /// ```
@@ -19,58 +29,29 @@ use crate::{Error, Result};
 /// assert_eq!(p.as_slice(), &[1., 4., 2., 5., 3., 6.]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
+#[derive(Debug, Clone, PartialEq)]
 pub struct Tensor<T: Element> {
-    storage: Storage<T>,
+    pub(super) data: Storage<T>,
 }
 
 impl<T: Element> Drop for Tensor<T> {
-    /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse (or
-    /// a symmetric block back to the op that lent it).
+    /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse,
+    /// when this tensor was the last to share it.
     fn drop(&mut self) {
-        if let Storage::Host(data) = &mut self.storage {
-            let data = std::mem::replace(data, empty());
+        if let Storage::Host(array) = &mut self.data
+            && let Ok(data) = std::mem::replace(array, empty()).try_into_owned_nocopy()
+        {
             pool::give(data.into_raw_vec_and_offset().0);
         }
     }
 }
 
-impl<T: Element> Clone for Tensor<T> {
-    /// A copy in ordinary memory, wherever the original lives.
-    fn clone(&self) -> Self {
-        Tensor::host(self.to_array())
-    }
-}
-
-impl<T: Element> PartialEq for Tensor<T> {
-    /// Same shape and same elements, wherever they live.
-    fn eq(&self, other: &Self) -> bool {
-        self.shape() == other.shape() && self.as_slice() == other.as_slice()
-    }
-}
-
-impl<T: Element> std::fmt::Debug for Tensor<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tensor").field("data", &self.view()).finish()
-    }
-}
-
 /// An array that owns no allocation.
-fn empty<T>() -> ArrayD<T> {
-    ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("an empty array")
+fn empty<T: Clone>() -> ArcArray<T, IxDyn> {
+    ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("an empty array").into_shared()
 }
 
 impl<T: Element> Tensor<T> {
-    fn host(data: ArrayD<T>) -> Self {
-        Tensor { storage: Storage::Host(data) }
-    }
-
-    /// A tensor whose elements are the first ones of a symmetric-heap block (see
-    /// [`SymmetricBlock`]); the caller has written (or will write, before handing the tensor out)
-    /// every element.
-    pub(crate) fn symmetric(block: SymmetricBlock<T>) -> Self {
-        Tensor { storage: Storage::Symmetric(block) }
-    }
-
     /// Wraps an ndarray array, copying it into row-major order if it is not already.
     ///
     /// # Examples
@@ -88,7 +69,13 @@ impl<T: Element> Tensor<T> {
         } else {
             array.as_standard_layout().into_owned()
         };
-        Tensor::host(data)
+        Tensor { data: data.into() }
+    }
+
+    /// Wraps shared, row-major host elements without a copy.
+    pub(crate) fn from_shared(data: ArcArray<T, IxDyn>) -> Self {
+        debug_assert!(data.is_standard_layout());
+        Tensor { data: Storage::Host(data) }
     }
 
     /// A copy of the data as an ndarray array.
@@ -100,13 +87,10 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.to_array().shape(), &[2, 2]);
     /// ```
     pub fn to_array(&self) -> ArrayD<T> {
-        match &self.storage {
-            Storage::Host(data) => data.clone(),
-            Storage::Symmetric(_) => self.view().to_owned(),
-        }
+        (*self.data).to_owned()
     }
 
-    /// The data as an ndarray array, without a copy.
+    /// The data as an ndarray array, without a copy unless another tensor shares it.
     ///
     /// # Examples
     /// ```
@@ -115,10 +99,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(a.len(), 3);
     /// ```
     pub fn into_array(mut self) -> ArrayD<T> {
-        match &mut self.storage {
-            Storage::Host(data) => std::mem::replace(data, empty()),
-            Storage::Symmetric(_) => self.view().to_owned(),
-        }
+        std::mem::replace(&mut *self.data, empty()).into_owned()
     }
 
     /// A tensor of `shape` from row-major `data`.
@@ -137,7 +118,7 @@ impl<T: Element> Tensor<T> {
             op: "Tensor::from_shape_vec",
             reason: format!("{len} elements do not fill shape {shape:?}"),
         })?;
-        Ok(Tensor::host(data))
+        Ok(Tensor { data: data.into() })
     }
 
     /// A tensor of zeros.
@@ -191,7 +172,8 @@ impl<T: Element> Tensor<T> {
     /// the buffer cache: for outputs a kernel overwrites entirely.
     pub(crate) fn scratch(op: &'static str, shape: &[usize]) -> Result<Self> {
         let data = pool::take(op, Self::checked_len(op, shape)?)?;
-        Ok(Tensor::host(ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product")))
+        let data = ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product");
+        Ok(Tensor { data: data.into() })
     }
 
     /// A tensor of values drawn uniformly from `[-1, 1)` by a generator seeded with `seed`: the same
@@ -251,7 +233,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 0, 3]).shape(), &[2, 0, 3]);
     /// ```
     pub fn shape(&self) -> &[usize] {
-        self.storage.shape()
+        self.data.shape()
     }
 
     /// The number of dimensions.
@@ -295,10 +277,10 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2]).as_slice(), &[0.0, 0.0]);
     /// ```
     pub fn as_slice(&self) -> &[T] {
-        self.storage.as_slice()
+        self.data.as_slice().expect("a Tensor is always contiguous")
     }
 
-    /// The elements in row-major order, mutably.
+    /// The elements in row-major order, mutably (copied first if another tensor shares them).
     ///
     /// # Examples
     /// ```
@@ -308,7 +290,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.as_slice(), &[0.0, 5.0]);
     /// ```
     pub fn as_mut_slice(&mut self) -> &mut [T] {
-        self.storage.as_mut_slice()
+        self.data.as_slice_mut().expect("a Tensor is always contiguous")
     }
 
     /// An ndarray view.
@@ -319,10 +301,10 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).view().ndim(), 2);
     /// ```
     pub fn view(&self) -> ArrayViewD<'_, T> {
-        self.storage.view()
+        self.data.view()
     }
 
-    /// A mutable ndarray view.
+    /// A mutable ndarray view (the elements are copied first if another tensor shares them).
     ///
     /// # Examples
     /// ```
@@ -332,7 +314,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.as_slice(), &[0.0, 0.0, 3.0, 0.0]);
     /// ```
     pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> {
-        self.storage.view_mut()
+        self.data.view_mut()
     }
 
     /// A 2-D view.
@@ -347,13 +329,13 @@ impl<T: Element> Tensor<T> {
     /// assert!(Tensor::<f32>::zeros(&[2]).view2("example").is_err());
     /// ```
     pub fn view2(&self, op: &'static str) -> Result<ArrayView2<'_, T>> {
-        self.view().into_dimensionality().map_err(|_| Error::InvalidShape {
+        self.data.view().into_dimensionality().map_err(|_| Error::InvalidShape {
             op,
             reason: format!("expected a 2-D tensor, got shape {:?}", self.shape()),
         })
     }
 
-    /// The same elements under another shape of equal size.
+    /// The same elements under another shape of equal size (shared, not copied).
     ///
     /// # Errors
     /// [`Error::InvalidShape`] when the sizes differ.
@@ -369,10 +351,16 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
-        Self::from_shape_vec(shape, self.as_slice().to_vec()).map_err(|_| Error::InvalidShape {
-            op: "Tensor::reshape",
-            reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
-        })
+        if let Some(device) = self.device_storage() {
+            return Ok(Tensor::from_device_storage(device.reshaped(shape)?));
+        }
+        let data = (*self.data).clone().into_shape_with_order(IxDyn(shape)).map_err(|_| {
+            Error::InvalidShape {
+                op: "Tensor::reshape",
+                reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
+            }
+        })?;
+        Ok(Tensor::from_shared(data))
     }
 
     /// Reorders the axes: axis `i` of the result is axis `axes[i]` of `self`. The result is
@@ -399,7 +387,9 @@ impl<T: Element> Tensor<T> {
                 reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
             });
         }
-        Ok(Tensor::host(self.view().permuted_axes(axes).as_standard_layout().into_owned()))
+        Ok(Tensor {
+            data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned().into(),
+        })
     }
 
     /// Converts every element to another element type (through f64, so exactly where it fits).
@@ -414,13 +404,19 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn cast<U: Element>(&self) -> Tensor<U> {
-        Tensor::host(self.view().mapv(|x| U::from_f64(x.to_f64())))
+        Tensor { data: self.data.mapv(|x| U::from_f64(x.to_f64())).into() }
     }
 
-    /// The 2-D product `self (m x k) * rhs (k x n)` on the calling thread.
+    /// The matrix product `self @ rhs` on the calling thread: `[m, k] @ [k, n]`, or batched,
+    /// `[..., m, k] @ [..., k, n]` with the batch dimensions broadcast as numpy's `matmul`
+    /// broadcasts them (a 2-D operand is used for every matrix of the other). Tensors on a GPU
+    /// multiply there (2-D).
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] when either is not 2-D, [`Error::InnerDimMismatch`] when `k` differs.
+    /// [`Error::InvalidShape`] when either has fewer than 2 dimensions or the batch dimensions do
+    /// not broadcast; [`Error::InnerDimMismatch`] when `k` differs;
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the output cannot be allocated;
+    /// [`Error::InvalidArgument`] for operands on different devices.
     ///
     /// # Examples
     /// ```
@@ -428,13 +424,34 @@ impl<T: Element> Tensor<T> {
     /// let a = Tensor::<f32>::from_shape_vec(&[1, 2], vec![1.0, 2.0])?;
     /// let b = Tensor::<f32>::from_shape_vec(&[2, 1], vec![3.0, 4.0])?;
     /// assert_eq!(a.matmul(&b)?.as_slice(), &[11.0]);
+    /// // Batched: per head, [H, S, D] @ [H, D, S] -> [H, S, S].
+    /// let (q, kt) = (Tensor::<f32>::random(&[3, 5, 4], 1), Tensor::<f32>::random(&[3, 4, 5], 2));
+    /// assert_eq!(q.matmul(&kt)?.shape(), &[3, 5, 5]);
+    /// assert!(q.matmul(&q).is_err()); // inner dimensions 4 and 5
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor<T>) -> Result<Tensor<T>> {
+        match (self.device_storage(), rhs.device_storage()) {
+            (Some(a), Some(b)) => {
+                return Ok(Tensor::from_device_storage(crate::device::cuda::matmul(a, b)?));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(Error::InvalidArgument {
+                    op: "Tensor::matmul",
+                    rank: 0,
+                    reason: format!(
+                        "operands on {} and {}: move one first",
+                        self.device(),
+                        rhs.device()
+                    ),
+                });
+            }
+        }
         self.matmul_threads(rhs, 1)
     }
 
-    /// The 2-D product on `threads` threads of the rayon pool.
+    /// [`Tensor::matmul`] on host tensors, on `threads` threads of the rayon pool.
     ///
     /// # Errors
     /// As [`Tensor::matmul`].
@@ -448,8 +465,11 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul_threads(&self, rhs: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
+        if self.ndim() != 2 || rhs.ndim() != 2 {
+            return super::batched::matmul_nd(self, rhs, threads);
+        }
         let c: Array2<T> =
             matmul(self.view2("Tensor::matmul")?, rhs.view2("Tensor::matmul")?, threads)?;
-        Ok(Tensor::host(c.into_dyn()))
+        Ok(Tensor { data: c.into_dyn().into() })
     }
 }

@@ -1,0 +1,120 @@
+"""PyTorch on the same rows as examples/gpu_report.rs: torch's fused ops (SymmetricMemory async-TP),
+its unfused path (NCCL collective, then matmul) and the one-GPU ceiling, bf16, milliseconds,
+medians of CUDA-event timings after warm-up, each timed iteration started after a small NCCL
+all_reduce (a GPU barrier); the slowest rank's median. Inputs uniform in [-1, 1) as in gpu_report
+(never zeros: a product on zeros runs faster).
+
+    torchrun --nproc_per_node=2 benches/gpu/torch_peer.py [--iters 20 --warmup 5]
+
+NVLink multicast stays off (the machine's rule): NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set here if unset.
+"""
+
+import argparse
+import os
+
+for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ.setdefault(var, value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed._symmetric_memory  # noqa: E402,F401  (registers torch.ops.symm_mem)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.group.WORLD
+    group_name = group.group_name
+    dtype = torch.bfloat16
+    bar = torch.zeros(1, device="cuda")
+
+    def timeit(fn):
+        for _ in range(args.warmup):
+            fn()
+        torch.cuda.synchronize()
+        events = []
+        for _ in range(args.iters):
+            dist.all_reduce(bar)
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            events.append((start, stop))
+        torch.cuda.synchronize()
+        ms = sorted(s.elapsed_time(e) for s, e in events)
+        t = torch.tensor([ms[len(ms) // 2]], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def guarded(fn):
+        try:
+            return f"{timeit(fn):.3f}"
+        except Exception as e:
+            if rank == 0:
+                print(f"# failed: {type(e).__name__}: {str(e)[:200]}")
+            return "failed"
+
+    def randn(*shape):
+        # Uniform in [-1, 1), as gpu_report draws (a product's speed depends a little on its data).
+        return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dtype)
+
+    rows = []
+    for m, k, n in [(8192, 8192, 14336), (4096, 12288, 24576), (16384, 8192, 4096), (256, 8192, 14336)]:
+        a_shard, b, a_full = randn(m // world, k), randn(k, n), randn(m, k)
+        gathered = torch.empty(m, k, device="cuda", dtype=dtype)
+
+        def unfused():
+            dist.all_gather_into_tensor(gathered, a_shard)
+            return gathered @ b
+
+        def fused():
+            return torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [b], 0, group_name)
+
+        rows.append(("all_gather_matmul", f"M={m} K={k} N_local={n}", guarded(unfused), guarded(fused), guarded(lambda: a_full @ b)))
+        del a_shard, b, a_full, gathered
+    for m, k, n in [(8192, 14336, 8192), (4096, 24576, 12288), (16384, 4096, 8192), (256, 14336, 8192)]:
+        a, b = randn(m, k), randn(k, n)
+        out = torch.empty(m // world, n, device="cuda", dtype=dtype)
+
+        def unfused():
+            dist.reduce_scatter_tensor(out, a @ b)
+            return out
+
+        def fused():
+            return torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group_name)
+
+        rows.append(("matmul_reduce_scatter", f"M={m} K_local={k} N={n}", guarded(unfused), guarded(fused), guarded(lambda: a @ b)))
+        del a, b, out
+    for bsz, s, h, d in [(1, 32768, 32, 128), (4, 8192, 64, 128)]:
+        x = randn(bsz, s // world, h, d)
+        recv = torch.empty(world, bsz, s // world, h // world, d, device="cuda", dtype=dtype)
+
+        def unfused():
+            send = x.reshape(bsz, s // world, world, h // world, d).permute(2, 0, 1, 3, 4).contiguous()
+            dist.all_to_all_single(recv, send)
+            return recv.permute(1, 0, 2, 3, 4).reshape(bsz, s, h // world, d).contiguous()
+
+        rows.append(("Ulysses all_to_all", f"B={bsz} S={s} H={h} D={d}", guarded(unfused), "-", guarded(lambda: x.clone())))
+        del x, recv
+
+    if rank == 0:
+        name = torch.cuda.get_device_name()
+        print(f"# torch_peer: torch {torch.__version__}, {world} x {name}, bf16, ms (median of {args.iters} after {args.warmup} warm-up)")
+        print()
+        print("| op | shape | torch unfused (NCCL) | torch fused | torch ceiling |")
+        print("| --- | --- | --- | --- | --- |")
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,435 @@
+//! What the rest of the crate (and its users) call: opening a GPU world, moving tensors, and the
+//! ops on a rank's device tensors. `dummy.rs` has the same names for builds without `cuda`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::driver::{self, Event, Gpu};
+use super::ops::{
+    all_gather_matmul as ag, all_to_all as a2a, collectives, matmul_reduce_scatter as rs,
+};
+use super::storage::Home;
+use super::world::GpuRank;
+use crate::shmem::Rank;
+use crate::tensor::Element;
+use crate::{Error, Result};
+
+pub(crate) use super::storage::DeviceData as DeviceStorage;
+pub(crate) use super::world::CudaWorld;
+
+/// Opens a GPU world of `devices`.
+pub(crate) fn open_world(devices: &[usize], wait_timeout: Duration) -> Result<Arc<CudaWorld>> {
+    Ok(Arc::new(CudaWorld::open(devices, wait_timeout)?))
+}
+
+/// The world failed on the host (a rank returned an error or panicked): end every kernel.
+pub(crate) fn world_failed(world: &CudaWorld, rank: usize, reason: &str) {
+    world.watch.abort(Some(rank), reason);
+}
+
+/// At the end of a rank's part of `World::run`: waits until its GPU work is done, so that no
+/// kernel outlives the run and a failure on the GPU is the run's error.
+pub(crate) fn finish_rank(world: &CudaWorld, rank: usize) -> Result<()> {
+    GpuRank::new(world, rank)?.synchronize()
+}
+
+/// The CUDA ordinal of `rank`'s GPU.
+pub(crate) fn ordinal_of(world: &CudaWorld, rank: usize) -> usize {
+    world.gpus[rank].ordinal
+}
+
+/// `host` (row-major, of `shape`) on GPU `ordinal`; in a world, the tensor reports the world's
+/// failure when waited for.
+pub(crate) fn upload<T: Element>(
+    ordinal: usize,
+    host: &[T],
+    shape: &[usize],
+    world: Option<(&CudaWorld, usize)>,
+) -> Result<DeviceStorage<T>> {
+    let gpu = Gpu::get(ordinal)?;
+    gpu.bind()?;
+    let home = match world {
+        Some((w, r)) if w.gpus[r].ordinal == ordinal => GpuRank::new(w, r)?.home(),
+        _ => Home::default(),
+    };
+    DeviceStorage::upload(&gpu, host, shape, home)
+}
+
+/// A product of two device tensors on their GPU (cuBLASLt).
+pub(crate) fn matmul<T: Element>(
+    a: &DeviceStorage<T>,
+    b: &DeviceStorage<T>,
+) -> Result<DeviceStorage<T>> {
+    // Queued where `a` lives (a world rank's stream, or the GPU's own), ordered after its writer.
+    ag::matmul(a, b, a.home())
+}
+
+fn rank_of<'w>(world: &'w CudaWorld, rank: usize) -> Result<GpuRank<'w>> {
+    GpuRank::new(world, rank)
+}
+
+/// `DistTensor::all_gather_matmul(_many)` (or `_unfused`) on GPUs.
+pub(crate) fn all_gather_matmul<T: Element>(
+    world: &CudaWorld,
+    rank: usize,
+    x: &DeviceStorage<T>,
+    splits: &[usize],
+    ws: &[&DeviceStorage<T>],
+    fused: bool,
+) -> Result<Vec<DeviceStorage<T>>> {
+    let g = rank_of(world, rank)?;
+    if fused {
+        ag::all_gather_matmul(&g, x, splits, ws)
+    } else {
+        ag::all_gather_matmul_unfused(&g, x, splits, ws)
+    }
+}
+
+/// `DistTensor::matmul_reduce_scatter` (or `_unfused`) on GPUs.
+pub(crate) fn matmul_reduce_scatter<T: Element>(
+    world: &CudaWorld,
+    rank: usize,
+    a: &DeviceStorage<T>,
+    w: &DeviceStorage<T>,
+    splits: &[usize],
+    fused: bool,
+) -> Result<DeviceStorage<T>> {
+    let g = rank_of(world, rank)?;
+    if fused {
+        rs::matmul_reduce_scatter(&g, a, w, splits)
+    } else {
+        rs::matmul_reduce_scatter_unfused(&g, a, w, splits)
+    }
+}
+
+/// `DistTensor::all_to_all` (or `_unfused`) on GPUs.
+pub(crate) fn all_to_all<T: Element>(
+    world: &CudaWorld,
+    rank: usize,
+    x: &DeviceStorage<T>,
+    scatter: usize,
+    gather: usize,
+    gather_splits: &[usize],
+    fused: bool,
+) -> Result<DeviceStorage<T>> {
+    let g = rank_of(world, rank)?;
+    if fused {
+        a2a::all_to_all(&g, x, scatter, gather, gather_splits)
+    } else {
+        a2a::all_to_all_unfused(&g, x, scatter, gather, gather_splits)
+    }
+}
+
+/// Concatenation of every rank's part along `dim`.
+pub(crate) fn all_gather<T: Element>(
+    world: &CudaWorld,
+    rank: usize,
+    x: &DeviceStorage<T>,
+    dim: usize,
+    splits: &[usize],
+) -> Result<DeviceStorage<T>> {
+    collectives::all_gather(&rank_of(world, rank)?, x, dim, splits)
+}
+
+/// Rank-order sum of every rank's part: all of it, or this rank's `array_split` share of `dim`.
+pub(crate) fn reduce_sum<T: Element>(
+    world: &CudaWorld,
+    rank: usize,
+    x: &DeviceStorage<T>,
+    dim: Option<usize>,
+) -> Result<DeviceStorage<T>> {
+    collectives::reduce_sum(&rank_of(world, rank)?, x, dim)
+}
+
+/// Elements `[start, start + len)` of `dim`, on this rank's GPU.
+pub(crate) fn slice<T: Element>(
+    world: &CudaWorld,
+    rank: usize,
+    x: &DeviceStorage<T>,
+    dim: usize,
+    start: usize,
+    len: usize,
+) -> Result<DeviceStorage<T>> {
+    collectives::slice(&rank_of(world, rank)?, x, dim, start, len)
+}
+
+/// Every rank's `values` (a host exchange between the ranks' threads).
+pub(crate) fn exchange_counts(
+    world: &CudaWorld,
+    rank: usize,
+    values: &[usize],
+) -> Result<Vec<Vec<usize>>> {
+    let all = rank_of(world, rank)?.exchange(values.iter().map(|&v| v as u64).collect())?;
+    Ok(all.iter().map(|w| w.iter().map(|&v| v as usize).collect()).collect())
+}
+
+fn gpu_rank<'a>(rank: &'a Rank<'a>) -> Result<GpuRank<'a>> {
+    match rank.cuda_world() {
+        Some(world) => GpuRank::new(world, rank.rank()),
+        None => Err(Error::DeviceUnavailable {
+            op: "device::cuda",
+            device: "cuda".into(),
+            reason: "this rank is not in a GPU world (make the world with World::cuda)".into(),
+        }),
+    }
+}
+
+pub(crate) mod public {
+    use super::*;
+    use crate::Tensor;
+    use crate::device::cuda::kernels::{self, Source};
+
+    /// Number of CUDA devices this process sees.
+    ///
+    /// # Errors
+    /// [`Error::LibraryNotFound`] when the NVIDIA driver is absent (it lists the names tried);
+    /// [`Error::DeviceStatus`] when the driver fails; [`Error::DeviceUnavailable`] in a build
+    /// without the `cuda` feature.
+    ///
+    /// # Examples
+    /// ```
+    /// match dist_tensor::device::cuda::device_count() {
+    ///     Ok(n) => println!("{n} GPUs"),
+    ///     Err(e) => println!("no GPUs: {e}"),
+    /// }
+    /// ```
+    pub fn device_count() -> Result<usize> {
+        driver::device_count()
+    }
+
+    /// What a rank's GPU is.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct GpuInfo {
+        /// CUDA ordinal.
+        pub ordinal: usize,
+        /// The device's name, such as `NVIDIA H200`.
+        pub name: String,
+        /// Streaming multiprocessors: what kernel grids are sized from.
+        pub multiprocessors: usize,
+        /// Compute capability (major, minor).
+        pub compute_capability: (i32, i32),
+    }
+
+    /// The GPU of `rank` (in a world made by [`World::cuda`](crate::World::cuda)).
+    ///
+    /// # Errors
+    /// [`Error::DeviceUnavailable`] outside a GPU world.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, World};
+    /// if let Ok(world) = World::cuda(&[0]) {
+    ///     let names = world.run(|rank| Ok(cuda::gpu_info(rank)?.name))?;
+    ///     assert!(!names[0].is_empty());
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn gpu_info(rank: &Rank<'_>) -> Result<GpuInfo> {
+        let g = gpu_rank(rank)?;
+        let gpu = g.gpu();
+        Ok(GpuInfo {
+            ordinal: gpu.ordinal,
+            name: gpu.name.clone(),
+            multiprocessors: gpu.sm_count,
+            compute_capability: gpu.arch,
+        })
+    }
+
+    /// Waits until the work queued on `rank`'s GPU is done (ops return once their work is
+    /// queued). Fails, instead of hanging, when the world fails.
+    ///
+    /// # Errors
+    /// As the ops: [`Error::WaitTimeout`] naming rank, program, signal and values;
+    /// [`Error::PeerFailed`]; [`Error::DeviceUnavailable`] outside a GPU world.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, World};
+    /// if let Ok(world) = World::cuda(&[0]) {
+    ///     world.run(|rank| cuda::synchronize(rank))?;
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn synchronize(rank: &Rank<'_>) -> Result<()> {
+        gpu_rank(rank)?.synchronize()
+    }
+
+    /// A barrier on the GPUs: work queued after it on any rank's GPU starts once every rank's GPU
+    /// reached it. Collective.
+    ///
+    /// # Errors
+    /// As [`synchronize`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, World};
+    /// if let Ok(world) = World::cuda(&[0]) {
+    ///     world.run(|rank| cuda::barrier(rank))?;
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn barrier(rank: &Rank<'_>) -> Result<()> {
+        collectives::barrier(&gpu_rank(rank)?)
+    }
+
+    /// Times work queued on a rank's GPU with CUDA events.
+    pub struct Timer {
+        start: Event,
+        stop: Event,
+        ordinal: usize,
+    }
+
+    impl Timer {
+        /// A timer for `rank`'s GPU (its events made now, so that starting it later costs the
+        /// host little).
+        ///
+        /// # Errors
+        /// As [`synchronize`].
+        ///
+        /// # Examples
+        /// ```
+        /// use dist_tensor::{device::cuda, World};
+        /// if let Ok(world) = World::cuda(&[0]) {
+        ///     world.run(|rank| {
+        ///         let mut t = cuda::Timer::new(rank)?;
+        ///         t.start(rank)?;
+        ///         t.stop(rank)?;
+        ///         cuda::synchronize(rank)?;
+        ///         assert!(t.elapsed_ms()? >= 0.0);
+        ///         Ok(())
+        ///     })?;
+        /// }
+        /// # Ok::<(), dist_tensor::Error>(())
+        /// ```
+        pub fn new(rank: &Rank<'_>) -> Result<Timer> {
+            let g = gpu_rank(rank)?;
+            Ok(Timer {
+                start: Event::new(true)?,
+                stop: Event::new(true)?,
+                ordinal: g.gpu().ordinal,
+            })
+        }
+
+        /// Records the start on `rank`'s compute stream.
+        ///
+        /// # Errors
+        /// As [`Timer::stop`].
+        pub fn start(&mut self, rank: &Rank<'_>) -> Result<()> {
+            let g = self.on(rank)?;
+            self.start.record(g.stream())
+        }
+
+        fn on<'a>(&self, rank: &'a Rank<'a>) -> Result<GpuRank<'a>> {
+            let g = gpu_rank(rank)?;
+            if g.gpu().ordinal != self.ordinal {
+                return Err(Error::InvalidArgument {
+                    op: "Timer",
+                    rank: rank.rank(),
+                    reason: format!("the timer belongs to cuda:{}", self.ordinal),
+                });
+            }
+            Ok(g)
+        }
+
+        /// Records the stop on `rank`'s compute stream.
+        ///
+        /// # Errors
+        /// As [`synchronize`]; [`Error::InvalidArgument`] for another rank's GPU.
+        pub fn stop(&mut self, rank: &Rank<'_>) -> Result<()> {
+            let g = self.on(rank)?;
+            self.stop.record(g.stream())
+        }
+
+        /// Milliseconds between start and stop, once the work between them is done (the caller
+        /// synchronizes first).
+        ///
+        /// # Errors
+        /// [`Error::DeviceStatus`] if the stop was not recorded or is not done.
+        pub fn elapsed_ms(&self) -> Result<f32> {
+            self.start.elapsed_ms(&self.stop)
+        }
+    }
+
+    /// Rank `root`'s `t` on every rank's GPU (every rank passes a tensor of the same length; the
+    /// others' contents are not read). Collective.
+    ///
+    /// # Errors
+    /// On every rank: [`Error::InvalidArgument`] for a root outside the world;
+    /// [`Error::RanksDisagree`] when lengths differ; as [`synchronize`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, Tensor, World};
+    /// if let Ok(world) = World::cuda(&[0]) {
+    ///     let t = Tensor::<f32>::random(&[4], 3);
+    ///     let got = world.run(|rank| cuda::broadcast(rank, &t.to_rank(rank)?, 0)?.to_host())?;
+    ///     assert_eq!(got[0], t);
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn broadcast<T: Element>(rank: &Rank<'_>, t: &Tensor<T>, root: usize) -> Result<Tensor<T>> {
+        let g = gpu_rank(rank)?;
+        let t = if t.device() == rank.device() { t.clone() } else { t.to_rank(rank)? };
+        let data = t.device_storage().expect("on the rank's GPU");
+        Ok(Tensor::from_device_storage(collectives::broadcast(&g, data, root)?))
+    }
+
+    /// A copy of `t` on `rank`'s GPU made by the driver's device-to-device copy: the memory
+    /// ceiling the report compares the all_to_all with.
+    ///
+    /// # Errors
+    /// As [`synchronize`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, Tensor, World};
+    /// if let Ok(world) = World::cuda(&[0]) {
+    ///     let t = Tensor::<f32>::random(&[4, 3], 3);
+    ///     let got = world.run(|rank| cuda::device_copy(rank, &t.to_rank(rank)?)?.to_host())?;
+    ///     assert_eq!(got[0], t);
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn device_copy<T: Element>(rank: &Rank<'_>, t: &Tensor<T>) -> Result<Tensor<T>> {
+        let g = gpu_rank(rank)?;
+        let t = if t.device() == rank.device() { t.clone() } else { t.to_rank(rank)? };
+        let src = t.device_storage().expect("on the rank's GPU");
+        let out = super::super::ops::out_tensor::<T>(&g, src.shape())?;
+        super::super::ops::copy(out.ptr(), src.ptr(), src.len() * size_of::<T>(), g.stream())?;
+        Ok(Tensor::from_device_storage(out))
+    }
+
+    /// A tensor of `shape` on `rank`'s GPU, uniform in `[-1, 1)`, drawn on the GPU by a
+    /// counter-based hash of (seed, index) (fast, for benchmarks: the host's
+    /// [`Tensor::random`](crate::Tensor::random) draws other values).
+    ///
+    /// # Errors
+    /// As [`synchronize`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, World};
+    /// if let Ok(world) = World::cuda(&[0]) {
+    ///     let t = world.run(|rank| cuda::random::<f32>(rank, &[3, 5], 7)?.to_host())?;
+    ///     assert!(t[0].as_slice().iter().all(|x| (-1.0..1.0).contains(x) && *x != 0.0));
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn random<T: Element>(rank: &Rank<'_>, shape: &[usize], seed: u64) -> Result<Tensor<T>> {
+        let g = gpu_rank(rank)?;
+        let data = super::super::ops::out_tensor::<T>(&g, shape)?;
+        let len = data.len() as u64;
+        if len > 0 {
+            let f = kernels::function(g.gpu(), Source::Signal, T::DTYPE, "dt_fill_random")?;
+            let (mut ptr, mut n, mut s) = (data.ptr(), len, seed);
+            let mut params = [
+                &mut ptr as *mut u64 as *mut std::ffi::c_void,
+                &mut n as *mut u64 as *mut std::ffi::c_void,
+                &mut s as *mut u64 as *mut std::ffi::c_void,
+            ];
+            let grid = kernels::grid_for(g.gpu(), f, len.div_ceil(32 * 8));
+            kernels::launch_raw(f, grid, kernels::BLOCK, g.stream(), &mut params)?;
+        }
+        Ok(Tensor::from_device_storage(data))
+    }
+}

@@ -1,0 +1,196 @@
+//! NVIDIA GPUs (feature `cuda`): the same `DistTensor` ops on GPUs joined by NVLink.
+//!
+//! [`World::cuda`](crate::World::cuda)`(&[0, 1])` makes a world of one rank per GPU (one thread
+//! each), with peer access both ways and a symmetric heap in device memory. Tensors move with
+//! [`Tensor::to_device`](crate::Tensor::to_device) / [`Tensor::to_host`](crate::Tensor::to_host);
+//! in a GPU world, `DistTensor::from_global` / `from_local` put each rank's part on its GPU, and
+//! `all_gather_matmul`, `matmul_reduce_scatter`, `all_to_all`, `to_global` and `redistribute` run
+//! there. f32, f16, bf16 and f64.
+//!
+//! How it is built, bottom up (each a file of this folder):
+//! - `driver`: CUDA loaded at run time through cudarc's dynamic loading (the crate builds with no
+//!   CUDA installed; a machine without a driver gets [`Error::LibraryNotFound`](crate::Error::LibraryNotFound), never a panic).
+//! - `memory`: plain `cuMemAlloc` allocations (a peer reaches them through peer access), cached
+//!   by size; the symmetric heap, `symm_at` being the peer's base plus the offset.
+//! - `world`: signals as 64-bit epoch counters in device memory, never reset; waits in kernels use
+//!   `ld.acquire.sys` with backoff and time out (`%globaltimer`), writing rank, program, signal
+//!   and values to host-mapped memory instead of trapping; a host-mapped abort word ends every
+//!   wait of every GPU when any rank fails.
+//! - `kernels`: CUDA C tile kernels in `kernels/`, compiled by NVRTC for the device at first use
+//!   and cached per (kernel, dtype), in the seed's conventions: a program is a block, tasks are
+//!   flattened and walked grid-stride, peers are visited as `(rank + i) % world`, bounds checks
+//!   instead of padding, one thread signals; grids are sized from the multiprocessor count.
+//! - `blas`: GEMMs through cuBLASLt, plans cached per shape; `nccl`: the unfused baselines.
+//! - `ops`: the fused ops, their baselines and the collectives, one file each.
+//!
+//! Which path an op takes is a function of the shapes, public here ([`all_gather_matmul_path`],
+//! [`matmul_reduce_scatter_path`]) and printed by the `gpu_report` example.
+
+#[cfg(feature = "cuda")]
+mod api;
+#[cfg(feature = "cuda")]
+mod blas;
+#[cfg(feature = "cuda")]
+mod driver;
+#[cfg(not(feature = "cuda"))]
+mod dummy;
+#[cfg(feature = "cuda")]
+mod kernels;
+#[cfg(feature = "cuda")]
+mod memory;
+#[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(feature = "cuda")]
+mod ops;
+#[cfg(feature = "cuda")]
+mod storage;
+#[cfg(feature = "cuda")]
+mod world;
+
+#[cfg(feature = "cuda")]
+pub(crate) use api::*;
+#[cfg(not(feature = "cuda"))]
+pub(crate) use dummy::*;
+
+pub use public::*;
+
+/// Rows per rank from which `all_gather_matmul` overlaps copies with per-rank GEMMs.
+pub const AG_OVERLAP_MIN_ROWS: usize = 1024;
+/// Output rows per rank from which `matmul_reduce_scatter` computes a GEMM per destination.
+pub const RS_CHUNKED_MIN_ROWS: usize = 1024;
+
+/// The path `all_gather_matmul` takes on GPUs for row shards of these sizes:
+/// - `local`: one rank, one GEMM;
+/// - `gather`: fewer than [`AG_OVERLAP_MIN_ROWS`] rows on every rank (decoding): one kernel pushes
+///   every rank's rows to every rank, then one GEMM per weight over all rows reads it once;
+/// - `overlap`: copy engines push the rows while this rank's own rows are multiplied, then each
+///   peer's rows as they arrive.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::cuda::all_gather_matmul_path;
+/// assert_eq!(all_gather_matmul_path(&[128, 128]), "gather");
+/// assert_eq!(all_gather_matmul_path(&[4096, 4096]), "overlap");
+/// assert_eq!(all_gather_matmul_path(&[5]), "local");
+/// ```
+pub fn all_gather_matmul_path(splits: &[usize]) -> &'static str {
+    if splits.len() <= 1 {
+        "local"
+    } else if let Some(forced) = forced_all_gather_matmul_path() {
+        forced
+    } else if splits.iter().copied().max().unwrap_or(0) < AG_OVERLAP_MIN_ROWS {
+        "gather"
+    } else {
+        "overlap"
+    }
+}
+
+static FORCED_AG_PATH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+fn forced_all_gather_matmul_path() -> Option<&'static str> {
+    match FORCED_AG_PATH.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Some("gather"),
+        2 => Some("overlap"),
+        _ => None,
+    }
+}
+
+/// Makes `all_gather_matmul` on GPU worlds of two or more ranks take `path` (`gather` or
+/// `overlap`) whatever the shape, process-wide, until called with `None` (the choice by shape).
+/// For measuring both paths on one shape, as `gpu_report --stages` does; set it while no op
+/// runs, the same on every rank.
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for another name.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::cuda::{all_gather_matmul_path, force_all_gather_matmul_path};
+/// force_all_gather_matmul_path(Some("overlap"))?;
+/// assert_eq!(all_gather_matmul_path(&[8, 8]), "overlap");
+/// force_all_gather_matmul_path(None)?;
+/// assert_eq!(all_gather_matmul_path(&[8, 8]), "gather");
+/// assert!(force_all_gather_matmul_path(Some("fast")).is_err());
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn force_all_gather_matmul_path(path: Option<&str>) -> crate::Result<()> {
+    let code = match path {
+        None => 0,
+        Some("gather") => 1,
+        Some("overlap") => 2,
+        Some(other) => {
+            return Err(crate::Error::InvalidArgument {
+                op: "force_all_gather_matmul_path",
+                rank: 0,
+                reason: format!("{other:?} is not a path: expected gather or overlap"),
+            });
+        }
+    };
+    FORCED_AG_PATH.store(code, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// The path `matmul_reduce_scatter` takes on GPUs for output row shards of these sizes:
+/// - `local`: one rank, one GEMM;
+/// - `single`: fewer than [`RS_CHUNKED_MIN_ROWS`] rows on every rank: one GEMM over all rows (the
+///   weight read once), then the partials move;
+/// - `chunked`: one GEMM per destination rank, each partial moving while the next is computed.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::cuda::matmul_reduce_scatter_path;
+/// assert_eq!(matmul_reduce_scatter_path(&[128, 128]), "single");
+/// assert_eq!(matmul_reduce_scatter_path(&[4096, 4096]), "chunked");
+/// ```
+pub fn matmul_reduce_scatter_path(splits: &[usize]) -> &'static str {
+    if splits.len() <= 1 {
+        "local"
+    } else if splits.iter().copied().max().unwrap_or(0) < RS_CHUNKED_MIN_ROWS {
+        "single"
+    } else {
+        "chunked"
+    }
+}
+
+mod public {
+    #[cfg(feature = "cuda")]
+    pub use super::api::public::*;
+    #[cfg(not(feature = "cuda"))]
+    pub use super::dummy::public::*;
+}
+
+impl crate::World {
+    /// A world of one rank per NVIDIA GPU: rank `r` on CUDA device `devices[r]`, each a thread of
+    /// this process, with peer access between every pair and a symmetric heap in each GPU's
+    /// memory (capacity [`GPU_HEAP_BYTES_ENV`] or 4 GiB). Tensors of its ranks live on their GPUs;
+    /// the `DistTensor` ops run there. For other settings (the wait timeout) use
+    /// [`WorldBuilder::cuda`](crate::shmem::WorldBuilder::cuda).
+    ///
+    /// # Errors
+    /// [`Error::LibraryNotFound`](crate::Error::LibraryNotFound) naming the NVIDIA driver and every
+    /// file name tried when it is absent; [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable)
+    /// for a device that does not exist, GPUs that cannot reach each other, or a build without
+    /// the `cuda` feature; [`Error::DeviceStatus`](crate::Error::DeviceStatus) when the driver
+    /// fails.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Device, Error, World};
+    /// match World::cuda(&[0]) {
+    ///     Ok(world) => {
+    ///         let devices = world.run(|rank| Ok(rank.device()))?;
+    ///         assert_eq!(devices, vec![Device::Cuda(0)]);
+    ///     }
+    ///     // No GPU here: a typed error says what is missing.
+    ///     Err(e @ (Error::LibraryNotFound { .. } | Error::DeviceUnavailable { .. })) => println!("{e}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn cuda(devices: &[usize]) -> crate::Result<crate::World> {
+        crate::World::builder(devices.len()).cuda(devices).build()
+    }
+}
+
+/// Environment variable that overrides the capacity of each GPU's symmetric heap, in bytes.
+pub const GPU_HEAP_BYTES_ENV: &str = "DIST_TENSOR_GPU_HEAP_BYTES";

@@ -1,0 +1,218 @@
+//! `all_gather(x) @ w` on GPUs, fused, and its unfused baseline (NCCL all_gather, then cuBLASLt).
+//!
+//! Two paths, chosen by shape and reported by `all_gather_matmul_path`:
+//! - `gather` (few rows per rank, as in decoding): one `dt_exchange` kernel pushes this rank's
+//!   rows into every rank's symmetric gather buffer (microseconds), then one GEMM per weight over
+//!   all rows, so each weight is read once.
+//! - `overlap` (many rows): copy engines push this rank's rows into every peer's gather buffer on
+//!   the high-priority copy stream while the compute stream multiplies this rank's own rows in
+//!   place; then, per peer, a one-thread `dt_signal` waits for that peer's rows and the next GEMM
+//!   runs. Copies use no multiprocessors, so the GEMMs keep the whole GPU.
+
+use super::{
+    SMALL_CHUNK_BYTES, agree, copy, exchange, offsets, out_tensor, same_everywhere, signal,
+};
+use crate::device::cuda::blas;
+use crate::device::cuda::kernels::{MAX_RANKS, Runs};
+use crate::device::cuda::storage::{DeviceData, Home};
+use crate::device::cuda::world::{GpuRank, OP_ALL_GATHER_MATMUL};
+use crate::tensor::Element;
+use crate::{Error, Result};
+
+const OP: &str = "all_gather_matmul";
+
+/// Checks the weights against `k`; the problem, if any, for the agreement exchange.
+fn weight_problem<T: Element>(k: usize, ws: &[&DeviceData<T>]) -> Option<String> {
+    ws.iter().enumerate().find_map(|(i, w)| {
+        (w.shape().len() != 2 || w.shape()[0] != k)
+            .then(|| format!("weight {i} has shape {:?}; expected [{k}, n]", w.shape()))
+    })
+}
+
+/// The fused op: `x` is this rank's `[splits[rank], K]` rows, each of `ws` this rank's `[K, n_j]`;
+/// returns `[M, n_j]` per weight.
+pub(crate) fn all_gather_matmul<T: Element>(
+    g: &GpuRank<'_>,
+    x: &DeviceData<T>,
+    splits: &[usize],
+    ws: &[&DeviceData<T>],
+) -> Result<Vec<DeviceData<T>>> {
+    g.check()?;
+    let (n, r) = (g.num_ranks(), g.rank);
+    let k = x.shape()[1];
+    let all =
+        agree(g, OP, OP_ALL_GATHER_MATMUL, &[k as u64, ws.len() as u64], weight_problem(k, ws))?;
+    same_everywhere(OP, &all, 0, "K")?;
+    same_everywhere(OP, &all, 1, "number of weights")?;
+    let off = offsets(splits);
+    let m = off[n];
+    let es = size_of::<T>();
+    let outs: Vec<DeviceData<T>> =
+        ws.iter().map(|w| out_tensor(g, &[m, w.shape()[1]])).collect::<Result<_>>()?;
+    let gemm = |a: u64, rows: usize, row0: usize| -> Result<()> {
+        for (w, out) in ws.iter().zip(&outs) {
+            let nj = w.shape()[1];
+            blas::matmul(
+                g.gpu(),
+                g.stream(),
+                (a, w.ptr(), out.ptr() + (row0 * nj * es) as u64),
+                (rows, nj, k),
+                T::DTYPE,
+                T::DTYPE,
+            )?;
+        }
+        Ok(())
+    };
+    match crate::device::cuda::all_gather_matmul_path(splits) {
+        "local" => gemm(x.ptr(), m, 0)?,
+        "gather" => g.with_state("all_gather_matmul.gather", |st| {
+            st.epoch += 1;
+            let buf = g.symmetric(st, "gathered", m * k * es)?;
+            let mine = g.symm_at(buf, r);
+            // Push: part i is rank (r + i) % n; each gets this rank's rows at its offset.
+            let run = Runs::contiguous(splits[r] * k, 0, off[r] * k, es, SMALL_CHUNK_BYTES);
+            let parts = vec![run; n];
+            exchange::<T>(g, Some(st), OP_ALL_GATHER_MATMUL, 2, mine, x.ptr(), &parts, g.stream())?;
+            gemm(mine, m, 0)
+        })?,
+        _ => g.with_state("all_gather_matmul.overlap", |st| {
+            st.epoch += 1;
+            let epoch = st.epoch;
+            let buf = g.symmetric(st, "gathered", m * k * es)?;
+            let sync = g.sync_args(st);
+            let (main, copies) = (g.stream(), g.copy_stream());
+            let peers: Vec<usize> = (1..n).map(|i| (r + i) % n).collect();
+            // Copy stream: once every peer's buffer is free of the last call, push our rows.
+            g.join(st, 0, main, copies)?;
+            let free: Vec<(u64, u64)> =
+                peers.iter().map(|&p| (sync.done + 8 * p as u64, (MAX_RANKS + p) as u64)).collect();
+            signal(g, OP_ALL_GATHER_MATMUL, copies, epoch - 1, &free, 0, &[])?;
+            for &p in &peers {
+                let dst = g.symm_at(buf, p) + (off[r] * k * es) as u64;
+                copy(dst, x.ptr(), splits[r] * k * es, copies)?;
+            }
+            let ready: Vec<u64> =
+                peers.iter().map(|&p| sync.ready_peer[p] + 8 * r as u64).collect();
+            signal(g, OP_ALL_GATHER_MATMUL, copies, 0, &[], epoch, &ready)?;
+            // Compute stream: own rows in place, then each peer's as they arrive (the nearest
+            // sender first: rank r - i pushes to us as its i-th target).
+            gemm(x.ptr(), splits[r], off[r])?;
+            for i in 1..n {
+                let src = (r + n - i) % n;
+                signal(
+                    g,
+                    OP_ALL_GATHER_MATMUL,
+                    main,
+                    epoch,
+                    &[(sync.ready + 8 * src as u64, src as u64)],
+                    0,
+                    &[],
+                )?;
+                let rows = g.symm_at(buf, r) + (off[src] * k * es) as u64;
+                gemm(rows, splits[src], off[src])?;
+            }
+            // `x` is read by the copies until they finish; later work on `x` waits for them.
+            g.join(st, 1, copies, main)?;
+            // Our products are done with the buffer: peers may push into it again.
+            g.join(st, 2, main, copies)?;
+            let done: Vec<u64> = peers.iter().map(|&p| sync.done_peer[p] + 8 * r as u64).collect();
+            signal(g, OP_ALL_GATHER_MATMUL, copies, 0, &[], epoch, &done)
+        })?,
+    }
+    Ok(outs)
+}
+
+/// The unfused baseline: NCCL all_gather of the rows, then one cuBLASLt GEMM per weight.
+pub(crate) fn all_gather_matmul_unfused<T: Element>(
+    g: &GpuRank<'_>,
+    x: &DeviceData<T>,
+    splits: &[usize],
+    ws: &[&DeviceData<T>],
+) -> Result<Vec<DeviceData<T>>> {
+    g.check()?;
+    let (n, r) = (g.num_ranks(), g.rank);
+    let k = x.shape()[1];
+    let all =
+        agree(g, OP, OP_ALL_GATHER_MATMUL, &[k as u64, ws.len() as u64], weight_problem(k, ws))?;
+    same_everywhere(OP, &all, 0, "K")?;
+    let off = offsets(splits);
+    let m = off[n];
+    let es = size_of::<T>();
+    let gathered = if n == 1 {
+        x.clone()
+    } else {
+        let gathered: DeviceData<T> = out_tensor(g, &[m, k])?;
+        let nccl = g.world.nccl()?;
+        if splits.iter().all(|&s| s == splits[0]) {
+            nccl.all_gather(r, g.stream(), T::DTYPE, x.ptr(), gathered.ptr(), splits[r] * k)?;
+        } else {
+            let send = vec![(x.ptr(), splits[r] * k); n];
+            let recv: Vec<(u64, usize)> = (0..n)
+                .map(|p| (gathered.ptr() + (off[p] * k * es) as u64, splits[p] * k))
+                .collect();
+            nccl.send_recv(r, g.stream(), T::DTYPE, &send, &recv)?;
+        }
+        gathered
+    };
+    ws.iter()
+        .map(|w| {
+            let out: DeviceData<T> = out_tensor(g, &[m, w.shape()[1]])?;
+            blas::matmul(
+                g.gpu(),
+                g.stream(),
+                (gathered.ptr(), w.ptr(), out.ptr()),
+                (m, w.shape()[1], k),
+                T::DTYPE,
+                T::DTYPE,
+            )?;
+            Ok(out)
+        })
+        .collect()
+}
+
+/// A local GEMM `a[m, k] @ b[k, n]` on this rank's GPU: the one-GPU ceiling of the report, and
+/// `Tensor::matmul` for tensors on a GPU.
+pub(crate) fn matmul<T: Element>(
+    a: &DeviceData<T>,
+    b: &DeviceData<T>,
+    home: Home,
+) -> Result<DeviceData<T>> {
+    let gpu = a.gpu();
+    let (sa, sb) = (a.shape(), b.shape());
+    if sa.len() != 2 || sb.len() != 2 {
+        return Err(Error::InvalidShape {
+            op: "Tensor::matmul",
+            reason: format!("expected 2-D tensors, got {sa:?} and {sb:?}"),
+        });
+    }
+    if sa[1] != sb[0] {
+        return Err(Error::InnerDimMismatch {
+            op: "Tensor::matmul",
+            rank: 0,
+            left: sa.to_vec(),
+            right: sb.to_vec(),
+        });
+    }
+    if a.ordinal() != b.ordinal() {
+        return Err(Error::InvalidArgument {
+            op: "Tensor::matmul",
+            rank: 0,
+            reason: format!(
+                "operands on different devices: cuda:{} and cuda:{}",
+                a.ordinal(),
+                b.ordinal()
+            ),
+        });
+    }
+    gpu.bind()?;
+    let out = DeviceData::uninit(gpu, &[sa[0], sb[1]], home)?;
+    blas::matmul(
+        gpu,
+        out.stream(),
+        (a.ptr(), b.ptr(), out.ptr()),
+        (sa[0], sb[1], sa[1]),
+        T::DTYPE,
+        T::DTYPE,
+    )?;
+    Ok(out)
+}

@@ -1,0 +1,208 @@
+//! The ops on GPUs, one file each: the fused ops with their unfused baselines (NCCL, then
+//! cuBLASLt), and the collectives. Each takes this rank's device tensors and returns new ones.
+//!
+//! Every op is collective: it first exchanges a few words between the ranks' threads (op, sizes,
+//! and whether this rank found a problem with its arguments), so a bad argument on one rank fails
+//! every rank at once, and mismatched calls are an error instead of a hang.
+
+pub(crate) mod all_gather_matmul;
+pub(crate) mod all_to_all;
+pub(crate) mod collectives;
+pub(crate) mod matmul_reduce_scatter;
+
+use cudarc::driver::{result as cu, sys};
+
+use super::driver::Check;
+use super::kernels::{self, ExchangeArgs, MAX_RANKS, ReduceArgs, Runs, SignalArgs, Source};
+use super::storage::DeviceData;
+use super::world::{GpuRank, OpState};
+use crate::tensor::{DType, Element};
+use crate::{Error, Result};
+
+/// Bytes each task of a data-moving kernel moves at most.
+pub(crate) const CHUNK_BYTES: usize = 16 << 10;
+/// Smaller tasks for latency-bound moves (a few MiB, as in decoding): more warps in flight.
+pub(crate) const SMALL_CHUNK_BYTES: usize = 4 << 10;
+
+/// Start offsets of shards of the given sizes, and the total.
+pub(crate) fn offsets(splits: &[usize]) -> Vec<usize> {
+    let mut o = Vec::with_capacity(splits.len() + 1);
+    let mut acc = 0;
+    o.push(0);
+    for &s in splits {
+        acc += s;
+        o.push(acc);
+    }
+    o
+}
+
+/// `numpy.array_split` sizes: the first `len % n` parts get one more.
+pub(crate) fn array_split(len: usize, n: usize) -> Vec<usize> {
+    (0..n).map(|r| len / n + usize::from(r < len % n)).collect()
+}
+
+/// Exchanges `[op, words..., problem]` between the ranks and fails every rank if any had a
+/// problem or called another op; returns every rank's words.
+pub(crate) fn agree(
+    g: &GpuRank<'_>,
+    op: &'static str,
+    code: u32,
+    words: &[u64],
+    problem: Option<String>,
+) -> Result<Vec<Vec<u64>>> {
+    let mut mine = vec![code as u64];
+    mine.extend_from_slice(words);
+    mine.push(u64::from(problem.is_some()));
+    let all = g.exchange(mine)?;
+    if let Some(reason) = problem {
+        return Err(Error::InvalidArgument { op, rank: g.rank, reason });
+    }
+    for (r, w) in all.iter().enumerate() {
+        if w.first() != Some(&(code as u64)) || w.len() != words.len() + 2 {
+            return Err(Error::RanksDisagree {
+                op,
+                rank_a: g.rank,
+                value_a: format!("op {}", super::world::op_name(code)),
+                rank_b: r,
+                value_b: format!(
+                    "op {}",
+                    super::world::op_name(w.first().copied().unwrap_or(0) as u32)
+                ),
+            });
+        }
+        if w[w.len() - 1] != 0 {
+            return Err(Error::InvalidArgument {
+                op,
+                rank: g.rank,
+                reason: format!("rank {r} was given invalid arguments (its own error says which)"),
+            });
+        }
+    }
+    Ok(all.iter().map(|w| w[1..w.len() - 1].to_vec()).collect())
+}
+
+/// Fails unless every rank passed the same value at `index`.
+pub(crate) fn same_everywhere(
+    op: &'static str,
+    all: &[Vec<u64>],
+    index: usize,
+    what: &str,
+) -> Result<u64> {
+    let v = all[0][index];
+    for (r, w) in all.iter().enumerate() {
+        if w[index] != v {
+            return Err(Error::RanksDisagree {
+                op,
+                rank_a: 0,
+                value_a: format!("{what} {v}"),
+                rank_b: r,
+                value_b: format!("{what} {}", w[index]),
+            });
+        }
+    }
+    Ok(v)
+}
+
+/// The watch new tensors of this rank carry.
+pub(crate) fn out_tensor<T: Element>(g: &GpuRank<'_>, shape: &[usize]) -> Result<DeviceData<T>> {
+    DeviceData::uninit(g.gpu(), shape, g.home())
+}
+
+/// Launches `dt_exchange`: `parts[i]` are the runs for rank (rank + i) % world.
+#[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
+pub(crate) fn exchange<T: Element>(
+    g: &GpuRank<'_>,
+    state: Option<&OpState>,
+    op: u32,
+    mode: u32,
+    mine: u64,
+    local: u64,
+    parts: &[Runs],
+    stream: sys::CUstream,
+) -> Result<()> {
+    assert!(parts.len() <= MAX_RANKS);
+    let f = kernels::function(g.gpu(), Source::Exchange, T::DTYPE, "dt_exchange")?;
+    let mut args = ExchangeArgs {
+        ctl: g.ctl(op),
+        mode,
+        nparts: parts.len() as u32,
+        mine,
+        local,
+        ..ExchangeArgs::default()
+    };
+    if let Some(state) = state {
+        args.sync = g.sync_args(state);
+    }
+    for (i, r) in parts.iter().enumerate() {
+        args.runs[i] = *r;
+        args.prefix[i + 1] = args.prefix[i] + r.tasks();
+    }
+    let grid = kernels::grid_for(g.gpu(), f, args.prefix[parts.len()]);
+    kernels::launch(f, grid, kernels::BLOCK, stream, &args)
+}
+
+/// Launches `dt_reduce` (see reduce.cu for the modes).
+#[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
+pub(crate) fn reduce<T: Element>(
+    g: &GpuRank<'_>,
+    state: &OpState,
+    op: u32,
+    mode: u32,
+    mine: u64,
+    out: u64,
+    parts: &[u64],
+    runs: Runs,
+    stream: sys::CUstream,
+) -> Result<()> {
+    let f = kernels::function(g.gpu(), Source::Reduce, T::DTYPE, "dt_reduce")?;
+    let mut args = ReduceArgs {
+        ctl: g.ctl(op),
+        sync: g.sync_args(state),
+        mode,
+        world: g.num_ranks() as u32,
+        mine,
+        out,
+        runs,
+        ..ReduceArgs::default()
+    };
+    args.parts[..parts.len()].copy_from_slice(parts);
+    let grid = kernels::grid_for(g.gpu(), f, runs.tasks());
+    kernels::launch(f, grid, kernels::BLOCK, stream, &args)
+}
+
+/// Launches `dt_signal` on `stream`: wait until every `waits` word (with its signal number) is
+/// at least `want`, then set every `notifies` word to `value`.
+pub(crate) fn signal(
+    g: &GpuRank<'_>,
+    op: u32,
+    stream: sys::CUstream,
+    want: u64,
+    waits: &[(u64, u64)],
+    value: u64,
+    notifies: &[u64],
+) -> Result<()> {
+    let f = kernels::function(g.gpu(), Source::Signal, DType::F32, "dt_signal")?;
+    let mut args = SignalArgs {
+        ctl: g.ctl(op),
+        want,
+        value,
+        n_wait: waits.len() as u32,
+        n_notify: notifies.len() as u32,
+        ..SignalArgs::default()
+    };
+    for (i, &(w, index)) in waits.iter().enumerate() {
+        args.wait[i] = w;
+        args.wait_index[i] = index;
+    }
+    args.notify[..notifies.len()].copy_from_slice(notifies);
+    kernels::launch(f, 1, 32, stream, &args)
+}
+
+/// Asynchronous device-to-device copy of `bytes` (peer addresses go over NVLink by copy engine).
+pub(crate) fn copy(dst: u64, src: u64, bytes: usize, stream: sys::CUstream) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: both ranges are device memory of at least `bytes`, reachable from this context.
+    unsafe { cu::memcpy_dtod_async(dst, src, bytes, stream) }.check("cuMemcpyDtoDAsync")
+}

@@ -1,0 +1,530 @@
+//! A world of GPUs in one process: one rank per GPU, peer access both ways, the symmetric heap,
+//! per-op signals and buffers, the world's failure state, and waiting for a GPU without hanging.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys;
+
+use super::driver::{Event, Gpu, HostMapped, Streams};
+use super::kernels::{Ctl, MAX_RANKS, SyncArgs};
+use super::memory::{DeviceBuffer, SymmRegion, SymmetricHeap};
+use super::nccl::Nccl;
+use crate::error::ProgramLabel;
+use crate::{Error, Result};
+
+use super::GPU_HEAP_BYTES_ENV;
+
+/// Default capacity of each GPU's symmetric heap.
+const DEFAULT_GPU_HEAP_BYTES: usize = 4 << 30;
+
+/// Words of a rank's fault record (host-mapped): 1 rank, 2 program, 3 signal, 4 awaited, 5 seen,
+/// 6 ready, 7 op.
+const FAULT_WORDS: usize = 8;
+
+/// What every kernel of a world polls, and where a failed wait reports. Shared by the world and
+/// every device tensor made in it, so that waiting for one reports the world's failure.
+pub(crate) struct Watch {
+    /// Word 0: non-zero once the world failed (kernels read it); word 1: 1 + the rank that
+    /// failed first on the host, if one did.
+    abort: HostMapped,
+    faults: Vec<HostMapped>,
+    pub(crate) timeout: Duration,
+    nccl: Mutex<Option<Arc<Nccl>>>,
+    /// What the rank that failed first on the host said.
+    reason: Mutex<Option<String>>,
+}
+
+impl Watch {
+    /// Fails the world: every wait of every kernel gives up, NCCL operations are aborted.
+    pub(crate) fn abort(&self, failed_rank: Option<usize>, reason: &str) {
+        if let Some(r) = failed_rank
+            && self.abort.get(1) == 0
+        {
+            self.abort.set(1, r as u64 + 1);
+            self.reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| reason.to_string());
+        }
+        self.abort.set(0, 1);
+        if let Some(nccl) = self.nccl.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            nccl.abort();
+        }
+    }
+
+    pub(crate) fn aborted(&self) -> bool {
+        self.abort.get(0) != 0
+    }
+
+    /// The error `rank` reports once the world failed, or `Ok` if it did not.
+    pub(crate) fn check(&self, rank: usize) -> Result<()> {
+        if !self.aborted() {
+            return Ok(());
+        }
+        let fault = &self.faults[rank];
+        if fault.get(6) != 0 {
+            return Err(Error::WaitTimeout {
+                rank: fault.get(1) as usize,
+                program: ProgramLabel::Program { id: fault.get(2) as usize, sub_vec: 0 },
+                signal: fault.get(3) as usize,
+                awaited: format!(">= {} (op {})", fault.get(4), op_name(fault.get(7) as u32)),
+                seen: fault.get(5),
+                timeout: self.timeout,
+            });
+        }
+        let faulted = (0..self.faults.len()).find(|&r| self.faults[r].get(6) != 0);
+        let (failed_rank, reason) = match faulted {
+            Some(r) => (r, format!("a wait of rank {r}'s kernels timed out")),
+            None => (
+                self.abort.get(1).checked_sub(1).map_or(rank, |r| r as usize),
+                self.reason
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| "the world failed".into()),
+            ),
+        };
+        Err(Error::PeerFailed { rank, failed_rank, reason })
+    }
+
+    /// Waits until `event` is done, polling, so that a failed world ends the wait: when the
+    /// world fails, its kernels end (every wait in them gives up) and this returns the error.
+    pub(crate) fn wait_event(&self, rank: usize, event: &Event) -> Result<()> {
+        let start = Instant::now();
+        // Kernel waits time out on their own; past that (and a margin) the GPU itself is stuck.
+        let limit = self.timeout * 2 + Duration::from_secs(10);
+        let mut spins = 0u32;
+        while !event.done()? {
+            if start.elapsed() > limit {
+                self.abort(Some(rank), "its GPU did not finish");
+                return Err(Error::DeviceUnavailable {
+                    op: "wait for GPU work",
+                    device: format!("rank {rank}"),
+                    reason: format!("the GPU did not finish within {limit:?}; the world is failed"),
+                });
+            }
+            spins += 1;
+            if spins < 200 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        self.check(rank)
+    }
+}
+
+/// Names of the ops, for fault records (`Ctl::op`).
+pub(crate) fn op_name(op: u32) -> &'static str {
+    match op {
+        OP_BARRIER => "barrier",
+        OP_ALL_GATHER_MATMUL => "all_gather_matmul",
+        OP_MATMUL_REDUCE_SCATTER => "matmul_reduce_scatter",
+        OP_ALL_TO_ALL => "all_to_all",
+        OP_ALL_GATHER => "all_gather",
+        OP_REDUCE => "reduce",
+        OP_BROADCAST => "broadcast",
+        _ => "unknown",
+    }
+}
+
+pub(crate) const OP_BARRIER: u32 = 1;
+pub(crate) const OP_ALL_GATHER_MATMUL: u32 = 2;
+pub(crate) const OP_MATMUL_REDUCE_SCATTER: u32 = 3;
+pub(crate) const OP_ALL_TO_ALL: u32 = 4;
+pub(crate) const OP_ALL_GATHER: u32 = 5;
+pub(crate) const OP_REDUCE: u32 = 6;
+pub(crate) const OP_BROADCAST: u32 = 7;
+
+/// Words of an op's signal region: table, ready, done (one per rank each), then the block
+/// counter.
+const SIGNAL_WORDS: usize = 3 * MAX_RANKS + 1;
+
+/// The state one rank keeps for one op (or one path of an op) between calls: its signals,
+/// symmetric buffers, local buffers and the number of calls so far (the epoch its signals carry;
+/// signals are never reset).
+pub(crate) struct OpState {
+    pub(crate) epoch: u64,
+    signals: SymmRegion,
+    buffers: HashMap<&'static str, SymmRegion>,
+    locals: HashMap<&'static str, DeviceBuffer>,
+    /// Events for ordering this op's streams, made once and recorded again on every call (a
+    /// wait on an event takes its state when queued, so reuse is safe).
+    events: Vec<Event>,
+}
+
+/// Exchanges a few words between the ranks' threads (shapes, for agreement checks); also a
+/// barrier.
+#[derive(Default)]
+struct Rendezvous {
+    state: Mutex<RendezvousState>,
+    cv: Condvar,
+    /// The generation, readable without the lock: waiters spin on it briefly before sleeping,
+    /// since ranks usually arrive within microseconds of each other and a wake-up costs tens.
+    generation: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct RendezvousState {
+    generation: u64,
+    arrived: usize,
+    slots: Vec<Vec<u64>>,
+    last: Arc<Vec<Vec<u64>>>,
+}
+
+/// A world of GPUs, one rank per GPU.
+pub(crate) struct CudaWorld {
+    pub(crate) gpus: Vec<Arc<Gpu>>,
+    /// Per rank: the streams its ops run on (a world of its own, so that two worlds on the same
+    /// GPUs never queue behind each other's waits).
+    pub(crate) streams: Vec<Arc<Streams>>,
+    pub(crate) heap: SymmetricHeap,
+    pub(crate) watch: Arc<Watch>,
+    /// Per rank: a u32 in device memory that the first failing wait claims.
+    claims: SymmRegion,
+    states: Vec<Mutex<HashMap<&'static str, OpState>>>,
+    rendezvous: Rendezvous,
+}
+
+impl CudaWorld {
+    /// Opens `devices` (CUDA ordinals, rank `r` on `devices[r]`), enables peer access between
+    /// every pair, and makes the symmetric heaps.
+    pub(crate) fn open(devices: &[usize], wait_timeout: Duration) -> Result<CudaWorld> {
+        if devices.is_empty() || devices.len() > MAX_RANKS {
+            return Err(Error::InvalidArgument {
+                op: "World::cuda",
+                rank: 0,
+                reason: format!("a GPU world has 1 to {MAX_RANKS} devices, not {}", devices.len()),
+            });
+        }
+        for (i, d) in devices.iter().enumerate() {
+            if devices[..i].contains(d) {
+                return Err(Error::InvalidArgument {
+                    op: "World::cuda",
+                    rank: i,
+                    reason: format!("device {d} is listed twice: one rank per GPU"),
+                });
+            }
+        }
+        let gpus = devices.iter().map(|&d| Gpu::get(d)).collect::<Result<Vec<_>>>()?;
+        for a in &gpus {
+            for b in &gpus {
+                a.enable_peer_access(b)?;
+            }
+        }
+        let heap_bytes = match std::env::var(GPU_HEAP_BYTES_ENV) {
+            Ok(text) => text.trim().parse().map_err(|_| Error::InvalidArgument {
+                op: "World::cuda",
+                rank: 0,
+                reason: format!("{GPU_HEAP_BYTES_ENV}={text:?} is not a whole number"),
+            })?,
+            Err(_) => DEFAULT_GPU_HEAP_BYTES,
+        };
+        let heap = SymmetricHeap::new(&gpus, heap_bytes)?;
+        gpus[0].bind()?;
+        let watch = Arc::new(Watch {
+            abort: HostMapped::new(2)?,
+            faults: (0..gpus.len()).map(|_| HostMapped::new(FAULT_WORDS)).collect::<Result<_>>()?,
+            timeout: wait_timeout,
+            nccl: Mutex::new(None),
+            reason: Mutex::new(None),
+        });
+        let n = gpus.len();
+        let claims = (0..n).map(|r| heap.alloc(r, 256)).collect::<Result<Vec<_>>>()?[0];
+        for (r, gpu) in gpus.iter().enumerate() {
+            gpu.bind()?;
+            // SAFETY: the claim word is in this rank's heap segment.
+            unsafe { cudarc::driver::result::memset_d8_sync(heap.symm_at(claims, r), 0, 256) }
+                .map_err(|e| super::driver::status("cuMemsetD8", e))?;
+        }
+        let streams = gpus.iter().map(|g| Streams::new(g).map(Arc::new)).collect::<Result<_>>()?;
+        Ok(CudaWorld {
+            streams,
+            gpus,
+            heap,
+            watch,
+            claims,
+            states: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
+            rendezvous: Rendezvous::default(),
+        })
+    }
+
+    /// Number of ranks.
+    pub(crate) fn num_ranks(&self) -> usize {
+        self.gpus.len()
+    }
+
+    /// The NCCL communicators of this world, made on first use.
+    pub(crate) fn nccl(&self) -> Result<Arc<Nccl>> {
+        let mut guard = self.watch.nccl.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = guard.as_ref() {
+            return Ok(n.clone());
+        }
+        let nccl = Arc::new(Nccl::new(&self.gpus)?);
+        *guard = Some(nccl.clone());
+        Ok(nccl)
+    }
+}
+
+/// One rank's view of a GPU world, for the duration of an op on that rank's thread.
+#[derive(Clone, Copy)]
+pub(crate) struct GpuRank<'w> {
+    pub(crate) world: &'w CudaWorld,
+    pub(crate) rank: usize,
+}
+
+impl<'w> GpuRank<'w> {
+    /// Rank `rank` of `world`, with its GPU's context bound to this thread.
+    pub(crate) fn new(world: &'w CudaWorld, rank: usize) -> Result<Self> {
+        world.gpus[rank].bind()?;
+        Ok(GpuRank { world, rank })
+    }
+
+    pub(crate) fn gpu(&self) -> &'w Arc<Gpu> {
+        &self.world.gpus[self.rank]
+    }
+
+    pub(crate) fn num_ranks(&self) -> usize {
+        self.world.num_ranks()
+    }
+
+    pub(crate) fn stream(&self) -> sys::CUstream {
+        self.world.streams[self.rank].main
+    }
+
+    pub(crate) fn copy_stream(&self) -> sys::CUstream {
+        self.world.streams[self.rank].copy
+    }
+
+    /// Where tensors this rank makes belong.
+    pub(crate) fn home(&self) -> super::storage::Home {
+        super::storage::Home {
+            streams: Some(self.world.streams[self.rank].clone()),
+            watch: Some((self.world.watch.clone(), self.rank)),
+        }
+    }
+
+    /// What this rank's kernels of op `op` report to.
+    pub(crate) fn ctl(&self, op: u32) -> Ctl {
+        let w = &self.world.watch;
+        Ctl {
+            abort: w.abort.device_word(0),
+            fault: w.faults[self.rank].device_word(0),
+            claim: self.world.heap.symm_at(self.world.claims, self.rank),
+            timeout_ns: w.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            rank: self.rank as u32,
+            op,
+        }
+    }
+
+    /// The error this rank reports if the world failed.
+    pub(crate) fn check(&self) -> Result<()> {
+        self.world.watch.check(self.rank)
+    }
+
+    /// Waits (failure-aware) until everything queued on this rank's streams is done.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let (main, copy) = (Event::new(false)?, Event::new(false)?);
+        main.record(self.stream())?;
+        copy.record(self.copy_stream())?;
+        self.world.watch.wait_event(self.rank, &main)?;
+        self.world.watch.wait_event(self.rank, &copy)
+    }
+
+    /// Exchanges `words` with every rank (host side; also a barrier). Fails when the world does,
+    /// or after the wait timeout.
+    pub(crate) fn exchange(&self, words: Vec<u64>) -> Result<Arc<Vec<Vec<u64>>>> {
+        let n = self.num_ranks();
+        let rv = &self.world.rendezvous;
+        let mut s = rv.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.slots.len() != n {
+            s.slots = vec![Vec::new(); n];
+        }
+        let generation = s.generation;
+        s.slots[self.rank] = words;
+        s.arrived += 1;
+        if s.arrived == n {
+            s.last = Arc::new(std::mem::replace(&mut s.slots, vec![Vec::new(); n]));
+            s.arrived = 0;
+            s.generation += 1;
+            rv.generation.store(s.generation, std::sync::atomic::Ordering::Release);
+            rv.cv.notify_all();
+            return Ok(s.last.clone());
+        }
+        drop(s);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_micros(200) {
+            if rv.generation.load(std::sync::atomic::Ordering::Acquire) != generation {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let mut s = rv.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if s.generation != generation {
+                return Ok(s.last.clone());
+            }
+            let (guard, _) =
+                rv.cv.wait_timeout(s, Duration::from_millis(1)).unwrap_or_else(|p| p.into_inner());
+            s = guard;
+            if s.generation != generation {
+                return Ok(s.last.clone());
+            }
+            if let Err(e) = self.check() {
+                s.arrived -= 1;
+                return Err(e);
+            }
+            if start.elapsed() > self.world.watch.timeout {
+                s.arrived -= 1;
+                let seen = s.arrived as u64;
+                drop(s);
+                self.world.watch.abort(Some(self.rank), "it timed out at a host exchange");
+                return Err(Error::WaitTimeout {
+                    rank: self.rank,
+                    program: ProgramLabel::Host,
+                    signal: 0,
+                    awaited: format!("{n} ranks at the host exchange"),
+                    seen,
+                    timeout: self.world.watch.timeout,
+                });
+            }
+        }
+    }
+
+    /// Runs `f` on this rank's state for op `key`, made on first use (collective: every rank
+    /// calls the same ops in the same order).
+    pub(crate) fn with_state<R>(
+        &self,
+        key: &'static str,
+        f: impl FnOnce(&mut OpState) -> Result<R>,
+    ) -> Result<R> {
+        let mut states = self.world.states[self.rank].lock().unwrap_or_else(|p| p.into_inner());
+        if !states.contains_key(key) {
+            let signals = self.world.heap.alloc(self.rank, SIGNAL_WORDS * 8)?;
+            // SAFETY: the region is in this rank's segment; zeroed before any peer can use it
+            // (peers signal only after this rank's first kernel of the op published).
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    self.world.heap.symm_at(signals, self.rank),
+                    0,
+                    signals.bytes,
+                    self.stream(),
+                )
+            }
+            .map_err(|e| super::driver::status("cuMemsetD8Async", e))?;
+            states.insert(
+                key,
+                OpState {
+                    epoch: 0,
+                    signals,
+                    buffers: HashMap::new(),
+                    locals: HashMap::new(),
+                    events: Vec::new(),
+                },
+            );
+            drop(states);
+            // Every rank's signals must be zero before any rank's first kernel signals it.
+            self.synchronize()?;
+            self.exchange(vec![])?;
+            states = self.world.states[self.rank].lock().unwrap_or_else(|p| p.into_inner());
+        }
+        f(states.get_mut(key).expect("inserted above"))
+    }
+
+    /// The signal and pointer-table addresses of `state` for this call (epoch already advanced).
+    pub(crate) fn sync_args(&self, state: &OpState) -> SyncArgs {
+        let heap = &self.world.heap;
+        let n = self.num_ranks();
+        let word = |peer: usize, i: usize| heap.symm_at(state.signals, peer) + 8 * i as u64;
+        let mut s = SyncArgs {
+            epoch: state.epoch,
+            table: word(self.rank, 0),
+            ready: word(self.rank, MAX_RANKS),
+            done: word(self.rank, 2 * MAX_RANKS),
+            counter: word(self.rank, 3 * MAX_RANKS),
+            rank: self.rank as u32,
+            world: n as u32,
+            ..SyncArgs::default()
+        };
+        for p in 0..n {
+            s.table_peer[p] = word(p, 0);
+            s.ready_peer[p] = word(p, MAX_RANKS);
+            s.done_peer[p] = word(p, 2 * MAX_RANKS);
+        }
+        s
+    }
+
+    /// The symmetric buffer `name` of `state`, at least `bytes` long: the same region on every
+    /// rank. Growing it is collective: every rank first waits until its GPU is idle (no peer
+    /// still writes the old region), then the old region is freed and a larger one allocated.
+    pub(crate) fn symmetric(
+        &self,
+        state: &mut OpState,
+        name: &'static str,
+        bytes: usize,
+    ) -> Result<SymmRegion> {
+        if let Some(&r) = state.buffers.get(name)
+            && r.bytes >= bytes
+        {
+            return Ok(r);
+        }
+        self.synchronize()?;
+        self.exchange(vec![])?;
+        let old = state.buffers.remove(name);
+        if let Some(old) = old {
+            self.world.heap.free(self.rank, old);
+        }
+        // Geometric growth, so that slowly growing shapes reallocate rarely; exactly what is
+        // asked for when that does not fit (every rank takes the same branch: same heaps).
+        let want = bytes.max(old.map_or(0, |r| r.bytes * 3 / 2));
+        let region = match self.world.heap.alloc(self.rank, want) {
+            Ok(r) => r,
+            Err(_) if want > bytes => self.world.heap.alloc(self.rank, bytes)?,
+            Err(e) => return Err(e),
+        };
+        state.buffers.insert(name, region);
+        Ok(region)
+    }
+
+    /// This rank's own buffer `name` of `state` (not symmetric), at least `bytes` long.
+    pub(crate) fn local(
+        &self,
+        state: &mut OpState,
+        name: &'static str,
+        bytes: usize,
+    ) -> Result<u64> {
+        if let Some(b) = state.locals.get(name)
+            && b.bytes >= bytes
+        {
+            return Ok(b.ptr);
+        }
+        let buf = DeviceBuffer::new(self.gpu(), bytes, self.stream())?;
+        let ptr = buf.ptr;
+        // The old buffer goes back to the cache; only work queued after this reuses it.
+        state.locals.insert(name, buf);
+        Ok(ptr)
+    }
+
+    /// Makes `to` wait for the work queued on `from` so far, through `state`'s event `slot`.
+    pub(crate) fn join(
+        &self,
+        state: &mut OpState,
+        slot: usize,
+        from: sys::CUstream,
+        to: sys::CUstream,
+    ) -> Result<()> {
+        while state.events.len() <= slot {
+            state.events.push(Event::new(false)?);
+        }
+        let event = &state.events[slot];
+        event.record(from)?;
+        super::driver::stream_wait(to, event)
+    }
+
+    /// `region` on rank `peer`.
+    pub(crate) fn symm_at(&self, region: SymmRegion, peer: usize) -> u64 {
+        self.world.heap.symm_at(region, peer)
+    }
+}

@@ -1,0 +1,295 @@
+//! Which rank of which job this process is, from the environment its launcher set.
+//!
+//! Launchers are read in a fixed order (the first that names a rank wins, and any other that
+//! also names one must agree with it): our own `DIST_TENSOR_*`, OpenMPI's `OMPI_COMM_WORLD_*`,
+//! MPICH/Hydra's `PMI_*`, Slurm's `SLURM_*`, torchrun's `RANK` / `WORLD_SIZE`. The job id, which
+//! names the rendezvous of the job's processes, comes from `DIST_TENSOR_JOB_ID`, `PMIX_NAMESPACE`,
+//! `SLURM_JOB_ID` (with `SLURM_STEP_ID`), `TORCHELASTIC_RUN_ID` or `MASTER_ADDR:MASTER_PORT`,
+//! and failing those from the parent process (the launcher's daemon, the same for every rank of
+//! a job on one host).
+
+use crate::{Error, Result};
+
+/// Environment variable naming this process's rank (set by `World::spawn_local`).
+pub const RANK_ENV: &str = "DIST_TENSOR_RANK";
+/// Environment variable naming the number of ranks of the job.
+pub const WORLD_SIZE_ENV: &str = "DIST_TENSOR_WORLD_SIZE";
+/// Environment variable naming this process's rank among those of its host.
+pub const LOCAL_RANK_ENV: &str = "DIST_TENSOR_LOCAL_RANK";
+/// Environment variable naming the number of ranks on this host.
+pub const LOCAL_WORLD_SIZE_ENV: &str = "DIST_TENSOR_LOCAL_WORLD_SIZE";
+/// Environment variable naming the job (every rank of a job must see the same value).
+pub const JOB_ID_ENV: &str = "DIST_TENSOR_JOB_ID";
+/// Environment variable bounding how long the ranks wait for each other to join, in ms.
+pub const JOIN_TIMEOUT_ENV: &str = "DIST_TENSOR_JOIN_TIMEOUT_MS";
+
+/// Every launcher's variables that say which job and rank a process is: a spawned rank gets
+/// only ours.
+pub(crate) const LAUNCHER_VARS: [&str; 25] = [
+    RANK_ENV,
+    WORLD_SIZE_ENV,
+    LOCAL_RANK_ENV,
+    LOCAL_WORLD_SIZE_ENV,
+    JOB_ID_ENV,
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "PMIX_NAMESPACE",
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_PORT",
+];
+
+/// One launcher's variables: rank, world size, local rank, local world size.
+struct Family {
+    launcher: &'static str,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: Option<&'static str>,
+    local_size: Option<&'static str>,
+}
+
+const FAMILIES: [Family; 5] = [
+    Family {
+        launcher: "dist-tensor",
+        rank: RANK_ENV,
+        size: WORLD_SIZE_ENV,
+        local_rank: Some(LOCAL_RANK_ENV),
+        local_size: Some(LOCAL_WORLD_SIZE_ENV),
+    },
+    Family {
+        launcher: "OpenMPI",
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: Some("OMPI_COMM_WORLD_LOCAL_RANK"),
+        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+    },
+    Family {
+        launcher: "MPICH/Hydra",
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: Some("MPI_LOCALRANKID"),
+        local_size: Some("MPI_LOCALNRANKS"),
+    },
+    Family {
+        launcher: "Slurm",
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: Some("SLURM_LOCALID"),
+        // Slurm writes tasks per node as "4(x2)": the local rank alone tells a second host.
+        local_size: None,
+    },
+    Family {
+        launcher: "torchrun",
+        rank: "RANK",
+        size: "WORLD_SIZE",
+        local_rank: Some("LOCAL_RANK"),
+        local_size: Some("LOCAL_WORLD_SIZE"),
+    },
+];
+
+/// What the environment says about this process's place in a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JobEnv {
+    pub(crate) rank: usize,
+    pub(crate) world_size: usize,
+    pub(crate) local_rank: usize,
+    pub(crate) local_world_size: usize,
+    pub(crate) job_id: String,
+    /// The launcher whose variables were used.
+    pub(crate) launcher: &'static str,
+}
+
+fn bad(reason: String) -> Error {
+    Error::Environment { op: "World::from_env", reason }
+}
+
+/// A whole number from `name`, `None` if unset; an error naming it if set but not a number.
+fn number(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<usize>> {
+    match get(name) {
+        None => Ok(None),
+        Some(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| bad(format!("{name}={text:?} is not a whole number"))),
+    }
+}
+
+/// Whether the environment names a rank of a job (any launcher's rank variable is set).
+pub(crate) fn launched(get: &dyn Fn(&str) -> Option<String>) -> bool {
+    FAMILIES.iter().any(|f| get(f.rank).is_some())
+}
+
+impl JobEnv {
+    /// Reads the environment through `get` (the process's own, or a test's map).
+    pub(crate) fn read(get: &dyn Fn(&str) -> Option<String>) -> Result<JobEnv> {
+        let mut found: Vec<(&Family, usize, usize)> = Vec::new();
+        for family in &FAMILIES {
+            let rank = number(get, family.rank)?;
+            let size = number(get, family.size)?;
+            match (rank, size) {
+                (None, None) => {}
+                (Some(rank), Some(size)) => found.push((family, rank, size)),
+                (Some(_), None) => {
+                    return Err(bad(format!(
+                        "{} is set but {} is not: the world size is missing",
+                        family.rank, family.size
+                    )));
+                }
+                // A size alone (Slurm sets SLURM_NTASKS for the whole allocation) says nothing.
+                (None, Some(_)) => {}
+            }
+        }
+        let Some(&(family, rank, world_size)) = found.first() else {
+            let looked: Vec<String> =
+                FAMILIES.iter().map(|f| format!("{} ({})", f.rank, f.launcher)).collect();
+            return Err(bad(format!(
+                "no rank in the environment; looked for {}. Start the processes with mpirun, \
+                 torchrun, srun, or World::spawn_local",
+                looked.join(", ")
+            )));
+        };
+        for &(other, r, s) in &found[1..] {
+            if (r, s) != (rank, world_size) {
+                return Err(bad(format!(
+                    "conflicting ranks: {}={rank} and {}={world_size} ({}), but {}={r} and {}={s} \
+                     ({})",
+                    family.rank,
+                    family.size,
+                    family.launcher,
+                    other.rank,
+                    other.size,
+                    other.launcher
+                )));
+            }
+        }
+        if world_size == 0 {
+            return Err(bad(format!("{}=0: a world needs at least one rank", family.size)));
+        }
+        if rank >= world_size {
+            return Err(bad(format!(
+                "{}={rank} is not below {}={world_size}",
+                family.rank, family.size
+            )));
+        }
+        let local_rank = match family.local_rank {
+            Some(name) => number(get, name)?.unwrap_or(rank),
+            None => rank,
+        };
+        let local_world_size = match family.local_size {
+            Some(name) => number(get, name)?.unwrap_or(world_size),
+            None => world_size,
+        };
+        if local_world_size != world_size || local_rank != rank {
+            return Err(bad(format!(
+                "the job spans several hosts ({} of {world_size} ranks on this one, local rank \
+                 {local_rank} of rank {rank}): ranks that are processes share memory on one host \
+                 only; several hosts need the mpi feature",
+                local_world_size
+            )));
+        }
+        let job_id = Self::job_id(get)?;
+        Ok(JobEnv {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            job_id,
+            launcher: family.launcher,
+        })
+    }
+
+    fn job_id(get: &dyn Fn(&str) -> Option<String>) -> Result<String> {
+        if let Some(id) = get(JOB_ID_ENV) {
+            return Ok(format!("own:{id}"));
+        }
+        if let Some(ns) = get("PMIX_NAMESPACE") {
+            return Ok(format!("pmix:{ns}"));
+        }
+        if let Some(job) = get("SLURM_JOB_ID") {
+            let step = get("SLURM_STEP_ID").unwrap_or_default();
+            return Ok(format!("slurm:{job}.{step}"));
+        }
+        if let Some(run) = get("TORCHELASTIC_RUN_ID") {
+            return Ok(format!("torch:{run}"));
+        }
+        if let (Some(addr), Some(port)) = (get("MASTER_ADDR"), get("MASTER_PORT")) {
+            return Ok(format!("torch:{addr}:{port}"));
+        }
+        // Every rank of a job on one host has the same parent: the launcher or its daemon.
+        let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get());
+        if parent <= 1 {
+            return Err(bad(format!(
+                "no job id: set {JOB_ID_ENV} to the same value in every rank of the job"
+            )));
+        }
+        Ok(format!("ppid:{parent}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn read(vars: &[(&str, &str)]) -> Result<JobEnv> {
+        let map: HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        JobEnv::read(&|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn each_launcher_is_read() {
+        let job = [("DIST_TENSOR_JOB_ID", "j")];
+        for (rank, size) in [
+            ("DIST_TENSOR_RANK", "DIST_TENSOR_WORLD_SIZE"),
+            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+            ("PMI_RANK", "PMI_SIZE"),
+            ("SLURM_PROCID", "SLURM_NTASKS"),
+            ("RANK", "WORLD_SIZE"),
+        ] {
+            let env = read(&[(rank, "2"), (size, "4"), job[0]]).unwrap();
+            assert_eq!((env.rank, env.world_size, env.local_rank), (2, 4, 2), "{rank}");
+        }
+        let torch =
+            read(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "9")]);
+        assert_eq!(torch.unwrap().job_id, "torch:h:9");
+    }
+
+    #[test]
+    fn bad_environments_say_what_is_wrong() {
+        let err = |vars: &[(&str, &str)]| read(vars).unwrap_err().to_string();
+        assert!(err(&[]).contains("no rank in the environment"));
+        assert!(err(&[("PMI_RANK", "0")]).contains("PMI_SIZE is not"));
+        assert!(
+            err(&[("RANK", "x"), ("WORLD_SIZE", "2")]).contains("RANK=\"x\" is not a whole number")
+        );
+        assert!(err(&[("RANK", "0"), ("WORLD_SIZE", "0")]).contains("WORLD_SIZE=0"));
+        assert!(
+            err(&[("RANK", "2"), ("WORLD_SIZE", "2")]).contains("RANK=2 is not below WORLD_SIZE=2")
+        );
+        let conflict = err(&[
+            ("DIST_TENSOR_RANK", "0"),
+            ("DIST_TENSOR_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+        ]);
+        assert!(conflict.contains("conflicting ranks"), "{conflict}");
+        let hosts = err(&[("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2")]);
+        assert!(hosts.contains("several hosts"), "{hosts}");
+    }
+}
