@@ -109,7 +109,8 @@ def main():
             core = [(shape, one_core_sgemm(*shape, reps)) for shape in [(2048, 2048, 2048), (16, 4096, 2048)]]
         comm.Barrier()
     if me == 0:
-        print(f"MPI {MPI.Get_version()} ({MPI.Get_library_version().rstrip("\x00").splitlines()[0]}), "
+        library = MPI.Get_library_version().replace(chr(0), "").splitlines()[0]
+        print(f"MPI {MPI.Get_version()} ({library}), "
               f"numpy {np.__version__}, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}; "
               f"medians of {reps} runs, each the slowest rank's")
         print("| op | world | dtype | shape | MPI + numpy ms |")
