@@ -49,15 +49,9 @@ fn parse_args(args: Vec<String>) -> Result<Sizes, String> {
     Ok(sizes)
 }
 
-/// The tanh approximation of GELU, as transformer MLPs use it.
+/// The tanh approximation of GELU, as transformer MLPs use it: the reference's, in f64.
 fn gelu(v: f64) -> f64 {
     0.5 * v * (1.0 + (0.797_884_560_802_865_4 * (v + 0.044715 * v * v * v)).tanh())
-}
-
-fn gelu_in_place(t: &mut Tensor<f32>) {
-    for v in t.as_mut_slice() {
-        *v = gelu(*v as f64) as f32;
-    }
 }
 
 /// One MLP block on this rank: `x` is its rows, `w1` its columns of the first weight, `w2` its
@@ -68,13 +62,9 @@ fn mlp<'r>(
     w2: &Tensor<f32>,
     fused: bool,
 ) -> Result<DistTensor<'r, f32>, Error> {
-    let mut h = if fused { x.all_gather_matmul(w1)? } else { x.all_gather_matmul_unfused(w1)? };
+    let h = if fused { x.all_gather_matmul(w1)? } else { x.all_gather_matmul_unfused(w1)? };
     // GELU is elementwise: each rank applies it to its own columns, no communication.
-    let (rank, global) = (h.rank(), h.global_shape());
-    let mut local = h.local().clone();
-    gelu_in_place(&mut local);
-    h = DistTensor::from_local(rank, local, Placement::Shard(1))?;
-    debug_assert_eq!(h.global_shape(), global);
+    let h = h.map_local(|t| t.gelu_tanh())?;
     if fused { h.matmul_reduce_scatter(w2) } else { h.matmul_reduce_scatter_unfused(w2) }
 }
 
@@ -107,8 +97,7 @@ fn main() -> Result<(), Error> {
     let w1 = Tensor::<f32>::random(&[hidden, ffn], 2).cast::<f64>();
     let w2 = Tensor::<f32>::random(&[ffn, hidden], 3).cast::<f64>();
     // Scale the weights so activations stay near 1 (as trained weights do).
-    let scale =
-        |t: Tensor<f64>, by: f64| Tensor::from_array(t.to_array().mapv(|v| v * by)).cast::<f32>();
+    let scale = |t: Tensor<f64>, by: f64| (t * by).cast::<f32>();
     let w1 = scale(w1, 1.0 / (hidden as f64).sqrt());
     let w2 = scale(w2, 1.0 / (ffn as f64).sqrt());
 
@@ -132,7 +121,7 @@ fn main() -> Result<(), Error> {
 
     // The single-rank reference, in f64.
     let h = x.cast::<f64>().matmul(&w1.cast::<f64>())?;
-    let h = Tensor::from_array(h.to_array().mapv(gelu));
+    let h = h.map(gelu);
     let want = h.matmul(&w2.cast::<f64>())?;
     let (y, fused, unfused) = &results[0];
     let worst = y

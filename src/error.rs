@@ -348,6 +348,24 @@ pub enum Error {
         message: String,
     },
 
+    /// A device kernel's source did not compile (`aclrtcCompileProg` on Ascend): the compiler's
+    /// status and its own log.
+    #[error(
+        "{call} failed with status {code} for kernel {kernel} ({options}); compile log:\n{log}"
+    )]
+    KernelCompile {
+        /// The compiler call that failed.
+        call: &'static str,
+        /// The kernel.
+        kernel: &'static str,
+        /// The compile options, as passed.
+        options: String,
+        /// The status code.
+        code: i32,
+        /// The compiler's log (empty when it gave none).
+        log: String,
+    },
+
     /// No device of the asked kind is present, or the operation cannot run on it yet.
     #[error("{op}: device {device} unavailable: {reason}")]
     DeviceUnavailable {

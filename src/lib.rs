@@ -18,6 +18,13 @@
 //! `mpi` feature, a job started by mpirun may span many hosts: MPI starts it and moves data
 //! between nodes (see *Many hosts* below).
 //!
+//! **Distributed tensors.** A [`DistTensor`] is one rank's part of a global tensor and its
+//! [`Placement`] (sharded on a dimension, cut as a [`Split`] says; replicated; or partial sums).
+//! It borrows its rank, so it lives inside [`World::run`] and cannot leave it: return tensors
+//! ([`DistTensor::to_global`], [`DistTensor::into_local`]). Its fused ops and `redistribute` are
+//! collective; its local updates ([`DistTensor::map_local`], [`DistTensor::reshape`], ...)
+//! exchange nothing. Between the fused ops, [`Tensor`] has the local math a model needs.
+//!
 //! **Symmetric memory.** Every rank owns a heap segment of the same capacity.
 //! [`Rank::alloc`] is collective: every rank gets a [`SymmBuf`](shmem::SymmBuf) at the same
 //! offset. [`symm_at`](shmem::symm_at)`(&buf, peer)` is the peer's copy, a plain pointer: offsets
@@ -73,10 +80,15 @@
 //! that fails or dies on any node ends every rank with an error naming it. The unfused baselines a
 //! user of MPI writes are [`fused::all_gather_matmul_unfused_mpi`] and its siblings.
 //!
-//! **Ascend.** [`device::ascend`] opens the CANN runtime at run time (no build-time dependency);
-//! where it is absent, asking for an NPU returns an error that lists every path tried. Kernels do
-//! not run on NPUs yet: [`Device::Ascend`] reports that clearly, and an NPU's true topology can
-//! drive the host simulation.
+//! **Devices.** A [`Device`] says where a tensor lives and its ops run: the host (the default),
+//! an NVIDIA GPU (feature `cuda`: [`Tensor::to_device`], [`World::cuda`]) or an Ascend NPU.
+//!
+//! **Ascend.** [`World::ascend`] runs one rank per NPU: the fused ops and collectives run as tile
+//! kernels written in Ascend C (one beside each host kernel), compiled at run time by CANN's
+//! `aclrtc` and launched on Ascend SHMEM's symmetric heap; CANN is opened at run time (no
+//! build-time dependency), and where it is absent the error lists every path tried. This backend
+//! has been checked against a stand-in CANN only, never on an NPU: [`device::ascend`] says what
+//! was verified where.
 //!
 //! # Layers
 //!
@@ -87,7 +99,7 @@
 //! | [`collectives`] | all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, as tile kernels |
 //! | [`device`] | topologies, launches, programs, tile operations; `host` and `ascend` backends |
 //! | [`shmem`] | the world, ranks, the symmetric heap, signals, tokens, barriers |
-//! | [`tensor`] | [`Tensor`], [`Element`] (f32, f64, f16, bf16), local matmul through `gemm` |
+//! | [`tensor`] | [`Tensor`], [`Element`] (f32, f64, f16, bf16), local matmul through `gemm`, local math |
 //!
 //! # Features
 //!
@@ -95,10 +107,13 @@
 //! | --- | --- |
 //! | element types | f32, f64, `half::f16`, `half::bf16` (half types accumulate in f32, round once) |
 //! | placements | `Shard(d)` (uneven, empty shards allowed), `Replicate`, `Partial` |
-//! | fused ops | `all_gather_matmul` (one or several weights), `matmul_reduce_scatter`, `all_to_all` |
+//! | splits | [`Split`]: even (`numpy.array_split`), whole units (attention heads), explicit sizes |
+//! | local updates | `map_local`, `zip_local`, `local_mut`, `cast`, `reshape`, `permute`: no exchange |
+//! | local math | operators with broadcasting, `map`, `zip_map`, GELU, SiLU, softmax, sums, means, RMS and layer norm, batched matmul |
+//! | fused ops | `all_gather_matmul` (one or several weights), `matmul_reduce_scatter`, on `[..., K]`; `all_to_all` |
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
-//! | devices | host simulation (default); Ascend NPUs found and queried through CANN; NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
+//! | devices | host simulation (default); Ascend NPUs through CANN (`World::ascend`, not yet run on hardware); NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
 //! | ranks | threads of one process, or processes of one host (memfd segments, fd passing), or processes on many hosts joined by MPI (feature `mpi`) |
 //!
 //! # Errors and panics
@@ -144,10 +159,32 @@ pub mod shmem;
 pub mod tensor;
 
 pub use device::Device;
-pub use dist::{DistTensor, Placement};
+pub use dist::{DistTensor, Placement, Split};
 pub use error::{Error, Result};
 pub use shmem::{Rank, World};
 pub use tensor::{DType, Element, Tensor};
+
+/// The ndarray crate this one is built on (its arrays convert to and from [`Tensor`]): use it
+/// through this path to get the same version.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{Tensor, ndarray};
+/// let t = Tensor::from(ndarray::Array2::<f32>::eye(3));
+/// assert_eq!(t.sum(), 3.0);
+/// ```
+pub use ndarray;
+
+/// The half crate whose `f16` and `bf16` are element types here: use it through this path to get
+/// the same version.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{Tensor, half::bf16};
+/// let t = Tensor::<bf16>::from(vec![bf16::from_f32(1.5)]);
+/// assert_eq!(t.as_slice()[0].to_f32(), 1.5);
+/// ```
+pub use half;
 
 /// The README's examples, compiled and run as doc-tests.
 #[doc = include_str!("../README.md")]

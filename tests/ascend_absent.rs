@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use dist_tensor::Error;
-use dist_tensor::device::ascend::{Ascend, sys};
+use dist_tensor::World;
+use dist_tensor::device::ascend::{Ascend, AscendWorldBuilder, sys};
 use dist_tensor::device::{Device, Topology};
 
 /// `$ASCEND_HOME_PATH` when set and not empty, as the loader reads it.
@@ -23,106 +24,150 @@ fn installed_runtime_files() -> Vec<PathBuf> {
         .collect()
 }
 
-#[test]
-fn asking_for_an_ascend_device_lists_every_path_tried() {
-    let result = Device::Ascend(0).topology(4);
-    let installed = installed_runtime_files();
-    if !installed.is_empty() {
-        // The runtime must be found (a device may still be missing, or the driver fail).
-        if let Err(e @ Error::LibraryNotFound { .. }) = &result {
-            panic!("AscendCL is installed at {installed:?}, yet: {e}");
-        }
-        return;
-    }
-    let err = result.unwrap_err();
-    let Error::LibraryNotFound { library, tried } = &err else {
-        panic!("expected the library-not-found error, got {err:?}");
-    };
-    assert_eq!(*library, "AscendCL (libascendcl.so or libacl_rt.so)");
-    // `$ASCEND_HOME_PATH` (or that it is not set), then every install root, each file name...
-    let home = ascend_home();
-    let mut want: Vec<String> = Vec::new();
-    if home.is_none() {
-        want.push("$ASCEND_HOME_PATH (not set)".into());
-    }
-    if let Some(home) = &home {
-        for name in sys::ACL_FILE_NAMES {
-            want.push(format!("{} (no such file)", home.join("lib64").join(name).display()));
-        }
-    }
-    want.extend([
-        "/usr/local/Ascend/ascend-toolkit/latest/lib64/libascendcl.so (no such file)".to_string(),
-        "/usr/local/Ascend/ascend-toolkit/latest/lib64/libacl_rt.so (no such file)".to_string(),
-        "/usr/local/Ascend/cann/lib64/libascendcl.so (no such file)".to_string(),
-        "/usr/local/Ascend/cann/lib64/libacl_rt.so (no such file)".to_string(),
-    ]);
-    assert_eq!(tried[..want.len()], want[..], "{err}");
-    // ...then the loader's own search path, with its reason.
-    assert_eq!(tried.len(), want.len() + 2, "{err}");
-    assert!(tried[want.len()].starts_with("libascendcl.so on the loader's search path ("), "{err}");
-    assert!(
-        tried[want.len() + 1].starts_with("libacl_rt.so on the loader's search path ("),
-        "{err}"
-    );
-    assert!(
-        err.to_string().starts_with("AscendCL (libascendcl.so or libacl_rt.so) not found; tried: ")
-    );
-}
+/// Every test of this file, named `ascend::*` so that `cargo test ascend` selects them.
+mod ascend {
+    use super::*;
 
-#[test]
-fn every_entry_point_gives_the_same_not_found_error() {
-    let via_table = sys::Acl::load_default();
-    let via_runtime = Ascend::open();
-    let installed = installed_runtime_files();
-    if !installed.is_empty() {
-        // The table loads from one of the installed files, and opening the runtime does not
-        // report it missing.
-        let table = via_table
-            .unwrap_or_else(|e| panic!("AscendCL is installed at {installed:?}, yet: {e}"));
+    #[test]
+    fn asking_for_an_ascend_device_lists_every_path_tried() {
+        let result = Device::Ascend(0).topology(4);
+        let installed = installed_runtime_files();
+        if !installed.is_empty() {
+            // The runtime must be found (a device may still be missing, or the driver fail).
+            if let Err(e @ Error::LibraryNotFound { .. }) = &result {
+                panic!("AscendCL is installed at {installed:?}, yet: {e}");
+            }
+            return;
+        }
+        let err = result.unwrap_err();
+        let Error::LibraryNotFound { library, tried } = &err else {
+            panic!("expected the library-not-found error, got {err:?}");
+        };
+        assert_eq!(*library, "AscendCL (libascendcl.so or libacl_rt.so)");
+        // `$ASCEND_HOME_PATH` (or that it is not set), then every install root, each file name...
+        let home = ascend_home();
+        let mut want: Vec<String> = Vec::new();
+        if home.is_none() {
+            want.push("$ASCEND_HOME_PATH (not set)".into());
+        }
+        if let Some(home) = &home {
+            for name in sys::ACL_FILE_NAMES {
+                want.push(format!("{} (no such file)", home.join("lib64").join(name).display()));
+            }
+        }
+        want.extend([
+            "/usr/local/Ascend/ascend-toolkit/latest/lib64/libascendcl.so (no such file)"
+                .to_string(),
+            "/usr/local/Ascend/ascend-toolkit/latest/lib64/libacl_rt.so (no such file)".to_string(),
+            "/usr/local/Ascend/cann/lib64/libascendcl.so (no such file)".to_string(),
+            "/usr/local/Ascend/cann/lib64/libacl_rt.so (no such file)".to_string(),
+        ]);
+        assert_eq!(tried[..want.len()], want[..], "{err}");
+        // ...then the loader's own search path, with its reason.
+        assert_eq!(tried.len(), want.len() + 2, "{err}");
         assert!(
-            installed.iter().any(|p| p == table.path()),
-            "{:?} not in {installed:?}",
-            table.path()
+            tried[want.len()].starts_with("libascendcl.so on the loader's search path ("),
+            "{err}"
         );
-        assert!(table.provides("aclInit"));
-        if let Err(e @ Error::LibraryNotFound { .. }) = &via_runtime {
-            panic!("the table loaded from {}, yet Ascend::open says: {e}", table.path().display());
-        }
-        return;
+        assert!(
+            tried[want.len() + 1].starts_with("libacl_rt.so on the loader's search path ("),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("AscendCL (libascendcl.so or libacl_rt.so) not found; tried: ")
+        );
     }
-    let via_device = Device::Ascend(3).topology(1).unwrap_err().to_string();
-    let via_runtime = via_runtime.unwrap_err().to_string();
-    let via_table = via_table.unwrap_err().to_string();
-    assert!(via_table.contains("not found; tried: "), "{via_table}");
-    assert_eq!(via_device, via_runtime);
-    assert_eq!(via_runtime, via_table);
-}
 
-#[test]
-fn the_host_works_as_before() {
-    assert_eq!(Device::default(), Device::Host);
-    assert_eq!(Device::Host.topology(2).unwrap(), Topology::host_default(2));
-    assert!(Device::Host.ensure_supported("all_gather_matmul").is_ok());
-}
+    #[test]
+    fn every_entry_point_gives_the_same_not_found_error() {
+        let via_table = sys::Acl::load_default();
+        let via_runtime = Ascend::open();
+        let installed = installed_runtime_files();
+        if !installed.is_empty() {
+            // The table loads from one of the installed files, and opening the runtime does not
+            // report it missing.
+            let table = via_table
+                .unwrap_or_else(|e| panic!("AscendCL is installed at {installed:?}, yet: {e}"));
+            assert!(
+                installed.iter().any(|p| p == table.path()),
+                "{:?} not in {installed:?}",
+                table.path()
+            );
+            assert!(table.provides("aclInit"));
+            if let Err(e @ Error::LibraryNotFound { .. }) = &via_runtime {
+                panic!(
+                    "the table loaded from {}, yet Ascend::open says: {e}",
+                    table.path().display()
+                );
+            }
+            return;
+        }
+        let via_device = Device::Ascend(3).topology(1).unwrap_err().to_string();
+        let via_runtime = via_runtime.unwrap_err().to_string();
+        let via_table = via_table.unwrap_err().to_string();
+        assert!(via_table.contains("not found; tried: "), "{via_table}");
+        assert_eq!(via_device, via_runtime);
+        assert_eq!(via_runtime, via_table);
+    }
 
-#[test]
-fn ops_on_an_npu_say_what_is_missing() {
-    for op in ["all_gather_matmul", "matmul_reduce_scatter", "all_to_all"] {
-        let err = Device::Ascend(0).ensure_supported(op).unwrap_err();
+    #[test]
+    fn the_host_works_as_before() {
+        assert_eq!(Device::default(), Device::Host);
+        assert_eq!(Device::Host.topology(2).unwrap(), Topology::host_default(2));
+        assert!(Device::Host.ensure_supported("all_gather_matmul").is_ok());
+    }
+
+    #[test]
+    fn world_ascend_without_cann_names_the_libraries_searched() {
+        let result = World::ascend(&[0, 1]);
+        let installed = installed_runtime_files();
+        if !installed.is_empty() {
+            if let Err(
+                e @ Error::LibraryNotFound {
+                    library: "AscendCL (libascendcl.so or libacl_rt.so)",
+                    ..
+                },
+            ) = &result
+            {
+                panic!("AscendCL is installed at {installed:?}, yet: {e}");
+            }
+            return;
+        }
+        let err = result.unwrap_err();
+        let Error::LibraryNotFound { library, tried } = &err else {
+            panic!("expected the library-not-found error, got {err:?}");
+        };
+        assert_eq!(*library, "AscendCL (libascendcl.so or libacl_rt.so)");
+        assert!(tried.iter().any(|t| t.starts_with("/usr/local/Ascend/cann/lib64/libascendcl.so")));
+        assert!(tried.iter().any(|t| t.starts_with("libacl_rt.so on the loader's search path")));
+        // The same error, whatever the entry point.
+        assert_eq!(err.to_string(), Ascend::open().unwrap_err().to_string());
+        let built = AscendWorldBuilder::new(&[0]).without_shmem().build().unwrap_err();
+        assert_eq!(built.to_string(), err.to_string());
+    }
+
+    #[test]
+    fn ops_without_an_npu_kernel_say_so() {
+        for op in dist_tensor::device::NPU_OPS {
+            assert!(Device::Ascend(0).ensure_supported(op).is_ok(), "{op}");
+        }
+        let err = Device::Ascend(0).ensure_supported("layer_norm").unwrap_err();
         let Error::DeviceUnavailable { op: named, device, reason } = &err else {
             panic!("expected DeviceUnavailable, got {err:?}");
         };
-        assert_eq!((*named, device.as_str()), (op, "ascend:0"));
-        assert!(reason.contains("no NPU kernel launcher"), "{reason}");
-        assert!(err.to_string().starts_with(&format!("{op}: device ascend:0 unavailable: ")));
+        assert_eq!((*named, device.as_str()), ("layer_norm", "ascend:0"));
+        assert!(reason.contains("layer_norm has no NPU kernel"), "{reason}");
+        assert!(reason.contains("all_gather_matmul"), "{reason}");
+        assert!(err.to_string().starts_with("layer_norm: device ascend:0 unavailable: "));
     }
-}
 
-#[test]
-fn devices_parse_from_text() {
-    assert_eq!("host".parse::<Device>().unwrap(), Device::Host);
-    assert_eq!("ascend:7".parse::<Device>().unwrap(), Device::Ascend(7));
-    assert_eq!("npu".parse::<Device>().unwrap(), Device::Ascend(0));
-    let err = "ascend:-1".parse::<Device>().unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument { op: "Device::from_str", .. }));
+    #[test]
+    fn devices_parse_from_text() {
+        assert_eq!("host".parse::<Device>().unwrap(), Device::Host);
+        assert_eq!("ascend:7".parse::<Device>().unwrap(), Device::Ascend(7));
+        assert_eq!("npu".parse::<Device>().unwrap(), Device::Ascend(0));
+        let err = "ascend:-1".parse::<Device>().unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { op: "Device::from_str", .. }));
+    }
 }

@@ -1350,8 +1350,9 @@ fn all_to_all_dims_out_of_range_are_an_error_on_every_rank() {
     assert_no_failures(out);
 }
 
-/// x must be 2-D (documented: UnsupportedPlacement, the op takes "a 2-D Shard(0) tensor"); a
-/// weight that is not 2-D is rejected on every rank.
+/// x must be sharded on a dimension before its last for all_gather_matmul, and have 2 or more
+/// dimensions for matmul_reduce_scatter (documented: UnsupportedPlacement); a weight that is not
+/// 2-D is rejected on every rank.
 #[test]
 fn operands_that_are_not_matrices_are_an_error_on_every_rank() {
     let out = run_quick(2, |rank| {
@@ -1360,22 +1361,19 @@ fn operands_that_are_not_matrices_are_an_error_on_every_rank() {
         let x3 = DistTensor::from_global(
             rank,
             &Tensor::<f32>::random(&[4, 3, 2], 1),
-            Placement::Shard(0),
+            Placement::Shard(2),
         )?;
         let w = Tensor::<f32>::random(&[2, 3], 2);
         fails.extend(expect_err(
             x3.all_gather_matmul(&w),
-            &format!("all_gather_matmul of a 3-D x, rank {r}"),
+            &format!("all_gather_matmul of x sharded on its last dimension, rank {r}"),
             unsupported("all_gather_matmul"),
         ));
-        let xp = DistTensor::from_global(
-            rank,
-            &Tensor::<f32>::random(&[4, 3, 2], 1),
-            Placement::Partial,
-        )?;
+        let xp =
+            DistTensor::from_global(rank, &Tensor::<f32>::random(&[4], 1), Placement::Partial)?;
         fails.extend(expect_err(
             xp.matmul_reduce_scatter(&w),
-            &format!("matmul_reduce_scatter of a 3-D x, rank {r}"),
+            &format!("matmul_reduce_scatter of a 1-D x, rank {r}"),
             unsupported("matmul_reduce_scatter"),
         ));
         let x =

@@ -275,8 +275,9 @@ fn check_errors<T: Element>() {
     let a = Tensor::<T>::random(&[3, 4], 1);
     assert!(matches!(a.matmul(&Tensor::random(&[5, 2], 2)), Err(Error::InnerDimMismatch { .. })));
     assert!(matches!(a.matmul(&Tensor::random(&[4], 2)), Err(Error::InvalidShape { .. })));
+    // Batched products broadcast their batch dimensions; batches of 2 and 3 do not.
     assert!(matches!(
-        Tensor::<T>::random(&[2, 3, 4], 3).matmul_threads(&Tensor::random(&[4, 2], 2), 2),
+        Tensor::<T>::random(&[2, 3, 4], 3).matmul_threads(&Tensor::random(&[3, 4, 2], 2), 2),
         Err(Error::InvalidShape { .. })
     ));
 }

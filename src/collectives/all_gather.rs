@@ -3,7 +3,7 @@
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
-use crate::device::{LaunchMode, launch, tile};
+use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::split_offsets;
 use crate::{Element, Result};
@@ -115,11 +115,12 @@ pub(crate) fn gather<T: Element>(
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = match rows {
         0 if !local.is_empty() => Some(format!("{} elements cannot form 0 rows", local.len())),
-        r if r > 0 && local.len() % r != 0 => {
+        r if r > 0 && !local.len().is_multiple_of(r) => {
             Some(format!("{} elements do not form {r} whole rows", local.len()))
         }
         _ => None,
     };
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
     let words = [rows as u64, local.len() as u64, out.len_word()];
     let all = exchange_checked::<T>(rank, op, &words, problem, &[])?;
     all.agree(op, 0, "rows")?;
@@ -129,6 +130,14 @@ pub(crate) fn gather<T: Element>(
         let col_offsets = split_offsets(&cols);
         let total_cols = col_offsets[n];
         check_outputs(op, &all, 2, |_| rows * total_cols)?;
+        if let Some(npu) = rank.ascend() {
+            let gathered = ascend::launch::all_gather(&npu, local, rows, &cols)
+                .inspect_err(|e| rank.fail_after_agreeing(e))?;
+            return out.fill(op, gathered.len(), |out| {
+                out.copy_from_slice(&gathered);
+                Ok(())
+            });
+        }
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[1] as usize).max().unwrap_or(0))?;
             // Ranks of other nodes put their whole input here, where it sits in the result.

@@ -3,7 +3,7 @@
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
-use crate::device::{LaunchMode, launch, tile};
+use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::split_offsets;
 use crate::{Element, Result};
@@ -28,7 +28,7 @@ use crate::{Element, Result};
 pub fn all_to_all<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
     let n = rank.num_ranks();
     let counts = vec![input.len() / n; n];
-    let problem = (input.len() % n != 0)
+    let problem = (!input.len().is_multiple_of(n))
         .then(|| format!("{} elements do not split into {n} equal pieces", input.len()));
     Ok(exchange_and_send(rank, input, &counts, problem, Out::Alloc)?.expect("allocated"))
 }
@@ -53,7 +53,7 @@ pub fn all_to_all<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
 pub fn all_to_all_into<T: Element>(rank: &Rank<'_>, input: &[T], out: &mut [T]) -> Result<()> {
     let n = rank.num_ranks();
     let counts = vec![input.len() / n; n];
-    let problem = (input.len() % n != 0)
+    let problem = (!input.len().is_multiple_of(n))
         .then(|| format!("{} elements do not split into {n} equal pieces", input.len()));
     exchange_and_send(rank, input, &counts, problem, Out::Into(out)).map(drop)
 }
@@ -120,6 +120,7 @@ fn exchange_and_send<T: Element>(
         personal.extend([count, start]);
         start = start.saturating_add(count);
     }
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
     let all = exchange_checked::<T>(rank, OP, &words, problem, &personal)?;
     // What rank p sends me, and where in p's input it starts.
     let recv: Vec<usize> = (0..n).map(|p| all.personal(p)[0] as usize).collect();
@@ -129,6 +130,15 @@ fn exchange_and_send<T: Element>(
     // receives a 1/n of every input.
     let even_total: usize = all.iter().map(|w| w[0] as usize / n).sum();
     check_outputs(OP, &all, 1, |_| even_total)?;
+    if let Some(npu) = rank.ascend() {
+        let longest = all.iter().map(|w| w[0] as usize).max().unwrap_or(0);
+        let got = ascend::launch::all_to_all_v(&npu, input, &recv, &send_start, longest)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        return out.fill(OP, got.len(), |out| {
+            out.copy_from_slice(&got);
+            Ok(())
+        });
+    }
     // Ranks of other nodes put what they send this rank into its mirror, each at the offset of
     // its input among all inputs (every rank knows the input lengths, not what others send each
     // other): room for every input, of which the pages written are what this rank receives.

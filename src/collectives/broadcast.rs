@@ -3,7 +3,7 @@
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
-use crate::device::{LaunchMode, launch, tile};
+use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::{Element, Result};
 
@@ -62,13 +62,23 @@ fn cast<T: Element>(
 ) -> Result<Option<Vec<T>>> {
     const OP: &str = "broadcast";
     let (me, n) = (rank.rank(), rank.num_ranks());
-    let problem = (root >= n).then(|| format!("root {root} is outside a world of {n} ranks"));
+    let problem = (root >= n)
+        .then(|| format!("root {root} is outside a world of {n} ranks"))
+        .or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
     let words = [root as u64, data.len() as u64, out.len_word()];
     let all = exchange_checked::<T>(rank, OP, &words, problem, &[])?;
     all.agree(OP, 0, "root")?;
     with_workspace::<T, _>(rank, |ws| {
         let len = all[root][1] as usize;
         check_outputs(OP, &all, 2, |_| len)?;
+        if let Some(npu) = rank.ascend() {
+            let got = ascend::launch::broadcast(&npu, data, root, len)
+                .inspect_err(|e| rank.fail_after_agreeing(e))?;
+            return out.fill(OP, len, |out| {
+                out.copy_from_slice(&got);
+                Ok(())
+            });
+        }
         if n > 1 {
             ws.reserve(rank, len)?;
             ws.reserve_mirror(rank, len)?;

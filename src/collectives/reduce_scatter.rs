@@ -4,7 +4,7 @@ use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::tile::{self, Tile};
-use crate::device::{LaunchMode, launch};
+use crate::device::{LaunchMode, ascend, launch};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, MAX_WORDS, Rank, digest};
 use crate::tensor::{array_split, split_offsets};
 use crate::{Element, Result};
@@ -153,7 +153,7 @@ pub(crate) fn reduce<T: Element>(
     } else if total.and_then(|t| rows.checked_mul(t)) != Some(input.len()) {
         Some(format!("{} elements are not {rows} rows of {total:?}", input.len()))
     } else {
-        None
+        rank.ascend().and_then(|_| ascend::check_dtype::<T>(name))
     };
     let total = total.unwrap_or(0);
     // The counts must be the same on every rank: each sends a digest, and the counts themselves
@@ -180,6 +180,14 @@ pub(crate) fn reduce<T: Element>(
     }
     all.agree(name, 3, "digest of the split counts")?;
     check_outputs(name, &all, 4, |r| rows * counts[r])?;
+    if let Some(npu) = rank.ascend() {
+        let mine = ascend::launch::reduce_scatter(&npu, input, rows, counts, op == ReduceOp::Mean)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        return out.fill(name, mine.len(), |out| {
+            out.copy_from_slice(&mine);
+            Ok(())
+        });
+    }
     with_workspace::<T, _>(rank, |ws| {
         let col_offsets = split_offsets(counts);
         let mine = counts[me];

@@ -7,9 +7,9 @@ use super::Topology;
 use super::ascend::Ascend;
 use crate::{Error, Result};
 
-/// A device to run on: the host simulation of an NPU (the default, and all that runs kernels
-/// today) or Ascend NPU `n` (an index among the visible devices, see
-/// [`VISIBLE_DEVICES`](super::ascend::VISIBLE_DEVICES)).
+/// A device to run on: the host simulation of an NPU (the default) or Ascend NPU `n` (an index
+/// among the visible devices, see [`VISIBLE_DEVICES`](super::ascend::VISIBLE_DEVICES); a
+/// [`World::ascend`](crate::World::ascend) world runs its ranks' kernels on NPUs).
 ///
 /// # Examples
 /// ```
@@ -80,44 +80,61 @@ impl Device {
         }
     }
 
-    /// Checks that operation `op` can run on this device, before it starts.
+    /// Checks that operation `op` has a kernel for this device, before it starts.
     ///
-    /// Every operation runs on the host simulation. None runs on an NPU yet: the tile kernels
-    /// have no NPU launcher in this crate, so for [`Device::Ascend`] this returns the error
-    /// that says so. To exercise kernels with an NPU's core counts, run on [`Device::Host`] with
-    /// [`Device::topology`] of the NPU.
+    /// Every operation runs on the host simulation. On an NPU, the ops with an Ascend C tile
+    /// kernel ([`NPU_OPS`]) run in a [`World::ascend`](crate::World::ascend) world; anything
+    /// else has no NPU kernel. (Whether CANN is present is [`Device::topology`]'s question, and
+    /// [`World::ascend`](crate::World::ascend)'s.)
     ///
     /// # Errors
-    /// [`Error::DeviceUnavailable`] for [`Device::Ascend`], naming `op`, the device and what is
-    /// missing.
+    /// [`Error::DeviceUnavailable`] for [`Device::Ascend`] and an op without an NPU kernel,
+    /// naming `op`, the device and the ops that have one.
     ///
     /// # Examples
     /// ```
     /// use dist_tensor::device::Device;
     /// use dist_tensor::Error;
     ///
-    /// assert!(Device::Host.ensure_supported("all_gather_matmul").is_ok());
-    /// let err = Device::Ascend(0).ensure_supported("all_gather_matmul").unwrap_err();
-    /// assert!(matches!(err, Error::DeviceUnavailable { op: "all_gather_matmul", .. }));
-    /// assert!(err.to_string().contains("no NPU kernel launcher"));
+    /// assert!(Device::Host.ensure_supported("softmax").is_ok());
+    /// assert!(Device::Ascend(0).ensure_supported("all_gather_matmul").is_ok());
+    /// let err = Device::Ascend(0).ensure_supported("softmax").unwrap_err();
+    /// assert!(matches!(err, Error::DeviceUnavailable { op: "softmax", .. }));
+    /// assert!(err.to_string().contains("no NPU kernel"));
     /// ```
     pub fn ensure_supported(&self, op: &'static str) -> Result<()> {
         match *self {
             Device::Host | Device::Cuda(_) => Ok(()),
-            Device::Ascend(index) => Err(Error::DeviceUnavailable {
+            Device::Ascend(_) if NPU_OPS.contains(&op) => Ok(()),
+            Device::Ascend(_) => Err(Error::DeviceUnavailable {
                 op,
                 device: self.to_string(),
                 reason: format!(
-                    "kernels cannot run on an NPU yet: this build has no NPU kernel launcher \
-                     (compiling the tile kernels for AI cores and launching them through CANN), \
-                     so only the host simulation runs them; run on Device::Host, with \
-                     Device::Ascend({index}).topology(world_size) to simulate this NPU's core \
-                     counts"
+                    "{op} has no NPU kernel; the ops with one are {}; run {op} on a host world",
+                    NPU_OPS.join(", ")
                 ),
             }),
         }
     }
 }
+
+/// The ops that run on NPUs, each as an Ascend C tile kernel (`all_reduce` as `reduce_scatter`
+/// then `all_gather`, as on the host).
+///
+/// # Examples
+/// ```
+/// assert!(dist_tensor::device::NPU_OPS.contains(&"matmul_reduce_scatter"));
+/// ```
+pub const NPU_OPS: [&str; 8] = [
+    "all_gather_matmul",
+    "matmul_reduce_scatter",
+    "all_to_all",
+    "all_gather",
+    "reduce_scatter",
+    "all_reduce",
+    "all_to_all_v",
+    "broadcast",
+];
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

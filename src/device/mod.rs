@@ -4,6 +4,7 @@
 //! who it is through [`Program`] and works on tiles with the operations in [`tile`].
 
 pub mod ascend;
+mod backend;
 pub mod cuda;
 pub mod host;
 mod kind;
@@ -12,7 +13,8 @@ mod program;
 pub mod tile;
 mod topology;
 
-pub use kind::Device;
+pub(crate) use backend::Backend;
+pub use kind::{Device, NPU_OPS};
 pub use launch::launch;
 pub use program::Program;
 pub use topology::{LaunchMode, Topology};

@@ -2,7 +2,7 @@
 
 use ndarray::{ArrayViewD, Axis, Slice};
 
-use super::Placement;
+use super::{Placement, Split};
 use crate::collectives;
 use crate::shmem::{Rank, WordExchange, Workspace, check_agree};
 use crate::tensor::{Element, Tensor, array_split, split_offsets};
@@ -17,7 +17,25 @@ pub use crate::fused::MAX_DIMS;
 ///
 /// Made collectively ([`DistTensor::from_local`]) or from a global tensor every rank has
 /// ([`DistTensor::from_global`]); its methods that communicate are collective too: every rank calls
-/// them, in the same order.
+/// them, in the same order. Methods that only touch this rank's part ([`map_local`],
+/// [`reshape`], [`permute`], [`cast`]) exchange nothing.
+///
+/// A `DistTensor` borrows its [`Rank`], so it lives inside [`World::run`](crate::World::run) and
+/// cannot outlive it: return [`to_global`](DistTensor::to_global), [`local`](DistTensor::local) or
+/// [`into_local`](DistTensor::into_local) from the closure instead (tensors, not borrows).
+///
+/// ```compile_fail,E0521
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+/// let global = Tensor::<f32>::zeros(&[4]);
+/// // Does not compile: the DistTensor borrows the rank, which lives only inside `run`.
+/// let parts = World::threads(2)?.run(|rank| DistTensor::from_global(rank, &global, Placement::Replicate))?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+///
+/// [`map_local`]: DistTensor::map_local
+/// [`reshape`]: DistTensor::reshape
+/// [`permute`]: DistTensor::permute
+/// [`cast`]: DistTensor::cast
 ///
 /// # Examples
 /// ```
@@ -40,6 +58,33 @@ pub struct DistTensor<'r, T: Element> {
     pub(crate) global_shape: Vec<usize>,
     /// For `Shard(d)`: every rank's size along `d`. Empty otherwise.
     pub(crate) splits: Vec<usize>,
+    /// The leading dimension, and its split, that an `all_gather_matmul` gathered this tensor's
+    /// rows from: the output split a following `matmul_reduce_scatter` gives back by default.
+    pub(crate) rows_from: Option<RowSplit>,
+}
+
+/// A split of one leading dimension (see `DistTensor::rows_from`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RowSplit {
+    pub(crate) dim: usize,
+    pub(crate) sizes: Vec<usize>,
+}
+
+impl RowSplit {
+    /// Whether the split still describes dimension `dim` of a tensor of `shape` that is not
+    /// sharded on it, and is not its last dimension.
+    pub(crate) fn fits(&self, shape: &[usize], placement: Placement, world: usize) -> bool {
+        self.dim + 1 < shape.len()
+            && placement != Placement::Shard(self.dim)
+            && self.sizes.len() == world
+            && self.sizes.iter().sum::<usize>() == shape[self.dim]
+    }
+
+    /// The split after a local change of shape from `old` to `new`: kept where the dimensions
+    /// up to and including its own are unchanged.
+    pub(crate) fn after_reshape(self, old: &[usize], new: &[usize]) -> Option<Self> {
+        (new.len() > self.dim && new[..=self.dim] == old[..=self.dim]).then_some(self)
+    }
 }
 
 /// The shape exchange of `from_local`.
@@ -59,7 +104,13 @@ impl<'r, T: Element> DistTensor<'r, T> {
         global_shape: Vec<usize>,
         splits: Vec<usize>,
     ) -> Self {
-        DistTensor { rank, local, placement, global_shape, splits }
+        DistTensor { rank, local, placement, global_shape, splits, rows_from: None }
+    }
+
+    /// The same tensor, remembering the split its rows were gathered from.
+    pub(crate) fn with_rows_from(mut self, rows_from: Option<RowSplit>) -> Self {
+        self.rows_from = rows_from;
+        self
     }
 
     /// Wraps this rank's `local` part. Collective: the ranks exchange their local shapes, so
@@ -122,13 +173,17 @@ impl<'r, T: Element> DistTensor<'r, T> {
             None => Vec::new(),
         };
         let local = super::on_gpu::place(rank, local)?;
-        Ok(DistTensor { rank, local, placement, global_shape, splits })
+        Ok(DistTensor::new(rank, local, placement, global_shape, splits))
     }
 
     /// This rank's part of `global`, which every rank holds: a `numpy.array_split` slice for
-    /// `Shard(d)` (the first `len % world` ranks get one more), a copy for `Replicate`, and for
-    /// `Partial` the tensor on rank 0 and zeros elsewhere (their sum is `global`). No
-    /// communication.
+    /// `Shard(d)` (the first `len % world` ranks get one more; [`DistTensor::from_global_split`]
+    /// cuts otherwise), `global` itself for `Replicate`, and for `Partial` the tensor on rank 0
+    /// and zeros elsewhere (their sum is `global`). No communication.
+    ///
+    /// `Replicate` (and `Partial` on rank 0) share `global`'s elements rather than copying them:
+    /// tensors are copy-on-write, so every rank of a world holds one buffer until one of them
+    /// writes to its part.
     ///
     /// # Errors
     /// [`Error::DimOutOfRange`] when the shard dimension is not a dimension of `global`.
@@ -141,6 +196,13 @@ impl<'r, T: Element> DistTensor<'r, T> {
     ///     Ok(DistTensor::from_global(rank, &global, Placement::Shard(1))?.local().shape()[1])
     /// })?;
     /// assert_eq!(widths, vec![3, 3, 2, 2]);
+    ///
+    /// // Replicated: every rank shares the one buffer.
+    /// let shared = World::threads(4)?.run(|rank| {
+    ///     let w = DistTensor::from_global(rank, &global, Placement::Replicate)?;
+    ///     Ok(w.local().as_slice().as_ptr() == global.as_slice().as_ptr())
+    /// })?;
+    /// assert_eq!(shared, vec![true; 4]);
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn from_global(
@@ -174,20 +236,67 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 }
                 let splits = array_split(shape[d], rank.num_ranks());
                 let local = shard_of(global.view(), d, &splits, rank.rank());
-                Ok(DistTensor { rank, local, placement, global_shape: shape, splits })
+                Ok(DistTensor::new(rank, local, placement, shape, splits))
             }
-            Placement::Replicate => Ok(DistTensor {
-                rank,
-                local: global.clone(),
-                placement,
-                global_shape: shape,
-                splits: vec![],
-            }),
+            // A clone shares the elements (copy-on-write).
+            Placement::Replicate => {
+                Ok(DistTensor::new(rank, global.clone(), placement, shape, vec![]))
+            }
             Placement::Partial => {
                 let local = if rank.rank() == 0 { global.clone() } else { Tensor::zeros(&shape) };
-                Ok(DistTensor { rank, local, placement, global_shape: shape, splits: vec![] })
+                Ok(DistTensor::new(rank, local, placement, shape, vec![]))
             }
         }
+    }
+
+    /// This rank's piece of `global` (which every rank holds) sharded on `dim` and cut as
+    /// `split` says: in whole units (attention heads), or in explicit sizes. `Shard(dim)`, no
+    /// communication; every rank must pass the same split.
+    ///
+    /// # Errors
+    /// [`Error::DimOutOfRange`] when `dim` is not a dimension of `global`;
+    /// [`Error::InvalidArgument`] when the split does not fit its length (see [`Split::sizes`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Split, Tensor, World};
+    /// // A [hidden, heads * head_dim] projection: 8 heads of 8 columns on 3 ranks.
+    /// let wq = Tensor::<f32>::random(&[16, 64], 1);
+    /// let widths = World::threads(3)?.run(|rank| {
+    ///     let w = DistTensor::from_global_split(rank, &wq, 1, Split::Units(8))?;
+    ///     Ok(w.local().shape()[1])
+    /// })?;
+    /// assert_eq!(widths, vec![24, 24, 16]); // 3, 3 and 2 whole heads
+    ///
+    /// let rows = World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global_split(rank, &wq, 0, vec![10, 6])?;
+    ///     Ok(x.local().shape()[0])
+    /// })?;
+    /// assert_eq!(rows, vec![10, 6]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn from_global_split(
+        rank: &'r Rank<'r>,
+        global: &Tensor<T>,
+        dim: usize,
+        split: impl Into<Split>,
+    ) -> Result<Self> {
+        const OP: &str = "DistTensor::from_global_split";
+        let shape = global.shape().to_vec();
+        if dim >= shape.len() {
+            return Err(Error::DimOutOfRange { op: OP, dim, ndim: shape.len() });
+        }
+        let splits = split.into().sizes_for(OP, rank.rank(), shape[dim], rank.num_ranks())?;
+        // Cut on the host; in a GPU world the piece then goes to this rank's GPU.
+        let on_host;
+        let global = if global.device_storage().is_some() {
+            on_host = global.to_host()?;
+            &on_host
+        } else {
+            global
+        };
+        let local = super::on_gpu::place(rank, shard_of(global.view(), dim, &splits, rank.rank()))?;
+        Ok(DistTensor::new(rank, local, Placement::Shard(dim), shape, splits))
     }
 
     /// The whole tensor, on every rank: an all_gather for `Shard`, an all_reduce for `Partial`, a
@@ -290,6 +399,24 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// ```
     pub fn global_shape(&self) -> Vec<usize> {
         self.global_shape.clone()
+    }
+
+    /// The shape of the whole tensor, borrowed ([`DistTensor::global_shape`] returns a `Vec`).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let global = Tensor::<f32>::zeros(&[5, 3]);
+    /// World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global(rank, &global, Placement::Shard(0))?;
+    ///     assert_eq!(x.global_dims(), &[5, 3]);
+    ///     assert_eq!(x.global_dims()[0], x.shard_sizes().iter().sum::<usize>());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn global_dims(&self) -> &[usize] {
+        &self.global_shape
     }
 
     /// For `Shard(d)`, every rank's size along `d`, in rank order; empty for other placements.

@@ -1,12 +1,21 @@
-//! The tensor-parallel products of a [`DistTensor`]: `all_gather_matmul`, `matmul_reduce_scatter`.
+//! The tensor-parallel products of a [`DistTensor`]: `all_gather_matmul`, `matmul_reduce_scatter`,
+//! on `[..., K]` tensors: the leading dimensions are flattened into the rows of the fused 2-D
+//! kernels and restored after.
+//!
+//! A tensor sharded on a leading dimension `d` is, row-major, `[A, S, C, K]` with `A` and `C` the
+//! products of the leading dimensions before and after `d`; rank `r` holds the rows
+//! `(a, offset_r + i, c)`. When `A` is 1 those rows are one run of the flattened rows and the
+//! kernels see them as they are; otherwise the gathered product is put back in row-major order
+//! (`all_gather_matmul`), or the rows are grouped by rank before the reduce-scatter
+//! (`matmul_reduce_scatter`): one local copy each.
 
-use ndarray::ArrayView2;
+use ndarray::{Array2, ArrayView2, Axis, Slice};
 
-use super::{DistTensor, Placement};
+use super::dist_tensor::RowSplit;
+use super::{DistTensor, Placement, Split};
 use crate::fused::all_gather_matmul::all_gather_matmul_checked;
 use crate::fused::matmul_reduce_scatter::matmul_reduce_scatter_checked;
-
-use crate::tensor::{Element, Tensor, array_split};
+use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};
 
 /// Weights as 2-D views, and what is wrong with them on this rank: a weight that is not 2-D
@@ -29,20 +38,90 @@ fn weight_views<'a, T: Element>(ws: &[&'a Tensor<T>]) -> (Vec<ArrayView2<'a, T>>
     (views, problem)
 }
 
-fn require<T: Element>(
-    x: &DistTensor<'_, T>,
-    op: &'static str,
-    takes: &[Placement],
-    expected: &str,
-) -> Result<()> {
-    if x.global_shape.len() != 2 || !takes.contains(&x.placement) {
-        return Err(Error::UnsupportedPlacement {
-            op,
-            placement: format!("{} of a {}-D tensor", x.placement, x.global_shape.len()),
-            expected: expected.to_string(),
-        });
+/// How the leading dimensions `lead` of a `[..., K]` tensor, sharded on `lead[dim]` as `sizes`,
+/// map to the flattened rows.
+struct Rows {
+    /// Product of the leading dimensions before `dim`.
+    outer: usize,
+    /// Product of those after it.
+    inner: usize,
+    sizes: Vec<usize>,
+}
+
+impl Rows {
+    fn new(lead: &[usize], dim: usize, sizes: Vec<usize>) -> Self {
+        Rows { outer: lead[..dim].iter().product(), inner: lead[dim + 1..].iter().product(), sizes }
     }
-    Ok(())
+
+    /// Flattened rows rank `r` holds.
+    fn of(&self, r: usize) -> usize {
+        self.outer * self.sizes[r] * self.inner
+    }
+
+    /// Rank-major rows (every rank's rows in turn, as the gather delivers them) in row-major
+    /// order of the whole tensor.
+    fn to_global_order<T: Element>(&self, by_rank: Array2<T>) -> Result<Array2<T>> {
+        if self.outer <= 1 {
+            return Ok(by_rank); // already in order (or empty)
+        }
+        let (m, n) = by_rank.dim();
+        let run = m / self.outer; // rows of one outer block, all ranks
+        // Every row is written below.
+        let data = pool::take("all_gather_matmul", m * n)?;
+        let mut out = Array2::from_shape_vec((m, n), data).expect("m x n");
+        let offsets = split_offsets(&self.sizes);
+        let mut at = 0;
+        for (&size, &offset) in self.sizes.iter().zip(&offsets) {
+            let (len, start) = (size * self.inner, offset * self.inner);
+            for a in 0..self.outer {
+                let src = by_rank.slice_axis(Axis(0), Slice::from(at..at + len));
+                let dst = a * run + start;
+                out.slice_axis_mut(Axis(0), Slice::from(dst..dst + len)).assign(&src);
+                at += len;
+            }
+        }
+        pool::give(by_rank.into_raw_vec_and_offset().0);
+        Ok(out)
+    }
+
+    /// The inverse of [`Rows::to_global_order`]: row-major rows grouped by the rank that keeps
+    /// them.
+    fn to_rank_order<T: Element>(&self, x: ArrayView2<'_, T>) -> Result<Array2<T>> {
+        let (m, k) = x.dim();
+        let run = m / self.outer.max(1);
+        let offsets = split_offsets(&self.sizes);
+        // Every row is written below.
+        let data = pool::take("matmul_reduce_scatter", m * k)?;
+        let mut out = Array2::from_shape_vec((m, k), data).expect("m x k");
+        let mut at = 0;
+        for (&size, &offset) in self.sizes.iter().zip(&offsets) {
+            let (len, start) = (size * self.inner, offset * self.inner);
+            for a in 0..self.outer {
+                let src =
+                    x.slice_axis(Axis(0), Slice::from(a * run + start..a * run + start + len));
+                out.slice_axis_mut(Axis(0), Slice::from(at..at + len)).assign(&src);
+                at += len;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The error for a tensor of more than 2 dimensions in a GPU world.
+fn gpu_takes_2d(op: &'static str, placement: Placement, ndim: usize) -> Error {
+    Error::UnsupportedPlacement {
+        op,
+        placement: format!("{placement} of a {ndim}-D tensor on GPUs"),
+        expected: "a 2-D tensor: on GPUs the matmul ops take [M, K] (DistTensor::reshape first)"
+            .to_string(),
+    }
+}
+
+/// `x`'s part as `[rows, last]`, without a copy.
+fn as_rows<T: Element>(t: &Tensor<T>) -> ArrayView2<'_, T> {
+    let last = *t.shape().last().expect("at least 2-D");
+    let rows = t.shape()[..t.ndim() - 1].iter().product();
+    ArrayView2::from_shape((rows, last), t.as_slice()).expect("a tensor is contiguous")
 }
 
 impl<'r, T: Element> DistTensor<'r, T> {
@@ -50,10 +129,15 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// `[m_r, K]`), `w` this rank's `[K, n_r]` (a column shard of the weight). The result is
     /// `[M, n_r]` on every rank: the product, sharded on columns (`Shard(1)`).
     ///
+    /// `self` may have more dimensions, `[..., K]`, sharded on any but the last (`[B, S, K]`
+    /// sharded on `B` or on the sequence `S`): the leading dimensions are the rows, and the result
+    /// is `[..., n_r]`, sharded on its last dimension. The result remembers how its rows were
+    /// split, for the [`matmul_reduce_scatter`](DistTensor::matmul_reduce_scatter) that follows.
+    ///
     /// # Errors
-    /// On every rank: [`Error::UnsupportedPlacement`] unless `self` is a 2-D `Shard(0)` tensor;
-    /// [`Error::InnerDimMismatch`] naming a rank whose `w` does not have `K` rows; and as every
-    /// collective.
+    /// On every rank: [`Error::UnsupportedPlacement`] unless `self` has 2 or more dimensions and
+    /// is sharded on one before the last; [`Error::InnerDimMismatch`] naming a rank whose `w`
+    /// does not have `K` rows; and as every collective.
     ///
     /// # Examples
     /// ```
@@ -66,6 +150,18 @@ impl<'r, T: Element> DistTensor<'r, T> {
     ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?;
     ///     let h = x.all_gather_matmul(w.local())?;
     ///     assert_eq!(h.placement(), Placement::Shard(1));
+    ///     h.to_global()
+    /// })?;
+    /// assert_eq!(got[0], want);
+    ///
+    /// // [B, S, K] sharded on the sequence: the leading dimensions are the rows.
+    /// let x = Tensor::<f32>::random(&[2, 5, 4], 3);
+    /// let want = x.reshape(&[10, 4])?.matmul(&w)?.reshape(&[2, 5, 5])?;
+    /// let got = World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?;
+    ///     let h = x.all_gather_matmul(w.local())?;
+    ///     assert_eq!(h.placement(), Placement::Shard(2));
     ///     h.to_global()
     /// })?;
     /// assert_eq!(got[0], want);
@@ -122,46 +218,70 @@ impl<'r, T: Element> DistTensor<'r, T> {
     }
 
     fn gather_products(&self, ws: &[&Tensor<T>], fused: bool) -> Result<Vec<Self>> {
-        require(
-            self,
-            "all_gather_matmul",
-            &[Placement::Shard(0)],
-            "a 2-D Shard(0) tensor [m_r, K]",
-        )?;
+        const OP: &str = "all_gather_matmul";
+        let ndim = self.global_shape.len();
+        let d = match self.placement {
+            Placement::Shard(d) if ndim >= 2 && d + 1 < ndim => d,
+            placement => {
+                return Err(Error::UnsupportedPlacement {
+                    op: OP,
+                    placement: format!("{placement} of a {ndim}-D tensor"),
+                    expected: "a tensor [..., K] of 2 or more dimensions sharded on a dimension \
+                               before the last (Shard(0) of [M, K])"
+                        .to_string(),
+                });
+            }
+        };
+        let lead = &self.global_shape[..ndim - 1];
+        let rows = Rows::new(lead, d, self.splits.clone());
         if let Some(world) = self.gpus() {
-            return self.gpu_gather_products(world, ws, fused);
+            if ndim != 2 {
+                return Err(gpu_takes_2d(OP, self.placement, ndim));
+            }
+            let rows_from = RowSplit { dim: 0, sizes: self.splits.clone() };
+            let outs = self.gpu_gather_products(world, ws, fused)?;
+            return Ok(outs
+                .into_iter()
+                .map(|t| t.with_rows_from(Some(rows_from.clone())))
+                .collect());
         }
         let (views, problem) = weight_views(ws);
-        let x = self.local.view2("all_gather_matmul")?;
-        let out = all_gather_matmul_checked(self.rank, x, &views, problem, fused)?;
-        let m: usize = out.row_counts.iter().sum();
-        Ok(out
-            .outputs
+        let out =
+            all_gather_matmul_checked(self.rank, as_rows(&self.local), &views, problem, fused)?;
+        let rows_from = RowSplit { dim: d, sizes: self.splits.clone() };
+        out.outputs
             .into_iter()
             .zip(out.col_counts)
-            .map(|(local, cols)| {
-                let global = vec![m, cols.iter().sum()];
-                DistTensor::new(
-                    self.rank,
-                    Tensor::from_array(local.into_dyn()),
-                    Placement::Shard(1),
-                    global,
-                    cols,
-                )
+            .map(|(product, cols)| {
+                let product = rows.to_global_order(product)?;
+                let (mut local_shape, mut global) = (lead.to_vec(), lead.to_vec());
+                local_shape.push(product.ncols());
+                global.push(cols.iter().sum());
+                let local = Tensor::from_array(product.into_dyn()).reshape(&local_shape)?;
+                Ok(DistTensor::new(self.rank, local, Placement::Shard(ndim - 1), global, cols)
+                    .with_rows_from(Some(rows_from.clone())))
             })
-            .collect())
+            .collect()
     }
 
     /// `sum over ranks of self_r @ w_r`, reduce-scattered on rows, fused: `self` is `[M, K]`
     /// sharded on columns (`Shard(1)`, local `[M, k_r]`, with `w` this rank's `[k_r, N]`), or a
     /// `Partial` `[M, K]` (with `w` the whole `[K, N]`). The result is `[M, N]` sharded on rows
-    /// (`Shard(0)`, split as `numpy.array_split`). The sum runs in rank order: the same bits on
-    /// every run.
+    /// (`Shard(0)`). The sum runs in rank order: the same bits on every run.
+    ///
+    /// `self` may have more dimensions, `[..., K]` sharded on the last: the result is `[..., N]`.
+    ///
+    /// The rows are split as the matching [`all_gather_matmul`](DistTensor::all_gather_matmul)'s
+    /// input was (same dimension, same sizes) when `self` comes from one through local updates
+    /// ([`map_local`](DistTensor::map_local), [`reshape`](DistTensor::reshape) that keeps the
+    /// leading dimensions): a block's output lines up with its input for the residual add.
+    /// Otherwise the first dimension is split as `numpy.array_split`.
+    /// [`matmul_reduce_scatter_split`](DistTensor::matmul_reduce_scatter_split) chooses.
     ///
     /// # Errors
-    /// On every rank: [`Error::UnsupportedPlacement`] unless `self` is a 2-D `Shard(1)` or
-    /// `Partial` tensor; [`Error::InnerDimMismatch`] naming a rank whose `w` does not fit; and as
-    /// every collective.
+    /// On every rank: [`Error::UnsupportedPlacement`] unless `self` has 2 or more dimensions and
+    /// is sharded on the last or `Partial`; [`Error::InnerDimMismatch`] naming a rank whose `w`
+    /// does not fit; and as every collective.
     ///
     /// # Examples
     /// ```
@@ -176,10 +296,57 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// })?;
     /// let err = (&got[0].to_array() - &want.to_array()).iter().fold(0.0f64, |m, d| m.max(d.abs()));
     /// assert!(err < 1e-12);
+    ///
+    /// // The rows come back split as the all_gather_matmul's input was: [10, 6], not [8, 8].
+    /// let (x, w1, w2) = (Tensor::<f64>::random(&[16, 4], 3), Tensor::random(&[4, 6], 4), Tensor::random(&[6, 4], 5));
+    /// let splits = World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global_split(rank, &x, 0, vec![10, 6])?;
+    ///     let w1 = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
+    ///     let w2 = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
+    ///     let h = x.all_gather_matmul(w1.local())?.map_local(|t| t.gelu())?;
+    ///     let y = h.matmul_reduce_scatter(w2.local())?;
+    ///     let residual = y.zip_local(&x, |y, x| y + x)?; // lined up, no exchange
+    ///     Ok(residual.shard_sizes().to_vec())
+    /// })?;
+    /// assert_eq!(splits[0], vec![10, 6]);
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul_reduce_scatter(&self, w: &Tensor<T>) -> Result<Self> {
-        self.reduce_product(w, true)
+        self.reduce_product(w, true, None)
+    }
+
+    /// [`DistTensor::matmul_reduce_scatter`] with the output sharded on leading dimension `dim`
+    /// (of `[..., N]`), cut as `split` says. Every rank must pass the same split.
+    ///
+    /// # Errors
+    /// As [`DistTensor::matmul_reduce_scatter`]; [`Error::DimOutOfRange`] when `dim` is not a
+    /// leading dimension; [`Error::InvalidArgument`] when the split does not fit its length.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let h = Tensor::<f64>::random(&[2, 7, 6], 1); // [B, S, K]
+    /// let w = Tensor::<f64>::random(&[6, 3], 2);
+    /// let want = h.matmul(&w)?;
+    /// let got = World::threads(3)?.run(|rank| {
+    ///     let h = DistTensor::from_global(rank, &h, Placement::Shard(2))?;
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?;
+    ///     let y = h.matmul_reduce_scatter_split(w.local(), 1, vec![1, 2, 4])?; // on the sequence
+    ///     assert_eq!(y.placement(), Placement::Shard(1));
+    ///     assert_eq!(y.local().shape(), &[2, [1, 2, 4][rank.rank()], 3]);
+    ///     y.to_global()
+    /// })?;
+    /// let err = (&got[0] - &want).as_slice().iter().fold(0.0f64, |m, d| m.max(d.abs()));
+    /// assert!(err < 1e-12);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn matmul_reduce_scatter_split(
+        &self,
+        w: &Tensor<T>,
+        dim: usize,
+        split: impl Into<Split>,
+    ) -> Result<Self> {
+        self.reduce_product(w, true, Some((dim, split.into())))
     }
 
     /// The unfused baseline of [`DistTensor::matmul_reduce_scatter`]: a local product, then
@@ -204,31 +371,85 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul_reduce_scatter_unfused(&self, w: &Tensor<T>) -> Result<Self> {
-        self.reduce_product(w, false)
+        self.reduce_product(w, false, None)
     }
 
-    fn reduce_product(&self, w: &Tensor<T>, fused: bool) -> Result<Self> {
-        require(
-            self,
-            "matmul_reduce_scatter",
-            &[Placement::Shard(1), Placement::Partial],
-            "a 2-D Shard(1) tensor [M, k_r] or a 2-D Partial tensor [M, K]",
-        )?;
-        if let Some(world) = self.gpus() {
-            return self.gpu_reduce_product(world, w, fused);
+    fn reduce_product(
+        &self,
+        w: &Tensor<T>,
+        fused: bool,
+        out: Option<(usize, Split)>,
+    ) -> Result<Self> {
+        const OP: &str = "matmul_reduce_scatter";
+        let ndim = self.global_shape.len();
+        let (me, n) = (self.rank.rank(), self.rank.num_ranks());
+        let takes = match self.placement {
+            Placement::Shard(d) => d + 1 == ndim,
+            Placement::Partial => true,
+            Placement::Replicate => false,
+        };
+        if ndim < 2 || !takes {
+            return Err(Error::UnsupportedPlacement {
+                op: OP,
+                placement: format!("{} of a {ndim}-D tensor", self.placement),
+                expected: "a tensor [..., k_r] of 2 or more dimensions sharded on its last \
+                           dimension (Shard(1) of [M, k_r]), or a Partial [..., K]"
+                    .to_string(),
+            });
         }
+        let lead = &self.global_shape[..ndim - 1];
+        let (dim, sizes) = match out {
+            Some((dim, _)) if dim >= lead.len() => {
+                return Err(Error::DimOutOfRange { op: OP, dim, ndim: lead.len() });
+            }
+            Some((dim, split)) => (dim, split.sizes_for(OP, me, lead[dim], n)?),
+            None => match &self.rows_from {
+                Some(r) if r.fits(&self.global_shape, self.placement, n) => {
+                    (r.dim, r.sizes.clone())
+                }
+                _ => (0, array_split(lead[0], n)),
+            },
+        };
+        if let Some(world) = self.gpus() {
+            if ndim != 2 {
+                return Err(gpu_takes_2d(OP, self.placement, ndim));
+            }
+            return self.gpu_reduce_product(world, w, fused, sizes);
+        }
+        let rows = Rows::new(lead, dim, sizes);
+        let grouped;
+        let x = if rows.outer == 1 {
+            as_rows(&self.local)
+        } else {
+            grouped = rows.to_rank_order(as_rows(&self.local))?;
+            grouped.view()
+        };
         let (mut views, problem) = weight_views(&[w]);
-        let x = self.local.view2("matmul_reduce_scatter")?;
-        let local = matmul_reduce_scatter_checked(self.rank, x, views.remove(0), problem, fused)?;
-        let m = self.global_shape[0];
-        let global = vec![m, local.ncols()];
-        let splits = array_split(m, self.rank.num_ranks());
-        Ok(DistTensor::new(
+        let (product, counts) = matmul_reduce_scatter_checked(
             self.rank,
-            Tensor::from_array(local.into_dyn()),
-            Placement::Shard(0),
-            global,
-            splits,
-        ))
+            x,
+            views.remove(0),
+            rows.of(me),
+            problem,
+            fused,
+        )?;
+        if let Some(r) = (0..n).find(|&r| counts[r] != rows.of(r)) {
+            return Err(Error::RanksDisagree {
+                op: OP,
+                rank_a: me,
+                value_a: format!(
+                    "output rows {:?}",
+                    (0..n).map(|r| rows.of(r)).collect::<Vec<_>>()
+                ),
+                rank_b: r,
+                value_b: format!("{} output rows of its own", counts[r]),
+            });
+        }
+        let (mut local_shape, mut global) = (lead.to_vec(), lead.to_vec());
+        local_shape[dim] = rows.sizes[me];
+        local_shape.push(product.ncols());
+        global.push(product.ncols());
+        let local = Tensor::from_array(product.into_dyn()).reshape(&local_shape)?;
+        Ok(DistTensor::new(self.rank, local, Placement::Shard(dim), global, rows.sizes))
     }
 }

@@ -85,16 +85,17 @@ impl<'r, T: Element> DistTensor<'r, T> {
     }
 
     /// `matmul_reduce_scatter` and its unfused baseline on GPUs.
+    /// `splits`: the output rows each rank keeps.
     pub(crate) fn gpu_reduce_product(
         &self,
         world: &CudaWorld,
         w: &Tensor<T>,
         fused: bool,
+        splits: Vec<usize>,
     ) -> Result<Self> {
         let x = self.local_on_gpu()?;
         let w = on_rank(self.rank, w)?;
         let m = self.global_shape[0];
-        let splits = array_split(m, self.rank.num_ranks());
         let out = cuda::matmul_reduce_scatter(
             world,
             self.rank.rank(),

@@ -3,7 +3,7 @@
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
 
 use super::dist_tensor::shard_of;
-use super::{DistTensor, Placement};
+use super::{DistTensor, Placement, Split};
 use crate::collectives::{self, ReduceOp};
 use crate::fused;
 use crate::tensor::{Element, Tensor, array_split, split_offsets};
@@ -37,10 +37,10 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// ```
     pub fn redistribute(&self, to: Placement) -> Result<Self> {
         let ndim = self.global_shape.len();
-        if let Placement::Shard(d) = to {
-            if d >= ndim {
-                return Err(Error::DimOutOfRange { op: "DistTensor::redistribute", dim: d, ndim });
-            }
+        if let Placement::Shard(d) = to
+            && d >= ndim
+        {
+            return Err(Error::DimOutOfRange { op: "DistTensor::redistribute", dim: d, ndim });
         }
         match self.gpus() {
             Some(world) => self.gpu_redistribute(world, to),
@@ -100,5 +100,155 @@ impl<'r, T: Element> DistTensor<'r, T> {
             }
             (from, to) => unreachable!("{from} -> {to} is covered above"),
         }
+    }
+
+    /// The same global tensor sharded on `dim` and cut as `split` says: from another split of
+    /// the same dimension (one all_to_all of the rows that change rank), or from any placement
+    /// (as [`DistTensor::redistribute`] to `Shard(dim)`, then a re-split where `split` is not
+    /// the even one). Collective; every rank must pass the same split.
+    ///
+    /// # Errors
+    /// [`Error::DimOutOfRange`] when `dim` is not a dimension of the tensor;
+    /// [`Error::InvalidArgument`] when the split does not fit its length (see [`Split::sizes`]);
+    /// [`Error::DeviceUnavailable`] in a GPU world for a split that is not the even one;
+    /// otherwise as the collectives.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, Split, Tensor, World};
+    /// let global = Tensor::<f32>::random(&[16, 4], 1);
+    /// let outs = World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global_split(rank, &global, 0, vec![10, 6])?;
+    ///     let even = x.redistribute_split(0, Split::Even)?;
+    ///     assert_eq!(even.shard_sizes(), &[8, 8]);
+    ///     let back = even.redistribute_split(0, x.shard_sizes())?; // line up with x again
+    ///     assert_eq!(back.local(), x.local());
+    ///     back.to_global()
+    /// })?;
+    /// assert_eq!(outs[0], global);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn redistribute_split(&self, dim: usize, split: impl Into<Split>) -> Result<Self> {
+        const OP: &str = "DistTensor::redistribute_split";
+        let ndim = self.global_shape.len();
+        if dim >= ndim {
+            return Err(Error::DimOutOfRange { op: OP, dim, ndim });
+        }
+        let (rank, len) = (self.rank, self.global_shape[dim]);
+        let (me, n) = (rank.rank(), rank.num_ranks());
+        let sizes = split.into().sizes_for(OP, me, len, n)?;
+        if self.gpus().is_some() {
+            // On GPUs: what `redistribute` does, which cuts evenly.
+            let already = self.placement == Placement::Shard(dim) && self.splits == sizes;
+            if already || (self.placement != Placement::Shard(dim) && sizes == array_split(len, n))
+            {
+                return self.redistribute(Placement::Shard(dim));
+            }
+            return Err(Error::DeviceUnavailable {
+                op: OP,
+                device: rank.device().to_string(),
+                reason: format!(
+                    "re-splitting to {sizes:?} is not implemented on GPUs yet (only the even \
+                     split from another placement)"
+                ),
+            });
+        }
+        match self.placement {
+            Placement::Shard(d) if d == dim => {
+                if self.splits == sizes {
+                    return Ok(self.clone());
+                }
+                self.resplit(dim, sizes)
+            }
+            Placement::Replicate => {
+                let local = shard_of(self.local.view(), dim, &sizes, me);
+                Ok(DistTensor::new(
+                    rank,
+                    local,
+                    Placement::Shard(dim),
+                    self.global_shape.clone(),
+                    sizes,
+                ))
+            }
+            Placement::Partial => {
+                let rows: usize = self.global_shape[..dim].iter().product();
+                let inner: usize = self.global_shape[dim + 1..].iter().product();
+                let counts: Vec<usize> = sizes.iter().map(|&s| s * inner).collect();
+                let data = collectives::reduce_scatter_cols(
+                    rank,
+                    self.local.as_slice(),
+                    rows,
+                    &counts,
+                    ReduceOp::Sum,
+                )?;
+                let mut local_shape = self.global_shape.clone();
+                local_shape[dim] = sizes[me];
+                let local = Tensor::from_shape_vec(&local_shape, data)?;
+                Ok(DistTensor::new(
+                    rank,
+                    local,
+                    Placement::Shard(dim),
+                    self.global_shape.clone(),
+                    sizes,
+                ))
+            }
+            Placement::Shard(_) => {
+                let even = self.redistribute(Placement::Shard(dim))?;
+                even.redistribute_split(dim, Split::Sizes(sizes))
+            }
+        }
+    }
+
+    /// From `Shard(dim)` split as now to `Shard(dim)` split as `to`: each rank sends every peer
+    /// the rows of its part that fall in the peer's new range, in one all_to_all.
+    fn resplit(&self, dim: usize, to: Vec<usize>) -> Result<Self> {
+        let (rank, shape) = (self.rank, &self.global_shape);
+        let (me, n) = (rank.rank(), rank.num_ranks());
+        let (from_at, to_at) = (split_offsets(&self.splits), split_offsets(&to));
+        let outer: usize = shape[..dim].iter().product();
+        let inner: usize = shape[dim + 1..].iter().product();
+        // Rows `lo..hi` (global indices along `dim`) that rank `src` holds now and `dst` will;
+        // `None` when there are none.
+        let overlap = |src: usize, dst: usize| {
+            let lo = from_at[src].max(to_at[dst]);
+            let hi = from_at[src + 1].min(to_at[dst + 1]);
+            (lo < hi).then_some((lo, hi))
+        };
+        const OP: &str = "DistTensor::redistribute_split";
+        let view = self.local.view();
+        let mut send = Vec::new();
+        send.try_reserve_exact(self.local.len()).map_err(|_| Error::OutOfMemory {
+            op: OP,
+            bytes: self.local.len().saturating_mul(size_of::<T>()),
+            what: "the rows to send".to_string(),
+        })?;
+        let mut counts = Vec::with_capacity(n);
+        for dst in 0..n {
+            let Some((lo, hi)) = overlap(me, dst) else {
+                counts.push(0);
+                continue;
+            };
+            let rows = Slice::from(lo - from_at[me]..hi - from_at[me]);
+            send.extend(view.slice_axis(Axis(dim), rows).iter().copied());
+            counts.push(outer * (hi - lo) * inner);
+        }
+        let received = collectives::all_to_all_v(rank, &send, &counts)?;
+        let mut local_shape = shape.clone();
+        local_shape[dim] = to[me];
+        // Every row is written below: the pieces cover this rank's new range.
+        let mut whole = Tensor::<T>::scratch(OP, &local_shape)?;
+        let mut at = 0;
+        for (lo, hi) in (0..n).filter_map(|src| overlap(src, me)) {
+            let mut piece_shape = local_shape.clone();
+            piece_shape[dim] = hi - lo;
+            let len = outer * (hi - lo) * inner;
+            let piece =
+                ndarray::ArrayViewD::from_shape(IxDyn(&piece_shape), &received[at..at + len])
+                    .expect("the piece's length is its shape's");
+            at += len;
+            let rows = Slice::from(lo - to_at[me]..hi - to_at[me]);
+            whole.view_mut().slice_axis_mut(Axis(dim), rows).assign(&piece);
+        }
+        Ok(DistTensor::new(rank, whole, self.placement, shape.clone(), to))
     }
 }

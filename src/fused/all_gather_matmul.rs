@@ -33,6 +33,7 @@ use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, compute_lanes, computing_programs,
 };
 use crate::collectives;
+use crate::device::ascend;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
@@ -113,10 +114,12 @@ fn agree<T: Element>(
     weights: &[ArrayView2<T>],
     problem: Option<String>,
 ) -> Result<Agreed> {
-    let problem = problem.or_else(|| {
-        (weights.len() > MAX_WEIGHTS || weights.is_empty())
-            .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()))
-    });
+    let problem = problem
+        .or_else(|| {
+            (weights.len() > MAX_WEIGHTS || weights.is_empty())
+                .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()))
+        })
+        .or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
     let mut words = vec![x.nrows() as u64, x.ncols() as u64, weights.len() as u64];
     for w in weights.iter().take(MAX_WEIGHTS) {
         words.extend([w.nrows() as u64, w.ncols() as u64]);
@@ -187,6 +190,13 @@ pub(crate) fn all_gather_matmul_checked<T: Element>(
         return unfused(rank, x, weights, problem);
     }
     let agreed = agree(OP, rank, &x, weights, problem)?;
+    if let Some(npu) = rank.ascend() {
+        let (rows, k) = (agreed.rows.counts(), agreed.k);
+        let outputs = ascend::launch::all_gather_matmul(&npu, rows, k, x, weights)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
+        return Ok(AgMatmulOutput { outputs, row_counts, col_counts });
+    }
     rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| run_fused(rank, ws, &agreed, x, weights))
         .inspect_err(|e| rank.fail_after_agreeing(e))
 }
@@ -233,6 +243,13 @@ fn unfused<T: Element>(
     // Its own name in the exchange: a rank in the fused op and one in the unfused one would
     // otherwise agree on the shapes and then wait for each other in different protocols.
     let agreed = agree(UNFUSED_OP, rank, &x, weights, problem)?;
+    if let Some(npu) = rank.ascend() {
+        let (rows, k) = (agreed.rows.counts(), agreed.k);
+        let outputs = ascend::launch::all_gather_matmul_unfused(&npu, rows, k, x, weights)
+            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
+        return Ok(AgMatmulOutput { outputs, row_counts, col_counts });
+    }
     let x = x.as_standard_layout();
     let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
     products(UNFUSED_OP, rank, gathered, agreed, weights)

@@ -19,6 +19,7 @@ use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
 };
 use crate::collectives::{self, ReduceOp};
+use crate::device::ascend;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
@@ -82,15 +83,18 @@ impl<T: Element> MmRsWorkspace<T> {
     }
 }
 
-/// Exchanges shapes and checks them on every rank; returns the row shards of the result and `N`.
+/// Exchanges shapes and the output rows each rank keeps (`my_rows`), and checks them on every
+/// rank; returns the row shards of the result and `N`.
 fn agree<T: Element>(
     op: &'static str,
     rank: &Rank<'_>,
     x: &ArrayView2<T>,
     w: &ArrayView2<T>,
+    my_rows: usize,
     problem: Option<String>,
 ) -> Result<(Shards, usize)> {
-    let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols()].map(|v| v as u64);
+    let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols(), my_rows].map(|v| v as u64);
+    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
     let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     for (r, v) in all.iter().enumerate() {
         if v[1] != v[2] {
@@ -104,7 +108,23 @@ fn agree<T: Element>(
     }
     let m = all.agree(OP, 0, "M (rows of x)")? as usize;
     let n = all.agree(OP, 3, "N (columns of w)")? as usize;
-    Ok((Shards::new(array_split(m, rank.num_ranks())), n))
+    let counts: Vec<usize> = all.iter().map(|v| v[4] as usize).collect();
+    if counts.iter().sum::<usize>() != m {
+        return Err(Error::InvalidArgument {
+            op,
+            rank: rank.rank(),
+            reason: format!(
+                "the output rows the ranks keep, {counts:?}, add up to {}, not M = {m}",
+                counts.iter().sum::<usize>()
+            ),
+        });
+    }
+    Ok((Shards::new(counts), n))
+}
+
+/// This rank's rows of an `m`-row output split as `numpy.array_split` splits it.
+fn array_split_rows(rank: &Rank<'_>, m: usize) -> usize {
+    array_split(m, rank.num_ranks())[rank.rank()]
 }
 
 /// `sum over ranks of x_r @ w_r`, each rank keeping its rows (split as `numpy.array_split`
@@ -135,23 +155,31 @@ pub fn matmul_reduce_scatter<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
-    matmul_reduce_scatter_checked(rank, x, w, None, true)
+    let my_rows = array_split_rows(rank, x.nrows());
+    Ok(matmul_reduce_scatter_checked(rank, x, w, my_rows, None, true)?.0)
 }
 
-/// [`matmul_reduce_scatter`] (or its unfused baseline) with a problem this rank found in its
-/// inputs before the call: the problem travels with the shape exchange, so every rank fails
-/// together.
+/// [`matmul_reduce_scatter`] (or its unfused baseline) keeping `my_rows` rows of the output on
+/// this rank (the ranks' rows, in rank order, must add up to `M`), with a problem this rank found
+/// in its inputs before the call: the problem travels with the shape exchange, so every rank fails
+/// together. Returns this rank's rows and every rank's row count.
 pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
     rank: &Rank<'_>,
     x: ArrayView2<T>,
     w: ArrayView2<T>,
+    my_rows: usize,
     problem: Option<String>,
     fused: bool,
-) -> Result<Array2<T>> {
+) -> Result<(Array2<T>, Vec<usize>)> {
     if !fused {
-        return unfused(rank, x, w, problem);
+        return unfused(rank, x, w, my_rows, problem);
     }
-    let (rows, n) = agree(OP, rank, &x, &w, problem)?;
+    let (rows, n) = agree(OP, rank, &x, &w, my_rows, problem)?;
+    if let Some(npu) = rank.ascend() {
+        return ascend::launch::matmul_reduce_scatter(&npu, rows.counts(), n, x, w)
+            .inspect_err(|e| rank.fail_after_agreeing(e))
+            .map(|out| (out, rows.counts().to_vec()));
+    }
     rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
         if rank.num_nodes() > 1 {
             super::matmul_reduce_scatter_nodes::run(rank, ws, &rows, n, x, w)
@@ -160,6 +188,7 @@ pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
         }
     })
     .inspect_err(|e| rank.fail_after_agreeing(e))
+    .map(|out| (out, rows.counts().to_vec()))
 }
 
 /// The unfused baseline: the local product on this rank's compute cores (rounded to `T`), then
@@ -187,17 +216,24 @@ pub fn matmul_reduce_scatter_unfused<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
-    unfused(rank, x, w, None)
+    let my_rows = array_split_rows(rank, x.nrows());
+    Ok(unfused(rank, x, w, my_rows, None)?.0)
 }
 
 fn unfused<T: Element>(
     rank: &Rank<'_>,
     x: ArrayView2<T>,
     w: ArrayView2<T>,
+    my_rows: usize,
     problem: Option<String>,
-) -> Result<Array2<T>> {
+) -> Result<(Array2<T>, Vec<usize>)> {
     // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
-    let (rows, n) = agree(UNFUSED_OP, rank, &x, &w, problem)?;
+    let (rows, n) = agree(UNFUSED_OP, rank, &x, &w, my_rows, problem)?;
+    if let Some(npu) = rank.ascend() {
+        return ascend::launch::matmul_reduce_scatter_unfused(&npu, rows.counts(), n, x, w)
+            .inspect_err(|e| rank.fail_after_agreeing(e))
+            .map(|out| (out, rows.counts().to_vec()));
+    }
     let mut partial =
         scratch(UNFUSED_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
@@ -205,7 +241,8 @@ fn unfused<T: Element>(
     let flat = partial.as_slice().expect("fresh array");
     let mine = collectives::reduce_scatter_cols(rank, flat, 1, &counts, ReduceOp::Sum)?;
     pool::give(partial.into_raw_vec_and_offset().0);
-    Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
+    let out = Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N");
+    Ok((out, rows.counts().to_vec()))
 }
 
 /// The unfused baseline as a user of MPI writes it: the local product on this rank's compute
@@ -235,7 +272,8 @@ pub fn matmul_reduce_scatter_unfused_mpi<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
-    let (rows, n) = agree(MPI_OP, rank, &x, &w, None)?;
+    let my_rows = array_split_rows(rank, x.nrows());
+    let (rows, n) = agree(MPI_OP, rank, &x, &w, my_rows, None)?;
     let mut partial =
         scratch(MPI_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;

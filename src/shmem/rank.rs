@@ -35,6 +35,11 @@ impl<'w> Rank<'w> {
         Rank { world, rank }
     }
 
+    /// Where this rank's kernels run.
+    pub(crate) fn backend(&self) -> &'w crate::device::Backend {
+        &self.world.backend
+    }
+
     /// This rank's index, `0..num_ranks()`.
     ///
     /// # Examples

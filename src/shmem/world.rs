@@ -13,7 +13,7 @@ use super::mapping::Mapping;
 use super::rank::Rank;
 use super::sync::{Watch, deadline_after};
 use super::transport::Transport;
-use crate::device::Topology;
+use crate::device::{Backend, Topology};
 use crate::{Error, Result};
 
 /// Default capacity of each rank's heap segment. Address space only: untouched pages cost nothing.
@@ -47,6 +47,8 @@ pub(crate) struct WorldShared {
     pub(crate) local: Vec<RankLocal>,
     /// Looks at the world while a wait is blocked (a process world looks for dead peers).
     pub(crate) on_tick: Option<Box<OnTick>>,
+    /// Where the ranks' kernels run: the host simulation, or a device backend.
+    pub(crate) backend: Backend,
     run_lock: Mutex<()>,
     /// The GPUs of a world made by [`World::cuda`]: rank `r` runs on GPU `r` of it.
     pub(crate) cuda: Option<Arc<crate::device::cuda::CudaWorld>>,
@@ -167,6 +169,7 @@ pub struct WorldBuilder {
     heap_capacity: Option<usize>,
     topology: Option<Topology>,
     wait_timeout: Option<Duration>,
+    backend: Backend,
     cuda: Option<Vec<usize>>,
 }
 
@@ -246,6 +249,13 @@ impl WorldBuilder {
         self
     }
 
+    /// Runs the ranks' kernels on a device backend instead of the host simulation (used by the
+    /// device worlds' constructors, such as [`World::ascend`]).
+    pub(crate) fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
     /// Makes the world: maps the heap segments.
     ///
     /// # Errors
@@ -288,6 +298,7 @@ impl WorldBuilder {
             })?;
         let topology = self.topology.unwrap_or_else(|| Topology::host_default(n));
         let mut shared = WorldShared::new(heap, Control::create(control, n), topology, &settings);
+        shared.backend = self.backend;
         if let Some(devices) = &self.cuda {
             shared.cuda = Some(crate::device::cuda::open_world(devices, settings.wait_timeout)?);
         }
@@ -365,6 +376,7 @@ impl WorldShared {
             wait_timeout: settings.wait_timeout,
             local: (0..n).map(|_| RankLocal::default()).collect(),
             on_tick: None,
+            backend: Backend::Host,
             run_lock: Mutex::new(()),
             cuda: None,
             transport: Transport::local(n),
@@ -387,6 +399,33 @@ impl World {
     /// ```
     pub fn threads(num_ranks: usize) -> Result<World> {
         Self::builder(num_ranks).build()
+    }
+
+    /// A world of one rank per Ascend NPU in `devices` (indices among the visible devices),
+    /// each rank a thread of this process running the tile kernels on its NPU: compiled from
+    /// Ascend C with `aclrtc` at first use, on Ascend SHMEM's symmetric heap. Built by
+    /// [`AscendWorldBuilder`](crate::device::ascend::AscendWorldBuilder) with its defaults; see
+    /// there for the settings and [`device::ascend`](crate::device::ascend) for what has run
+    /// where.
+    ///
+    /// # Errors
+    /// As [`AscendWorldBuilder::build`](crate::device::ascend::AscendWorldBuilder::build): on a
+    /// machine without CANN, [`Error::LibraryNotFound`] naming every library path tried.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Error, World};
+    /// match World::ascend(&[0, 1]) {
+    ///     Ok(world) => assert_eq!(world.num_ranks(), 2),
+    ///     Err(Error::LibraryNotFound { tried, .. }) => {
+    ///         assert!(tried.iter().any(|t| t.contains("libascendcl.so")))
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn ascend(devices: &[u32]) -> Result<World> {
+        crate::device::ascend::AscendWorldBuilder::new(devices).build()
     }
 
     /// This process as one rank of a job whose ranks are the processes of this host, started by
@@ -607,6 +646,7 @@ impl World {
             heap_capacity: None,
             topology: None,
             wait_timeout: None,
+            backend: Backend::Host,
             cuda: None,
         }
     }
@@ -844,10 +884,10 @@ impl Drop for World {
     fn drop(&mut self) {
         // A process that drops its world is done with it: peers that still wait for it (in this
         // run or a later one) learn so at once instead of when its process ends.
-        if let Some(me) = self.here {
-            if self.shared.control.state(me) != RankState::Failed {
-                self.shared.control.set_state(me, RankState::Left);
-            }
+        if let Some(me) = self.here
+            && self.shared.control.state(me) != RankState::Failed
+        {
+            self.shared.control.set_state(me, RankState::Left);
         }
         // Ranks on other nodes learn it through the proxy, which then ends MPI.
         self.shared.transport.shutdown(&self.shared.control);

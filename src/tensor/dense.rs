@@ -1,6 +1,10 @@
 //! [`Tensor`]: a row-major, contiguous n-dimensional array on ndarray.
+//!
+//! Host elements are shared, copy-on-write (ndarray's `ArcArray`): cloning a tensor is cheap, and
+//! the first write through a clone copies it. Replicated weights and `DistTensor` parts that every
+//! rank holds whole share one buffer, and a reshape shares its input's.
 
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
+use ndarray::{ArcArray, Array2, ArrayD, ArrayView2, ArrayViewD, ArrayViewMutD, IxDyn};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use super::storage::Storage;
@@ -31,18 +35,20 @@ pub struct Tensor<T: Element> {
 }
 
 impl<T: Element> Drop for Tensor<T> {
-    /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse.
+    /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse,
+    /// when this tensor was the last to share it.
     fn drop(&mut self) {
-        if let Storage::Host(array) = &mut self.data {
-            let data = std::mem::replace(array, empty());
+        if let Storage::Host(array) = &mut self.data
+            && let Ok(data) = std::mem::replace(array, empty()).try_into_owned_nocopy()
+        {
             pool::give(data.into_raw_vec_and_offset().0);
         }
     }
 }
 
 /// An array that owns no allocation.
-fn empty<T>() -> ArrayD<T> {
-    ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("an empty array")
+fn empty<T: Clone>() -> ArcArray<T, IxDyn> {
+    ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("an empty array").into_shared()
 }
 
 impl<T: Element> Tensor<T> {
@@ -66,6 +72,12 @@ impl<T: Element> Tensor<T> {
         Tensor { data: data.into() }
     }
 
+    /// Wraps shared, row-major host elements without a copy.
+    pub(crate) fn from_shared(data: ArcArray<T, IxDyn>) -> Self {
+        debug_assert!(data.is_standard_layout());
+        Tensor { data: Storage::Host(data) }
+    }
+
     /// A copy of the data as an ndarray array.
     ///
     /// # Examples
@@ -75,10 +87,10 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.to_array().shape(), &[2, 2]);
     /// ```
     pub fn to_array(&self) -> ArrayD<T> {
-        (*self.data).clone()
+        (*self.data).to_owned()
     }
 
-    /// The data as an ndarray array, without a copy.
+    /// The data as an ndarray array, without a copy unless another tensor shares it.
     ///
     /// # Examples
     /// ```
@@ -87,7 +99,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(a.len(), 3);
     /// ```
     pub fn into_array(mut self) -> ArrayD<T> {
-        std::mem::replace(&mut *self.data, empty())
+        std::mem::replace(&mut *self.data, empty()).into_owned()
     }
 
     /// A tensor of `shape` from row-major `data`.
@@ -268,7 +280,7 @@ impl<T: Element> Tensor<T> {
         self.data.as_slice().expect("a Tensor is always contiguous")
     }
 
-    /// The elements in row-major order, mutably.
+    /// The elements in row-major order, mutably (copied first if another tensor shares them).
     ///
     /// # Examples
     /// ```
@@ -292,7 +304,7 @@ impl<T: Element> Tensor<T> {
         self.data.view()
     }
 
-    /// A mutable ndarray view.
+    /// A mutable ndarray view (the elements are copied first if another tensor shares them).
     ///
     /// # Examples
     /// ```
@@ -323,7 +335,7 @@ impl<T: Element> Tensor<T> {
         })
     }
 
-    /// The same elements under another shape of equal size.
+    /// The same elements under another shape of equal size (shared, not copied).
     ///
     /// # Errors
     /// [`Error::InvalidShape`] when the sizes differ.
@@ -342,10 +354,13 @@ impl<T: Element> Tensor<T> {
         if let Some(device) = self.device_storage() {
             return Ok(Tensor::from_device_storage(device.reshaped(shape)?));
         }
-        Self::from_shape_vec(shape, self.as_slice().to_vec()).map_err(|_| Error::InvalidShape {
-            op: "Tensor::reshape",
-            reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
-        })
+        let data = (*self.data).clone().into_shape_with_order(IxDyn(shape)).map_err(|_| {
+            Error::InvalidShape {
+                op: "Tensor::reshape",
+                reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
+            }
+        })?;
+        Ok(Tensor::from_shared(data))
     }
 
     /// Reorders the axes: axis `i` of the result is axis `axes[i]` of `self`. The result is
@@ -392,10 +407,16 @@ impl<T: Element> Tensor<T> {
         Tensor { data: self.data.mapv(|x| U::from_f64(x.to_f64())).into() }
     }
 
-    /// The 2-D product `self (m x k) * rhs (k x n)` on the calling thread.
+    /// The matrix product `self @ rhs` on the calling thread: `[m, k] @ [k, n]`, or batched,
+    /// `[..., m, k] @ [..., k, n]` with the batch dimensions broadcast as numpy's `matmul`
+    /// broadcasts them (a 2-D operand is used for every matrix of the other). Tensors on a GPU
+    /// multiply there (2-D).
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] when either is not 2-D, [`Error::InnerDimMismatch`] when `k` differs.
+    /// [`Error::InvalidShape`] when either has fewer than 2 dimensions or the batch dimensions do
+    /// not broadcast; [`Error::InnerDimMismatch`] when `k` differs;
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the output cannot be allocated;
+    /// [`Error::InvalidArgument`] for operands on different devices.
     ///
     /// # Examples
     /// ```
@@ -403,6 +424,10 @@ impl<T: Element> Tensor<T> {
     /// let a = Tensor::<f32>::from_shape_vec(&[1, 2], vec![1.0, 2.0])?;
     /// let b = Tensor::<f32>::from_shape_vec(&[2, 1], vec![3.0, 4.0])?;
     /// assert_eq!(a.matmul(&b)?.as_slice(), &[11.0]);
+    /// // Batched: per head, [H, S, D] @ [H, D, S] -> [H, S, S].
+    /// let (q, kt) = (Tensor::<f32>::random(&[3, 5, 4], 1), Tensor::<f32>::random(&[3, 4, 5], 2));
+    /// assert_eq!(q.matmul(&kt)?.shape(), &[3, 5, 5]);
+    /// assert!(q.matmul(&q).is_err()); // inner dimensions 4 and 5
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor<T>) -> Result<Tensor<T>> {
@@ -426,7 +451,7 @@ impl<T: Element> Tensor<T> {
         self.matmul_threads(rhs, 1)
     }
 
-    /// The 2-D product on `threads` threads of the rayon pool.
+    /// [`Tensor::matmul`] on host tensors, on `threads` threads of the rayon pool.
     ///
     /// # Errors
     /// As [`Tensor::matmul`].
@@ -440,6 +465,9 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul_threads(&self, rhs: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
+        if self.ndim() != 2 || rhs.ndim() != 2 {
+            return super::batched::matmul_nd(self, rhs, threads);
+        }
         let c: Array2<T> =
             matmul(self.view2("Tensor::matmul")?, rhs.view2("Tensor::matmul")?, threads)?;
         Ok(Tensor { data: c.into_dyn().into() })

@@ -1,16 +1,30 @@
-//! Local tensors: [`Tensor`] on ndarray, the [`Element`] types, and local matrix products.
+//! Local tensors: [`Tensor`] on ndarray, the [`Element`] types, local matrix products, and the
+//! local math a model needs between the distributed ops: arithmetic operators, maps,
+//! activations, reductions and normalizations, each computed in the accumulator type (f32 for
+//! f16 and bf16) and rounded once.
 
+mod activation;
+mod arith;
+mod batched;
+mod convert;
 mod dense;
+mod display;
 mod element;
+mod few_rows;
 mod gemm_kernel;
+mod layout;
+mod map;
 mod matmul;
+mod norm;
 mod pod;
 pub(crate) mod pool;
+mod reduce;
 mod split;
 mod storage;
 
 pub use dense::Tensor;
 pub use element::{Accumulator, DType, Element};
+pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;
 pub use matmul::{matmul, matmul_into};
 pub use pod::Pod;
 pub use pool::{DEFAULT_POOL_BYTES, POOL_BYTES_ENV, pooled_bytes, release_pool};

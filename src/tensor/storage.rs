@@ -4,7 +4,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use ndarray::ArrayD;
+use ndarray::{ArcArray, ArrayD, IxDyn};
 
 use super::{Element, Tensor};
 use crate::device::Device;
@@ -14,8 +14,8 @@ use crate::{Error, Result};
 
 /// The elements of a tensor.
 pub(crate) enum Storage<T: Element> {
-    /// In host memory, row-major and contiguous.
-    Host(ArrayD<T>),
+    /// In host memory, row-major and contiguous; shared copy-on-write between clones.
+    Host(ArcArray<T, IxDyn>),
     /// In a GPU's memory.
     Device(DeviceStorage<T>),
 }
@@ -38,7 +38,7 @@ impl<T: Element> Storage<T> {
 
 impl<T: Element> From<ArrayD<T>> for Storage<T> {
     fn from(a: ArrayD<T>) -> Self {
-        Storage::Host(a)
+        Storage::Host(a.into_shared())
     }
 }
 
@@ -50,9 +50,9 @@ fn on_device(device: Device) -> ! {
 }
 
 impl<T: Element> Deref for Storage<T> {
-    type Target = ArrayD<T>;
+    type Target = ArcArray<T, IxDyn>;
 
-    fn deref(&self) -> &ArrayD<T> {
+    fn deref(&self) -> &ArcArray<T, IxDyn> {
         match self {
             Storage::Host(a) => a,
             Storage::Device(_) => on_device(self.device()),
@@ -61,7 +61,7 @@ impl<T: Element> Deref for Storage<T> {
 }
 
 impl<T: Element> DerefMut for Storage<T> {
-    fn deref_mut(&mut self) -> &mut ArrayD<T> {
+    fn deref_mut(&mut self) -> &mut ArcArray<T, IxDyn> {
         let device = self.device();
         match self {
             Storage::Host(a) => a,
@@ -71,7 +71,8 @@ impl<T: Element> DerefMut for Storage<T> {
 }
 
 impl<T: Element> Clone for Storage<T> {
-    /// Host arrays are copied; device tensors share their (immutable) buffer.
+    /// Host arrays are shared until one of the clones writes (copy-on-write); device tensors share
+    /// their (immutable) buffer.
     fn clone(&self) -> Self {
         match self {
             Storage::Host(a) => Storage::Host(a.clone()),

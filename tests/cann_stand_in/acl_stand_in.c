@@ -14,8 +14,29 @@
  *   standin_set_cores(ai, vector)            core counts of every device (default 24, 48)
  *   standin_set_soc_name(name)               aclrtGetSocName's answer (default "Ascend910B3")
  *   standin_fail(call, code, message)        make `call` return `code` from now on, with
- *                                            `message` for aclGetRecentErrMsg
- *   standin_log()                            every call so far, "name(args);" each
+ *                                            `message` for aclGetRecentErrMsg (any stand-in's
+ *                                            call: the others ask this one, see below)
+ *   standin_log()                            every call so far, "name(args);" each, of every
+ *                                            stand-in, in the order made
+ *   standin_on_launch(kernel, arg, data, n)  when `kernel` is launched, copy `n` bytes of `data`
+ *                                            to the address passed as its argument `arg` (a way
+ *                                            to play a kernel that wrote its status record)
+ *
+ * Device memory is host memory (calloc); copies are memcpy; a launch records the kernel, its
+ * block count and its arguments (as signed 64-bit values), runs nothing, and writes what
+ * standin_on_launch asked for. The current context, and so the current device, is per thread,
+ * as in CANN. Binaries come from the aclrtc stand-in: "STANDIN-ELF" followed by the names of
+ * the kernels they hold, one per line.
+ *
+ * For the other stand-ins (aclrtc, SHMEM, HCCL, aclnn), which find these with
+ * dlsym(RTLD_DEFAULT) since this library is opened with RTLD_GLOBAL:
+ *   standin_record_line(line)                append a line to the shared log
+ *   standin_injected_status(call)            the status standin_fail set for `call` (0: none),
+ *                                            its message then ready for aclGetRecentErrMsg
+ *   standin_set_recent(message)              the message aclGetRecentErrMsg gives next
+ *   aclrtGetDevice(&id)                      the calling thread's current device
+ *
+ * All state is guarded by one mutex: the crate's ranks call from threads of their own.
  *
  * Like the real runtime, aclInit reads ASCEND_RT_VISIBLE_DEVICES: ids separated by commas,
  * reading stops at the first entry that is not a plain number or not below the device count,
@@ -25,11 +46,14 @@
  *   STANDIN_NO_DEVICE_INFO   omit aclrtGetDeviceInfo, as an older CANN: the crate must fall
  *                            back to aclGetDeviceCapability
  *   STANDIN_NO_SET_DEVICE    omit aclrtSetDevice, a required call: loading must fail
+ *   STANDIN_NO_KERNEL_CALLS  omit the kernel-launch calls (aclrtBinaryLoadFromData, ...), as a
+ *                            CANN older than 8.3
  *
  * All state is `static` and no exported function calls another, so two variants loaded with
  * RTLD_GLOBAL into one process cannot interpose on each other.
  */
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -49,8 +73,10 @@ typedef int aclError;
 #define ATTR_AICORE_CORE_NUM 101
 #define ATTR_VECTOR_CORE_NUM 201
 
-static char g_log[16384];
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *g_log;
 static size_t g_log_len;
+static size_t g_log_cap;
 static uint32_t g_device_count;
 static uint32_t g_visible_count;
 static int64_t g_ai_cores;
@@ -60,20 +86,37 @@ static int g_initialized;
 static char g_fail_call[64];
 static int g_fail_code;
 static char g_fail_message[256];
-static char g_recent[256];
-static char g_recent_out[256];
+/* Per thread, as the runtime keeps them. */
+static __thread char g_recent[256];
+static __thread char g_recent_out[256];
+static __thread int g_current = -1;
+
+/* Appends one "line;" to the log (the caller holds g_lock). */
+static void append(const char *line) {
+    size_t n = strlen(line);
+    if (g_log_len + n + 2 > g_log_cap) {
+        size_t cap = g_log_cap == 0 ? 1 << 16 : g_log_cap;
+        while (g_log_len + n + 2 > cap) cap *= 2;
+        char *grown = realloc(g_log, cap);
+        if (grown == NULL) return;
+        g_log = grown;
+        g_log_cap = cap;
+    }
+    memcpy(g_log + g_log_len, line, n);
+    g_log_len += n;
+    g_log[g_log_len++] = ';';
+    g_log[g_log_len] = '\0';
+}
 
 static void record(const char *fmt, ...) {
+    char line[1024];
     va_list args;
     va_start(args, fmt);
-    if (g_log_len < sizeof g_log) {
-        int n = vsnprintf(g_log + g_log_len, sizeof g_log - g_log_len, fmt, args);
-        if (n > 0) g_log_len += (size_t)n;
-        if (g_log_len < sizeof g_log - 1) g_log[g_log_len++] = ';';
-        if (g_log_len >= sizeof g_log) g_log_len = sizeof g_log - 1;
-        g_log[g_log_len] = '\0';
-    }
+    vsnprintf(line, sizeof line, fmt, args);
     va_end(args);
+    pthread_mutex_lock(&g_lock);
+    append(line);
+    pthread_mutex_unlock(&g_lock);
 }
 
 static void set_recent(const char *message) {
@@ -90,9 +133,12 @@ static aclError injected(const char *call) {
     return ACL_SUCCESS;
 }
 
+static void clear_launch_writes(void);
+
 static void defaults(void) {
     g_log_len = 0;
-    g_log[0] = '\0';
+    if (g_log != NULL) g_log[0] = '\0';
+    clear_launch_writes();
     g_device_count = 1;
     g_visible_count = 1;
     g_ai_cores = 24;
@@ -154,7 +200,50 @@ void standin_fail(const char *call, int code, const char *message) {
     snprintf(g_fail_message, sizeof g_fail_message, "%s", message);
 }
 
-const char *standin_log(void) { return g_log; }
+const char *standin_log(void) { return g_log == NULL ? "" : g_log; }
+
+void standin_record_line(const char *line) {
+    pthread_mutex_lock(&g_lock);
+    append(line);
+    pthread_mutex_unlock(&g_lock);
+}
+
+void standin_set_recent(const char *message) { set_recent(message); }
+
+int standin_injected_status(const char *call) {
+    pthread_mutex_lock(&g_lock);
+    int status = injected(call);
+    pthread_mutex_unlock(&g_lock);
+    return status;
+}
+
+/* What standin_on_launch asked for. */
+struct launch_write {
+    char kernel[64];
+    int arg;
+    unsigned char *data;
+    size_t len;
+};
+static struct launch_write g_writes[8];
+static int g_write_count;
+
+static void clear_launch_writes(void) {
+    for (int i = 0; i < g_write_count; i++) free(g_writes[i].data);
+    g_write_count = 0;
+}
+
+void standin_on_launch(const char *kernel, int arg, const void *data, size_t len) {
+    pthread_mutex_lock(&g_lock);
+    if (g_write_count < 8) {
+        struct launch_write *w = &g_writes[g_write_count++];
+        snprintf(w->kernel, sizeof w->kernel, "%s", kernel);
+        w->arg = arg;
+        w->data = malloc(len);
+        memcpy(w->data, data, len);
+        w->len = len;
+    }
+    pthread_mutex_unlock(&g_lock);
+}
 
 /* ---- AscendCL ------------------------------------------------------------------------ */
 
@@ -191,6 +280,7 @@ aclError aclrtSetDevice(int32_t device_id) {
     aclError status = injected("aclrtSetDevice");
     if (status != ACL_SUCCESS) return status;
     if (bad_device(device_id)) return ACL_ERROR_RT_INVALID_DEVICEID;
+    g_current = device_id;
     return ACL_SUCCESS;
 }
 #endif
@@ -251,3 +341,241 @@ aclError aclGetDeviceCapability(uint32_t device_id, int info, int64_t *value) {
     if (bad_device(device_id)) return ACL_ERROR_RT_INVALID_DEVICEID;
     return core_count(value, INFO_AI_CORE_NUM, INFO_VECTOR_CORE_NUM, info);
 }
+
+/* ---- contexts, streams, memory -------------------------------------------------------- */
+
+#define ACL_ERROR_RT_CONTEXT_NULL 107002
+#define ACL_ERROR_RT_PARAM_INVALID 107000
+
+struct context { int device; };
+struct stream { int device; };
+
+/* The calling thread's current device; -1 when none is set. */
+aclError aclrtGetDevice(int32_t *device_id) {
+    if (g_current < 0) {
+        set_recent("EE1007: no device is current on this thread (stand-in)");
+        return ACL_ERROR_RT_CONTEXT_NULL;
+    }
+    *device_id = g_current;
+    return ACL_SUCCESS;
+}
+
+aclError aclrtCreateContext(void **context, int32_t device_id) {
+    record("aclrtCreateContext(%d)", device_id);
+    aclError status = injected("aclrtCreateContext");
+    if (status != ACL_SUCCESS) return status;
+    if (bad_device(device_id)) return ACL_ERROR_RT_INVALID_DEVICEID;
+    struct context *c = malloc(sizeof *c);
+    c->device = device_id;
+    *context = c;
+    g_current = device_id;
+    return ACL_SUCCESS;
+}
+
+aclError aclrtDestroyContext(void *context) {
+    struct context *c = context;
+    record("aclrtDestroyContext(%d)", c == NULL ? -1 : c->device);
+    aclError status = injected("aclrtDestroyContext");
+    if (status != ACL_SUCCESS) return status;
+    free(c);
+    return ACL_SUCCESS;
+}
+
+aclError aclrtSetCurrentContext(void *context) {
+    struct context *c = context;
+    aclError status = injected("aclrtSetCurrentContext");
+    if (status != ACL_SUCCESS) return status;
+    if (c == NULL) {
+        set_recent("EE1008: null context (stand-in)");
+        return ACL_ERROR_RT_CONTEXT_NULL;
+    }
+    g_current = c->device;
+    return ACL_SUCCESS;
+}
+
+aclError aclrtCreateStream(void **stream) {
+    record("aclrtCreateStream(dev=%d)", g_current);
+    aclError status = injected("aclrtCreateStream");
+    if (status != ACL_SUCCESS) return status;
+    struct stream *s = malloc(sizeof *s);
+    s->device = g_current;
+    *stream = s;
+    return ACL_SUCCESS;
+}
+
+aclError aclrtDestroyStream(void *stream) {
+    struct stream *s = stream;
+    record("aclrtDestroyStream(dev=%d)", s == NULL ? -1 : s->device);
+    free(s);
+    return injected("aclrtDestroyStream");
+}
+
+aclError aclrtSynchronizeStream(void *stream) {
+    struct stream *s = stream;
+    record("aclrtSynchronizeStream(dev=%d)", s->device);
+    return injected("aclrtSynchronizeStream");
+}
+
+aclError aclrtSynchronizeStreamWithTimeout(void *stream, int32_t timeout_ms) {
+    struct stream *s = stream;
+    record("aclrtSynchronizeStreamWithTimeout(dev=%d,%s)", s->device, timeout_ms > 0 ? "timeout" : "no-timeout");
+    return injected("aclrtSynchronizeStreamWithTimeout");
+}
+
+aclError aclrtMalloc(void **ptr, size_t size, int policy) {
+    record("aclrtMalloc(dev=%d,%zu)", g_current, size);
+    (void)policy;
+    aclError status = injected("aclrtMalloc");
+    if (status != ACL_SUCCESS) return status;
+    if (size == 0) {
+        set_recent("EE1009: size 0 (stand-in)");
+        return ACL_ERROR_RT_PARAM_INVALID;
+    }
+    *ptr = calloc(1, size);
+    return ACL_SUCCESS;
+}
+
+aclError aclrtFree(void *ptr) {
+    record("aclrtFree(dev=%d)", g_current);
+    free(ptr);
+    return injected("aclrtFree");
+}
+
+aclError aclrtMemcpy(void *dst, size_t dest_max, const void *src, size_t count, int kind) {
+    static const char *kinds[] = {"H2H", "H2D", "D2H", "D2D"};
+    record("aclrtMemcpy(dev=%d,%s,%zu)", g_current, kind >= 0 && kind < 4 ? kinds[kind] : "?", count);
+    aclError status = injected("aclrtMemcpy");
+    if (status != ACL_SUCCESS) return status;
+    if (count > dest_max) {
+        set_recent("EE1010: count exceeds destMax (stand-in)");
+        return ACL_ERROR_RT_PARAM_INVALID;
+    }
+    memcpy(dst, src, count);
+    return ACL_SUCCESS;
+}
+
+/* ---- loading and launching kernels (CANN 8.3) ---------------------------------------- */
+
+#ifndef STANDIN_NO_KERNEL_CALLS
+
+#define MAX_ARGS 64
+
+struct binary { int device; char *text; };
+struct function { int device; char name[64]; };
+struct args { struct function *func; int count; int64_t values[MAX_ARGS]; size_t sizes[MAX_ARGS]; int finalized; };
+
+typedef struct { int type; uint32_t value[4]; } load_option;
+typedef struct { load_option *options; size_t count; } load_options;
+
+aclError aclrtBinaryLoadFromData(const void *data, size_t length, const load_options *options, void **bin) {
+    uint32_t magic = options != NULL && options->count > 0 ? options->options[0].value[0] : 0;
+    record("aclrtBinaryLoadFromData(dev=%d,%zu bytes,magic=0x%08x)", g_current, length, magic);
+    aclError status = injected("aclrtBinaryLoadFromData");
+    if (status != ACL_SUCCESS) return status;
+    if (length < 11 || memcmp(data, "STANDIN-ELF", 11) != 0) {
+        set_recent("EE1011: not a device binary (stand-in)");
+        return ACL_ERROR_RT_PARAM_INVALID;
+    }
+    struct binary *b = malloc(sizeof *b);
+    b->device = g_current;
+    b->text = malloc(length + 1);
+    memcpy(b->text, data, length);
+    b->text[length] = '\0';
+    *bin = b;
+    return ACL_SUCCESS;
+}
+
+aclError aclrtBinaryGetFunction(void *bin, const char *name, void **func) {
+    struct binary *b = bin;
+    record("aclrtBinaryGetFunction(dev=%d,%s)", b->device, name);
+    aclError status = injected("aclrtBinaryGetFunction");
+    if (status != ACL_SUCCESS) return status;
+    char wanted[80];
+    snprintf(wanted, sizeof wanted, "\nkernel %s\n", name);
+    if (strstr(b->text, wanted) == NULL) {
+        char message[160];
+        snprintf(message, sizeof message, "EE1012: the binary has no kernel %s (stand-in)", name);
+        set_recent(message);
+        return ACL_ERROR_RT_PARAM_INVALID;
+    }
+    struct function *f = malloc(sizeof *f);
+    f->device = b->device;
+    snprintf(f->name, sizeof f->name, "%s", name);
+    *func = f;
+    return ACL_SUCCESS;
+}
+
+aclError aclrtBinaryUnLoad(void *bin) {
+    struct binary *b = bin;
+    record("aclrtBinaryUnLoad(dev=%d)", b->device);
+    free(b->text);
+    free(b);
+    return injected("aclrtBinaryUnLoad");
+}
+
+aclError aclrtKernelArgsInit(void *func, void **args) {
+    struct function *f = func;
+    record("aclrtKernelArgsInit(dev=%d,%s)", f->device, f->name);
+    aclError status = injected("aclrtKernelArgsInit");
+    if (status != ACL_SUCCESS) return status;
+    struct args *a = calloc(1, sizeof *a);
+    a->func = f;
+    *args = a;
+    return ACL_SUCCESS;
+}
+
+aclError aclrtKernelArgsAppend(void *args, void *param, size_t size, void **param_handle) {
+    struct args *a = args;
+    aclError status = injected("aclrtKernelArgsAppend");
+    if (status != ACL_SUCCESS) return status;
+    if (a->finalized || a->count >= MAX_ARGS || size > 8) {
+        set_recent("EE1013: cannot append this argument (stand-in)");
+        return ACL_ERROR_RT_PARAM_INVALID;
+    }
+    int64_t value = 0;
+    memcpy(&value, param, size);
+    a->values[a->count] = value;
+    a->sizes[a->count] = size;
+    *param_handle = &a->values[a->count];
+    a->count++;
+    return ACL_SUCCESS;
+}
+
+aclError aclrtKernelArgsFinalize(void *args) {
+    struct args *a = args;
+    record("aclrtKernelArgsFinalize(dev=%d,%s,%d args)", a->func->device, a->func->name, a->count);
+    a->finalized = 1;
+    return injected("aclrtKernelArgsFinalize");
+}
+
+aclError aclrtLaunchKernelWithConfig(void *func, uint32_t blocks, void *stream, void *cfg, void *args, void *reserve) {
+    struct function *f = func;
+    struct args *a = args;
+    struct stream *s = stream;
+    char line[1024];
+    int n = snprintf(line, sizeof line, "aclrtLaunchKernelWithConfig(dev=%d,%s,blocks=%u,args=", s->device, f->name, blocks);
+    for (int i = 0; i < a->count && n < (int)sizeof line - 24; i++) {
+        n += snprintf(line + n, sizeof line - n, "%s%lld", i == 0 ? "" : ":", (long long)a->values[i]);
+    }
+    snprintf(line + n, sizeof line - n, ")");
+    pthread_mutex_lock(&g_lock);
+    append(line);
+    aclError status = injected("aclrtLaunchKernelWithConfig");
+    if (status == ACL_SUCCESS && (cfg != NULL || reserve != NULL || !a->finalized || f->device != s->device)) {
+        set_recent("EE1014: launch with a config, a reserve, unfinalised arguments or another device's stream (stand-in)");
+        status = ACL_ERROR_RT_PARAM_INVALID;
+    }
+    if (status == ACL_SUCCESS) {
+        for (int i = 0; i < g_write_count; i++) {
+            struct launch_write *w = &g_writes[i];
+            if (strcmp(w->kernel, f->name) == 0 && w->arg < a->count) {
+                memcpy((void *)(intptr_t)a->values[w->arg], w->data, w->len);
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    free(a);
+    return status;
+}
+
+#endif

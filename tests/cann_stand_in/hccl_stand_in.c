@@ -13,12 +13,20 @@
  *                          HcclGetErrorString, with the signatures of CANN's hccl.h /
  *                          hccl_comm.h
  *
- * HcclGetRootInfo writes a recognisable text into the root info; every other call answers
- * with a parameter error, since the stand-in has no communicator to offer.
+ * HcclGetRootInfo writes a recognisable text into the root info. HcclCommInitAll makes one
+ * communicator per device of the process (a handle naming its rank and the world's size);
+ * HcclGetCommName names it; HcclAllGatherV and HcclReduceScatterV record their arguments and
+ * move nothing; HcclCommDestroy frees a communicator HcclCommInitAll made. Other calls
+ * (HcclCommInitRootInfo, HcclGetRankSize) answer with a parameter error. Calls are recorded in
+ * the AscendCL stand-in's log when it is loaded (found with dlsym), and fail as it was told to
+ * (standin_fail).
  */
 
+#include "stand_in_log.h"
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef int HcclResult;
@@ -51,9 +59,78 @@ HcclResult HcclCommInitRootInfo(uint32_t n_ranks, const HcclRootInfo *root_info,
     return HCCL_E_PARA;
 }
 
-HcclResult HcclCommDestroy(void *comm) {
-    (void)comm;
-    return HCCL_E_PARA;
+struct comm {
+    char magic[8];
+    uint32_t rank;
+    uint32_t n_ranks;
+    int32_t device;
+};
+
+static struct comm *as_comm(void *handle) {
+    struct comm *c = handle;
+    return c != NULL && memcmp(c->magic, "STANDIN", 8) == 0 ? c : NULL;
+}
+
+HcclResult HcclCommInitAll(uint32_t ndev, int32_t *devices, void **comms) {
+    record("HcclCommInitAll(%u devices)", ndev);
+    int status = injected("HcclCommInitAll");
+    if (status != 0) return status;
+    if (ndev == 0 || devices == NULL || comms == NULL) return HCCL_E_PARA;
+    for (uint32_t r = 0; r < ndev; r++) {
+        struct comm *c = calloc(1, sizeof *c);
+        memcpy(c->magic, "STANDIN", 8);
+        c->rank = r;
+        c->n_ranks = ndev;
+        c->device = devices[r];
+        comms[r] = c;
+    }
+    return HCCL_SUCCESS;
+}
+
+HcclResult HcclGetCommName(void *handle, char *name) {
+    struct comm *c = as_comm(handle);
+    if (c == NULL || name == NULL) return HCCL_E_PARA;
+    snprintf(name, 128, "standin_comm_%u_ranks", c->n_ranks);
+    return HCCL_SUCCESS;
+}
+
+HcclResult HcclAllGatherV(void *send, uint64_t send_count, void *recv, const void *recv_counts,
+                          const void *recv_displs, int data_type, void *handle, void *stream) {
+    struct comm *c = as_comm(handle);
+    const uint64_t *counts = recv_counts;
+    record("HcclAllGatherV(rank=%d,send=%llu,type=%d,count0=%llu)", c == NULL ? -1 : (int)c->rank,
+           (unsigned long long)send_count, data_type, counts == NULL ? 0ULL : (unsigned long long)counts[0]);
+    (void)send;
+    (void)recv;
+    (void)recv_displs;
+    (void)stream;
+    int status = injected("HcclAllGatherV");
+    if (status != 0) return status;
+    return c == NULL ? HCCL_E_PARA : HCCL_SUCCESS;
+}
+
+HcclResult HcclReduceScatterV(void *send, const void *send_counts, const void *send_displs, void *recv,
+                              uint64_t recv_count, int data_type, int op, void *handle, void *stream) {
+    struct comm *c = as_comm(handle);
+    record("HcclReduceScatterV(rank=%d,recv=%llu,type=%d,op=%d)", c == NULL ? -1 : (int)c->rank,
+           (unsigned long long)recv_count, data_type, op);
+    (void)send;
+    (void)send_counts;
+    (void)send_displs;
+    (void)recv;
+    (void)stream;
+    int status = injected("HcclReduceScatterV");
+    if (status != 0) return status;
+    return c == NULL ? HCCL_E_PARA : HCCL_SUCCESS;
+}
+
+HcclResult HcclCommDestroy(void *handle) {
+    struct comm *c = as_comm(handle);
+    record("HcclCommDestroy(rank=%d)", c == NULL ? -1 : (int)c->rank);
+    if (c == NULL) return HCCL_E_PARA;
+    memset(c->magic, 0, sizeof c->magic);
+    free(c);
+    return HCCL_SUCCESS;
 }
 
 HcclResult HcclGetRankSize(void *comm, uint32_t *rank_size) {

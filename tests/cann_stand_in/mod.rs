@@ -1,11 +1,14 @@
-//! Builds the CANN **test stand-ins** (`acl_stand_in.c`, `hccl_stand_in.c` beside this file)
-//! and drives their test controls.
+//! Builds the CANN **test stand-ins** (the `*_stand_in.c` files beside this file) and drives
+//! their test controls.
 //!
-//! The stand-ins are small C libraries exporting the AscendCL and HCCL symbols that
-//! `dist_tensor::device::ascend` loads, so that the run-time loader can be exercised end to end
-//! on machines without CANN. They are compiled here, by the tests, with the system C compiler
-//! (`$CC`, or `cc`) into a scratch directory under `target/`, and are used by nothing but the
-//! `tests/ascend_*.rs` files.
+//! The stand-ins are small C libraries exporting the AscendCL, `aclrtc`, Ascend SHMEM, HCCL and
+//! `aclnn` symbols that `dist_tensor::device::ascend` loads, so that the run-time loader and the
+//! NPU dispatch can be exercised end to end on machines without CANN. They run no kernel and
+//! compute nothing: they record every call (in one shared log, kept by the AscendCL stand-in)
+//! and answer as the vendor's headers say. They are compiled here, by the tests, with the system
+//! C compiler (`$CC`, or `cc`) into a scratch directory under `target/`, and are used by nothing
+//! but the `tests/ascend_*.rs` files. `ascendc/` holds a declared surface of Ascend C's device
+//! API, for compiling the kernel sources with the host compiler (syntax only).
 
 // Each test file uses a different part of this helper.
 #![allow(dead_code)]
@@ -23,6 +26,8 @@ pub enum Variant {
     NoDeviceInfo,
     /// Without the required `aclrtSetDevice`.
     NoSetDevice,
+    /// Without the kernel-launch calls of CANN 8.3 (`aclrtBinaryLoadFromData`, ...).
+    NoKernelCalls,
 }
 
 impl Variant {
@@ -31,6 +36,7 @@ impl Variant {
             Variant::Full => &[],
             Variant::NoDeviceInfo => &["-DSTANDIN_NO_DEVICE_INFO"],
             Variant::NoSetDevice => &["-DSTANDIN_NO_SET_DEVICE"],
+            Variant::NoKernelCalls => &["-DSTANDIN_NO_KERNEL_CALLS"],
         }
     }
 }
@@ -60,6 +66,8 @@ fn compile(source_name: &str, out: &Path, defines: &[&str]) {
         .arg(out)
         .arg(source(source_name))
         .args(defines)
+        .arg("-ldl")
+        .arg("-lpthread")
         .output()
         .unwrap_or_else(|e| panic!("cannot run the C compiler {compiler:?}: {e}"));
     assert!(
@@ -132,6 +140,16 @@ impl AclStandIn {
         unsafe { f(call.as_ptr(), code, message.as_ptr()) }
     }
 
+    /// When `kernel` is launched, copy `data` to the address passed as its argument `arg`.
+    pub fn on_launch(&self, kernel: &str, arg: usize, data: &[u8]) {
+        let f: unsafe extern "C" fn(*const c_char, c_int, *const u8, usize) =
+            self.control("standin_on_launch");
+        let kernel = CString::new(kernel).unwrap();
+        // SAFETY: `void standin_on_launch(const char *, int, const void *, size_t)`, which copies
+        // both.
+        unsafe { f(kernel.as_ptr(), arg as c_int, data.as_ptr(), data.len()) }
+    }
+
     /// Every call so far, in order.
     pub fn log(&self) -> Vec<String> {
         let f: unsafe extern "C" fn() -> *const c_char = self.control("standin_log");
@@ -155,4 +173,43 @@ pub fn is_loaded(path: &Path) -> bool {
     let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
     let wanted = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     maps.lines().any(|line| line.ends_with(&*wanted.to_string_lossy()))
+}
+
+/// The whole stand-in CANN in one directory, as an install's `lib64` holds it: AscendCL,
+/// `aclrtc`, Ascend SHMEM, HCCL (with `libhcomm.so`) and the operator library.
+pub struct CannStandIn {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The AscendCL stand-in, with the controls.
+    pub acl: AclStandIn,
+    shmem: libloading::Library,
+}
+
+impl CannStandIn {
+    /// Builds every stand-in into `dir`, the AscendCL one as `variant`.
+    pub fn build(dir: &Path, variant: Variant) -> CannStandIn {
+        let acl = AclStandIn::build(dir, "libascendcl.so", variant);
+        compile("rtc_stand_in.c", &dir.join("libacl_rtc.so"), &[]);
+        compile("shmem_stand_in.c", &dir.join("libshmem.so"), &[]);
+        compile("nnop_stand_in.c", &dir.join("libopapi.so"), &[]);
+        build_hccl(dir, true);
+        // SAFETY: the stand-in was just built from shmem_stand_in.c; its initialiser only clears
+        // its own table.
+        let shmem = unsafe { libloading::Library::new(dir.join("libshmem.so")) }.expect("open");
+        CannStandIn { dir: dir.to_path_buf(), acl, shmem }
+    }
+
+    /// Makes the SHMEM stand-in keep one PE for the whole process (the last initialised), as a
+    /// library with process-wide state would; `false` goes back to one PE per device.
+    pub fn shmem_process_global(&self, on: bool) {
+        // SAFETY: `void standin_shmem_process_global(int)`, defined in shmem_stand_in.c.
+        let f = unsafe {
+            *self
+                .shmem
+                .get::<unsafe extern "C" fn(c_int)>(b"standin_shmem_process_global")
+                .expect("stand-in control")
+        };
+        // SAFETY: as above.
+        unsafe { f(c_int::from(on)) }
+    }
 }

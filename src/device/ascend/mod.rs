@@ -1,21 +1,96 @@
-//! Real NPUs: Ascend devices through the CANN runtime, loaded at run time.
+//! Real NPUs: Ascend devices through the CANN runtime, loaded at run time, running the crate's
+//! tile kernels written in Ascend C.
 //!
 //! Nothing of CANN is needed to build the crate: the runtime is opened with `libloading` when
 //! first asked for, and where it is absent every call here returns an error that says why (the
 //! library not found, with every path tried), while the host simulation runs as ever.
 //!
-//! Three layers, as cudarc layers NVIDIA's libraries:
+//! # The shape of the backend
+//!
+//! It mirrors the GPU backend's: kernels as sources in the crate, compiled at first use and
+//! cached, launched on symmetric device memory, one rank per device as a thread of this process.
+//!
+//! - [`World::ascend`](crate::World::ascend) (or [`AscendWorldBuilder`]) opens one NPU per rank
+//!   and makes on each a context, a stream, an HCCL communicator (`HcclCommInitAll`) and a PE of
+//!   Ascend SHMEM, whose symmetric heap the kernels work on. Without SHMEM the world builds on
+//!   HCCL alone (the kernels then say they need it; the unfused baselines run).
+//! - The ops' entry points (`DistTensor`'s methods, `fused::*`, `collectives::*`) exchange and
+//!   check shapes on the host as ever, then, on an Ascend world, hand the work to the op's
+//!   launcher in [`kernels`](KernelSource): it sizes the device buffers (symmetric ones through
+//!   `aclshmem_malloc`, the same on every rank), computes the signal counts, and launches.
+//! - Each kernel is an Ascend C source beside its launcher ([`KernelSource::all`]), the twin of
+//!   the host kernel of the same name, in the seed's conventions: grid-stride loops over
+//!   flattened task spaces, peers rotated by the rank, masks at ragged edges (exact
+//!   `DataCopyPad` lengths, never padding), communication on vector sub-core 0 of mix kernels,
+//!   core counts from the launch. It is compiled by `aclrtc` at its first use in a world, for
+//!   the device's architecture (`--npu-arch=dav-2201` on Atlas A2/A3, or [`NPU_ARCH_ENV`]) and
+//!   the element type, then loaded on every device (`aclrtBinaryLoadFromData`,
+//!   `aclrtBinaryGetFunction`); its arguments are appended in the order of its signature
+//!   (checked: a launcher that passes them out of order gets an error, not a kernel reading
+//!   the wrong pointer) and it is launched on every AI core (mix kernels) or every vector core
+//!   (vector-only ones) of the device, as the device reports them.
+//! - Waits in kernels time out after the world's wait timeout and report, through a status
+//!   record in device memory, the program, the signal and the values seen, as
+//!   [`Error::WaitTimeout`]; the host's stream synchronisation has a timeout too.
+//! - [`vendor`] calls CANN's own fused operators (MC2 `aclnnAllGatherMatmul`,
+//!   `aclnnMatmulReduceScatter`) as the comparison path, and the unfused baselines
+//!   (`fused::*_unfused`) run an HCCL collective and `aclnnMatmul`. [`last_path`] says which
+//!   path a rank's last op took.
+//!
+//! # Running on NPUs
+//!
+//! On a machine with Atlas A2 (910B) or A3 NPUs:
+//!
+//! 1. Install CANN 8.3 or later (the toolkit and the kernels package) and
+//!    `source /usr/local/Ascend/ascend-toolkit/set_env.sh`: the crate finds AscendCL, `aclrtc`
+//!    (`libacl_rtc.so`), HCCL and the operator library through `$ASCEND_HOME_PATH`.
+//! 2. Install Ascend SHMEM and `source` its `set_env.sh` (for `$SHMEM_HOME_PATH`): its
+//!    `libshmem.so` and the headers the kernels include are found there.
+//! 3. Run the NPU example, which checks every op against an f64 host reference and says which
+//!    path ran: `cargo run --release --example ascend_npu -- --devices 0,1`. To move any
+//!    program of the crate to NPUs, make its world with `World::ascend(&[0, 1, ...])` instead of
+//!    `World::threads(n)`; the `DistTensor` code stays as it is.
+//! 4. `ASCEND_RT_VISIBLE_DEVICES` chooses the devices the process sees, as for any CANN program;
+//!    [`NPU_ARCH_ENV`] overrides the compile architecture for a SoC the crate does not know.
+//!
+//! Element types on NPUs: f32, f16 and bf16 (f64 has no NPU kernel and is refused, naming the
+//! rank). Tensors are copied to the device for each op and the result back (no device-resident
+//! tensors yet).
+//!
+//! # What has been verified where
+//!
+//! **Nothing here has run on an NPU, and no kernel source has been compiled by CANN's
+//! compiler.** No NPU and no CANN were available where this backend was written. What was
+//! checked, and how:
+//!
+//! - The C signatures of every vendor call (AscendCL, `aclrtc`, HCCL, Ascend SHMEM, `aclnn`)
+//!   were taken from the vendors' public headers and documentation.
+//! - Against a stand-in CANN (`tests/cann_stand_in/`, small C libraries built by the tests that
+//!   record every call and compute nothing): the loader, the world's set-up and tear-down, the
+//!   call sequence of every op (compile once, load per device, arguments in the kernel's order,
+//!   launch on the device's core counts, synchronise), the SHMEM allocations, the unfused and
+//!   vendor paths, and that vendor errors, compile logs and kernel timeouts come back as typed
+//!   errors naming the call (`cargo test --release ascend`).
+//! - The kernel sources, as handed to `aclrtc`, compile with the host C++ compiler against a
+//!   declared surface of Ascend C's API for every element type, and follow the seed's
+//!   conventions (checked by the same tests). That catches C++ mistakes, not what only CANN's
+//!   compiler or the hardware would (intrinsic constraints, unified-buffer limits, the Matmul
+//!   tiling, synchronisation between pipes).
+//! - Not verified anywhere: the numbers the kernels compute, their speed, the system counter
+//!   rate the kernels' timeouts assume (50 MHz), and whether Ascend SHMEM accepts one PE per
+//!   device from threads of one process (its documentation describes a PE as a process; the
+//!   world checks after initialising and fails with an error saying so if not).
+//!
+//! The layers, as cudarc layers NVIDIA's libraries:
 //!
 //! | layer | holds |
 //! | --- | --- |
 //! | [`sys`] | the raw symbol tables, one per library, opened once and searched for in several places |
 //! | [`result`] | one wrapper per C call, turning a status into [`Error::DeviceStatus`] with the vendor's message |
-//! | this module | [`Ascend`] (an initialised runtime), [`AscendDevice`] (a device, reset on drop), [`CoreCounts`] |
+//! | this module | [`Ascend`] (an initialised runtime), [`AscendDevice`] (a device, reset on drop), [`CoreCounts`]; the world ([`AscendWorldBuilder`]), the kernels ([`KernelSource`]), the vendor path ([`vendor`]) |
 //!
-//! What an NPU gives the rest of the crate today is its [`Topology`]: the host simulation can
-//! run a world with a real device's core counts, read from the device, never written as
-//! constants. Kernels themselves do not run on an NPU yet; see
-//! [`Device::ensure_supported`](crate::device::Device::ensure_supported).
+//! An NPU's [`Topology`] also lets the host simulation run a world with a real device's core
+//! counts, read from the device, never written as constants.
 //!
 //! # Examples
 //! ```
@@ -38,8 +113,35 @@
 //! # Ok::<(), dist_tensor::Error>(())
 //! ```
 
+mod kernels;
+mod npu;
 pub mod result;
 pub mod sys;
+mod unfused;
+pub mod vendor;
+pub(crate) mod world;
+
+pub use kernels::KernelSource;
+pub(crate) use npu::{AscendRank, check_dtype};
+pub use world::{
+    AscendWorldBuilder, DEFAULT_DEVICE_HEAP_BYTES, NPU_ARCH_ENV, PathTaken, last_path, npu_arch,
+};
+
+/// The NPU side of the ops, for the ops' entry points (`fused`, `collectives`): each takes the
+/// shapes the ranks agreed on and runs the kernel on the rank's NPU.
+pub(crate) mod launch {
+    pub(crate) use super::kernels::all_gather::run as all_gather;
+    pub(crate) use super::kernels::all_gather_matmul::run as all_gather_matmul;
+    pub(crate) use super::kernels::all_to_all::{Layout as AllToAllLayout, run as all_to_all};
+    pub(crate) use super::kernels::all_to_all_v::run as all_to_all_v;
+    pub(crate) use super::kernels::broadcast::run as broadcast;
+    pub(crate) use super::kernels::matmul_reduce_scatter::run as matmul_reduce_scatter;
+    pub(crate) use super::kernels::reduce_scatter::run as reduce_scatter;
+    pub(crate) use super::unfused::{
+        all_gather_matmul as all_gather_matmul_unfused,
+        matmul_reduce_scatter as matmul_reduce_scatter_unfused,
+    };
+}
 
 use std::fmt;
 use std::path::Path;

@@ -443,3 +443,9 @@ pub fn hccl_root_info(hccl: &Hccl) -> Result<HcclRootInfo> {
     hccl_check(hccl, "HcclGetRootInfo", status)?;
     Ok(info)
 }
+
+pub(crate) mod hccl;
+pub(crate) mod nnop;
+pub(crate) mod rtc;
+pub(crate) mod runtime;
+pub(crate) mod shmem;

@@ -3,7 +3,7 @@
 //! permute, `MPI_Alltoallv` and a permute back), with the transport measured per path, the model
 //! of `design/processes-and-hosts.md` fitted to it, and a projection to a faster fabric.
 //!
-//! Started plainly, it runs itself under mpirun in three shapes of fake nodes on this host (every
+//! Started plainly (`perf_report --mpi`), it runs itself under mpirun in three shapes of fake nodes on this host (every
 //! process its own node, 2 and 4 nodes; 2 nodes of 2 ranks), with `--mca btl self,tcp` so every
 //! byte between nodes crosses loopback TCP, and prints what rank 0 of each printed. Needs the
 //! `mpi` feature and OpenMPI's mpirun. `--shapes 4x1,4x2` runs only those shapes (processes x
