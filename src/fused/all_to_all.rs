@@ -383,9 +383,8 @@ pub(crate) fn unfused_with<T: Element>(
     } else {
         (l.scatters[me], l.gather_total())
     };
-    let piece = |src: usize| {
-        block(gather_along_x, x_out, y_out, l.gather_offsets[src], l.gathers[src])
-    };
+    let piece =
+        |src: usize| block(gather_along_x, x_out, y_out, l.gather_offsets[src], l.gathers[src]);
     let from: Vec<usize> = (0..n).map(|src| piece(src).0 * piece(src).1).collect();
     let received = exchange(send, &counts, &from)?;
     let mut out_shape = x.shape().to_vec();
