@@ -616,11 +616,29 @@ fn throttled_body(world: &World) -> dist_tensor::Result<String> {
             ms[2].push(f);
             ms[3].push(u);
         }
+        // The two halves alone, to show the balance when a ratio misses: the gather of x
+        // through the throttled proxy, and the product on all gathered rows.
+        let gathered = Tensor::from_shape_vec(
+            &[m * rank.num_ranks(), k],
+            collectives::all_gather(rank, x.as_slice())?,
+        )?;
+        let gv = gathered.view2("gathered")?;
+        let threads = rank.topology().aicore_num();
+        let (mut comm, mut compute) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            comm.push(per_call(rank, 1, || collectives::all_gather(rank, x.as_slice()).map(drop))?);
+            compute.push(per_call(rank, 1, || {
+                dist_tensor::tensor::matmul(gv, wv, threads).map(drop)
+            })?);
+        }
         let [ag_f, ag_u, rs_f, rs_u] = ms.map(median);
         Ok(format!(
-            "same {same} | ag {:.3} | rs {:.3} | ms ag {ag_f:.1}/{ag_u:.1} rs {rs_f:.1}/{rs_u:.1}",
+            "same {same} | ag {:.3} | rs {:.3} | ms ag {ag_f:.1}/{ag_u:.1} rs {rs_f:.1}/{rs_u:.1} \
+             | alone ms gather {:.1} product {:.1}",
             median(ag),
-            median(rs)
+            median(rs),
+            median(comm),
+            median(compute),
         ))
     })?;
     Ok(out[0].clone())
@@ -632,8 +650,11 @@ fn over_a_throttled_network_the_fused_ops_give_the_same_results_and_still_overla
         return;
     }
     let name = "over_a_throttled_network_the_fused_ops_give_the_same_results_and_still_overlap";
-    // 100 MB/s: moving the rows takes about as long as the products (measured here).
-    let env = [(THROTTLE_DELAY_ENV, "100"), (THROTTLE_BANDWIDTH_ENV, "100000000")];
+    // 200 MB/s: gathering x (2 MiB into each rank) takes about 11 ms, somewhat longer than the
+    // product on the gathered rows with three ranks sharing this 2-core machine (about 7 ms,
+    // printed as `alone`). At 100 MB/s the gather took 3 times the product, and the few ms that
+    // overlap could win drowned in the noise of a loaded machine.
+    let env = [(THROTTLE_DELAY_ENV, "100"), (THROTTLE_BANDWIDTH_ENV, "200000000")];
     let job = mpirun(name, 3, Shape::OwnNodes, &env, &[]);
     for r in 0..3 {
         let text = job.result(r);
