@@ -348,6 +348,16 @@ fn run_fused<T: Element>(
         }
     }
     let routes = Routes::new(rank, per_shard);
+    // Who signals each shard's arrival here: the shard's rank itself when it is of this node or
+    // this rank stands in for it, else its stand-in on this node, which forwards it. A wait names
+    // that rank, so that only its leaving `run` early fails the wait.
+    let my_node = rank.node_of(me);
+    let signaller: Vec<usize> = (0..n)
+        .map(|s| {
+            let forwarder = rank.stand_in(my_node, s);
+            if rank.node_of(s) != my_node && forwarder != me { forwarder } else { s }
+        })
+        .collect();
     let weights: Vec<_> = weights.iter().map(|w| w.as_standard_layout()).collect();
     let w_acc: Vec<AccData<'_, T::Acc>> = weights
         .iter()
@@ -399,8 +409,9 @@ fn run_fused<T: Element>(
                     for s in rows.covering(task.row, task.rows) {
                         if tokens[s].is_none() {
                             let want = WaitCmp::Ge(ws.expected[s]);
+                            let from = signaller[s];
                             tokens[s] =
-                                Some(p.wait_from(&ws.arrived, s, s, want, WaitSem::Acquire)?);
+                                Some(p.wait_from(&ws.arrived, s, from, want, WaitSem::Acquire)?);
                         }
                         token = tokens[s];
                     }
