@@ -296,6 +296,13 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     put("ulysses_unfused", digest(unfused.output.as_slice()));
     let same = !World::launched() || fused::all_to_all_unfused_mpi(rank, &q, 2, 1)? == unfused;
     put("ulysses_unfused_mpi_same", same.to_string());
+    // Blocks of several copy tasks, on one node and across nodes (tasks to another node are
+    // larger): about 9000 rows of 16 to 48 elements per peer.
+    let s_r = 9000 + 37 * me;
+    let q = Tensor::from_shape_vec(&[1, s_r, 5, 16], seeded::<f32>(me, s_r * 80, 14))?;
+    let heads = fused::all_to_all(rank, &q, 2, 1)?;
+    put("ulysses_large", digest(heads.output.as_slice()));
+    put("ulysses_large_same", (heads == fused::all_to_all_unfused(rank, &q, 2, 1)?).to_string());
     // The DistTensor layer: an MLP block end to end.
     let x = Tensor::<f32>::random(&[29, 16], 1);
     let w1 = Tensor::<f32>::random(&[16, 40], 2);
@@ -478,19 +485,27 @@ const FAULT_BOUND: Duration = Duration::from_secs(2);
 
 /// The body of the fault tests: rank 1 does `fault` after a first collective; the others go into
 /// an all_gather that needs it, then try a barrier, and print how long the pending one took to
-/// fail, and both errors.
+/// fail, and both errors. Rank 1 may fail before another rank has left the first collective: that
+/// one is then the pending one.
 fn fault_body(
     world: &World,
     fault: impl Fn(&Rank<'_>) -> dist_tensor::Result<()> + Sync,
 ) -> dist_tensor::Result<String> {
     let out = world.run(|rank| {
-        collectives::all_gather(rank, &[rank.rank() as f32])?; // everyone is in
+        let mut start = Instant::now();
+        let first = collectives::all_gather(rank, &[rank.rank() as f32]).map(drop);
         if rank.rank() == 1 {
+            first?;
             fault(rank)?;
             return Ok("rank 1 went on".to_string());
         }
-        let start = Instant::now();
-        let pending = collectives::all_gather(rank, &[1.0f32]).map(drop).unwrap_err();
+        let pending = match first {
+            Ok(()) => {
+                start = Instant::now();
+                collectives::all_gather(rank, &[1.0f32]).map(drop).unwrap_err()
+            }
+            Err(err) => err,
+        };
         let ms = start.elapsed().as_millis();
         let next = rank.barrier_all().map(drop).unwrap_err();
         Ok(format!("{ms} ms | {pending} | {next}"))
@@ -602,7 +617,7 @@ fn throttled_body(world: &World) -> dist_tensor::Result<String> {
         // Fused and unfused in pairs, one right after the other (the machine's load drifts):
         // the median of the pairs' ratios.
         let (mut ag, mut rs, mut ms) = (Vec::new(), Vec::new(), [(); 4].map(|_| Vec::new()));
-        for _ in 0..7 {
+        for _ in 0..11 {
             let f = per_call(rank, 1, || fused::all_gather_matmul(rank, xv, &[wv]).map(drop))?;
             let u =
                 per_call(rank, 1, || fused::all_gather_matmul_unfused(rank, xv, &[wv]).map(drop))?;
