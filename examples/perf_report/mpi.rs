@@ -21,6 +21,9 @@ const SHAPES: [(usize, usize); 3] = [(2, 1), (4, 1), (4, 2)];
 /// The fabric the projection models.
 const FABRIC_ALPHA_US: f64 = 3.0;
 const FABRIC_GB_S: f64 = 25.0;
+/// What each fused op puts to another node at once, in f32 (256 Ki elements: `REMOTE_CHUNK_ELEMS`
+/// of all_gather_matmul and all_to_all, `NODE_CHUNK_ELEMS` of matmul_reduce_scatter).
+const NODE_CHUNK_BYTES: usize = 256 * 1024 * 4;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -288,7 +291,7 @@ fn rank_main(quick: bool) -> Result<()> {
         })?;
         let shard = m.div_ceil(n) * k * 4;
         let intra = intra_of(shard * local_peers * nodes);
-        let chunk = 64 * 1024 * 4;
+        let chunk = NODE_CHUNK_BYTES;
         rows.push(Row {
             op: format!("all_gather_matmul M={m} K={k} N={nn}"),
             fused: tf,
@@ -320,8 +323,8 @@ fn rank_main(quick: bool) -> Result<()> {
             mpi: tu,
             ratio,
             local,
-            model: model(local, intra, rows_bytes * per_node, 16 * 1024 * 4, nodes, net),
-            projected: model(local, intra, rows_bytes * per_node, 16 * 1024 * 4, nodes, (FABRIC_ALPHA_US * 1e-6, FABRIC_GB_S * 1e9)),
+            model: model(local, intra, rows_bytes * per_node, NODE_CHUNK_BYTES, nodes, net),
+            projected: model(local, intra, rows_bytes * per_node, NODE_CHUNK_BYTES, nodes, (FABRIC_ALPHA_US * 1e-6, FABRIC_GB_S * 1e9)),
         });
 
         // Ulysses all_to_all: [B, S, H, D] sequence sharded -> heads sharded.
@@ -347,8 +350,8 @@ fn rank_main(quick: bool) -> Result<()> {
             mpi: tu,
             ratio,
             local,
-            model: model(local, intra, pair_bytes * per_node, 64 * 1024 * 4, nodes, net),
-            projected: model(local, intra, pair_bytes * per_node, 64 * 1024 * 4, nodes, (FABRIC_ALPHA_US * 1e-6, FABRIC_GB_S * 1e9)),
+            model: model(local, intra, pair_bytes * per_node, NODE_CHUNK_BYTES, nodes, net),
+            projected: model(local, intra, pair_bytes * per_node, NODE_CHUNK_BYTES, nodes, (FABRIC_ALPHA_US * 1e-6, FABRIC_GB_S * 1e9)),
         });
 
         out.push(format!(
