@@ -5,14 +5,16 @@
 //! a device barrier. Inputs are random (never zeros: a GEMM on zeros runs faster).
 //!
 //! ```text
-//! cargo run --release --features cuda --example gpu_report [-- --iters 20 --warmup 5 --stages]
+//! cargo run --release --features cuda --example gpu_report [-- --iters 20 --warmup 5 --stages|--sweep]
 //! ```
 //!
 //! The last column compares the fused op's output with the unfused one's (max |difference| over
 //! max |value|; they round differently, so not zero for the products, zero for the all_to_all).
 //! `--stages` adds timings that explain the fused times: the GEMM of one rank's rows (what the
-//! chunked paths run per chunk), all_gather_matmul on its other path, and the NVLink bandwidth
-//! of the all_to_all. Without two GPUs it says why and exits successfully.
+//! chunked paths run per chunk), all_gather_matmul on its other path and with all own rows
+//! multiplied first, the first versions of the decode paths (each with its max difference from
+//! the fused output: 0, the same bits), and the NVLink bandwidth of the all_to_all. `--sweep`
+//! adds, for all_gather_matmul's overlap path, other numbers of own rows multiplied first. Without two GPUs it says why and exits successfully.
 
 use dist_tensor::device::cuda::{self, Timer};
 use dist_tensor::{DistTensor, Placement, Rank, Result, Tensor, World};
@@ -22,6 +24,7 @@ struct Settings {
     warmup: usize,
     iters: usize,
     stages: bool,
+    sweep: bool,
 }
 
 fn settings() -> Settings {
@@ -36,7 +39,8 @@ fn settings() -> Settings {
     Settings {
         warmup: value("--warmup", 5),
         iters: value("--iters", 20),
-        stages: args.iter().any(|a| a == "--stages"),
+        stages: args.iter().any(|a| a == "--stages" || a == "--sweep"),
+        sweep: args.iter().any(|a| a == "--sweep"),
     }
 }
 
@@ -90,11 +94,56 @@ fn difference(a: &Tensor<bf16>, b: &Tensor<bf16>) -> Result<f64> {
     Ok(if scale == 0.0 { diff } else { diff / scale })
 }
 
+/// Times `op` with process-wide settings changed by `set` (on every rank, between barriers, so
+/// that no op runs while they change), then restores them with `reset`.
+fn time_with<R>(
+    rank: &Rank<'_>,
+    s: &Settings,
+    set: impl Fn() -> Result<()>,
+    reset: impl Fn() -> Result<()>,
+    op: impl FnMut() -> Result<R>,
+) -> Result<f64> {
+    cuda::barrier(rank)?;
+    cuda::synchronize(rank)?;
+    set()?;
+    cuda::barrier(rank)?;
+    let t = time(rank, s, op);
+    cuda::barrier(rank)?;
+    cuda::synchronize(rank)?;
+    reset()?;
+    t
+}
+
 fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usize) -> Result<Row> {
     let p = world.num_ranks();
     let rows = m / p;
     let path = cuda::all_gather_matmul_path(&vec![rows; p]);
-    let other = if path == "gather" { "overlap" } else { "gather" };
+    // Stages: the other path, the first version of this one, and, for the overlap path, other
+    // numbers of own rows multiplied first (the model's choice is the fused time).
+    let mut variants: Vec<(String, Option<&str>, Option<usize>)> = Vec::new();
+    if path == "gather" {
+        variants.push(("fused, overlap path".into(), Some("overlap"), None));
+        variants.push((
+            "fused, gather_publish (the first version: two hand-shakes)".into(),
+            Some("gather_publish"),
+            None,
+        ));
+    } else {
+        variants.push(("fused, gather path".into(), Some("gather"), None));
+        let model = cuda::all_gather_matmul_first_rows(rows, m - rows, k, n, 2);
+        let mut firsts = vec![rows];
+        if s.sweep {
+            firsts.extend([rows / 4, 3 * rows / 8, rows / 2, 5 * rows / 8, 3 * rows / 4]);
+        }
+        for f in firsts.into_iter().filter(|&f| f != model) {
+            let what = if f == rows {
+                format!("fused, all {f} own rows first (the first version)")
+            } else {
+                format!("fused, {f} own rows first")
+            };
+            variants.push((what, None, Some(f)));
+        }
+    }
     let times = world.run(|rank| {
         let seed = 10 * rank.rank() as u64;
         let x = DistTensor::from_local(
@@ -114,20 +163,48 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
         ];
         if s.stages {
             t.push(time(rank, s, || x.local().matmul(&w))?);
-            // Every rank sets the same path between the same two barriers.
-            cuda::barrier(rank)?;
-            cuda::synchronize(rank)?;
-            cuda::force_all_gather_matmul_path(Some(other))?;
-            cuda::barrier(rank)?;
-            let forced = time(rank, s, || x.all_gather_matmul(&w));
-            cuda::barrier(rank)?;
-            cuda::synchronize(rank)?;
-            cuda::force_all_gather_matmul_path(None)?;
-            t.push(forced?);
+            for (_, forced, first) in &variants {
+                let out = x.all_gather_matmul(&w)?;
+                let fused = time_with(
+                    rank,
+                    s,
+                    || {
+                        cuda::force_all_gather_matmul_first_rows(*first);
+                        cuda::force_all_gather_matmul_path(*forced)
+                    },
+                    || {
+                        cuda::force_all_gather_matmul_first_rows(None);
+                        cuda::force_all_gather_matmul_path(None)
+                    },
+                    || x.all_gather_matmul(&w),
+                )?;
+                t.push(fused);
+                // Every variant computes the same bits (the same GEMMs of the same rows).
+                cuda::force_all_gather_matmul_first_rows(*first);
+                cuda::force_all_gather_matmul_path(*forced)?;
+                cuda::barrier(rank)?;
+                let again = x.all_gather_matmul(&w);
+                cuda::barrier(rank)?;
+                cuda::synchronize(rank)?;
+                cuda::force_all_gather_matmul_first_rows(None);
+                cuda::force_all_gather_matmul_path(None)?;
+                t.push(difference(again?.local(), out.local())?);
+            }
         }
         Ok(t)
     })?;
     let t = slowest(times);
+    let mut stages = Vec::new();
+    if s.stages {
+        stages.push((format!("GEMM of one rank's {rows} rows"), t[4]));
+        if path == "overlap" {
+            let model = cuda::all_gather_matmul_first_rows(rows, m - rows, k, n, 2);
+            stages.push((format!("fused (the model's {model} own rows first)"), t[0]));
+        }
+        for (i, (what, _, _)) in variants.iter().enumerate() {
+            stages.push((format!("{what} (max diff {:.1e})", t[6 + 2 * i]), t[5 + 2 * i]));
+        }
+    }
     Ok(Row {
         op: "all_gather_matmul",
         shape: format!("M={m} K={k} N_local={n}"),
@@ -136,14 +213,7 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
         unfused: t[1],
         ceiling: t[2],
         check: t[3],
-        stages: if s.stages {
-            vec![
-                (format!("GEMM of one rank's {rows} rows"), t[4]),
-                (format!("fused, {other} path"), t[5]),
-            ]
-        } else {
-            vec![]
-        },
+        stages,
     })
 }
 
@@ -155,6 +225,7 @@ fn matmul_reduce_scatter_row(
     n: usize,
 ) -> Result<Row> {
     let p = world.num_ranks();
+    let path = cuda::matmul_reduce_scatter_path(&vec![m / p; p]);
     let times = world.run(|rank| {
         let seed = 10 * rank.rank() as u64;
         let h = DistTensor::from_local(
@@ -176,22 +247,45 @@ fn matmul_reduce_scatter_row(
         if s.stages {
             let part = cuda::random::<bf16>(rank, &[m / p, k], seed + 3)?;
             t.push(time(rank, s, || part.matmul(&w))?);
+            if path == "single" {
+                let out = h.matmul_reduce_scatter(&w)?;
+                t.push(time_with(
+                    rank,
+                    s,
+                    || cuda::force_matmul_reduce_scatter_path(Some("single_pull")),
+                    || cuda::force_matmul_reduce_scatter_path(None),
+                    || h.matmul_reduce_scatter(&w),
+                )?);
+                // The first version sums the same partials in the same order: the same bits.
+                cuda::force_matmul_reduce_scatter_path(Some("single_pull"))?;
+                cuda::barrier(rank)?;
+                let again = h.matmul_reduce_scatter(&w);
+                cuda::barrier(rank)?;
+                cuda::synchronize(rank)?;
+                cuda::force_matmul_reduce_scatter_path(None)?;
+                t.push(difference(again?.local(), out.local())?);
+            }
         }
         Ok(t)
     })?;
     let t = slowest(times);
+    let mut stages = Vec::new();
+    if s.stages {
+        stages.push((format!("GEMM of one rank's {} rows", m / p), t[4]));
+        if path == "single" {
+            let what = "fused, single_pull (the first version: reads over NVLink, two hand-shakes)";
+            stages.push((format!("{what} (max diff {:.1e})", t[6]), t[5]));
+        }
+    }
     Ok(Row {
         op: "matmul_reduce_scatter",
         shape: format!("M={m} K_local={k} N={n}"),
-        path: cuda::matmul_reduce_scatter_path(&vec![m / p; p]),
+        path,
         fused: t[0],
         unfused: t[1],
         ceiling: t[2],
         check: t[3],
-        stages: t
-            .get(4)
-            .map(|&v| vec![(format!("GEMM of one rank's {} rows", m / p), v)])
-            .unwrap_or_default(),
+        stages,
     })
 }
 

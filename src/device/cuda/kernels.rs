@@ -325,6 +325,7 @@ pub(crate) struct ExchangeArgs {
     pub(crate) local: u64,
     pub(crate) prefix: [u64; MAX_RANKS + 1],
     pub(crate) runs: [Runs; MAX_RANKS],
+    pub(crate) peers: [u64; MAX_RANKS],
 }
 
 /// `ReduceArgs` in reduce.cu.
@@ -339,6 +340,13 @@ pub(crate) struct ReduceArgs {
     pub(crate) out: u64,
     pub(crate) parts: [u64; MAX_RANKS],
     pub(crate) runs: Runs,
+    pub(crate) npush: u32,
+    pub(crate) pad: u32,
+    pub(crate) push_src: [u64; MAX_RANKS],
+    pub(crate) push_dst: [u64; MAX_RANKS],
+    pub(crate) push_len: [u64; MAX_RANKS],
+    pub(crate) push_prefix: [u64; MAX_RANKS + 1],
+    pub(crate) push_chunk: u64,
 }
 
 /// `SignalArgs` in signal.cu.

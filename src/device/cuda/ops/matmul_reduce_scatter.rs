@@ -6,18 +6,25 @@
 //! rounds once: bitwise the same on every run. Paths, reported by `matmul_reduce_scatter_path`:
 //! - `chunked`: a GEMM per destination, the next peer's rows first; copy engines push each
 //!   partial into its owner's symmetric buffer while the next partial is computed.
-//! - `single` (few rows, as in decoding): one GEMM over all rows reads the weight once; the
-//!   reduce kernel then reads every peer's partial of this rank's rows over NVLink (`symm_at` of
-//!   the published partials), with no copy. (Blocks of columns, each block's reduce overlapping
-//!   the next block's product on a second stream, measured slower on two H200s: 0.159 ms against
-//!   0.116 for M=256 K_local=14336 N=8192.)
+//! - `single` (few rows, as in decoding): one GEMM over all rows reads the weight once; one
+//!   `dt_reduce` kernel then pushes each peer its rows of the partial (writes over NVLink, which
+//!   are posted, where reads wait a round trip each), tells it, waits until every peer did the
+//!   same, and sums locally. The receive buffer is double, as `all_gather_matmul`'s gather
+//!   buffer: a peer last read the half this call writes two calls ago, before it signalled the
+//!   last call's pushes; so the one hand-shake is after the pushes. (`single_pull`, the first
+//!   version, reads the peers' partials in place, with a hand-shake before and after; blocks of
+//!   columns, each block's reduce overlapping the next block's product on a second stream,
+//!   measured slower on two H200s: 0.159 ms against 0.116 for M=256 K_local=14336 N=8192.)
 
-use super::{SMALL_CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal};
+use super::{
+    Push, SMALL_CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal,
+};
 use crate::Result;
 use crate::device::cuda::blas::{self, dtype_bytes};
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::storage::DeviceData;
 use crate::device::cuda::world::{GpuRank, OP_MATMUL_REDUCE_SCATTER};
+use crate::device::cuda::{matmul_reduce_scatter_path, path_code};
 use crate::tensor::{DType, Element};
 
 const OP: &str = "matmul_reduce_scatter";
@@ -49,9 +56,12 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     let problem = shape_problem(a, w);
     let (m, kr, big_n) =
         if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
-    let all = agree(g, OP, OP_MATMUL_REDUCE_SCATTER, &[m as u64, big_n as u64], problem)?;
+    let path = matmul_reduce_scatter_path(splits);
+    let words = [m as u64, big_n as u64, path_code(path)];
+    let all = agree(g, OP, OP_MATMUL_REDUCE_SCATTER, &words, problem)?;
     same_everywhere(OP, &all, 0, "M")?;
     same_everywhere(OP, &all, 1, "N")?;
+    same_everywhere(OP, &all, 2, "path")?;
     let off = offsets(splits);
     let es = size_of::<T>();
     let out: DeviceData<T> = out_tensor(g, &[splits[r], big_n])?;
@@ -78,29 +88,46 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             pt,
         )
     };
-    if crate::device::cuda::matmul_reduce_scatter_path(splits) == "single" {
+    let max_rows = splits.iter().copied().max().unwrap_or(0);
+    let own_runs = Runs::contiguous(splits[r] * big_n, 0, 0, pb, SMALL_CHUNK_BYTES);
+    if path == "single" {
         g.with_state("matmul_reduce_scatter.single", |st| {
+            st.epoch += 1;
+            let slot = max_rows * big_n * pb;
+            let recv = g.symmetric(st, "received", 2 * n * slot)?;
+            let partials = g.local(st, "partials", m * big_n * pb)?;
+            product(partials, 0, m)?;
+            // recv slot (parity, s) of rank p holds rank s's partial of p's rows.
+            let parity = (st.epoch % 2) as usize;
+            let slot_at =
+                |p: usize, s: usize| g.symm_at(recv, p) + ((parity * n + s) * slot) as u64;
+            let rows_at = |d: usize| partials + (off[d] * big_n * pb) as u64;
+            let pushes: Vec<Push> = (1..n)
+                .map(|i| (r + i) % n)
+                .map(|p| Push { src: rows_at(p), dst: slot_at(p, r), len: splits[p] * big_n })
+                .collect();
+            let parts: Vec<u64> =
+                (0..n).map(|s| if s == r { rows_at(r) } else { slot_at(r, s) }).collect();
+            let stream = g.stream();
+            let op = OP_MATMUL_REDUCE_SCATTER;
+            reduce::<T>(g, st, op, 4, 0, out.ptr(), &parts, own_runs, &pushes, pb, stream)
+        })?;
+        return Ok(out);
+    }
+    if path == "single_pull" {
+        g.with_state("matmul_reduce_scatter.single_pull", |st| {
             st.epoch += 1;
             let partials = g.local(st, "partials", m * big_n * pb)?;
             product(partials, 0, m)?;
             // Every rank sums its rows of every rank's partials, read in place.
             let runs =
                 Runs::contiguous(splits[r] * big_n, off[r] * big_n, 0, pb, SMALL_CHUNK_BYTES);
-            reduce::<T>(
-                g,
-                st,
-                OP_MATMUL_REDUCE_SCATTER,
-                3,
-                partials,
-                out.ptr(),
-                &[],
-                runs,
-                g.stream(),
-            )
+            let stream = g.stream();
+            let op = OP_MATMUL_REDUCE_SCATTER;
+            reduce::<T>(g, st, op, 3, partials, out.ptr(), &[], runs, &[], pb, stream)
         })?;
         return Ok(out);
     }
-    let max_rows = splits.iter().copied().max().unwrap_or(0);
     g.with_state("matmul_reduce_scatter.chunked", |st| {
         st.epoch += 1;
         let epoch = st.epoch;
@@ -147,8 +174,8 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
         // kernels of multiprocessors while every peer does the same (a deadlock seen on two
         // H200s). Waiting also keeps our partials unwritten until the copies have read them.
         g.join(st, 0, copies, main)?;
-        let runs = Runs::contiguous(splits[r] * big_n, 0, 0, pb, SMALL_CHUNK_BYTES);
-        reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 2, 0, out.ptr(), &parts, runs, main)
+        let op = OP_MATMUL_REDUCE_SCATTER;
+        reduce::<T>(g, st, op, 2, 0, out.ptr(), &parts, own_runs, &[], pb, main)
     })?;
     Ok(out)
 }

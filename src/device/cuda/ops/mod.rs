@@ -108,7 +108,8 @@ pub(crate) fn out_tensor<T: Element>(g: &GpuRank<'_>, shape: &[usize]) -> Result
     DeviceData::uninit(g.gpu(), shape, g.home())
 }
 
-/// Launches `dt_exchange`: `parts[i]` are the runs for rank (rank + i) % world.
+/// Launches `dt_exchange`: `parts[i]` are the runs for rank (rank + i) % world; `peers[i]` that
+/// rank's output in mode 3 (empty otherwise).
 #[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
 pub(crate) fn exchange<T: Element>(
     g: &GpuRank<'_>,
@@ -118,6 +119,7 @@ pub(crate) fn exchange<T: Element>(
     mine: u64,
     local: u64,
     parts: &[Runs],
+    peers: &[u64],
     stream: sys::CUstream,
 ) -> Result<()> {
     assert!(parts.len() <= MAX_RANKS);
@@ -137,11 +139,22 @@ pub(crate) fn exchange<T: Element>(
         args.runs[i] = *r;
         args.prefix[i + 1] = args.prefix[i] + r.tasks();
     }
+    args.peers[..peers.len()].copy_from_slice(peers);
     let grid = kernels::grid_for(g.gpu(), f, args.prefix[parts.len()]);
     kernels::launch(f, grid, kernels::BLOCK, stream, &args)
 }
 
-/// Launches `dt_reduce` (see reduce.cu for the modes).
+/// One contiguous move of `len` elements from `src` to `dst` (a peer's memory) by `dt_reduce`
+/// in mode 4, before it sums.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Push {
+    pub(crate) src: u64,
+    pub(crate) dst: u64,
+    pub(crate) len: usize,
+}
+
+/// Launches `dt_reduce` (see reduce.cu for the modes); `pushes` only in mode 4, with elements
+/// of `part_bytes` bytes.
 #[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
 pub(crate) fn reduce<T: Element>(
     g: &GpuRank<'_>,
@@ -152,6 +165,8 @@ pub(crate) fn reduce<T: Element>(
     out: u64,
     parts: &[u64],
     runs: Runs,
+    pushes: &[Push],
+    part_bytes: usize,
     stream: sys::CUstream,
 ) -> Result<()> {
     let f = kernels::function(g.gpu(), Source::Reduce, T::DTYPE, "dt_reduce")?;
@@ -166,7 +181,17 @@ pub(crate) fn reduce<T: Element>(
         ..ReduceArgs::default()
     };
     args.parts[..parts.len()].copy_from_slice(parts);
-    let grid = kernels::grid_for(g.gpu(), f, runs.tasks());
+    assert!(pushes.len() <= MAX_RANKS);
+    args.npush = pushes.len() as u32;
+    args.push_chunk = (SMALL_CHUNK_BYTES / part_bytes.max(1)).max(1) as u64;
+    for (i, p) in pushes.iter().enumerate() {
+        args.push_src[i] = p.src;
+        args.push_dst[i] = p.dst;
+        args.push_len[i] = p.len as u64;
+        args.push_prefix[i + 1] = args.push_prefix[i] + (p.len as u64).div_ceil(args.push_chunk);
+    }
+    let tasks = runs.tasks().max(args.push_prefix[pushes.len()]);
+    let grid = kernels::grid_for(g.gpu(), f, tasks);
     kernels::launch(f, grid, kernels::BLOCK, stream, &args)
 }
 
