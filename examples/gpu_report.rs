@@ -5,16 +5,16 @@
 //! a device barrier. Inputs are random (never zeros: a GEMM on zeros runs faster).
 //!
 //! ```text
-//! cargo run --release --features cuda --example gpu_report [-- --iters 20 --warmup 5 --stages|--sweep]
+//! cargo run --release --features cuda --example gpu_report [-- --iters 20 --warmup 5 --stages]
 //! ```
 //!
 //! The last column compares the fused op's output with the unfused one's (max |difference| over
 //! max |value|; they round differently, so not zero for the products, zero for the all_to_all).
 //! `--stages` adds timings that explain the fused times: the GEMM of one rank's rows (what the
-//! chunked paths run per chunk), all_gather_matmul on its other path and with all own rows
-//! multiplied first, the first versions of the decode paths (each with its max difference from
-//! the fused output: 0, the same bits), and the NVLink bandwidth of the all_to_all. `--sweep`
-//! adds, for all_gather_matmul's overlap path, other numbers of own rows multiplied first. Without two GPUs it says why and exits successfully.
+//! chunked paths run per chunk), all_gather_matmul on its other path and, on the overlap path,
+//! with all own rows multiplied first (the first version's schedule) alternating with the
+//! model's number (each with its max difference from the fused output: 0, the same bits), and
+//! the NVLink bandwidth of the all_to_all. Without two GPUs it says why and exits successfully.
 
 use dist_tensor::device::cuda::{self, Timer};
 use dist_tensor::{DistTensor, Placement, Rank, Result, Tensor, World};
@@ -24,7 +24,6 @@ struct Settings {
     warmup: usize,
     iters: usize,
     stages: bool,
-    sweep: bool,
 }
 
 fn settings() -> Settings {
@@ -39,8 +38,7 @@ fn settings() -> Settings {
     Settings {
         warmup: value("--warmup", 5),
         iters: value("--iters", 20),
-        stages: args.iter().any(|a| a == "--stages" || a == "--sweep"),
-        sweep: args.iter().any(|a| a == "--sweep"),
+        stages: args.iter().any(|a| a == "--stages"),
     }
 }
 
@@ -118,30 +116,21 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
     let p = world.num_ranks();
     let rows = m / p;
     let path = cuda::all_gather_matmul_path(&vec![rows; p]);
-    // Stages: the other path, the first version of this one, and, for the overlap path, other
-    // numbers of own rows multiplied first (the model's choice is the fused time).
+    // Stages: the other path; for the overlap path, all own rows multiplied first (the first
+    // version's schedule) against the model's number (the fused time), twice each, alternating.
     let mut variants: Vec<(String, Option<&str>, Option<usize>)> = Vec::new();
     if path == "gather" {
         variants.push(("fused, overlap path".into(), Some("overlap"), None));
-        variants.push((
-            "fused, gather_publish (the first version: two hand-shakes)".into(),
-            Some("gather_publish"),
-            None,
-        ));
     } else {
         variants.push(("fused, gather path".into(), Some("gather"), None));
         let model = cuda::all_gather_matmul_first_rows(rows, m - rows, k, n, 2);
-        let mut firsts = vec![rows];
-        if s.sweep {
-            firsts.extend([rows / 4, 3 * rows / 8, rows / 2, 5 * rows / 8, 3 * rows / 4]);
-        }
-        for f in firsts.into_iter().filter(|&f| f != model) {
-            let what = if f == rows {
-                format!("fused, all {f} own rows first (the first version)")
-            } else {
-                format!("fused, {f} own rows first")
-            };
-            variants.push((what, None, Some(f)));
+        if model != rows {
+            for run in [2, 3] {
+                let v1 = format!("fused, all {rows} own rows first (the first version), run {run}");
+                variants.push((v1, None, Some(rows)));
+                let mine = format!("fused, the model's {model} own rows first, run {run}");
+                variants.push((mine, None, None));
+            }
         }
     }
     let times = world.run(|rank| {
@@ -179,7 +168,6 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
                     || x.all_gather_matmul(&w),
                 )?;
                 t.push(fused);
-                // Every variant computes the same bits (the same GEMMs of the same rows).
                 cuda::force_all_gather_matmul_first_rows(*first);
                 cuda::force_all_gather_matmul_path(*forced)?;
                 cuda::barrier(rank)?;
@@ -199,8 +187,9 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
         stages.push((format!("GEMM of one rank's {rows} rows"), t[4]));
         if path == "overlap" {
             let model = cuda::all_gather_matmul_first_rows(rows, m - rows, k, n, 2);
-            stages.push((format!("fused (the model's {model} own rows first)"), t[0]));
+            stages.push((format!("fused, the model's {model} own rows first, run 1"), t[0]));
         }
+        // Every variant must compute the same bits (the same rows through the same products).
         for (i, (what, _, _)) in variants.iter().enumerate() {
             stages.push((format!("{what} (max diff {:.1e})", t[6 + 2 * i]), t[5 + 2 * i]));
         }
@@ -247,24 +236,6 @@ fn matmul_reduce_scatter_row(
         if s.stages {
             let part = cuda::random::<bf16>(rank, &[m / p, k], seed + 3)?;
             t.push(time(rank, s, || part.matmul(&w))?);
-            if path == "single" {
-                let out = h.matmul_reduce_scatter(&w)?;
-                t.push(time_with(
-                    rank,
-                    s,
-                    || cuda::force_matmul_reduce_scatter_path(Some("single_pull")),
-                    || cuda::force_matmul_reduce_scatter_path(None),
-                    || h.matmul_reduce_scatter(&w),
-                )?);
-                // The first version sums the same partials in the same order: the same bits.
-                cuda::force_matmul_reduce_scatter_path(Some("single_pull"))?;
-                cuda::barrier(rank)?;
-                let again = h.matmul_reduce_scatter(&w);
-                cuda::barrier(rank)?;
-                cuda::synchronize(rank)?;
-                cuda::force_matmul_reduce_scatter_path(None)?;
-                t.push(difference(again?.local(), out.local())?);
-            }
         }
         Ok(t)
     })?;
@@ -272,10 +243,6 @@ fn matmul_reduce_scatter_row(
     let mut stages = Vec::new();
     if s.stages {
         stages.push((format!("GEMM of one rank's {} rows", m / p), t[4]));
-        if path == "single" {
-            let what = "fused, single_pull (the first version: reads over NVLink, two hand-shakes)";
-            stages.push((format!("{what} (max diff {:.1e})", t[6]), t[5]));
-        }
     }
     Ok(Row {
         op: "matmul_reduce_scatter",

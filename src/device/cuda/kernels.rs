@@ -340,13 +340,6 @@ pub(crate) struct ReduceArgs {
     pub(crate) out: u64,
     pub(crate) parts: [u64; MAX_RANKS],
     pub(crate) runs: Runs,
-    pub(crate) npush: u32,
-    pub(crate) pad: u32,
-    pub(crate) push_src: [u64; MAX_RANKS],
-    pub(crate) push_dst: [u64; MAX_RANKS],
-    pub(crate) push_len: [u64; MAX_RANKS],
-    pub(crate) push_prefix: [u64; MAX_RANKS + 1],
-    pub(crate) push_chunk: u64,
 }
 
 /// `SignalArgs` in signal.cu.

@@ -87,13 +87,10 @@ pub fn all_gather_matmul_path(splits: &[usize]) -> &'static str {
     }
 }
 
-/// The paths [`force_all_gather_matmul_path`] takes; `gather_publish` is the first version of
-/// `gather` (its kernel publishes, then pushes, then waits: two hand-shakes), kept to measure
-/// the current one against.
-const AG_PATHS: &[&str] = &["gather", "overlap", "gather_publish"];
-/// The paths [`force_matmul_reduce_scatter_path`] takes; `single_pull` is the first version of
-/// `single` (the reduce kernel reads the peers' partials over NVLink and hand-shakes twice).
-const RS_PATHS: &[&str] = &["single", "chunked", "single_pull"];
+/// The paths [`force_all_gather_matmul_path`] takes.
+const AG_PATHS: &[&str] = &["gather", "overlap"];
+/// The paths [`force_matmul_reduce_scatter_path`] takes.
+const RS_PATHS: &[&str] = &["single", "chunked"];
 
 static FORCED_AG_PATH: AtomicUsize = AtomicUsize::new(0);
 static FORCED_RS_PATH: AtomicUsize = AtomicUsize::new(0);
@@ -126,9 +123,8 @@ fn force(
     Ok(())
 }
 
-/// Makes `all_gather_matmul` on GPU worlds of two or more ranks take `path` (`gather`,
-/// `overlap`, or `gather_publish`, the first version of `gather`) whatever the shape,
-/// process-wide, until called with `None` (the choice by shape). For measuring the paths on one
+/// Makes `all_gather_matmul` on GPU worlds of two or more ranks take `path` (`gather` or
+/// `overlap`) whatever the shape, process-wide, until called with `None` (the choice by shape). For measuring the paths on one
 /// shape, as `gpu_report --stages` does; set it while no op runs, the same on every rank (the
 /// ops check that the ranks agree on the path).
 ///
@@ -223,7 +219,7 @@ pub fn force_all_gather_matmul_first_rows(rows: Option<usize>) {
 /// The path `matmul_reduce_scatter` takes on GPUs for output row shards of these sizes:
 /// - `local`: one rank, one GEMM;
 /// - `single`: fewer than [`RS_CHUNKED_MIN_ROWS`] rows on every rank: one GEMM over all rows (the
-///   weight read once), then one kernel pushes each peer its rows of the partial and sums;
+///   weight read once), then the partials move;
 /// - `chunked`: one GEMM per destination rank, each partial moving while the next is computed.
 ///
 /// # Examples
@@ -244,9 +240,9 @@ pub fn matmul_reduce_scatter_path(splits: &[usize]) -> &'static str {
     }
 }
 
-/// Makes `matmul_reduce_scatter` on GPU worlds of two or more ranks take `path` (`single`,
-/// `chunked`, or `single_pull`, the first version of `single`) whatever the shape,
-/// process-wide, until called with `None`. As [`force_all_gather_matmul_path`].
+/// Makes `matmul_reduce_scatter` on GPU worlds of two or more ranks take `path` (`single` or
+/// `chunked`) whatever the shape, process-wide, until called with `None`. As
+/// [`force_all_gather_matmul_path`].
 ///
 /// # Errors
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for another name.

@@ -2,11 +2,10 @@
 // and local permutes are all this kernel with different runs.
 //
 // Modes: 0 local (runs copy `mine` to `local`, no peers); 1 pull (every rank publishes its input
-// `mine`, then reads part i from rank (rank + i) % world into its output `local`); 2 push (every
-// rank publishes its output `mine`, then writes part i from its input `local` into rank
-// (rank + i) % world's output); 3 push to known addresses (`peers[i]`, rank (rank + i) % world's
-// output in symmetric memory, which the caller knows free): no hand-shake before the writes, one
-// after them (the kernel ends once every peer's writes to this rank are complete). Tasks are
+// `mine`, then reads part i from rank (rank + i) % world into its output `local`); 2 push (writes
+// part i from its input `local` into `peers[i]`, rank (rank + i) % world's output in symmetric
+// memory, which the caller knows free): no hand-shake before the writes, one after them (the
+// kernel ends once every peer's writes to this rank are complete). Tasks are
 // (part, run, chunk), flattened and walked grid-stride by warps; each warp moves one chunk with
 // 16-byte accesses where the run allows.
 
@@ -19,14 +18,14 @@ struct ExchangeArgs {
     u64 local;
     u64 prefix[DT_MAX_RANKS + 1];   // tasks before part i
     Runs runs[DT_MAX_RANKS];
-    u64 peers[DT_MAX_RANKS];        // mode 3: the output of rank (rank + i) % world
+    u64 peers[DT_MAX_RANKS];        // mode 2: the output of rank (rank + i) % world
 };
 
 extern "C" __global__ void __launch_bounds__(256) dt_exchange(const __grid_constant__ ExchangeArgs a) {
     __shared__ u64 ptrs[DT_MAX_RANKS];
-    if (a.mode == 1 || a.mode == 2) {
+    if (a.mode == 1) {
         if (!dt_publish_and_wait(a.ctl, a.sync, a.mine, ptrs)) return;
-    } else if (a.mode == 3) {
+    } else if (a.mode == 2) {
         if (threadIdx.x < DT_MAX_RANKS) ptrs[threadIdx.x] = a.peers[threadIdx.x];
         __syncthreads();
     }

@@ -6,11 +6,7 @@
 // peer reads `mine` any more. Mode 2 (matmul_reduce_scatter, chunked): the partials (f32, or f64
 // for f64) are already here (`parts[s]`, pushed by rank s into this rank's symmetric buffer, or
 // its own); wait until each pusher said ready, sum, then tell each it may push again. Mode 3
-// (matmul_reduce_scatter, single, reading the peers' partials in place): as mode 1, but the
-// published inputs are partials. Mode 4 (matmul_reduce_scatter, single): push this rank's
-// partial of each peer's rows into that peer's symmetric buffer (`push`; the caller knows it
-// free), tell every peer, wait until every peer said the same, then sum the parts, all local:
-// one hand-shake, and writes over NVLink (posted) instead of reads (a round trip each).
+// (matmul_reduce_scatter, single): as mode 1, but the published inputs are partials.
 
 struct ReduceArgs {
     Ctl ctl;
@@ -21,13 +17,6 @@ struct ReduceArgs {
     u64 out;
     u64 parts[DT_MAX_RANKS];
     Runs runs;
-    u32 npush;                        // mode 4: parts to push, one per peer
-    u32 pad;
-    u64 push_src[DT_MAX_RANKS];       // partial elements (part_t) ...
-    u64 push_dst[DT_MAX_RANKS];       // ... to a peer's buffer
-    u64 push_len[DT_MAX_RANKS];       // elements
-    u64 push_prefix[DT_MAX_RANKS + 1];  // tasks before push part i
-    u64 push_chunk;                   // elements per task
 };
 
 #if DT_ELEM == 1
@@ -89,35 +78,6 @@ __device__ void reduce_tasks(const ReduceArgs& a, const u64* srcs) {
     }
 }
 
-// Mode 4's pushes: tasks (part, chunk) flattened, walked grid-stride by warps.
-__device__ void push_tasks(const ReduceArgs& a) {
-    const u32 lane = threadIdx.x & 31;
-    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const u64 nwarps = ((u64)gridDim.x * blockDim.x) >> 5;
-    const u64 total = a.push_prefix[a.npush];
-    for (u64 t = warp; t < total; t += nwarps) {
-        u32 i = 0;
-        while (t >= a.push_prefix[i + 1]) ++i;
-        const u64 start = (t - a.push_prefix[i]) * a.push_chunk;
-        const u64 len = min(a.push_chunk, a.push_len[i] - start);
-        copy_span<part_t>((part_t*)a.push_dst[i] + start, (const part_t*)a.push_src[i] + start, len, lane);
-    }
-}
-
-// Every block: waits (thread 0) until every peer said `done` for this epoch.
-__device__ bool dt_wait_done(const Ctl& c, const Sync& s) {
-    __shared__ int ok;
-    if (threadIdx.x == 0) {
-        ok = 1;
-        for (u32 i = 1; i < s.world && ok; ++i) {
-            const u32 src = (s.rank + i) % s.world;
-            if (!dt_wait_ge(c, ((const u64*)s.done) + src, DT_MAX_RANKS + src, s.epoch)) ok = 0;
-        }
-    }
-    __syncthreads();
-    return ok != 0;
-}
-
 extern "C" __global__ void __launch_bounds__(256) dt_reduce(const __grid_constant__ ReduceArgs a) {
     __shared__ u64 ptrs[DT_MAX_RANKS];
     __shared__ u64 srcs[DT_MAX_RANKS];
@@ -134,12 +94,6 @@ extern "C" __global__ void __launch_bounds__(256) dt_reduce(const __grid_constan
         __syncthreads();
         reduce_tasks<part_t>(a, srcs);
         dt_finish(a.ctl, a.sync, true);
-    } else if (a.mode == 4) {
-        push_tasks(a);
-        // The last block to finish its pushes tells every peer (after a system-scope fence).
-        dt_finish(a.ctl, a.sync, false);
-        if (!dt_wait_done(a.ctl, a.sync)) return;
-        reduce_tasks<part_t>(a, a.parts);
     } else {
         if (!dt_wait_ready(a.ctl, a.sync)) return;
         reduce_tasks<part_t>(a, a.parts);

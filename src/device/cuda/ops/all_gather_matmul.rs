@@ -6,7 +6,9 @@
 //!   all rows, so each weight is read once. The buffer is double: a call writes the half its
 //!   epoch's parity names, which every peer last read two calls ago, before it signalled (in
 //!   the last call) that this rank's rows had arrived; so the kernel needs no hand-shake before
-//!   it writes, only one after (every peer's rows are here).
+//!   it writes, only one after (every peer's rows are here). (The first version published the
+//!   buffer, waited for every peer's, pushed, and hand-shook again: 0.107 ms against 0.103 for
+//!   M=256 K=8192 N_local=14336 on two H200s, in the same run.)
 //! - `overlap` (many rows): copy engines push this rank's rows into every peer's gather buffer on
 //!   the high-priority copy stream while the compute stream multiplies the first of this rank's
 //!   own rows in place (`all_gather_matmul_first_rows`: about as long as the peers' rows take to
@@ -95,7 +97,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
                 g,
                 Some(st),
                 OP_ALL_GATHER_MATMUL,
-                3,
+                2,
                 0,
                 x.ptr(),
                 &parts,
@@ -103,26 +105,6 @@ pub(crate) fn all_gather_matmul<T: Element>(
                 stream,
             )?;
             gemm(at(r), (0, m))
-        })?,
-        "gather_publish" => g.with_state("all_gather_matmul.gather_publish", |st| {
-            st.epoch += 1;
-            let buf = g.symmetric(st, "gathered", m * k * es)?;
-            let mine = g.symm_at(buf, r);
-            let run = Runs::contiguous(splits[r] * k, 0, off[r] * k, es, SMALL_CHUNK_BYTES);
-            let parts = vec![run; n];
-            let stream = g.stream();
-            exchange::<T>(
-                g,
-                Some(st),
-                OP_ALL_GATHER_MATMUL,
-                2,
-                mine,
-                x.ptr(),
-                &parts,
-                &[],
-                stream,
-            )?;
-            gemm(mine, (0, m))
         })?,
         _ => g.with_state("all_gather_matmul.overlap", |st| {
             st.epoch += 1;

@@ -121,7 +121,7 @@ pub(crate) fn reduce_sum<T: Element>(
     }
     g.with_state("reduce", |st| {
         st.epoch += 1;
-        reduce::<T>(g, st, OP_REDUCE, 1, x.ptr(), out.ptr(), &[], runs, &[], 0, g.stream())
+        reduce::<T>(g, st, OP_REDUCE, 1, x.ptr(), out.ptr(), &[], runs, g.stream())
     })?;
     Ok(out)
 }

@@ -6,19 +6,15 @@
 //! rounds once: bitwise the same on every run. Paths, reported by `matmul_reduce_scatter_path`:
 //! - `chunked`: a GEMM per destination, the next peer's rows first; copy engines push each
 //!   partial into its owner's symmetric buffer while the next partial is computed.
-//! - `single` (few rows, as in decoding): one GEMM over all rows reads the weight once; one
-//!   `dt_reduce` kernel then pushes each peer its rows of the partial (writes over NVLink, which
-//!   are posted, where reads wait a round trip each), tells it, waits until every peer did the
-//!   same, and sums locally. The receive buffer is double, as `all_gather_matmul`'s gather
-//!   buffer: a peer last read the half this call writes two calls ago, before it signalled the
-//!   last call's pushes; so the one hand-shake is after the pushes. (`single_pull`, the first
-//!   version, reads the peers' partials in place, with a hand-shake before and after; blocks of
-//!   columns, each block's reduce overlapping the next block's product on a second stream,
-//!   measured slower on two H200s: 0.159 ms against 0.116 for M=256 K_local=14336 N=8192.)
+//! - `single` (few rows, as in decoding): one GEMM over all rows reads the weight once; the
+//!   reduce kernel then reads every peer's partial of this rank's rows over NVLink (`symm_at` of
+//!   the published partials), with no copy. Measured slower or no faster on two H200s for M=256
+//!   K_local=14336 N=8192: blocks of columns, each block's reduce overlapping the next block's
+//!   product on a second stream (0.159 ms against 0.116); one kernel that pushes each peer its
+//!   rows of the partial into a double buffer, then sums locally, with one hand-shake instead
+//!   of two (0.113 against 0.113, in the same run).
 
-use super::{
-    Push, SMALL_CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal,
-};
+use super::{SMALL_CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal};
 use crate::Result;
 use crate::device::cuda::blas::{self, dtype_bytes};
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
@@ -93,30 +89,6 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     if path == "single" {
         g.with_state("matmul_reduce_scatter.single", |st| {
             st.epoch += 1;
-            let slot = max_rows * big_n * pb;
-            let recv = g.symmetric(st, "received", 2 * n * slot)?;
-            let partials = g.local(st, "partials", m * big_n * pb)?;
-            product(partials, 0, m)?;
-            // recv slot (parity, s) of rank p holds rank s's partial of p's rows.
-            let parity = (st.epoch % 2) as usize;
-            let slot_at =
-                |p: usize, s: usize| g.symm_at(recv, p) + ((parity * n + s) * slot) as u64;
-            let rows_at = |d: usize| partials + (off[d] * big_n * pb) as u64;
-            let pushes: Vec<Push> = (1..n)
-                .map(|i| (r + i) % n)
-                .map(|p| Push { src: rows_at(p), dst: slot_at(p, r), len: splits[p] * big_n })
-                .collect();
-            let parts: Vec<u64> =
-                (0..n).map(|s| if s == r { rows_at(r) } else { slot_at(r, s) }).collect();
-            let stream = g.stream();
-            let op = OP_MATMUL_REDUCE_SCATTER;
-            reduce::<T>(g, st, op, 4, 0, out.ptr(), &parts, own_runs, &pushes, pb, stream)
-        })?;
-        return Ok(out);
-    }
-    if path == "single_pull" {
-        g.with_state("matmul_reduce_scatter.single_pull", |st| {
-            st.epoch += 1;
             let partials = g.local(st, "partials", m * big_n * pb)?;
             product(partials, 0, m)?;
             // Every rank sums its rows of every rank's partials, read in place.
@@ -124,7 +96,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
                 Runs::contiguous(splits[r] * big_n, off[r] * big_n, 0, pb, SMALL_CHUNK_BYTES);
             let stream = g.stream();
             let op = OP_MATMUL_REDUCE_SCATTER;
-            reduce::<T>(g, st, op, 3, partials, out.ptr(), &[], runs, &[], pb, stream)
+            reduce::<T>(g, st, op, 3, partials, out.ptr(), &[], runs, stream)
         })?;
         return Ok(out);
     }
@@ -175,7 +147,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
         // H200s). Waiting also keeps our partials unwritten until the copies have read them.
         g.join(st, 0, copies, main)?;
         let op = OP_MATMUL_REDUCE_SCATTER;
-        reduce::<T>(g, st, op, 2, 0, out.ptr(), &parts, own_runs, &[], pb, main)
+        reduce::<T>(g, st, op, 2, 0, out.ptr(), &parts, own_runs, main)
     })?;
     Ok(out)
 }

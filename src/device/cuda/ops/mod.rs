@@ -109,7 +109,7 @@ pub(crate) fn out_tensor<T: Element>(g: &GpuRank<'_>, shape: &[usize]) -> Result
 }
 
 /// Launches `dt_exchange`: `parts[i]` are the runs for rank (rank + i) % world; `peers[i]` that
-/// rank's output in mode 3 (empty otherwise).
+/// rank's output in mode 2 (empty otherwise).
 #[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
 pub(crate) fn exchange<T: Element>(
     g: &GpuRank<'_>,
@@ -144,17 +144,7 @@ pub(crate) fn exchange<T: Element>(
     kernels::launch(f, grid, kernels::BLOCK, stream, &args)
 }
 
-/// One contiguous move of `len` elements from `src` to `dst` (a peer's memory) by `dt_reduce`
-/// in mode 4, before it sums.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Push {
-    pub(crate) src: u64,
-    pub(crate) dst: u64,
-    pub(crate) len: usize,
-}
-
-/// Launches `dt_reduce` (see reduce.cu for the modes); `pushes` only in mode 4, with elements
-/// of `part_bytes` bytes.
+/// Launches `dt_reduce` (see reduce.cu for the modes).
 #[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
 pub(crate) fn reduce<T: Element>(
     g: &GpuRank<'_>,
@@ -165,8 +155,6 @@ pub(crate) fn reduce<T: Element>(
     out: u64,
     parts: &[u64],
     runs: Runs,
-    pushes: &[Push],
-    part_bytes: usize,
     stream: sys::CUstream,
 ) -> Result<()> {
     let f = kernels::function(g.gpu(), Source::Reduce, T::DTYPE, "dt_reduce")?;
@@ -181,17 +169,7 @@ pub(crate) fn reduce<T: Element>(
         ..ReduceArgs::default()
     };
     args.parts[..parts.len()].copy_from_slice(parts);
-    assert!(pushes.len() <= MAX_RANKS);
-    args.npush = pushes.len() as u32;
-    args.push_chunk = (SMALL_CHUNK_BYTES / part_bytes.max(1)).max(1) as u64;
-    for (i, p) in pushes.iter().enumerate() {
-        args.push_src[i] = p.src;
-        args.push_dst[i] = p.dst;
-        args.push_len[i] = p.len as u64;
-        args.push_prefix[i + 1] = args.push_prefix[i] + (p.len as u64).div_ceil(args.push_chunk);
-    }
-    let tasks = runs.tasks().max(args.push_prefix[pushes.len()]);
-    let grid = kernels::grid_for(g.gpu(), f, tasks);
+    let grid = kernels::grid_for(g.gpu(), f, runs.tasks());
     kernels::launch(f, grid, kernels::BLOCK, stream, &args)
 }
 
