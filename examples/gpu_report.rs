@@ -11,10 +11,8 @@
 //! The last column compares the fused op's output with the unfused one's (max |difference| over
 //! max |value|; they round differently, so not zero for the products, zero for the all_to_all).
 //! `--stages` adds timings that explain the fused times: the GEMM of one rank's rows (what the
-//! chunked paths run per chunk), all_gather_matmul on its other path and, on the overlap path,
-//! with all own rows multiplied first (the first version's schedule) alternating with the
-//! model's number (each with its max difference from the fused output: 0, the same bits), and
-//! the NVLink bandwidth of the all_to_all. Without two GPUs it says why and exits successfully.
+//! chunked paths run per chunk), all_gather_matmul on its other path, and the NVLink bandwidth
+//! of the all_to_all. Without two GPUs it says why and exits successfully.
 
 use dist_tensor::device::cuda::{self, Timer};
 use dist_tensor::{DistTensor, Placement, Rank, Result, Tensor, World};
@@ -92,47 +90,11 @@ fn difference(a: &Tensor<bf16>, b: &Tensor<bf16>) -> Result<f64> {
     Ok(if scale == 0.0 { diff } else { diff / scale })
 }
 
-/// Times `op` with process-wide settings changed by `set` (on every rank, between barriers, so
-/// that no op runs while they change), then restores them with `reset`.
-fn time_with<R>(
-    rank: &Rank<'_>,
-    s: &Settings,
-    set: impl Fn() -> Result<()>,
-    reset: impl Fn() -> Result<()>,
-    op: impl FnMut() -> Result<R>,
-) -> Result<f64> {
-    cuda::barrier(rank)?;
-    cuda::synchronize(rank)?;
-    set()?;
-    cuda::barrier(rank)?;
-    let t = time(rank, s, op);
-    cuda::barrier(rank)?;
-    cuda::synchronize(rank)?;
-    reset()?;
-    t
-}
-
 fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usize) -> Result<Row> {
     let p = world.num_ranks();
     let rows = m / p;
     let path = cuda::all_gather_matmul_path(&vec![rows; p]);
-    // Stages: the other path; for the overlap path, all own rows multiplied first (the first
-    // version's schedule) against the model's number (the fused time), twice each, alternating.
-    let mut variants: Vec<(String, Option<&str>, Option<usize>)> = Vec::new();
-    if path == "gather" {
-        variants.push(("fused, overlap path".into(), Some("overlap"), None));
-    } else {
-        variants.push(("fused, gather path".into(), Some("gather"), None));
-        let model = cuda::all_gather_matmul_first_rows(rows, m - rows, k, n, 2);
-        if model != rows {
-            for run in [2, 3] {
-                let v1 = format!("fused, all {rows} own rows first (the first version), run {run}");
-                variants.push((v1, None, Some(rows)));
-                let mine = format!("fused, the model's {model} own rows first, run {run}");
-                variants.push((mine, None, None));
-            }
-        }
-    }
+    let other = if path == "gather" { "overlap" } else { "gather" };
     let times = world.run(|rank| {
         let seed = 10 * rank.rank() as u64;
         let x = DistTensor::from_local(
@@ -152,48 +114,20 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
         ];
         if s.stages {
             t.push(time(rank, s, || x.local().matmul(&w))?);
-            for (_, forced, first) in &variants {
-                let out = x.all_gather_matmul(&w)?;
-                let fused = time_with(
-                    rank,
-                    s,
-                    || {
-                        cuda::force_all_gather_matmul_first_rows(*first);
-                        cuda::force_all_gather_matmul_path(*forced)
-                    },
-                    || {
-                        cuda::force_all_gather_matmul_first_rows(None);
-                        cuda::force_all_gather_matmul_path(None)
-                    },
-                    || x.all_gather_matmul(&w),
-                )?;
-                t.push(fused);
-                cuda::force_all_gather_matmul_first_rows(*first);
-                cuda::force_all_gather_matmul_path(*forced)?;
-                cuda::barrier(rank)?;
-                let again = x.all_gather_matmul(&w);
-                cuda::barrier(rank)?;
-                cuda::synchronize(rank)?;
-                cuda::force_all_gather_matmul_first_rows(None);
-                cuda::force_all_gather_matmul_path(None)?;
-                t.push(difference(again?.local(), out.local())?);
-            }
+            // Every rank sets the same path between the same two barriers.
+            cuda::barrier(rank)?;
+            cuda::synchronize(rank)?;
+            cuda::force_all_gather_matmul_path(Some(other))?;
+            cuda::barrier(rank)?;
+            let forced = time(rank, s, || x.all_gather_matmul(&w));
+            cuda::barrier(rank)?;
+            cuda::synchronize(rank)?;
+            cuda::force_all_gather_matmul_path(None)?;
+            t.push(forced?);
         }
         Ok(t)
     })?;
     let t = slowest(times);
-    let mut stages = Vec::new();
-    if s.stages {
-        stages.push((format!("GEMM of one rank's {rows} rows"), t[4]));
-        if path == "overlap" {
-            let model = cuda::all_gather_matmul_first_rows(rows, m - rows, k, n, 2);
-            stages.push((format!("fused, the model's {model} own rows first, run 1"), t[0]));
-        }
-        // Every variant must compute the same bits (the same rows through the same products).
-        for (i, (what, _, _)) in variants.iter().enumerate() {
-            stages.push((format!("{what} (max diff {:.1e})", t[6 + 2 * i]), t[5 + 2 * i]));
-        }
-    }
     Ok(Row {
         op: "all_gather_matmul",
         shape: format!("M={m} K={k} N_local={n}"),
@@ -202,7 +136,14 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
         unfused: t[1],
         ceiling: t[2],
         check: t[3],
-        stages,
+        stages: if s.stages {
+            vec![
+                (format!("GEMM of one rank's {rows} rows"), t[4]),
+                (format!("fused, {other} path"), t[5]),
+            ]
+        } else {
+            vec![]
+        },
     })
 }
 
@@ -214,7 +155,6 @@ fn matmul_reduce_scatter_row(
     n: usize,
 ) -> Result<Row> {
     let p = world.num_ranks();
-    let path = cuda::matmul_reduce_scatter_path(&vec![m / p; p]);
     let times = world.run(|rank| {
         let seed = 10 * rank.rank() as u64;
         let h = DistTensor::from_local(
@@ -240,19 +180,18 @@ fn matmul_reduce_scatter_row(
         Ok(t)
     })?;
     let t = slowest(times);
-    let mut stages = Vec::new();
-    if s.stages {
-        stages.push((format!("GEMM of one rank's {} rows", m / p), t[4]));
-    }
     Ok(Row {
         op: "matmul_reduce_scatter",
         shape: format!("M={m} K_local={k} N={n}"),
-        path,
+        path: cuda::matmul_reduce_scatter_path(&vec![m / p; p]),
         fused: t[0],
         unfused: t[1],
         ceiling: t[2],
         check: t[3],
-        stages,
+        stages: t
+            .get(4)
+            .map(|&v| vec![(format!("GEMM of one rank's {} rows", m / p), v)])
+            .unwrap_or_default(),
     })
 }
 

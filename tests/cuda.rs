@@ -294,7 +294,6 @@ struct ForcedPaths;
 impl Drop for ForcedPaths {
     fn drop(&mut self) {
         cuda::force_all_gather_matmul_path(None).unwrap();
-        cuda::force_all_gather_matmul_first_rows(None);
         cuda::force_matmul_reduce_scatter_path(None).unwrap();
     }
 }
@@ -308,20 +307,13 @@ fn every_path_of_the_fused_ops_matches_f64_on_two_gpus() {
     let ag_rows: [&[usize]; 4] = [&[3, 4], &[0, 5], &[1029, 1024], &[7, 1030]];
     for path in ["gather", "overlap"] {
         cuda::force_all_gather_matmul_path(Some(path)).unwrap();
-        // Own rows multiplied first: the model's, none, a few, most, and twice (reusing buffers).
-        let firsts: &[Option<usize>] = if path == "overlap" {
-            &[None, Some(0), Some(3), Some(1000), Some(1000)]
-        } else {
-            &[None, None]
-        };
-        for &first in firsts {
-            cuda::force_all_gather_matmul_first_rows(first);
+        // Twice: the second call reuses the buffers (the gather path's other half).
+        for _ in 0..2 {
             for rows in ag_rows {
                 all_gather_matmul_case::<bf16>(&world, rows, 40, &[24, 8], true);
                 all_gather_matmul_case::<f32>(&world, rows, 17, &[5], true);
             }
         }
-        cuda::force_all_gather_matmul_first_rows(None);
     }
     cuda::force_all_gather_matmul_path(None).unwrap();
     // matmul_reduce_scatter: each path twice (the same bits).

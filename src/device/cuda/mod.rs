@@ -65,8 +65,8 @@ pub const RS_CHUNKED_MIN_ROWS: usize = 1024;
 /// - `local`: one rank, one GEMM;
 /// - `gather`: fewer than [`AG_OVERLAP_MIN_ROWS`] rows on every rank (decoding): one kernel pushes
 ///   every rank's rows to every rank, then one GEMM per weight over all rows reads it once;
-/// - `overlap`: copy engines push the rows while some of this rank's own rows are multiplied
-///   ([`all_gather_matmul_first_rows`] of them), then the rest as they arrive.
+/// - `overlap`: copy engines push the rows while this rank's own rows are multiplied, then each
+///   peer's rows as they arrive.
 ///
 /// # Examples
 /// ```
@@ -94,8 +94,6 @@ const RS_PATHS: &[&str] = &["single", "chunked"];
 
 static FORCED_AG_PATH: AtomicUsize = AtomicUsize::new(0);
 static FORCED_RS_PATH: AtomicUsize = AtomicUsize::new(0);
-/// 1 + the forced first rows of the overlap path; 0 when not forced.
-static FORCED_AG_FIRST_ROWS: AtomicUsize = AtomicUsize::new(0);
 
 fn forced(slot: &AtomicUsize, names: &[&'static str]) -> Option<&'static str> {
     slot.load(Ordering::Relaxed).checked_sub(1).map(|i| names[i])
@@ -124,9 +122,9 @@ fn force(
 }
 
 /// Makes `all_gather_matmul` on GPU worlds of two or more ranks take `path` (`gather` or
-/// `overlap`) whatever the shape, process-wide, until called with `None` (the choice by shape). For measuring the paths on one
-/// shape, as `gpu_report --stages` does; set it while no op runs, the same on every rank (the
-/// ops check that the ranks agree on the path).
+/// `overlap`) whatever the shape, process-wide, until called with `None` (the choice by shape).
+/// For measuring both paths on one shape, as `gpu_report --stages` does, and for testing them;
+/// set it while no op runs, the same on every rank (the ops fail when the ranks disagree).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for another name.
@@ -143,77 +141,6 @@ fn force(
 /// ```
 pub fn force_all_gather_matmul_path(path: Option<&str>) -> crate::Result<()> {
     force(&FORCED_AG_PATH, AG_PATHS, "force_all_gather_matmul_path", path)
-}
-
-/// Multiply-adds per second the first-rows model assumes for a GEMM of part of a rank's rows
-/// (`gpu_report --stages` on two H200s: 8192 x 8192 x 4096 in 0.821 ms).
-const GEMM_FLOP_PER_S: f64 = 670e12;
-/// Bytes per second the model assumes for rows arriving from peers over NVLink (the all_to_all
-/// kernel read 285 to 294 GB/s on two H200s, `gpu_report`).
-const LINK_BYTES_PER_S: f64 = 300e9;
-/// Bytes per second the model assumes for a device copy (`gpu_report`: the all_to_all ceiling,
-/// a device copy of 64 MiB in 0.069 ms).
-const COPY_BYTES_PER_S: f64 = 1.0e12;
-/// Row granularity of the first GEMM (the row tiles of cuBLASLt's Hopper kernels).
-const FIRST_ROWS_STEP: usize = 128;
-
-/// How many of its `own` rows a rank multiplies in `all_gather_matmul`'s overlap path before it
-/// needs any peer's rows, for `peer_rows` rows arriving from peers, `k` columns of
-/// `elem_bytes` bytes and weights of `n_total` columns in all. The rest of the rows (the peers'
-/// and this rank's others, copied into the gather buffer) are then multiplied in one GEMM,
-/// which runs at the full GEMM's efficiency (on two H200s, two GEMMs of half the rows each took
-/// 1.11 times the time of the GEMM of all rows at N = 4096). The first GEMM is made as long as
-/// the arrival of the peers' rows plus the local copy (a model of NVLink, copy and GEMM rates,
-/// rounded up to 128 rows); all `own` rows when that is (nearly) all of them, which is the
-/// first version's schedule: own rows, then each peer's.
-///
-/// # Examples
-/// ```
-/// use dist_tensor::device::cuda::all_gather_matmul_first_rows;
-/// // M = 16384 rows on two ranks, K = 8192, N = 4096, bf16: some of the 8192 own rows first.
-/// let first = all_gather_matmul_first_rows(8192, 8192, 8192, 4096, 2);
-/// assert!(first > 0 && first < 8192 && first % 128 == 0);
-/// // Few columns of output: the peers' rows take longer to arrive than all own rows to
-/// // multiply, so all own rows go first.
-/// assert_eq!(all_gather_matmul_first_rows(8192, 8192, 8192, 64, 2), 8192);
-/// assert_eq!(all_gather_matmul_first_rows(0, 8192, 8192, 4096, 2), 0);
-/// ```
-pub fn all_gather_matmul_first_rows(
-    own: usize,
-    peer_rows: usize,
-    k: usize,
-    n_total: usize,
-    elem_bytes: usize,
-) -> usize {
-    if let Some(rows) = FORCED_AG_FIRST_ROWS.load(Ordering::Relaxed).checked_sub(1) {
-        return rows.min(own);
-    }
-    let row_bytes = (k * elem_bytes) as f64;
-    // Seconds per own row multiplied, and per own row copied into the gather buffer.
-    let gemm_row = 2.0 * k as f64 * n_total as f64 / GEMM_FLOP_PER_S;
-    let copy_row = row_bytes / COPY_BYTES_PER_S;
-    let arrival = peer_rows as f64 * row_bytes / LINK_BYTES_PER_S;
-    // first * gemm_row = arrival + (own - first) * copy_row
-    let first = (arrival + own as f64 * copy_row) / (gemm_row + copy_row);
-    let first = (first.max(0.0).ceil() as usize).div_ceil(FIRST_ROWS_STEP) * FIRST_ROWS_STEP;
-    if first + FIRST_ROWS_STEP >= own { own } else { first }
-}
-
-/// Makes [`all_gather_matmul_first_rows`] return `rows` (at most a rank's own rows), process-wide,
-/// until called with `None` (the model). For measuring the overlap path's schedules, as
-/// `gpu_report --stages` does; every rank may differ (the rows a rank multiplies first change no
-/// hand-shake).
-///
-/// # Examples
-/// ```
-/// use dist_tensor::device::cuda::{all_gather_matmul_first_rows, force_all_gather_matmul_first_rows};
-/// force_all_gather_matmul_first_rows(Some(1000));
-/// assert_eq!(all_gather_matmul_first_rows(8192, 8192, 8192, 4096, 2), 1000);
-/// assert_eq!(all_gather_matmul_first_rows(7, 8192, 8192, 4096, 2), 7);
-/// force_all_gather_matmul_first_rows(None);
-/// ```
-pub fn force_all_gather_matmul_first_rows(rows: Option<usize>) {
-    FORCED_AG_FIRST_ROWS.store(rows.map_or(0, |r| r.saturating_add(1)), Ordering::Relaxed);
 }
 
 /// The path `matmul_reduce_scatter` takes on GPUs for output row shards of these sizes:

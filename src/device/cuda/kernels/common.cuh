@@ -224,28 +224,3 @@ __device__ __forceinline__ void run_offsets(const Runs& r, u64 q, u64* so, u64* 
     *so = r.sbase + p0 * r.s0 + ia * r.sa + p1 * r.s1;
     *doff = r.dbase + p0 * r.d0 + ia * r.da + p1 * r.d1;
 }
-
-// One warp copies `len` elements of T (`lane` is its lane): 16-byte accesses where the addresses
-// and the length allow, with eight loads in flight per lane before the first store (reads and
-// writes of a peer's memory over NVLink take microseconds: bandwidth needs many outstanding
-// accesses).
-template <typename T>
-__device__ __forceinline__ void copy_span(T* dst, const T* src, u64 len, u32 lane) {
-    const u64 bytes = len * sizeof(T);
-    if ((((u64)dst | (u64)src | bytes) & 15) == 0) {
-        const uint4* s = (const uint4*)src;
-        uint4* d = (uint4*)dst;
-        const u64 n = bytes >> 4;
-        u64 k = lane;
-        for (; k + 224 < n; k += 256) {
-            uint4 v[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = s[k + 32 * j];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) d[k + 32 * j] = v[j];
-        }
-        for (; k < n; k += 32) d[k] = s[k];
-    } else {
-        for (u64 k = lane; k < len; k += 32) dst[k] = src[k];
-    }
-}

@@ -21,6 +21,28 @@ struct ExchangeArgs {
     u64 peers[DT_MAX_RANKS];        // mode 2: the output of rank (rank + i) % world
 };
 
+__device__ __forceinline__ void copy_chunk(elem_t* dst, const elem_t* src, u64 len, u32 lane) {
+    const u64 bytes = len * sizeof(elem_t);
+    if ((((u64)dst | (u64)src | bytes) & 15) == 0) {
+        const uint4* s = (const uint4*)src;
+        uint4* d = (uint4*)dst;
+        const u64 n = bytes >> 4;
+        u64 k = lane;
+        // Eight 16-byte loads in flight per lane before the first store: remote reads over
+        // NVLink take microseconds, so bandwidth needs many outstanding loads.
+        for (; k + 224 < n; k += 256) {
+            uint4 v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = s[k + 32 * j];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) d[k + 32 * j] = v[j];
+        }
+        for (; k < n; k += 32) d[k] = s[k];
+    } else {
+        for (u64 k = lane; k < len; k += 32) dst[k] = src[k];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256) dt_exchange(const __grid_constant__ ExchangeArgs a) {
     __shared__ u64 ptrs[DT_MAX_RANKS];
     if (a.mode == 1) {
@@ -56,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(256) dt_exchange(const __grid_const
             src = (const elem_t*)a.local;
             dst = (elem_t*)ptrs[i];
         }
-        copy_span<elem_t>(dst + dof + start, src + so + start, len, lane);
+        copy_chunk(dst + dof + start, src + so + start, len, lane);
     }
     if (a.mode != 0) dt_finish(a.ctl, a.sync, true);
 }

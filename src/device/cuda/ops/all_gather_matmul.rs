@@ -10,12 +10,13 @@
 //!   buffer, waited for every peer's, pushed, and hand-shook again: 0.107 ms against 0.103 for
 //!   M=256 K=8192 N_local=14336 on two H200s, in the same run.)
 //! - `overlap` (many rows): copy engines push this rank's rows into every peer's gather buffer on
-//!   the high-priority copy stream while the compute stream multiplies the first of this rank's
-//!   own rows in place (`all_gather_matmul_first_rows`: about as long as the peers' rows take to
-//!   arrive); the copy stream then copies the rest of the own rows into the gather buffer, and
-//!   once every peer's rows are here (a one-thread `dt_signal`) one GEMM multiplies all the other
-//!   rows, at the efficiency of a large product. Copies use no multiprocessors, so the GEMMs keep
-//!   the whole GPU.
+//!   the high-priority copy stream while the compute stream multiplies this rank's own rows in
+//!   place; then, per peer, a one-thread `dt_signal` waits for that peer's rows and the next GEMM
+//!   runs. Copies use no multiprocessors, so the GEMMs keep the whole GPU. (Multiplying only part
+//!   of the own rows first, about as long as the peers' rows take to arrive, then all the other
+//!   rows in one GEMM, was no faster on two H200s: M=16384 K=8192 N_local=4096 took 1.648 to
+//!   1.650 ms with 4992 own rows first against 1.635 and 1.644 with all 8192, alternating in one
+//!   run; M=8192 K=8192 N_local=14336 2.511 to 2.651 against 2.466 and 2.631.)
 
 use super::{
     SMALL_CHUNK_BYTES, agree, copy, exchange, offsets, out_tensor, same_everywhere, signal,
@@ -24,7 +25,7 @@ use crate::device::cuda::blas;
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::storage::{DeviceData, Home};
 use crate::device::cuda::world::{GpuRank, OP_ALL_GATHER_MATMUL};
-use crate::device::cuda::{all_gather_matmul_first_rows, all_gather_matmul_path, path_code};
+use crate::device::cuda::{all_gather_matmul_path, path_code};
 use crate::tensor::Element;
 use crate::{Error, Result};
 
@@ -36,11 +37,6 @@ fn weight_problem<T: Element>(k: usize, ws: &[&DeviceData<T>]) -> Option<String>
         (w.shape().len() != 2 || w.shape()[0] != k)
             .then(|| format!("weight {i} has shape {:?}; expected [{k}, n]", w.shape()))
     })
-}
-
-/// The rows of `[0, m)` outside `[start, end)`, as at most two ranges.
-fn outside(m: usize, (start, end): (usize, usize)) -> Vec<(usize, usize)> {
-    [(0, start), (end, m)].into_iter().filter(|&(a, b)| b > a).collect()
 }
 
 /// The fused op: `x` is this rank's `[splits[rank], K]` rows, each of `ws` this rank's `[K, n_j]`;
@@ -65,15 +61,14 @@ pub(crate) fn all_gather_matmul<T: Element>(
     let es = size_of::<T>();
     let outs: Vec<DeviceData<T>> =
         ws.iter().map(|w| out_tensor(g, &[m, w.shape()[1]])).collect::<Result<_>>()?;
-    // Rows `rows` of the gathered input, starting at `a`, times every weight, into the outputs.
-    let gemm = |a: u64, (row0, row1): (usize, usize)| -> Result<()> {
+    let gemm = |a: u64, rows: usize, row0: usize| -> Result<()> {
         for (w, out) in ws.iter().zip(&outs) {
             let nj = w.shape()[1];
             blas::matmul(
                 g.gpu(),
                 g.stream(),
                 (a, w.ptr(), out.ptr() + (row0 * nj * es) as u64),
-                (row1 - row0, nj, k),
+                (rows, nj, k),
                 T::DTYPE,
                 T::DTYPE,
             )?;
@@ -81,7 +76,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
         Ok(())
     };
     match path {
-        "local" => gemm(x.ptr(), (0, m))?,
+        "local" => gemm(x.ptr(), m, 0)?,
         "gather" => g.with_state("all_gather_matmul.gather", |st| {
             st.epoch += 1;
             let half = m * k * es;
@@ -104,7 +99,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
                 &peers,
                 stream,
             )?;
-            gemm(at(r), (0, m))
+            gemm(at(r), m, 0)
         })?,
         _ => g.with_state("all_gather_matmul.overlap", |st| {
             st.epoch += 1;
@@ -113,50 +108,34 @@ pub(crate) fn all_gather_matmul<T: Element>(
             let sync = g.sync_args(st);
             let (main, copies) = (g.stream(), g.copy_stream());
             let peers: Vec<usize> = (1..n).map(|i| (r + i) % n).collect();
-            let own = splits[r];
-            let n_total: usize = ws.iter().map(|w| w.shape()[1]).sum();
-            let first = all_gather_matmul_first_rows(own, m - own, k, n_total, es);
-            // The first rows sit at the end of the own block that leaves the rest contiguous
-            // where it can (rank 0: its first rows; the last rank: its last rows).
-            let firsts = if r + 1 == n && r > 0 {
-                (off[r + 1] - first, off[r + 1])
-            } else {
-                (off[r], off[r] + first)
-            };
-            let rest = outside(m, firsts);
-            let mine = g.symm_at(buf, r);
-            let row_at = |base: u64, row: usize| base + (row * k * es) as u64;
             // Copy stream: once every peer's buffer is free of the last call, push our rows.
             g.join(st, 0, main, copies)?;
             let free: Vec<(u64, u64)> =
                 peers.iter().map(|&p| (sync.done + 8 * p as u64, (MAX_RANKS + p) as u64)).collect();
             signal(g, OP_ALL_GATHER_MATMUL, copies, epoch - 1, &free, 0, &[])?;
             for &p in &peers {
-                copy(row_at(g.symm_at(buf, p), off[r]), x.ptr(), own * k * es, copies)?;
+                let dst = g.symm_at(buf, p) + (off[r] * k * es) as u64;
+                copy(dst, x.ptr(), splits[r] * k * es, copies)?;
             }
             let ready: Vec<u64> =
                 peers.iter().map(|&p| sync.ready_peer[p] + 8 * r as u64).collect();
             signal(g, OP_ALL_GATHER_MATMUL, copies, 0, &[], epoch, &ready)?;
-            // Then the own rows the rest's GEMMs read from the gather buffer.
-            for &(a, b) in &rest {
-                let (a, b) = (a.max(off[r]), b.min(off[r + 1]));
-                if b > a {
-                    copy(row_at(mine, a), row_at(x.ptr(), a - off[r]), (b - a) * k * es, copies)?;
-                }
-            }
-            // Compute stream: the first own rows in place, then the rest once it is here.
-            gemm(row_at(x.ptr(), firsts.0 - off[r]), firsts)?;
-            g.join(st, 3, copies, main)?;
-            for &(a, b) in &rest {
-                let waits: Vec<(u64, u64)> = peers
-                    .iter()
-                    .filter(|&&p| off[p] < b && off[p + 1] > a && splits[p] > 0)
-                    .map(|&p| (sync.ready + 8 * p as u64, p as u64))
-                    .collect();
-                if !waits.is_empty() {
-                    signal(g, OP_ALL_GATHER_MATMUL, main, epoch, &waits, 0, &[])?;
-                }
-                gemm(row_at(mine, a), (a, b))?;
+            // Compute stream: own rows in place, then each peer's as they arrive (the nearest
+            // sender first: rank r - i pushes to us as its i-th target).
+            gemm(x.ptr(), splits[r], off[r])?;
+            for i in 1..n {
+                let src = (r + n - i) % n;
+                signal(
+                    g,
+                    OP_ALL_GATHER_MATMUL,
+                    main,
+                    epoch,
+                    &[(sync.ready + 8 * src as u64, src as u64)],
+                    0,
+                    &[],
+                )?;
+                let rows = g.symm_at(buf, r) + (off[src] * k * es) as u64;
+                gemm(rows, splits[src], off[src])?;
             }
             // `x` is read by the copies until they finish; later work on `x` waits for them.
             g.join(st, 1, copies, main)?;

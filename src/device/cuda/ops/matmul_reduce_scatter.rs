@@ -84,8 +84,6 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             pt,
         )
     };
-    let max_rows = splits.iter().copied().max().unwrap_or(0);
-    let own_runs = Runs::contiguous(splits[r] * big_n, 0, 0, pb, SMALL_CHUNK_BYTES);
     if path == "single" {
         g.with_state("matmul_reduce_scatter.single", |st| {
             st.epoch += 1;
@@ -94,12 +92,21 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             // Every rank sums its rows of every rank's partials, read in place.
             let runs =
                 Runs::contiguous(splits[r] * big_n, off[r] * big_n, 0, pb, SMALL_CHUNK_BYTES);
-            let stream = g.stream();
-            let op = OP_MATMUL_REDUCE_SCATTER;
-            reduce::<T>(g, st, op, 3, partials, out.ptr(), &[], runs, stream)
+            reduce::<T>(
+                g,
+                st,
+                OP_MATMUL_REDUCE_SCATTER,
+                3,
+                partials,
+                out.ptr(),
+                &[],
+                runs,
+                g.stream(),
+            )
         })?;
         return Ok(out);
     }
+    let max_rows = splits.iter().copied().max().unwrap_or(0);
     g.with_state("matmul_reduce_scatter.chunked", |st| {
         st.epoch += 1;
         let epoch = st.epoch;
@@ -146,8 +153,8 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
         // kernels of multiprocessors while every peer does the same (a deadlock seen on two
         // H200s). Waiting also keeps our partials unwritten until the copies have read them.
         g.join(st, 0, copies, main)?;
-        let op = OP_MATMUL_REDUCE_SCATTER;
-        reduce::<T>(g, st, op, 2, 0, out.ptr(), &parts, own_runs, main)
+        let runs = Runs::contiguous(splits[r] * big_n, 0, 0, pb, SMALL_CHUNK_BYTES);
+        reduce::<T>(g, st, OP_MATMUL_REDUCE_SCATTER, 2, 0, out.ptr(), &parts, runs, main)
     })?;
     Ok(out)
 }
