@@ -145,7 +145,7 @@ pub mod shmem;
 pub mod tensor;
 
 pub use device::Device;
-pub use dist::{DistTensor, Placement, Split};
+pub use dist::{DistTensor, MatmulOptions, Placement, Split};
 pub use error::{Error, Result};
 pub use shmem::{Rank, World};
 pub use tensor::{DType, Element, Tensor};
