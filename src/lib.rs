@@ -141,6 +141,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod fused;
+pub mod nn;
 pub mod shmem;
 pub mod tensor;
 
