@@ -217,6 +217,48 @@ fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize), reps: usize
     })
 }
 
+/// One training step of a tensor-parallel MLP (`dist_tensor::nn::ParallelMlp`: forward, mean
+/// squared error, backward, Adam), the layers on the fused ops against the same layers on the
+/// unfused baselines; the ceiling is the `gemm` crate on the step's six products (forward, input
+/// gradient and weight gradient of each layer, each `2 M E F` FLOP) with every core.
+fn train_step(world: usize, (m, e, f): (usize, usize, usize), reps: usize) -> Result<Row> {
+    use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, mse_loss};
+    let x = Tensor::<f32>::random(&[m, e], 1);
+    let target = Tensor::<f32>::random(&[m, e], 2);
+    let times = world_of(world)?.run(|rank| {
+        let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+        let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
+        let model = |fused| {
+            ParallelMlp::<f32>::new(rank, e, f, Activation::Gelu, 3).map(|m| m.fused(fused))
+        };
+        let (mut fused, mut unfused) =
+            ((model(true)?, Adam::new(1e-4)), (model(false)?, Adam::new(1e-4)));
+        let step = |(mlp, adam): &mut (ParallelMlp<f32>, Adam<f32>)| -> Result<()> {
+            let (y, saved) = mlp.forward(&xs)?;
+            let (_, dy) = mse_loss(&y, &ts)?;
+            mlp.zero_grad();
+            mlp.backward(saved, &dy)?;
+            adam.step(mlp.parameters_mut())
+        };
+        let mut products = gemm_ceiling(m, e, f);
+        measure(
+            rank,
+            reps,
+            || step(&mut fused),
+            || step(&mut unfused),
+            || (0..6).for_each(|_| products()),
+        )
+    })?;
+    Ok(Row {
+        op: "train step (MLP fwd+bwd+Adam)",
+        world,
+        dtype: DType::F32,
+        shape: format!("M={m} E={e} F={f}"),
+        measured: times.into_iter().next().expect("rank 0"),
+        ceiling_name: "gemm f32, 6 products",
+    })
+}
+
 /// The value after `flag` in the arguments.
 fn arg_value(flag: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -237,6 +279,7 @@ fn main() -> Result<()> {
         (4, Box::new(move || matmul_reduce_scatter::<f32>(4, square, reps))),
         (2, Box::new(move || all_gather_matmul::<bf16>(2, square, reps))),
         (4, Box::new(move || ulysses(4, (1, 8192, 32, 128), reps))),
+        (2, Box::new(move || train_step(2, (2048, 1024, 4096), reps))),
     ];
     if World::launched() {
         // One rank of one row of `--processes`: it reports its medians (the parent reads rank

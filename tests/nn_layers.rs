@@ -50,7 +50,11 @@ fn assert_close(what: &str, got: &Tensor<f64>, want: &Tensor<f64>, tol: f64) {
 }
 
 /// Whole tensors from each rank's part, sharded on `dim` (or the same on every rank).
-fn gather<T: Element>(rank: &Rank<'_>, part: &Tensor<T>, placement: Placement) -> Result<Tensor<f64>> {
+fn gather<T: Element>(
+    rank: &Rank<'_>,
+    part: &Tensor<T>,
+    placement: Placement,
+) -> Result<Tensor<f64>> {
     Ok(DistTensor::from_local(rank, part.clone(), placement)?.to_global()?.cast())
 }
 
@@ -96,7 +100,8 @@ fn column_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Resu
     let (xt, wt, bt, dyt) = (x.cast::<T>(), w.cast::<T>(), b.cast::<T>(), dy.cast::<T>());
     let last = dy_shape.len() - 1;
     let outs = World::threads(world)?.run(|rank| {
-        let mut fc = ColumnParallelLinear::from_global(rank, &wt, Some(&bt), Split::Even)?.fused(fused);
+        let mut fc =
+            ColumnParallelLinear::from_global(rank, &wt, Some(&bt), Split::Even)?.fused(fused);
         let xs = DistTensor::from_global(rank, &xt, Placement::Shard(case.dim))?;
         let (y, saved) = fc.forward(&xs)?;
         let dys = DistTensor::from_global(rank, &dyt, Placement::Shard(last))?;
@@ -110,10 +115,21 @@ fn column_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Resu
             gather(rank, &db, Placement::Shard(0))?,
         ])
     })?;
-    let want = linear_reference(&x.cast::<T>().cast(), &w.cast::<T>().cast(), &b.cast::<T>().cast(), &dy.cast::<T>().cast());
+    let want = linear_reference(
+        &x.cast::<T>().cast(),
+        &w.cast::<T>().cast(),
+        &b.cast::<T>().cast(),
+        &dy.cast::<T>().cast(),
+    );
     for (r, got) in outs.iter().enumerate() {
-        for (i, name) in ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate() {
-            let what = format!("{} column world {world} {:?} fused {fused} rank {r}: {name}", T::DTYPE, case.x_shape);
+        for (i, name) in
+            ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate()
+        {
+            let what = format!(
+                "{} column world {world} {:?} fused {fused} rank {r}: {name}",
+                T::DTYPE,
+                case.x_shape
+            );
             assert_close(&what, &got[i], &want[i], tolerance::<T>());
         }
     }
@@ -132,7 +148,8 @@ fn row_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<
     let (ht, wt, bt, dyt) = (h.cast::<T>(), w.cast::<T>(), b.cast::<T>(), dy.cast::<T>());
     let last = dy_shape.len() - 1;
     let outs = World::threads(world)?.run(|rank| {
-        let mut fc = RowParallelLinear::from_global(rank, &wt, Some(&bt), Split::Even)?.fused(fused);
+        let mut fc =
+            RowParallelLinear::from_global(rank, &wt, Some(&bt), Split::Even)?.fused(fused);
         let hs = DistTensor::from_global(rank, &ht, Placement::Shard(last))?;
         let (y, saved) = fc.forward(&hs)?;
         // The output comes back split on the first dimension (numpy.array_split): dy alike.
@@ -147,10 +164,21 @@ fn row_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<
             db.cast(), // replicated: every rank's own, each must be right
         ])
     })?;
-    let want = linear_reference(&h.cast::<T>().cast(), &w.cast::<T>().cast(), &b.cast::<T>().cast(), &dy.cast::<T>().cast());
+    let want = linear_reference(
+        &h.cast::<T>().cast(),
+        &w.cast::<T>().cast(),
+        &b.cast::<T>().cast(),
+        &dy.cast::<T>().cast(),
+    );
     for (r, got) in outs.iter().enumerate() {
-        for (i, name) in ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate() {
-            let what = format!("{} row world {world} {:?} fused {fused} rank {r}: {name}", T::DTYPE, case.x_shape);
+        for (i, name) in
+            ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate()
+        {
+            let what = format!(
+                "{} row world {world} {:?} fused {fused} rank {r}: {name}",
+                T::DTYPE,
+                case.x_shape
+            );
             assert_close(&what, &got[i], &want[i], tolerance::<T>());
         }
     }
@@ -197,7 +225,12 @@ fn linear_layers_bf16() -> Result<()> {
 }
 
 /// The MLP on one rank in f64: output, input gradient, and the gradients of W1, b1, W2, b2.
-fn mlp_reference(x: &Tensor<f64>, w: &[Tensor<f64>; 4], act: Activation, dy: &Tensor<f64>) -> [Tensor<f64>; 6] {
+fn mlp_reference(
+    x: &Tensor<f64>,
+    w: &[Tensor<f64>; 4],
+    act: Activation,
+    dy: &Tensor<f64>,
+) -> [Tensor<f64>; 6] {
     let (xr, dyr) = (rows(x), rows(dy));
     let h = &xr.matmul(&w[0]).unwrap() + &w[1];
     let a = act.forward(&h);
@@ -215,7 +248,13 @@ fn mlp_reference(x: &Tensor<f64>, w: &[Tensor<f64>; 4], act: Activation, dy: &Te
     ]
 }
 
-fn mlp_case<T: Element>(world: usize, x_shape: &[usize], dim: usize, ffn: usize, act: Activation) -> Result<()> {
+fn mlp_case<T: Element>(
+    world: usize,
+    x_shape: &[usize],
+    dim: usize,
+    ffn: usize,
+    act: Activation,
+) -> Result<()> {
     let e = *x_shape.last().unwrap();
     let x = Tensor::<f64>::random(x_shape, 11);
     let dy = Tensor::<f64>::random(x_shape, 12);
@@ -225,7 +264,8 @@ fn mlp_case<T: Element>(world: usize, x_shape: &[usize], dim: usize, ffn: usize,
         let xs = DistTensor::from_global(rank, &xt, Placement::Shard(dim))?;
         let (y, saved) = mlp.forward(&xs)?;
         assert_eq!(y.shard_sizes(), xs.shard_sizes(), "the block's output lines up with its input");
-        let dx = mlp.backward(saved, &DistTensor::from_global(rank, &dyt, Placement::Shard(dim))?)?;
+        let dx =
+            mlp.backward(saved, &DistTensor::from_global(rank, &dyt, Placement::Shard(dim))?)?;
         let p = mlp.parameters();
         let g = |i: usize| p[i].grad().unwrap().clone();
         // The whole weights (every rank initialised them alike) for the reference.
@@ -248,10 +288,12 @@ fn mlp_case<T: Element>(world: usize, x_shape: &[usize], dim: usize, ffn: usize,
         ))
     })?;
     let want = mlp_reference(&xt.cast(), &outs[0].1, act, &dyt.cast());
-    let names = ["output", "input gradient", "W1 gradient", "b1 gradient", "W2 gradient", "b2 gradient"];
+    let names =
+        ["output", "input gradient", "W1 gradient", "b1 gradient", "W2 gradient", "b2 gradient"];
     for (r, (got, _)) in outs.iter().enumerate() {
         for (i, name) in names.iter().enumerate() {
-            let what = format!("{} mlp {act:?} world {world} {x_shape:?} rank {r}: {name}", T::DTYPE);
+            let what =
+                format!("{} mlp {act:?} world {world} {x_shape:?} rank {r}: {name}", T::DTYPE);
             assert_close(&what, &got[i], &want[i], tolerance::<T>());
         }
     }
@@ -315,7 +357,10 @@ fn mlp_gradients_match_finite_differences() -> Result<()> {
                     };
                     let numeric = (shifted(h)? - shifted(-h)?) / (2.0 * h);
                     let analytic = grad.as_slice()[j];
-                    assert!((numeric - analytic).abs() < 1e-6, "world {world}, parameter {i}, entry {j}: {analytic} against {numeric}");
+                    assert!(
+                        (numeric - analytic).abs() < 1e-6,
+                        "world {world}, parameter {i}, entry {j}: {analytic} against {numeric}"
+                    );
                 }
             }
             for j in 0..x.len() {
@@ -325,7 +370,10 @@ fn mlp_gradients_match_finite_differences() -> Result<()> {
                     loss(&whole, &DistTensor::from_global(rank, &x, Placement::Shard(0))?)
                 };
                 let numeric = (shifted(h)? - shifted(-h)?) / (2.0 * h);
-                assert!((numeric - dx.as_slice()[j]).abs() < 1e-6, "world {world}, input entry {j}");
+                assert!(
+                    (numeric - dx.as_slice()[j]).abs() < 1e-6,
+                    "world {world}, input entry {j}"
+                );
             }
             Ok(())
         })?;
@@ -334,13 +382,27 @@ fn mlp_gradients_match_finite_differences() -> Result<()> {
 }
 
 /// Attention of `[B, S, H, D]` tensors on one rank, with plain `Tensor` math (as example 07).
-fn attention_reference(q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>, causal: bool) -> Tensor<f64> {
+fn attention_reference(
+    q: &Tensor<f64>,
+    k: &Tensor<f64>,
+    v: &Tensor<f64>,
+    causal: bool,
+) -> Tensor<f64> {
     let (s, d) = (q.shape()[1], q.shape()[3]);
-    let mask = Tensor::from(Array2::from_shape_fn((s, s), |(i, j)| if causal && j > i { f64::NEG_INFINITY } else { 0.0 }));
-    let scores = q.permute(&[0, 2, 1, 3]).unwrap().matmul(&k.permute(&[0, 2, 3, 1]).unwrap()).unwrap()
-        * (1.0 / (d as f64).sqrt())
-        + &mask;
-    scores.softmax(3).unwrap().matmul(&v.permute(&[0, 2, 1, 3]).unwrap()).unwrap().permute(&[0, 2, 1, 3]).unwrap()
+    let mask = Tensor::from(Array2::from_shape_fn((s, s), |(i, j)| {
+        if causal && j > i { f64::NEG_INFINITY } else { 0.0 }
+    }));
+    let scores =
+        q.permute(&[0, 2, 1, 3]).unwrap().matmul(&k.permute(&[0, 2, 3, 1]).unwrap()).unwrap()
+            * (1.0 / (d as f64).sqrt())
+            + &mask;
+    scores
+        .softmax(3)
+        .unwrap()
+        .matmul(&v.permute(&[0, 2, 1, 3]).unwrap())
+        .unwrap()
+        .permute(&[0, 2, 1, 3])
+        .unwrap()
 }
 
 fn ulysses_case<T: Element>(world: usize, shape: [usize; 4], causal: bool) -> Result<()> {
@@ -349,7 +411,8 @@ fn ulysses_case<T: Element>(world: usize, shape: [usize; 4], causal: bool) -> Re
     let [qt, kt, vt, dt] = [&q, &k, &v, &dout].map(|t| t.cast::<T>());
     let attention = UlyssesAttention::new(causal);
     let outs = World::threads(world)?.run(|rank| {
-        let [qs, ks, vs, ds] = [&qt, &kt, &vt, &dt].map(|t| DistTensor::from_global(rank, t, Placement::Shard(1)));
+        let [qs, ks, vs, ds] =
+            [&qt, &kt, &vt, &dt].map(|t| DistTensor::from_global(rank, t, Placement::Shard(1)));
         let (qs, ks, vs, ds) = (qs?, ks?, vs?, ds?);
         let (out, saved) = attention.forward(&qs, &ks, &vs)?;
         assert_eq!(out.shard_sizes(), qs.shard_sizes());
@@ -359,10 +422,17 @@ fn ulysses_case<T: Element>(world: usize, shape: [usize; 4], causal: bool) -> Re
     let want = attention_reference(&qt.cast(), &kt.cast(), &vt.cast(), causal);
     for (r, got) in outs.into_iter().enumerate() {
         let [out, dq, dk, dv] = got;
-        assert_close(&format!("{} ulysses world {world} {shape:?} rank {r}", T::DTYPE), &out?, &want, tolerance::<T>());
+        assert_close(
+            &format!("{} ulysses world {world} {shape:?} rank {r}", T::DTYPE),
+            &out?,
+            &want,
+            tolerance::<T>(),
+        );
         if T::DTYPE == dist_tensor::DType::F64 {
             // The gradients, by central differences of the one-rank reference.
-            let l = |q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>| (&attention_reference(q, k, v, causal) * &dout).sum();
+            let l = |q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>| {
+                (&attention_reference(q, k, v, causal) * &dout).sum()
+            };
             let h = 1e-5;
             let (dq, dk, dv) = (dq?, dk?, dv?);
             for (which, grad) in [(0, &dq), (1, &dk), (2, &dv)] {
@@ -374,19 +444,29 @@ fn ulysses_case<T: Element>(world: usize, shape: [usize; 4], causal: bool) -> Re
                     };
                     let numeric = (shifted(h) - shifted(-h)) / (2.0 * h);
                     let analytic = grad.as_slice()[j];
-                    assert!((numeric - analytic).abs() < 1e-7, "world {world} {shape:?} causal {causal}: gradient {which}, entry {j}: {analytic} against {numeric}");
+                    assert!(
+                        (numeric - analytic).abs() < 1e-7,
+                        "world {world} {shape:?} causal {causal}: gradient {which}, entry {j}: {analytic} against {numeric}"
+                    );
                 }
             }
         } else {
             // Other types against the f64 run's gradients.
             let f64_grads = World::threads(1)?.run(|rank| {
-                let [qs, ks, vs, ds] = [&q, &k, &v, &dout].map(|t| DistTensor::from_global(rank, &t.cast::<T>().cast::<f64>(), Placement::Shard(1)));
+                let [qs, ks, vs, ds] = [&q, &k, &v, &dout].map(|t| {
+                    DistTensor::from_global(rank, &t.cast::<T>().cast::<f64>(), Placement::Shard(1))
+                });
                 let (_, saved) = attention.forward(&qs?, &ks?, &vs?)?;
                 let (dq, dk, dv) = attention.backward(saved, &ds?)?;
                 Ok([dq.to_global()?, dk.to_global()?, dv.to_global()?])
             })?;
             for (got, want) in [dq?, dk?, dv?].iter().zip(&f64_grads[0]) {
-                assert_close(&format!("{} ulysses gradient world {world}", T::DTYPE), got, want, tolerance::<T>());
+                assert_close(
+                    &format!("{} ulysses gradient world {world}", T::DTYPE),
+                    got,
+                    want,
+                    tolerance::<T>(),
+                );
             }
         }
     }
@@ -410,7 +490,8 @@ fn ulysses_self_attention_gradients_match_finite_differences() -> Result<()> {
     let (b, s, e, heads) = (1, 5, 6, 3);
     let x = Tensor::<f64>::random(&[b, s, e], 41);
     let r = Tensor::<f64>::random(&[b, s, e], 42);
-    let (wqkv, wo) = (Tensor::<f64>::random(&[e, 3 * e], 43) * 0.5, Tensor::<f64>::random(&[e, e], 44));
+    let (wqkv, wo) =
+        (Tensor::<f64>::random(&[e, 3 * e], 43) * 0.5, Tensor::<f64>::random(&[e, e], 44));
     // The gradients at world 1 by central differences; every world's against them.
     let h = 1e-5;
     let numeric = World::threads(1)?.run(|rank| {
@@ -419,7 +500,11 @@ fn ulysses_self_attention_gradients_match_finite_differences() -> Result<()> {
             let y = attn.forward(&DistTensor::from_global(rank, x, Placement::Shard(1))?)?.0;
             Ok((&y.to_global()? * &r).sum())
         };
-        let mut grads = [Tensor::<f64>::zeros(wqkv.shape()), Tensor::zeros(wo.shape()), Tensor::zeros(x.shape())];
+        let mut grads = [
+            Tensor::<f64>::zeros(wqkv.shape()),
+            Tensor::zeros(wo.shape()),
+            Tensor::zeros(x.shape()),
+        ];
         for (i, grad) in grads.iter_mut().enumerate() {
             for j in 0..grad.len() {
                 let shifted = |by: f64| {
@@ -434,15 +519,25 @@ fn ulysses_self_attention_gradients_match_finite_differences() -> Result<()> {
     })?;
     for world in 1..=4 {
         let outs = World::threads(world)?.run(|rank| {
-            let mut attn = UlyssesSelfAttention::from_weights(wqkv.clone(), wo.clone(), heads, true)?;
+            let mut attn =
+                UlyssesSelfAttention::from_weights(wqkv.clone(), wo.clone(), heads, true)?;
             let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
             let (_, saved) = attn.forward(&xs)?;
-            let dx = attn.backward(saved, &DistTensor::from_global(rank, &r, Placement::Shard(1))?)?;
-            Ok([attn.wqkv().grad().unwrap().clone(), attn.wo().grad().unwrap().clone(), dx.to_global()?])
+            let dx =
+                attn.backward(saved, &DistTensor::from_global(rank, &r, Placement::Shard(1))?)?;
+            Ok([
+                attn.wqkv().grad().unwrap().clone(),
+                attn.wo().grad().unwrap().clone(),
+                dx.to_global()?,
+            ])
         })?;
         for (rank, got) in outs.iter().enumerate() {
             for (i, name) in ["W_qkv", "W_o", "x"].iter().enumerate() {
-                let err = got[i].as_slice().iter().zip(numeric[0][i].as_slice()).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+                let err = got[i]
+                    .as_slice()
+                    .iter()
+                    .zip(numeric[0][i].as_slice())
+                    .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
                 assert!(err < 1e-6, "world {world} rank {rank}: gradient of {name} off by {err}");
             }
         }
@@ -459,9 +554,11 @@ fn a_gradient_of_the_wrong_rows_is_a_typed_error_on_every_rank() -> Result<()> {
     let err = World::threads(2)?
         .run(|rank| {
             let mut fc = ColumnParallelLinear::from_global(rank, &w, None, Split::Even)?;
-            let (_, saved) = fc.forward(&DistTensor::from_global(rank, &x, Placement::Shard(0))?)?;
+            let (_, saved) =
+                fc.forward(&DistTensor::from_global(rank, &x, Placement::Shard(0))?)?;
             let wrong = Tensor::<f32>::random(&[5, 4], 3); // 5 rows, the input had 6
-            fc.backward(saved, &DistTensor::from_global(rank, &wrong, Placement::Shard(1))?).map(drop)
+            fc.backward(saved, &DistTensor::from_global(rank, &wrong, Placement::Shard(1))?)
+                .map(drop)
         })
         .unwrap_err();
     assert!(matches!(err.rank_error(), dist_tensor::Error::InvalidShape { .. }), "{err}");

@@ -34,7 +34,9 @@ fn data() -> Data {
     let x = Tensor::<f64>::random(&[ROWS, HIDDEN], 1);
     let mix = Tensor::<f64>::random(&[HIDDEN, HIDDEN], 2);
     let target = x.matmul(&mix).unwrap().map(|v| v.tanh());
-    let scaled = |shape: &[usize], seed, fan_in: usize| Tensor::<f64>::random(shape, seed) * (1.0 / (fan_in as f64).sqrt());
+    let scaled = |shape: &[usize], seed, fan_in: usize| {
+        Tensor::<f64>::random(shape, seed) * (1.0 / (fan_in as f64).sqrt())
+    };
     let weights = [
         scaled(&[HIDDEN, FFN], 3, HIDDEN),
         scaled(&[FFN], 4, HIDDEN),
@@ -101,7 +103,12 @@ fn reference_curve(d: &Data, opt: Optimizer) -> Vec<f64> {
 
 /// The loss before each step of the distributed model on `world` ranks in `T`, as every rank
 /// saw it (they must agree bitwise).
-fn distributed_curve<T: Element>(d: &Data, world: usize, opt: Optimizer, fused: bool) -> Result<Vec<f64>> {
+fn distributed_curve<T: Element>(
+    d: &Data,
+    world: usize,
+    opt: Optimizer,
+    fused: bool,
+) -> Result<Vec<f64>> {
     let [w1, b1, w2, b2] = d.weights.each_ref().map(|t| t.cast::<T>());
     let (x, target) = (d.x.cast::<T>(), d.target.cast::<T>());
     let curves = World::threads(world)?.run(|rank| {
@@ -110,7 +117,8 @@ fn distributed_curve<T: Element>(d: &Data, world: usize, opt: Optimizer, fused: 
         let mut mlp = ParallelMlp::from_layers(fc1, Activation::Gelu, fc2).fused(fused);
         let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
         let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
-        let (mut adam, mut sgd) = (Adam::<T>::new(LR_ADAM), Sgd::<T>::new(LR_SGD).momentum(MOMENTUM));
+        let (mut adam, mut sgd) =
+            (Adam::<T>::new(LR_ADAM), Sgd::<T>::new(LR_SGD).momentum(MOMENTUM));
         let mut curve = Vec::new();
         for _ in 0..STEPS {
             let (y, saved) = mlp.forward(&xs)?;
@@ -133,12 +141,16 @@ fn check_curves<T: Element>(tolerance: f64) -> Result<()> {
     let d = data();
     for opt in [Optimizer::Adam, Optimizer::SgdMomentum] {
         let want = reference_curve(&d, opt);
-        assert!(want[STEPS - 1] < want[0] * 2.0 / 3.0, "{opt:?}: the reference does not train: {want:?}");
+        assert!(
+            want[STEPS - 1] < want[0] * 2.0 / 3.0,
+            "{opt:?}: the reference does not train: {want:?}"
+        );
         let mut worst = 0.0f64;
         for world in [1, 2, 4] {
             for fused in [true, false] {
                 let got = distributed_curve::<T>(&d, world, opt, fused)?;
-                worst = got.iter().zip(&want).fold(worst, |m, (g, w)| m.max((g - w).abs() / want[0]));
+                worst =
+                    got.iter().zip(&want).fold(worst, |m, (g, w)| m.max((g - w).abs() / want[0]));
                 for (step, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (g - w).abs() <= tolerance * want[0],
@@ -149,7 +161,12 @@ fn check_curves<T: Element>(tolerance: f64) -> Result<()> {
             }
         }
         // Seen with --nocapture: how close the curves came.
-        eprintln!("{} {opt:?}: loss {:.4} -> {:.4}, largest difference {worst:.1e} of the first loss", T::DTYPE, want[0], want[STEPS - 1]);
+        eprintln!(
+            "{} {opt:?}: loss {:.4} -> {:.4}, largest difference {worst:.1e} of the first loss",
+            T::DTYPE,
+            want[0],
+            want[STEPS - 1]
+        );
     }
     Ok(())
 }

@@ -27,6 +27,12 @@
 //! the same two exchanges the other way round. [`UlyssesSelfAttention`] adds the projections
 //! around it.
 //!
+//! # Where they run
+//!
+//! On the host worlds (threads, and processes of one host). A GPU world has no fused op that
+//! reads a weight transposed or keeps the gathered input yet, and an Ascend world none that
+//! keeps it: the layers' calls return [`Error::DeviceUnavailable`] there, on every rank.
+//!
 //! # Training
 //!
 //! Every layer implements [`Parameters`]: its [`Param`]s, each this rank's shard of a weight
