@@ -52,6 +52,23 @@ pub struct ColumnParallelLinear<T: Element> {
 
 /// What [`ColumnParallelLinear::forward`] keeps for its backward pass: the gathered input, and
 /// how the input's rows were split (the input gradient comes back split the same way).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::nn::ColumnParallelLinear;
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+/// let x = Tensor::<f32>::random(&[2, 7, 4], 1); // [B, S, E], the sequence sharded
+/// World::threads(3)?.run(|rank| {
+///     let mut fc = ColumnParallelLinear::<f32>::new(rank, 4, 6, true, 1)?;
+///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
+///     let (y, saved) = fc.forward(&xs)?;
+///     assert_eq!(saved.input().shape(), &[2, 7, 4]); // every row, gathered once
+///     let dx = fc.backward(saved, &y)?; // consumed by the backward pass
+///     assert_eq!(dx.shard_sizes(), xs.shard_sizes());
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct ColumnParallelSaved<T: Element> {
     input: Tensor<T>,

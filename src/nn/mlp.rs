@@ -45,6 +45,24 @@ pub struct ParallelMlp<T: Element> {
 
 /// What [`ParallelMlp::forward`] keeps for its backward pass: the two layers' saved values and
 /// the activation's input.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::nn::{Activation, ParallelMlp};
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+/// let x = Tensor::<f32>::random(&[6, 4], 1);
+/// World::threads(2)?.run(|rank| {
+///     let mut mlp = ParallelMlp::<f32>::new(rank, 4, 8, Activation::Relu, 1)?;
+///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+///     // Two forward passes, then their backward passes in any order (gradients add up).
+///     let (y1, saved1) = mlp.forward(&xs)?;
+///     let (y2, saved2) = mlp.forward(&xs)?;
+///     mlp.backward(saved2, &y2)?;
+///     mlp.backward(saved1, &y1)?;
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct MlpSaved<T: Element> {
     fc1: ColumnParallelSaved<T>,

@@ -163,12 +163,47 @@ impl<T: Element> Param<T> {
 /// ```
 pub trait Parameters<T: Element> {
     /// Every parameter, in a fixed order.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::nn::{Activation, ParallelMlp, Parameters};
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     let mlp = ParallelMlp::<f32>::new(rank, 4, 6, Activation::Gelu, 1)?;
+    ///     // W1's columns, b1's part, W2's rows, b2 whole.
+    ///     let sizes: Vec<usize> = mlp.parameters().iter().map(|p| p.value().len()).collect();
+    ///     assert_eq!(sizes, vec![12, 3, 12, 4]);
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     fn parameters(&self) -> Vec<&Param<T>>;
 
     /// Every parameter, mutably, in the same order.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::nn::{ColumnParallelLinear, Parameters};
+    /// use dist_tensor::Tensor;
+    /// let mut fc = ColumnParallelLinear::from_local(Tensor::<f32>::zeros(&[2, 2]), None)?;
+    /// fc.parameters_mut()[0].value_mut().as_mut_slice()[0] = 1.0;
+    /// assert_eq!(fc.weight().value().as_slice()[0], 1.0);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     fn parameters_mut(&mut self) -> Vec<&mut Param<T>>;
 
     /// Forgets every parameter's gradient.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::nn::{ColumnParallelLinear, Parameters};
+    /// use dist_tensor::Tensor;
+    /// let mut fc = ColumnParallelLinear::from_local(Tensor::<f32>::zeros(&[2, 2]), None)?;
+    /// fc.parameters_mut()[0].accumulate_grad(Tensor::zeros(&[2, 2]))?;
+    /// fc.zero_grad();
+    /// assert!(fc.weight().grad().is_none());
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
     fn zero_grad(&mut self) {
         for p in self.parameters_mut() {
             p.zero_grad();

@@ -53,6 +53,22 @@ pub struct RowParallelLinear<T: Element> {
 
 /// What [`RowParallelLinear::forward`] keeps for its backward pass: its input (this rank's
 /// columns of every row; shared with the caller's tensor, not copied).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::nn::RowParallelLinear;
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+/// let h = Tensor::<f32>::random(&[5, 6], 1);
+/// World::threads(2)?.run(|rank| {
+///     let mut fc = RowParallelLinear::<f32>::new(rank, 6, 4, false, 1)?;
+///     let hs = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
+///     let (y, saved) = fc.forward(&hs)?;
+///     let dh = fc.backward(saved, &y)?; // laid out as the input was
+///     assert_eq!(dh.local().shape(), hs.local().shape());
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct RowParallelSaved<T: Element> {
     input: Tensor<T>,

@@ -55,6 +55,23 @@ pub struct UlyssesSelfAttention<T: Element> {
 /// What [`UlyssesSelfAttention::forward`] keeps for its backward pass: its input, the packed q,
 /// k and v of this rank's heads, each row's log-sum-exp, the attention output (the input of
 /// `W_o`), and the input's sequence split.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::nn::UlyssesSelfAttention;
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+/// let x = Tensor::<f32>::random(&[2, 5, 8], 1);
+/// World::threads(2)?.run(|rank| {
+///     let mut attn = UlyssesSelfAttention::<f32>::new(8, 2, true, 1)?;
+///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
+///     let (y, saved) = attn.forward(&xs)?;
+///     assert_eq!(saved.packed_heads().shape(), &[2, 5, 3, 1, 4]); // one head of q, k, v each
+///     let dx = attn.backward(saved, &y)?;
+///     assert_eq!(dx.shard_sizes(), xs.shard_sizes());
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct SelfAttentionSaved<T: Element> {
     x: Tensor<T>,

@@ -48,6 +48,23 @@ pub struct UlyssesAttention {
 
 /// What [`UlyssesAttention::forward`] keeps for its backward pass: this rank's heads of `q`,
 /// `k` and `v` over the whole sequence, each row's log-sum-exp, and the input's sequence split.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::nn::UlyssesAttention;
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+/// let q = Tensor::<f32>::random(&[1, 6, 4, 2], 1);
+/// World::threads(2)?.run(|rank| {
+///     let qs = DistTensor::from_global(rank, &q, Placement::Shard(1))?;
+///     let attention = UlyssesAttention::new(true);
+///     let (out, saved) = attention.forward(&qs, &qs, &qs)?;
+///     assert_eq!(saved.query_heads().shape(), &[1, 6, 2, 2]); // all 6 tokens, 2 of the 4 heads
+///     let (dq, _, _) = attention.backward(saved, &out)?;
+///     assert_eq!(dq.shard_sizes(), qs.shard_sizes());
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct AttentionSaved<T: Element> {
     q: Tensor<T>,

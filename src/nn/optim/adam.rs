@@ -14,7 +14,11 @@ use crate::tensor::Element;
 /// ```
 ///
 /// PyTorch's `AdamW` (with `weight_decay` 0, its `Adam`). Defaults: betas 0.9 and 0.999, eps
-/// 1e-8, no weight decay. See the [module](super) for how half types are stepped.
+/// 1e-8, no weight decay.
+///
+/// The update is computed in the accumulator type; f16 and bf16 parameters are stepped through
+/// f32 master weights (made from their values at the first step, rounded into the parameters
+/// after each step), so that updates below the half type's resolution add up.
 ///
 /// # Examples
 /// ```

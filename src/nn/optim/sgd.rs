@@ -6,8 +6,11 @@ use crate::nn::Param;
 use crate::tensor::{Accumulator, Element};
 
 /// SGD: `v = momentum * v + (g + weight_decay * p)`, `p -= lr * v` (PyTorch's `SGD` without
-/// dampening; with momentum 0, `p -= lr * (g + weight_decay * p)`). See the
-/// [module](super) for how half types are stepped.
+/// dampening; with momentum 0, `p -= lr * (g + weight_decay * p)`).
+///
+/// The update is computed in the accumulator type; f16 and bf16 parameters are stepped through
+/// f32 master weights (made from their values at the first step, rounded into the parameters
+/// after each step), so that updates below the half type's resolution add up.
 ///
 /// # Examples
 /// ```
