@@ -82,14 +82,12 @@ fn check_masks_not_padding(name: &str, src: &str, kernel: bool) -> Result<(), St
         let start = at + i;
         let brace = code[start..].find('{').map(|b| start + b);
         let semi = code[start..].find(';').map(|s| start + s);
-        if let (Some(brace), Some(semi)) = (brace, semi) {
-            if brace < semi {
-                let first = code[brace + 1..].split(',').next().unwrap_or("").trim();
-                if first != "false" {
-                    return Err(format!(
-                        "{name}: a DataCopyPad pads ({{{first}, ...}}): mask instead"
-                    ));
-                }
+        if let (Some(brace), Some(semi)) = (brace, semi)
+            && brace < semi
+        {
+            let first = code[brace + 1..].split(',').next().unwrap_or("").trim();
+            if first != "false" {
+                return Err(format!("{name}: a DataCopyPad pads ({{{first}, ...}}): mask instead"));
             }
         }
         at = start + 1;

@@ -270,10 +270,10 @@ fn check_reshape_and_permute<T: Element>(n: usize) -> Vec<String> {
                     if !bits_equal(&y.to_global()?, &want) {
                         fails.push(format!("{case}: wrong global tensor"));
                     }
-                    if let Placement::Shard(nd) = y.placement() {
-                        if !bits_equal(y.local(), &piece(&want, nd, y.shard_sizes(), rank.rank())) {
-                            fails.push(format!("{case}: wrong local part"));
-                        }
+                    if let Placement::Shard(nd) = y.placement()
+                        && !bits_equal(y.local(), &piece(&want, nd, y.shard_sizes(), rank.rank()))
+                    {
+                        fails.push(format!("{case}: wrong local part"));
                     }
                     if !valid && n > 1 && x.shard_sizes().iter().filter(|&&s| s > 0).count() > 1 {
                         fails.push(format!("{case}: accepted, but it interleaves the ranks"));

@@ -115,7 +115,7 @@ pub(crate) fn gather<T: Element>(
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = match rows {
         0 if !local.is_empty() => Some(format!("{} elements cannot form 0 rows", local.len())),
-        r if r > 0 && local.len() % r != 0 => {
+        r if r > 0 && !local.len().is_multiple_of(r) => {
             Some(format!("{} elements do not form {r} whole rows", local.len()))
         }
         _ => None,

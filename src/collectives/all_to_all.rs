@@ -28,7 +28,7 @@ use crate::{Element, Result};
 pub fn all_to_all<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
     let n = rank.num_ranks();
     let counts = vec![input.len() / n; n];
-    let problem = (input.len() % n != 0)
+    let problem = (!input.len().is_multiple_of(n))
         .then(|| format!("{} elements do not split into {n} equal pieces", input.len()));
     Ok(exchange_and_send(rank, input, &counts, problem, Out::Alloc)?.expect("allocated"))
 }
@@ -53,7 +53,7 @@ pub fn all_to_all<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
 pub fn all_to_all_into<T: Element>(rank: &Rank<'_>, input: &[T], out: &mut [T]) -> Result<()> {
     let n = rank.num_ranks();
     let counts = vec![input.len() / n; n];
-    let problem = (input.len() % n != 0)
+    let problem = (!input.len().is_multiple_of(n))
         .then(|| format!("{} elements do not split into {n} equal pieces", input.len()));
     exchange_and_send(rank, input, &counts, problem, Out::Into(out)).map(drop)
 }

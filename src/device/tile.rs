@@ -730,10 +730,8 @@ fn check_reads(
 }
 
 /// Copies with non-temporal ("streaming") stores on x86-64: a block that the copying program will
-/// not read again goes to memory without first being read into the cache. Measured on the
-/// development machine, alternating runs of three builds of the Ulysses all_to_all (four ranks,
-/// 32 MiB each): 22.0 to 24.6 ms with plain copies, 19.2 to 19.9 ms streaming into the output,
-/// 17.6 to 19.2 ms streaming the pushes into peers' receive buffers as well.
+/// not read again goes to memory without first being read into the cache (a plain store first
+/// reads the line it writes, so a large copy moves its output's bytes twice).
 mod stream {
     /// Blocks from this size on are streamed: smaller ones are likely read again soon, from cache.
     pub(super) const MIN_BYTES: usize = 64 * 1024;

@@ -79,9 +79,7 @@ impl Topology {
     /// Mix kernels compute on one sub-core per AI core (sub-core 0 communicates), so their busy
     /// compute programs match the machine's cores unless there are more ranks than cores.
     /// Vector-only kernels (memory-bound copies) run on every vector sub-core, twice the cores:
-    /// measured on the development machine, the Ulysses all_to_all at world 4 took 16 ms on all
-    /// vector sub-cores against 18 ms on one per AI core (more copies in flight hide memory
-    /// latency).
+    /// more copies in flight hide more memory latency.
     ///
     /// # Examples
     /// ```

@@ -31,8 +31,10 @@ pub(crate) fn reshape_shard(
             // No elements: only the dimension itself can say where the split goes.
             return (new[nd] == old[d]).then(|| (nd, splits.to_vec()));
         }
-        let sizes: Option<Vec<usize>> =
-            splits.iter().map(|&s| (s * b % b_new == 0).then_some(s * b / b_new)).collect();
+        let sizes: Option<Vec<usize>> = splits
+            .iter()
+            .map(|&s| (s * b).is_multiple_of(b_new).then_some(s * b / b_new))
+            .collect();
         sizes.filter(|s| s.iter().sum::<usize>() == new[nd]).map(|s| (nd, s))
     };
     let found: Vec<(usize, Vec<usize>)> = candidates.filter_map(fits).collect();

@@ -37,10 +37,10 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// ```
     pub fn redistribute(&self, to: Placement) -> Result<Self> {
         let ndim = self.global_shape.len();
-        if let Placement::Shard(d) = to {
-            if d >= ndim {
-                return Err(Error::DimOutOfRange { op: "DistTensor::redistribute", dim: d, ndim });
-            }
+        if let Placement::Shard(d) = to
+            && d >= ndim
+        {
+            return Err(Error::DimOutOfRange { op: "DistTensor::redistribute", dim: d, ndim });
         }
         match self.gpus() {
             Some(world) => self.gpu_redistribute(world, to),

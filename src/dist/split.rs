@@ -68,7 +68,7 @@ impl Split {
         match self {
             Split::Even => Ok(array_split(len, world)),
             Split::Units(0) => Err(invalid("a split in units of 0 elements".to_string())),
-            Split::Units(unit) if len % unit != 0 => {
+            Split::Units(unit) if !len.is_multiple_of(*unit) => {
                 Err(invalid(format!("a length of {len} is not a whole number of units of {unit}")))
             }
             Split::Units(unit) => {

@@ -16,8 +16,6 @@
 //! (`tile::STREAM_OUTPUT_BYTES`), every copy streams past the cache: nothing here reads the blocks
 //! again before they would be evicted anyway.
 
-use ndarray::{ArrayViewD, Axis, IxDyn};
-
 use super::plan::row_chunks;
 use crate::collectives;
 use crate::device::ascend;
@@ -244,9 +242,12 @@ fn dims_error(err: Error, shape: &[usize], scatter_dim: usize, gather_dim: usize
     }
 }
 
-/// The unfused baseline, as a CPU user would write it: permute the scatter dimension to the front
-/// (a copy), [`collectives::all_to_all_v`], then permute each received piece back and concatenate
-/// along the gather dimension (copies). Same results as [`all_to_all`].
+/// The unfused baseline, as a CPU user would write it at best (numpy + MPI's steps): pack each
+/// peer's piece contiguously, [`collectives::all_to_all_v`], then unpack each received piece into
+/// its range of the gather dimension. Packing and unpacking are blocked transposes: each is one
+/// strided 2-D block copy per peer (whole runs of the inner dimensions, no per-element index
+/// arithmetic), with streaming stores when the tensor is large, as the collective's own copies.
+/// Same results as [`all_to_all`].
 ///
 /// # Errors
 /// As [`all_to_all`].
@@ -272,37 +273,96 @@ pub fn all_to_all_unfused<T: Element>(
     let layout = agree::<T>(UNFUSED_OP, rank, x.shape(), scatter_dim, gather_dim)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
     let (me, n) = (rank.rank(), rank.num_ranks());
-    let ndim = x.ndim();
-    // Scatter dimension first: each peer's piece is then contiguous.
-    let mut perm: Vec<usize> = vec![scatter_dim];
-    perm.extend((0..ndim).filter(|&d| d != scatter_dim));
-    let front = x.permute(&perm)?;
-    let per_row = x.len() / layout.scatter_len.max(1);
-    let counts: Vec<usize> = layout.scatters.iter().map(|&s| s * per_row).collect();
-    let received = collectives::all_to_all_v(rank, front.as_slice(), &counts)?;
-    // Each source's piece is [s_me, ...x's other dims with its own gather size...].
-    let mut inverse = vec![0; ndim];
-    for (i, &p) in perm.iter().enumerate() {
-        inverse[p] = i;
+    let l = &layout;
+    let stream = x.len() * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
+    // The tensor as [A, X, Bm, Y, C]; the scatter dimension is X or Y, the gather one the other.
+    // A piece is a range along X (one run of all the rest per a) or along Y (one run of that
+    // range times C per (a, x, b)): either way one 2-D block.
+    let block = |along_x: bool, x_len: usize, y_len: usize, lo: usize, len: usize| {
+        if along_x {
+            let row = l.bm * y_len * l.c;
+            // (rows, cols, stride of the whole, offset of the piece in the whole)
+            (l.a, len * row, x_len * row, lo * row)
+        } else {
+            (l.a * x_len * l.bm, len * l.c, y_len * l.c, lo * l.c)
+        }
+    };
+
+    // Pack: each peer's piece, contiguous, in rank order.
+    let scatter_along_x = !l.gather_first;
+    let (x_in, y_in) = if scatter_along_x {
+        (l.scatter_len, l.gathers[me])
+    } else {
+        (l.gathers[me], l.scatter_len)
+    };
+    let counts: Vec<usize> =
+        l.scatters.iter().map(|&s| x.len() / l.scatter_len.max(1) * s).collect();
+    let send_offsets = split_offsets(&counts);
+    // A failure here leaves the peers committed to the exchange: fail the world so they stop.
+    let mut send =
+        pool::take::<T>(UNFUSED_OP, x.len()).inspect_err(|e| rank.fail_after_agreeing(e))?;
+    {
+        let (input, packed) =
+            (GlobalPtr::from_slice(x.as_slice()), GlobalPtrMut::from_slice(&mut send));
+        for (r, &start) in send_offsets[..n].iter().enumerate() {
+            let (rows, cols, stride, at) =
+                block(scatter_along_x, x_in, y_in, l.scatter_offsets[r], l.scatters[r]);
+            if rows * cols == 0 {
+                continue;
+            }
+            // SAFETY: the block is inside the input and inside peer r's part of `send`, which
+            // this thread alone owns.
+            unsafe {
+                tile::copy_2d_maybe_streaming(
+                    stream,
+                    packed + start,
+                    cols,
+                    input + at,
+                    stride,
+                    (rows, cols),
+                )
+            };
+        }
     }
-    let mut pieces = Vec::with_capacity(n);
-    let mut at = 0;
-    for src in 0..n {
-        let mut shape: Vec<usize> = perm.iter().map(|&d| x.shape()[d]).collect();
-        shape[0] = layout.scatters[me];
-        let g_pos = perm.iter().position(|&d| d == gather_dim).expect("gather dim is permuted");
-        shape[g_pos] = layout.gathers[src];
-        let len: usize = shape.iter().product();
-        let piece = ArrayViewD::from_shape(IxDyn(&shape), &received[at..at + len])
-            .expect("the piece's length is its shape's");
-        at += len;
-        pieces.push(piece.permuted_axes(inverse.clone()));
+    let received = collectives::all_to_all_v(rank, &send, &counts)?;
+    pool::give(send);
+
+    // Unpack: each source's piece into its range of the gather dimension.
+    let mut out_shape = x.shape().to_vec();
+    out_shape[gather_dim] = l.gather_total();
+    out_shape[scatter_dim] = l.scatters[me];
+    let mut output = Tensor::<T>::scratch(UNFUSED_OP, &out_shape)?;
+    {
+        let gather_along_x = l.gather_first;
+        let (x_out, y_out) = if gather_along_x {
+            (l.gather_total(), l.scatters[me])
+        } else {
+            (l.scatters[me], l.gather_total())
+        };
+        let (pieces, out) =
+            (GlobalPtr::from_slice(&received), GlobalPtrMut::from_slice(output.as_mut_slice()));
+        let mut from = 0;
+        for src in 0..n {
+            let (rows, cols, stride, at) =
+                block(gather_along_x, x_out, y_out, l.gather_offsets[src], l.gathers[src]);
+            if rows * cols == 0 {
+                continue;
+            }
+            // SAFETY: the piece is inside `received` and its block inside the output, which
+            // this thread alone owns.
+            unsafe {
+                tile::copy_2d_maybe_streaming(
+                    stream,
+                    out + at,
+                    stride,
+                    pieces + from,
+                    cols,
+                    (rows, cols),
+                )
+            };
+            from += rows * cols;
+        }
     }
-    let views: Vec<_> = pieces.iter().map(|p| p.view()).collect();
-    let joined = ndarray::concatenate(Axis(gather_dim), &views).map_err(|e| {
-        Error::InvalidShape { op: OP, reason: format!("cannot join the received pieces: {e}") }
-    })?;
-    let output = Tensor::from_array(joined);
     pool::give(received);
     Ok(AllToAllOutput {
         output,

@@ -7,7 +7,7 @@ use std::ops::Deref;
 use ndarray::{Array2, ArrayView2};
 
 use crate::shmem::{GlobalPtr, GlobalPtrMut};
-use crate::tensor::{Element, pool, split_offsets};
+use crate::tensor::{Element, FEW_ROWS, pool, split_offsets};
 use crate::{Error, Result};
 
 /// An operand in its accumulator type: borrowed as it is when the element type is its own
@@ -100,11 +100,9 @@ pub(crate) fn scratch<T: Element>(
     Ok(Array2::from_shape_vec((rows, cols), pool::take(op, len)?).expect("rows x cols"))
 }
 
-/// Most rows per tile of a product, and most columns. Measured on the development machine (two
-/// threads, each running the `gemm` crate single-threaded over its half of a 2048 x 2048 x 2048
-/// product in tiles, all in one run): against 512 x 512 tiles, 1024 x 1024 tiles took 1.7 times as
-/// long and 2048 x 1024 tiles 2.0 times, as the kernel's cache blocking falls apart on large
-/// single-threaded calls; 128-row tiles took 1.15 times, packing the weight block once per tile.
+/// Most rows per tile of a product, and most columns: tiles large enough that the `gemm` crate's
+/// packing of each weight block is amortized over many rows, small enough that a program's tiles
+/// are spread over every computing lane and that each call's blocks stay in cache.
 pub(crate) const BLOCK_ROWS: usize = 512;
 /// See [`BLOCK_ROWS`].
 pub(crate) const BLOCK_COLS: usize = 512;
@@ -226,10 +224,17 @@ impl GemmTiles {
     pub(crate) fn new(segments: &[(usize, usize)], widths: &[usize], lanes: usize) -> Self {
         let longest = segments.iter().map(|s| s.1).max().unwrap_or(0);
         let widest = widths.iter().copied().max().unwrap_or(0);
-        let block_rows = longest.div_ceil(lanes.max(1)).clamp(1, BLOCK_ROWS);
-        // Short tiles get wider, keeping about the same area: fewer calls, each weight row read
-        // in longer runs.
-        let block_cols = widest.clamp(1, BLOCK_COLS * (BLOCK_ROWS / block_rows).max(1));
+        let lanes = lanes.max(1);
+        let (block_rows, block_cols) = if longest <= FEW_ROWS {
+            // Few rows (decode): every tile takes all of them and the lanes split the columns, so
+            // the weight is read once in all (row tiles would each read all of it).
+            (longest.max(1), widest.div_ceil(lanes).next_multiple_of(32).max(1))
+        } else {
+            let block_rows = longest.div_ceil(lanes).clamp(1, BLOCK_ROWS);
+            // Short tiles get wider, keeping about the same area: fewer calls, each weight row
+            // read in longer runs.
+            (block_rows, widest.clamp(1, BLOCK_COLS * (BLOCK_ROWS / block_rows).max(1)))
+        };
         let per_row_block =
             split_offsets(&widths.iter().map(|&w| w.div_ceil(block_cols)).collect::<Vec<_>>());
         let row_block_tiles = *per_row_block.last().expect("offsets end with the total");
@@ -296,6 +301,16 @@ mod tests {
         assert!(hits.iter().flatten().all(|&h| h == 1));
         // Segments come in the order given.
         assert_eq!(tiles.get(0).row, 300);
+    }
+
+    #[test]
+    fn few_rows_split_columns_not_rows() {
+        let tiles = GemmTiles::new(&[(0, 16)], &[4096], 4);
+        assert_eq!(tiles.count(), 4);
+        for t in 0..4 {
+            let task = tiles.get(t);
+            assert_eq!((task.row, task.rows, task.cols), (0, 16, 1024), "{task:?}");
+        }
     }
 
     #[test]

@@ -101,14 +101,14 @@ impl Control {
     }
 
     fn word(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= self.map.len());
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= self.map.len());
         // SAFETY: inside the mapping, 8-aligned (the mapping is page-aligned); the control block
         // is only ever accessed through atomics.
         unsafe { &*(self.map.base().add(offset) as *const AtomicU64) }
     }
 
     fn half(&self, offset: usize) -> &AtomicU32 {
-        debug_assert!(offset % 4 == 0 && offset + 4 <= self.map.len());
+        debug_assert!(offset.is_multiple_of(4) && offset + 4 <= self.map.len());
         // SAFETY: as in `word`, 4-aligned.
         unsafe { &*(self.map.base().add(offset) as *const AtomicU32) }
     }

@@ -277,14 +277,14 @@ pub(crate) fn wait(
     awaited: Awaited,
 ) -> Result<Token> {
     check_signal(world, "wait", rank, sig, index)?;
-    if let Awaited::Peer(peer) = awaited {
-        if peer >= world.num_ranks() {
-            return Err(Error::InvalidArgument {
-                op: "wait",
-                rank,
-                reason: format!("rank {peer} is outside a world of {} ranks", world.num_ranks()),
-            });
-        }
+    if let Awaited::Peer(peer) = awaited
+        && peer >= world.num_ranks()
+    {
+        return Err(Error::InvalidArgument {
+            op: "wait",
+            rank,
+            reason: format!("rank {peer} is outside a world of {} ranks", world.num_ranks()),
+        });
     }
     wait_cell(world, rank, program, sig.cell(rank, index), index, cmp, sem, awaited)
 }

@@ -849,10 +849,10 @@ impl Drop for World {
     fn drop(&mut self) {
         // A process that drops its world is done with it: peers that still wait for it (in this
         // run or a later one) learn so at once instead of when its process ends.
-        if let Some(me) = self.here {
-            if self.shared.control.state(me) != RankState::Failed {
-                self.shared.control.set_state(me, RankState::Left);
-            }
+        if let Some(me) = self.here
+            && self.shared.control.state(me) != RankState::Failed
+        {
+            self.shared.control.set_state(me, RankState::Left);
         }
     }
 }

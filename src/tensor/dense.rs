@@ -38,10 +38,10 @@ impl<T: Element> Drop for Tensor<T> {
     /// Gives a large buffer back to the cache in `tensor::pool`, for the next output to reuse,
     /// when this tensor was the last to share it.
     fn drop(&mut self) {
-        if let Storage::Host(array) = &mut self.data {
-            if let Ok(data) = std::mem::replace(array, empty()).try_into_owned_nocopy() {
-                pool::give(data.into_raw_vec_and_offset().0);
-            }
+        if let Storage::Host(array) = &mut self.data
+            && let Ok(data) = std::mem::replace(array, empty()).try_into_owned_nocopy()
+        {
+            pool::give(data.into_raw_vec_and_offset().0);
         }
     }
 }

@@ -1,12 +1,18 @@
 //! The two ways a product reaches the `gemm` crate.
 //!
 //! f32 and f64 go straight to it, strided operands included. f16 and bf16 are widened to f32
-//! first and run through the f32 kernel: measured on the development machine (Zen 3, AVX2), that
-//! beat the crate's native f16 path, and it is the only path for bf16.
+//! first and run through the f32 kernel: the crate has no bf16 kernel, and one path for both half
+//! types keeps their rounding the same (one rounding of an f32 accumulator).
+//!
+//! The crate is built with its `x86-v4` feature: AVX-512 kernels, chosen at run time on CPUs that
+//! have AVX-512F (others keep the AVX2 or SSE kernels). `perf_report` prints the one-core GFLOP/s
+//! and the fraction of the measured peak it reaches.
+
+use std::any::TypeId;
 
 use gemm::Parallelism;
 
-use super::Element;
+use super::{Element, few_rows};
 
 fn parallelism(threads: usize) -> Parallelism {
     if threads <= 1 { Parallelism::None } else { Parallelism::Rayon(threads) }
@@ -29,6 +35,28 @@ pub(crate) unsafe fn native<T: 'static + num_traits::One + num_traits::Zero>(
 ) {
     if m == 0 || n == 0 {
         return;
+    }
+    if TypeId::of::<T>() == TypeId::of::<f32>()
+        && m <= few_rows::MAX_ROWS
+        && rhs_cs == 1
+        && dst_cs == 1
+    {
+        // SAFETY: T is f32 (checked), so the casts are the identity; forwarded from the caller.
+        let ran = unsafe {
+            few_rows_threaded(
+                m,
+                n,
+                k,
+                (dst.cast(), dst_rs),
+                read_acc,
+                (lhs.cast(), lhs_rs, lhs_cs),
+                (rhs.cast(), rhs_rs),
+                threads,
+            )
+        };
+        if ran {
+            return;
+        }
     }
     if k == 0 {
         if !read_acc {
@@ -66,6 +94,61 @@ pub(crate) unsafe fn native<T: 'static + num_traits::One + num_traits::Zero>(
             parallelism(threads),
         )
     }
+}
+
+/// [`few_rows::gemm`] with its columns split over `threads` threads (whole blocks of 16 columns).
+/// Returns whether it ran.
+///
+/// # Safety
+/// As [`few_rows::gemm`]; row strides non-negative.
+#[allow(clippy::too_many_arguments)]
+unsafe fn few_rows_threaded(
+    m: usize,
+    n: usize,
+    k: usize,
+    (c, ldc): (*mut f32, isize),
+    read_c: bool,
+    a: (*const f32, isize, isize),
+    (b, ldb): (*const f32, isize),
+    threads: usize,
+) -> bool {
+    let (Ok(ldc), Ok(ldb)) = (usize::try_from(ldc), usize::try_from(ldb)) else {
+        return false;
+    };
+    let parts = threads.min(n.div_ceil(16)).max(1);
+    if parts == 1 {
+        // SAFETY: forwarded from the caller.
+        return unsafe { few_rows::gemm(m, n, k, (c, ldc), read_c, a, (b, ldb)) };
+    }
+    if m > few_rows::MAX_ROWS || !few_rows::available() {
+        return false;
+    }
+    let width = n.div_ceil(16).div_ceil(parts) * 16;
+    // Raw pointers are not Send: pass addresses. Each part writes its own columns of `c`.
+    let (c_addr, b_addr, a_addr) = (c as usize, b as usize, a.0 as usize);
+    rayon::scope(|s| {
+        for j in (0..n).step_by(width) {
+            s.spawn(move |_| {
+                let cols = width.min(n - j);
+                let (c, b) =
+                    ((c_addr as *mut f32).wrapping_add(j), (b_addr as *const f32).wrapping_add(j));
+                // SAFETY: columns j..j + cols of `b` and `c`, inside both; parts are disjoint.
+                let ran = unsafe {
+                    few_rows::gemm(
+                        m,
+                        cols,
+                        k,
+                        (c, ldc),
+                        read_c,
+                        (a_addr as *const f32, a.1, a.2),
+                        (b, ldb),
+                    )
+                };
+                debug_assert!(ran, "checked before the split");
+            });
+        }
+    });
+    true
 }
 
 /// Copies a strided `rows x cols` operand into a contiguous row-major f32 buffer.

@@ -10,6 +10,7 @@ mod convert;
 mod dense;
 mod display;
 mod element;
+mod few_rows;
 mod gemm_kernel;
 mod layout;
 mod map;
@@ -23,6 +24,7 @@ mod storage;
 
 pub use dense::Tensor;
 pub use element::{Accumulator, DType, Element};
+pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;
 pub use matmul::{matmul, matmul_into};
 pub use pod::Pod;
 pub use pool::{DEFAULT_POOL_BYTES, POOL_BYTES_ENV, pooled_bytes, release_pool};

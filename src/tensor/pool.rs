@@ -1,9 +1,8 @@
 //! A cache of large element buffers, so that the outputs of one call reuse the memory freed by the
 //! previous one.
 //!
-//! Measured on the development machine: a fresh 32 MiB output cost about 19 ms of page faults
-//! (the kernel maps and zeroes every 4 KiB page on first touch), three times the copy it held.
-//! Tensors give their buffers back here when dropped, and ops take their outputs from here, so a
+//! A fresh large output costs page faults (the kernel maps and zeroes every 4 KiB page on first
+//! touch), which can take longer than the copy that fills it. Tensors give their buffers back here when dropped, and ops take their outputs from here, so a
 //! loop of calls touches fresh pages only on its first iteration. Buffers under 1 MiB are left to
 //! the allocator; the cache holds at most [`DEFAULT_POOL_BYTES`] (or `DIST_TENSOR_POOL_BYTES`).
 

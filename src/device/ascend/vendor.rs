@@ -152,7 +152,7 @@ pub fn matmul_reduce_scatter<T: Element>(
     let all = agree(OP, rank, &x, &w)?;
     let world = rank.num_ranks();
     let m = all[0][0] as usize;
-    if m % world != 0 {
+    if !m.is_multiple_of(world) {
         return Err(Error::InvalidArgument {
             op: OP,
             rank: rank.rank(),

@@ -1,7 +1,7 @@
 //! Resident program threads: one pool per rank, kept between launches.
 //!
-//! Spawning a thread per program on every launch cost about 70 µs per launch on the development
-//! machine, more than a small collective's whole data movement. The pool keeps its threads parked
+//! Spawning a thread per program on every launch can cost more than a small collective's whole
+//! data movement. The pool keeps its threads parked
 //! between launches; a launch wakes as many as it needs. Every instance of a launch runs on its own
 //! thread at once, as the execution model requires (programs spin-wait on each other).
 
