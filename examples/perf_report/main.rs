@@ -139,6 +139,55 @@ fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize)) -> Case {
     }
 }
 
+/// One training step of a tensor-parallel MLP (`dist_tensor::nn::ParallelMlp`, `[M, E] -> [M, F]
+/// -> [M, E]`: forward, mean squared error, backward, Adam) with its layers on the fused ops,
+/// against the same step on the unfused baselines. The work is the step's six products: each
+/// layer's forward product, input gradient and weight gradient.
+fn train_step(world: usize, (m, e, f): (usize, usize, usize)) -> Case {
+    let products = [
+        gemm_work::<f32>(world, (m, e, f), true), // fc1 forward: all_gather_matmul
+        gemm_work::<f32>(world, (m, f, e), false), // fc2 forward: matmul_reduce_scatter
+        gemm_work::<f32>(world, (m, e, f), true), // fc2 input gradient: all_gather_matmul
+        gemm_work::<f32>(world, (f, m, e), false), // fc2 weight gradient, local
+        gemm_work::<f32>(world, (m, f, e), false), // fc1 input gradient: matmul_reduce_scatter
+        gemm_work::<f32>(world, (e, m, f), false), // fc1 weight gradient, local
+    ];
+    let (flops, bytes) = products.iter().fold((0.0, 0.0), |(fl, by), w| match w {
+        Work::Gemm { flops, bytes } => (fl + flops, by + bytes),
+        Work::Copy { bytes } => (fl, by + bytes),
+    });
+    Case {
+        op: "train step (MLP fwd+bwd+Adam)",
+        world,
+        dtype: DType::F32,
+        shape: format!("M={m} E={e} F={f}"),
+        work: Work::Gemm { flops, bytes },
+        run: Box::new(move |reps| {
+            use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, mse_loss};
+            let x = Tensor::<f32>::random(&[m, e], 1);
+            let target = Tensor::<f32>::random(&[m, e], 2);
+            let pairs = world_of(world)?.run(|rank| {
+                let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+                let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
+                let model = |fused| {
+                    let mlp = ParallelMlp::<f32>::new(rank, e, f, Activation::Gelu, 3)?;
+                    Ok::<_, dist_tensor::Error>((mlp.fused(fused), Adam::new(1e-4)))
+                };
+                let (mut fused, mut unfused) = (model(true)?, model(false)?);
+                let step = |(mlp, adam): &mut (ParallelMlp<f32>, Adam<f32>)| -> Result<()> {
+                    let (y, saved) = mlp.forward(&xs)?;
+                    let (_, dy) = mse_loss(&y, &ts)?;
+                    mlp.zero_grad();
+                    mlp.backward(saved, &dy)?;
+                    adam.step(mlp.parameters_mut())
+                };
+                measure::pairs(rank, reps, || step(&mut fused), || step(&mut unfused))
+            })?;
+            Ok(pairs.into_iter().next().expect("rank 0"))
+        }),
+    }
+}
+
 fn cases() -> Vec<Case> {
     let square = (2048, 2048, 2048);
     let decode = (16, 4096, 4096);
@@ -153,6 +202,7 @@ fn cases() -> Vec<Case> {
         all_gather_matmul::<bf16>(2, square),
         ulysses(2, sequence),
         ulysses(4, sequence),
+        train_step(2, (2048, 1024, 4096)),
     ]
 }
 

@@ -640,30 +640,93 @@ pub unsafe fn dot_store<T: Element, D: Writable<T::Acc>, A: Readable<T>, B: Read
     accumulate: bool,
 ) {
     let (m, k, n) = valid;
+    check_fits("dot_store (left operand)", a.raw_read().1, a_row_stride, m, k);
+    check_fits("dot_store (right operand)", b.raw_read().1, b_row_stride, k, n);
+    let (a_strides, b_strides) = ([a_row_stride, 1], [b_row_stride, 1]);
+    // SAFETY: forwarded from this function's contract.
+    unsafe { dot_store_strided(dst, dst_row_stride, a, a_strides, b, b_strides, valid, accumulate) }
+}
+
+/// [`dot_store`] with operands of any (non-negative) strides, `[row stride, column stride]` in
+/// elements: a transposed operand is read in place, with strides `[1, ld]`
+/// (`tl.dot(a, tl.trans(b))`). Operand elements may be read more than once (a stride of 0
+/// broadcasts); the destination is row-major with `dst_row_stride`.
+///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
+/// # Panics
+/// If an access leaves its pointer's memory.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile;
+/// use dist_tensor::shmem::{GlobalPtr, GlobalPtrMut};
+/// let a = [1.0f32, 2.0, 3.0, 4.0]; // 2 x 2
+/// let w = [1.0f32, 10.0, 100.0, 1000.0]; // 2 x 2, read transposed: b = [[1, 100], [10, 1000]]
+/// let mut c = [0.0f32; 4];
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe {
+///     tile::dot_store_strided(GlobalPtrMut::from_slice(&mut c), 2, GlobalPtr::from_slice(&a), [2, 1],
+///                             GlobalPtr::from_slice(&w), [1, 2], (2, 2, 2), false);
+/// }
+/// assert_eq!(c, [21.0, 2100.0, 43.0, 4300.0]);
+/// ```
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dot_store_strided<T: Element, D: Writable<T::Acc>, A: Readable<T>, B: Readable<T>>(
+    dst: D,
+    dst_row_stride: usize,
+    a: A,
+    a_strides: [usize; 2],
+    b: B,
+    b_strides: [usize; 2],
+    valid: (usize, usize, usize),
+    accumulate: bool,
+) {
+    let (m, k, n) = valid;
     let (pd, ld) = dst.raw_write();
     let (pa, la) = a.raw_read();
     let (pb, lb) = b.raw_read();
     check_fits("dot_store (destination)", ld, dst_row_stride, m, n);
-    check_fits("dot_store (left operand)", la, a_row_stride, m, k);
-    check_fits("dot_store (right operand)", lb, b_row_stride, k, n);
+    check_reads("dot_store (left operand)", la, a_strides, m, k);
+    check_reads("dot_store (right operand)", lb, b_strides, k, n);
     if m == 0 || n == 0 {
         return;
     }
     let dst_raw = (pd, dst_row_stride as isize, 1);
+    let [ars, acs] = a_strides.map(|s| s as isize);
+    let [brs, bcs] = b_strides.map(|s| s as isize);
     // SAFETY: all three blocks are inside their memory (checked); the caller's access contract
     // makes the destination this program's alone while it writes.
-    unsafe {
-        T::gemm_acc(
-            m,
-            n,
-            k,
-            dst_raw,
-            accumulate,
-            (pa, a_row_stride as isize, 1),
-            (pb, b_row_stride as isize, 1),
-            1,
-        )
+    unsafe { T::gemm_acc(m, n, k, dst_raw, accumulate, (pa, ars, acs), (pb, brs, bcs), 1) };
+}
+
+/// Panics unless a strided `rows x cols` read fits in `len` elements.
+#[track_caller]
+fn check_reads(
+    op: &str,
+    len: usize,
+    [row_stride, col_stride]: [usize; 2],
+    rows: usize,
+    cols: usize,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let last = (rows - 1)
+        .checked_mul(row_stride)
+        .zip((cols - 1).checked_mul(col_stride))
+        .and_then(|(r, c)| r.checked_add(c)?.checked_add(1));
+    let Some(last) = last else {
+        panic!("{op}: read of {rows}x{cols} with strides [{row_stride}, {col_stride}] overflows")
     };
+    assert!(
+        last <= len,
+        "{op}: read of {rows}x{cols} (strides [{row_stride}, {col_stride}]) needs {last} elements, {len} available"
+    );
 }
 
 /// Copies with non-temporal ("streaming") stores on x86-64: a block that the copying program will

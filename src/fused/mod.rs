@@ -8,7 +8,8 @@ pub(crate) mod matmul_reduce_scatter;
 mod plan;
 
 pub use all_gather_matmul::{
-    AgMatmulOutput, MAX_WEIGHTS, all_gather_matmul, all_gather_matmul_unfused,
+    AgMatmulOutput, MAX_WEIGHTS, all_gather_matmul, all_gather_matmul_keep_input,
+    all_gather_matmul_unfused,
 };
 pub use all_to_all::{AllToAllOutput, MAX_DIMS, all_to_all, all_to_all_unfused};
 pub use matmul_reduce_scatter::{matmul_reduce_scatter, matmul_reduce_scatter_unfused};
