@@ -361,3 +361,55 @@ fn pull<T: Element>(
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::World;
+
+    /// What rank `p` sends with the counts of `counts(p)`: its input is `p * 1000 + i`.
+    fn sent(p: usize, counts: &[usize]) -> Vec<f32> {
+        (0..counts.iter().sum::<usize>()).map(|i| (p * 1000 + i) as f32).collect()
+    }
+
+    /// The pushed result lives in a lent block (from 2 ranks on), and one a rank holds keeps its
+    /// values while later calls push into other blocks.
+    #[test]
+    fn pushed_results_are_lent_and_keep_their_values() {
+        for n in [1, 3] {
+            let counts = |p: usize, salt: usize| -> Vec<usize> {
+                (0..n).map(|d| (p + 2 * d + salt) % 4 * 700).collect()
+            };
+            let want = |me: usize, salt: usize| -> Vec<f32> {
+                (0..n)
+                    .flat_map(|p| {
+                        let c = counts(p, salt);
+                        let start: usize = c[..me].iter().sum();
+                        sent(p, &c)[start..start + c[me]].to_vec()
+                    })
+                    .collect()
+            };
+            World::threads(n)
+                .unwrap()
+                .run(|rank| {
+                    let me = rank.rank();
+                    let call = |salt| {
+                        let c = counts(me, salt);
+                        all_to_all_v_tensor(rank, &sent(me, &c), &c)
+                    };
+                    let first = call(1)?;
+                    assert_eq!(first.is_lent(), n > 1);
+                    let first = (me == 0).then_some(first);
+                    for salt in 2..5 {
+                        let got = call(salt)?;
+                        assert_eq!(got.as_slice(), want(me, salt));
+                    }
+                    if let Some(first) = first {
+                        assert_eq!(first.as_slice(), want(0, 1), "a held result was overwritten");
+                    }
+                    Ok(())
+                })
+                .unwrap();
+        }
+    }
+}
