@@ -326,10 +326,8 @@ fn main() -> Result<()> {
             // The limits right before each row: the machine is shared, its speed drifts.
             let l = Limits::measure();
             limits.push(l);
-            // Each row starts with an empty buffer cache, as its own program would: the cache
-            // keeps what earlier rows gave back, up to its cap, and a full cache takes no more
-            // (a later row's buffers of other sizes would be page-faulted in on every call).
-            dist_tensor::tensor::release_pool();
+            // The buffer cache keeps what earlier rows gave back: a row's first calls evict it
+            // (least recently used first), as in a program that moves from one op to another.
             out.push((case.work.limit(&l).0, (case.run)(reps)?));
             if processes {
                 as_processes[i].push(row_as_processes(case, i, reps, only.as_deref())?);
@@ -348,8 +346,11 @@ fn main() -> Result<()> {
     let l = Limits {
         flops_core: median_limit(|l| l.flops_core),
         flops_all: median_limit(|l| l.flops_all),
+        clock_hz: median_limit(|l| l.clock_hz),
+        read_bw_core: median_limit(|l| l.read_bw_core),
         read_bw: median_limit(|l| l.read_bw),
         copy_bw: median_limit(|l| l.copy_bw),
+        stream_bw: median_limit(|l| l.stream_bw),
         isa: limits[0].isa,
     };
     println!("CPU: {}", cpu.describe());
@@ -364,8 +365,9 @@ fn main() -> Result<()> {
          ratios are taken pair by pair: median (quartiles)"
     );
     println!(
-        "roofline: the larger of FLOPs / all-core peak and compulsory bytes / read bandwidth; for \
-         copies, bytes / copy bandwidth"
+        "roofline: the larger of FLOPs / all-core peak and compulsory bytes / all-core read \
+         bandwidth; for copies, bytes / the faster all-core copy (per rank the same: the ranks \
+         split the work and the cores evenly)"
     );
     println!();
     let (extra_head, extra_rule) = if processes {
@@ -408,17 +410,22 @@ fn main() -> Result<()> {
         );
     }
     println!();
-    println!("| local matmul, one core, f32 | ms | GFLOP/s | of one core's peak | weight GB/s |");
-    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| local matmul, one core, f32 | ms | GFLOP/s | of one core's peak | weight GB/s | of one \
+         core's read |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
     for (&(m, k, n), seconds) in core_shapes.iter().zip(&core) {
         let t = Spread::of(seconds.iter().copied()).median;
         let flops = 2.0 * (m * k * n) as f64;
+        let weight_bw = (k * n * 4) as f64 / t;
         println!(
-            "| M={m} K={k} N={n} | {:.3} | {:.1} | {:.3} | {:.1} |",
+            "| M={m} K={k} N={n} | {:.3} | {:.1} | {:.3} | {:.1} | {:.3} |",
             t * 1e3,
             flops / t / 1e9,
             flops / t / l.flops_core,
-            (k * n * 4) as f64 / t / 1e9,
+            weight_bw / 1e9,
+            weight_bw / l.read_bw_core,
         );
     }
     Ok(())
