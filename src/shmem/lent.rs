@@ -113,11 +113,13 @@ unsafe impl LentMemory for Loan {
 
 const _: () = assert!(super::heap::ALIGN.is_multiple_of(LENT_ALIGN));
 
-/// The size to allocate for `bytes`: rounded up to an eighth of the next power of two (at most
+/// The size to allocate for `bytes`: rounded up to an eighth of the power of two at or below it (at most
 /// 12.5% more), so that outputs of nearby sizes share a block.
 fn size_class(bytes: usize) -> usize {
     let bytes = bytes.max(4096);
-    let step = bytes.next_power_of_two() / 8;
+    // Eight classes between two powers of two: the step is an eighth of the power at or below
+    // `bytes` (an eighth of the one above would waste up to a quarter just past a power).
+    let step = (1usize << bytes.ilog2()) / 8;
     bytes.next_multiple_of(step)
 }
 
