@@ -94,6 +94,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
+//! | [`nn`] | layers that train: column- and row-parallel linear, MLP, Ulysses attention, each with its backward pass; optimizers |
 //! | [`dist`] | [`DistTensor`], [`Placement`]: validate, choose a kernel, never touch raw memory |
 //! | [`fused`] | one file per fused op, with its unfused baseline |
 //! | [`collectives`] | all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, as tile kernels |
@@ -110,7 +111,8 @@
 //! | splits | [`Split`]: even (`numpy.array_split`), whole units (attention heads), explicit sizes |
 //! | local updates | `map_local`, `zip_local`, `local_mut`, `cast`, `reshape`, `permute`: no exchange |
 //! | local math | operators with broadcasting, `map`, `zip_map`, GELU, SiLU, softmax, sums, means, RMS and layer norm, batched matmul |
-//! | fused ops | `all_gather_matmul` (one or several weights), `matmul_reduce_scatter`, on `[..., K]`; `all_to_all` |
+//! | fused ops | `all_gather_matmul` (one or several weights), `matmul_reduce_scatter`, on `[..., K]`; `all_to_all`; weights read transposed in place and the gathered input kept ([`MatmulOptions`]) |
+//! | training | [`nn`]: tensor-parallel layers with backward passes through the dual fused ops, SGD and Adam |
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
 //! | devices | host simulation (default); Ascend NPUs through CANN (`World::ascend`, not yet run on hardware); NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
@@ -155,11 +157,12 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod fused;
+pub mod nn;
 pub mod shmem;
 pub mod tensor;
 
 pub use device::Device;
-pub use dist::{DistTensor, Placement, Split};
+pub use dist::{DistTensor, MatmulOptions, Placement, Split};
 pub use error::{Error, Result};
 pub use shmem::{Rank, World};
 pub use tensor::{DType, Element, Tensor};

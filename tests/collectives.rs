@@ -61,6 +61,12 @@ fn check_world<T: Element>(n: usize) {
                 )?);
                 let equal = input::<T>(case + 400, r, n * (len % 4));
                 results.push(collectives::all_to_all(rank, &equal)?);
+                // The one-copy form, with long uneven pieces (several chunks each).
+                let counts: Vec<usize> = (0..n).map(|p| uneven((r + 2 * p) % n, len)).collect();
+                let total = counts.iter().sum();
+                let sent = input::<T>(case + 500, r, total);
+                let got = collectives::all_to_all_v_tensor(rank, &sent, &counts)?;
+                results.push(got.as_slice().to_vec());
             }
             Ok(results)
         })
@@ -68,7 +74,7 @@ fn check_world<T: Element>(n: usize) {
 
     for (case, &len) in lengths(n).iter().enumerate() {
         let case64 = case as u64;
-        let at = |r: usize, k: usize| &outs[r][case * 7 + k];
+        let at = |r: usize, k: usize| &outs[r][case * 8 + k];
         let what = |op: &str| format!("{op}, world {n}, {}, len {len}", T::DTYPE);
 
         let gathered: Vec<T> = (0..n).flat_map(|r| input::<T>(case64, r, uneven(r, len))).collect();
@@ -106,6 +112,14 @@ fn check_world<T: Element>(n: usize) {
                 })
                 .collect();
             assert_eq!(at(r, 6), &want, "{} on rank {r}", what("all_to_all"));
+            let mut want = Vec::new();
+            for p in 0..n {
+                let counts: Vec<usize> = (0..n).map(|q| uneven((p + 2 * q) % n, len)).collect();
+                let sent = input::<T>(case64 + 500, p, counts.iter().sum());
+                let start: usize = counts[..r].iter().sum();
+                want.extend_from_slice(&sent[start..start + counts[r]]);
+            }
+            assert_eq!(at(r, 7), &want, "{} on rank {r}", what("all_to_all_v_tensor"));
         }
         // The f64 view: the promised rounding is within a few ulps of the exact sum.
         for (i, s) in sum.iter().enumerate() {
@@ -224,10 +238,15 @@ fn uneven_all_to_all_counts_that_do_not_add_up_are_an_error() {
     let out = World::threads(2)
         .unwrap()
         .run(|rank| {
-            Ok(collectives::all_to_all_v(rank, &[1.0f32; 3], &[1, 1]).unwrap_err().to_string())
+            let vector = collectives::all_to_all_v(rank, &[1.0f32; 3], &[1, 1]).unwrap_err();
+            let tensor = collectives::all_to_all_v_tensor(rank, &[1.0f32; 3], &[1]).unwrap_err();
+            Ok((vector.to_string(), tensor.to_string()))
         })
         .unwrap();
-    assert!(out[0].contains("send counts add up to 2, the input has 3 elements"), "{}", out[0]);
+    for (vector, tensor) in &out {
+        assert!(vector.contains("send counts add up to 2, the input has 3 elements"), "{vector}");
+        assert!(tensor.contains("1 send counts for a world of 2 ranks"), "{tensor}");
+    }
 }
 
 #[test]

@@ -12,6 +12,15 @@ use dist_tensor::device::cuda;
 use dist_tensor::{Device, DistTensor, Element, Error, Placement, Rank, Tensor, World};
 use half::{bf16, f16};
 
+/// The paths of the fused ops can be forced, process-wide: the test that forces them holds this
+/// for writing, the other tests of the fused ops for reading (the ranks of a world that see
+/// different paths fail the op).
+static PATHS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn paths_fixed() -> std::sync::RwLockReadGuard<'static, ()> {
+    PATHS.read().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A world of `n` GPUs, or `None` after printing why there is none.
 fn gpus(test: &str, n: usize) -> Option<World> {
     gpus_with(test, n, Duration::from_secs(30))
@@ -178,6 +187,7 @@ fn all_gather_matmul_case<T: Element>(
 
 fn all_gather_matmul_all<T: Element>(n: usize) {
     let Some(world) = gpus("all_gather_matmul", n) else { return };
+    let _paths = paths_fixed();
     for rows in row_cases(n) {
         for k in [1, 5, 64] {
             all_gather_matmul_case::<T>(&world, &rows, k, &[3], true);
@@ -246,6 +256,7 @@ fn matmul_reduce_scatter_case<T: Element>(
 
 fn matmul_reduce_scatter_all<T: Element>(n: usize) {
     let Some(world) = gpus("matmul_reduce_scatter", n) else { return };
+    let _paths = paths_fixed();
     let k_cases: Vec<Vec<usize>> = if n == 1 {
         vec![vec![1], vec![9]]
     } else {
@@ -274,6 +285,46 @@ fn matmul_reduce_scatter_matches_f64_worlds_1_and_2() {
         matmul_reduce_scatter_all::<bf16>(n);
         matmul_reduce_scatter_all::<f16>(n);
         matmul_reduce_scatter_all::<f64>(n);
+    }
+}
+
+/// Puts the forced paths back to the choice by shape when dropped (also when a check fails).
+struct ForcedPaths;
+
+impl Drop for ForcedPaths {
+    fn drop(&mut self) {
+        cuda::force_all_gather_matmul_path(None).unwrap();
+        cuda::force_matmul_reduce_scatter_path(None).unwrap();
+    }
+}
+
+#[test]
+fn every_path_of_the_fused_ops_matches_f64_on_two_gpus() {
+    let Some(world) = gpus("forced paths", 2) else { return };
+    let _paths = PATHS.write().unwrap_or_else(|p| p.into_inner());
+    let _reset = ForcedPaths;
+    // Few rows, uneven, empty, and the overlap path's sizes (at least 1024 rows on a rank).
+    let ag_rows: [&[usize]; 4] = [&[3, 4], &[0, 5], &[1029, 1024], &[7, 1030]];
+    for path in ["gather", "overlap"] {
+        cuda::force_all_gather_matmul_path(Some(path)).unwrap();
+        // Twice: the second call reuses the buffers (the gather path's other half).
+        for _ in 0..2 {
+            for rows in ag_rows {
+                all_gather_matmul_case::<bf16>(&world, rows, 40, &[24, 8], true);
+                all_gather_matmul_case::<f32>(&world, rows, 17, &[5], true);
+            }
+        }
+    }
+    cuda::force_all_gather_matmul_path(None).unwrap();
+    // matmul_reduce_scatter: each path twice (the same bits).
+    for (m, ks) in [(7, [4, 7]), (1, [0, 6]), (2 * 1024 + 3, [16, 21])] {
+        for path in ["single", "chunked"] {
+            cuda::force_matmul_reduce_scatter_path(Some(path)).unwrap();
+            let first = matmul_reduce_scatter_case::<bf16>(&world, m, &ks, 40, true);
+            let second = matmul_reduce_scatter_case::<bf16>(&world, m, &ks, 40, true);
+            assert_eq!(first, second, "{path}: not bitwise reproducible (m {m})");
+            matmul_reduce_scatter_case::<f32>(&world, m, &ks, 13, true);
+        }
     }
 }
 
@@ -413,6 +464,7 @@ fn a_rank_that_errors_ends_the_other_ranks_kernels() {
 #[test]
 fn a_rank_that_panics_ends_the_other_ranks_kernels() {
     let Some(world) = gpus("fault: panic", 2) else { return };
+    let _paths = paths_fixed();
     let w = Tensor::<bf16>::random(&[32, 16], 3);
     let start = Instant::now();
     let err = world

@@ -229,6 +229,8 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     let counts: Vec<usize> = (0..n).map(|r| (r + me) % 3).collect();
     let v: Vec<f64> = seeded(me, counts.iter().sum(), 4);
     put("all_to_all_v", digest(&collectives::all_to_all_v(rank, &v, &counts)?));
+    let pushed = collectives::all_to_all_v_tensor(rank, &v, &counts)?;
+    put("all_to_all_v_tensor", digest(pushed.as_slice()));
     put("broadcast", digest(&collectives::broadcast(rank, &seeded::<f64>(me, 11, 5), n - 1)?));
     put("all_reduce_f64", digest(&collectives::all_reduce(rank, &seeded::<f64>(me, 23, 6))?));
     put("all_gather_bf16", digest(&collectives::all_gather(rank, &seeded::<bf16>(me, 9, 7))?));
@@ -253,6 +255,11 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
             mpi == ag
         };
         put("ag_unfused_mpi_same", same.to_string());
+        // The gathered input kept beside the product: the same product, and the gathered rows.
+        let kept = fused::all_gather_matmul_keep_input(rank, x.view2("x")?, &[w.view2("w")?])?;
+        let gathered = kept.gathered.as_ref().expect("kept");
+        put("ag_keep_gathered", digest(gathered.as_slice().expect("standard")));
+        put("ag_keep_same", (kept.outputs == ag.outputs).to_string());
     }
     let x = Tensor::from_shape_vec(&[13 + me, 64], seeded::<f32>(me, (13 + me) * 64, 9))?;
     let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;

@@ -179,6 +179,44 @@ fn collectives_and_fused_ops_as_processes_give_the_same_bits_as_threads_at_world
     }
 }
 
+/// Each rank's first Ulysses output, held while later calls run (their outputs dropped, so the
+/// blocks go round), then the rank's last one: the held output lives in this process's own heap
+/// segment, which the later calls' peers write into.
+fn held_outputs(rank: &Rank<'_>) -> dist_tensor::Result<(Tensor<f32>, Tensor<f32>)> {
+    let me = rank.rank();
+    let q = |salt| Tensor::from_shape_vec(&[2, 3 + me, 5, 4], seeded(me, 2 * (3 + me) * 20, salt));
+    let first = fused::all_to_all(rank, &q(1)?, 2, 1)?.output;
+    let mut last = fused::all_to_all(rank, &q(2)?, 2, 1)?.output;
+    for salt in 3..7 {
+        drop(last);
+        last = fused::all_to_all(rank, &q(salt)?, 2, 1)?.output;
+    }
+    Ok((first, last))
+}
+
+#[test]
+fn held_outputs_keep_their_values_and_outlive_the_world_as_processes() {
+    let digests = |(first, last): &(Tensor<f32>, Tensor<f32>)| {
+        format!("{} {}", digest(first.as_slice()), digest(last.as_slice()))
+    };
+    if in_rank(|world| {
+        let mine = world.run(held_outputs)?.remove(0);
+        drop(world);
+        Ok(digests(&mine))
+    }) {
+        return;
+    }
+    for n in [2, 3] {
+        let threads = World::threads(n).unwrap().run(held_outputs).unwrap();
+        let exits =
+            job("held_outputs_keep_their_values_and_outlive_the_world_as_processes", n, &[]);
+        for exit in &exits {
+            assert!(exit.success(), "world {n}, rank {}: {}", exit.rank, exit.stderr_text());
+            assert_eq!(result(exit), digests(&threads[exit.rank]), "world {n}, rank {}", exit.rank);
+        }
+    }
+}
+
 // ---- faults -----------------------------------------------------------------------------------
 
 /// The body of every fault test: rank 1 does `fault` after a first collective; the others go

@@ -5,6 +5,9 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::Instant;
 
+use dist_tensor::device::tile;
+use dist_tensor::shmem::{GlobalPtr, GlobalPtrMut};
+
 /// The CPU as the operating system describes it.
 pub struct Cpu {
     pub model: String,
@@ -86,10 +89,18 @@ pub struct Limits {
     /// f32 FLOP/s of one core, and of all usable cores at once.
     pub flops_core: f64,
     pub flops_all: f64,
-    /// Bytes per second read from memory with all cores at once (buffers far larger than L3).
+    /// The core clock, from a chain of dependent integer adds (one a cycle): with the peak it
+    /// gives the flops a cycle, which says whether the peak is what the core's FMA units do.
+    pub clock_hz: f64,
+    /// Bytes per second read from memory by one core, and by all cores at once (buffers far
+    /// larger than L3).
+    pub read_bw_core: f64,
     pub read_bw: f64,
-    /// Bytes per second copied (each byte read once and written once) with all cores at once.
+    /// Bytes per second copied (each byte read once and written once) with all cores at once:
+    /// by `memcpy` (`copy_from_slice`), and by the library's streaming copy
+    /// (`tile::copy_2d_streaming`, stores that bypass the cache).
     pub copy_bw: f64,
+    pub stream_bw: f64,
     /// Which FMA the peak loop used.
     pub isa: &'static str,
 }
@@ -103,32 +114,69 @@ impl Limits {
         let (isa, _) = fma_kernel();
         let flops_core = best(&|| flops_on(1));
         let flops_all = best(&|| flops_on(n));
+        // Short trials, many: one that another process interrupts only counts as slower.
+        let clock_hz = (0..20).map(|_| clock()).fold(0.0, f64::max);
         // 256 MiB read, and 2 x 128 MiB copied: far past any last-level cache here.
         let read = vec![1u64; 32 << 20];
+        let read_bw_core = best(&|| read_on(1, &read));
         let read_bw = best(&|| read_on(n, &read));
         drop(read);
         let src = vec![1u8; 128 << 20];
         let mut dst = vec![0u8; 128 << 20];
-        let copy_bw = (0..5).map(|_| copy_on(n, &src, &mut dst)).fold(0.0, f64::max);
-        Limits { flops_core, flops_all, read_bw, copy_bw, isa }
+        let copy_bw = (0..5).map(|_| copy_on(n, &src, &mut dst, false)).fold(0.0, f64::max);
+        let stream_bw = (0..5).map(|_| copy_on(n, &src, &mut dst, true)).fold(0.0, f64::max);
+        Limits { flops_core, flops_all, clock_hz, read_bw_core, read_bw, copy_bw, stream_bw, isa }
     }
 
     pub fn describe(&self) -> String {
         format!(
-            "measured peak: {:.0} GFLOP/s f32 per core ({} FMA), {:.0} GFLOP/s on all {} cores; \
-             memory: {:.1} GB/s read, {:.1} GB/s copied, all cores",
+            "measured peak: {:.0} GFLOP/s f32 per core ({} FMA; {:.1} flops a cycle at {:.2} \
+             GHz), {:.0} GFLOP/s on all {} cores; memory: {:.1} GB/s read by one core, {:.1} GB/s \
+             by all, copied by all: {:.1} GB/s by memcpy, {:.1} GB/s with streaming stores",
             self.flops_core / 1e9,
             self.isa,
+            self.flops_core / self.clock_hz,
+            self.clock_hz / 1e9,
             self.flops_all / 1e9,
             cores(),
+            self.read_bw_core / 1e9,
             self.read_bw / 1e9,
             self.copy_bw / 1e9,
+            self.stream_bw / 1e9,
         )
     }
 
-    /// The limit of copying `bytes` (each read once, written once) on all cores.
+    /// The limit of copying `bytes` (each read once, written once) on all cores: the faster of
+    /// memcpy and streaming stores.
     pub fn copy_seconds(&self, bytes: f64) -> f64 {
-        bytes / self.copy_bw
+        bytes / self.copy_bw.max(self.stream_bw)
+    }
+}
+
+/// Cycles a second, from a chain of dependent adds (one cycle each on every x86-64 core).
+fn clock() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        const ROUNDS: u64 = 1_000_000;
+        let start = Instant::now();
+        let mut x: u64 = black_box(1);
+        for _ in 0..ROUNDS {
+            // SAFETY: register arithmetic only.
+            unsafe {
+                std::arch::asm!(
+                    "add {0}, 1", "add {0}, 1", "add {0}, 1", "add {0}, 1",
+                    "add {0}, 1", "add {0}, 1", "add {0}, 1", "add {0}, 1",
+                    inout(reg) x,
+                    options(nomem, nostack),
+                )
+            };
+        }
+        black_box(x);
+        (8 * ROUNDS) as f64 / start.elapsed().as_secs_f64()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        f64::NAN
     }
 }
 
@@ -185,6 +233,28 @@ mod x86 {
         (FMA_ITERS * CHAINS * 16 * 2) as f64
     }
 
+    /// Sums `data` in four 512-bit lanes of u64 (the loads the kernels do).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn sum512(data: &[u64]) -> [u64; 8] {
+        let mut acc = [_mm512_setzero_si512(); 4];
+        let blocks = data.chunks_exact(32);
+        let rest: u64 = blocks.remainder().iter().fold(0, |a, &x| a.wrapping_add(x));
+        for block in blocks {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // SAFETY: 8 u64 of the 32 in this block.
+                let v = unsafe { _mm512_loadu_si512(block.as_ptr().add(8 * j).cast()) };
+                *a = _mm512_add_epi64(*a, v);
+            }
+        }
+        let sum =
+            _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3]));
+        let mut out = [0u64; 8];
+        // SAFETY: 8 u64 fit `out`.
+        unsafe { _mm512_storeu_si512(out.as_mut_ptr().cast(), sum) };
+        out[0] = out[0].wrapping_add(rest);
+        out
+    }
+
     /// Returns the flops done.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn fma256() -> f64 {
@@ -239,6 +309,12 @@ fn read_on(threads: usize, data: &[u64]) -> f64 {
     let part = data.len().div_ceil(threads);
     let seconds = timed_on(threads, &|i| {
         let chunk = &data[(i * part).min(data.len())..((i + 1) * part).min(data.len())];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            black_box(unsafe { x86::sum512(chunk) });
+            return;
+        }
         // Eight lanes of wrapping sums: vectorizes, and no lane waits on another.
         let mut acc = [0u64; 8];
         for block in chunk.chunks_exact(8) {
@@ -251,8 +327,9 @@ fn read_on(threads: usize, data: &[u64]) -> f64 {
     std::mem::size_of_val(data) as f64 / seconds
 }
 
-/// Bytes per second copied by `threads` threads, each copying its part of `src` into `dst`.
-fn copy_on(threads: usize, src: &[u8], dst: &mut [u8]) -> f64 {
+/// Bytes per second copied by `threads` threads, each copying its part of `src` into `dst`,
+/// with memcpy or (`streaming`) the library's streaming copy.
+fn copy_on(threads: usize, src: &[u8], dst: &mut [u8], streaming: bool) -> f64 {
     let part = src.len().div_ceil(threads);
     let dst_addr = dst.as_mut_ptr() as usize;
     let len = src.len();
@@ -262,7 +339,14 @@ fn copy_on(threads: usize, src: &[u8], dst: &mut [u8]) -> f64 {
         let d = unsafe {
             std::slice::from_raw_parts_mut((dst_addr as *mut u8).add(start), end - start)
         };
-        d.copy_from_slice(&src[start..end]);
+        let s = &src[start..end];
+        if streaming {
+            let (to, from) = (GlobalPtrMut::from_slice(d), GlobalPtr::from_slice(s));
+            // SAFETY: this thread alone touches its range of `dst` and reads `src`.
+            unsafe { tile::copy_2d_streaming(to, s.len(), from, s.len(), (1, s.len())) };
+        } else {
+            d.copy_from_slice(s);
+        }
     });
     black_box(dst);
     len as f64 / seconds

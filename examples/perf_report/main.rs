@@ -144,6 +144,55 @@ fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize)) -> Case {
     }
 }
 
+/// One training step of a tensor-parallel MLP (`dist_tensor::nn::ParallelMlp`, `[M, E] -> [M, F]
+/// -> [M, E]`: forward, mean squared error, backward, Adam) with its layers on the fused ops,
+/// against the same step on the unfused baselines. The work is the step's six products: each
+/// layer's forward product, input gradient and weight gradient.
+fn train_step(world: usize, (m, e, f): (usize, usize, usize)) -> Case {
+    let products = [
+        gemm_work::<f32>(world, (m, e, f), true), // fc1 forward: all_gather_matmul
+        gemm_work::<f32>(world, (m, f, e), false), // fc2 forward: matmul_reduce_scatter
+        gemm_work::<f32>(world, (m, e, f), true), // fc2 input gradient: all_gather_matmul
+        gemm_work::<f32>(world, (f, m, e), false), // fc2 weight gradient, local
+        gemm_work::<f32>(world, (m, f, e), false), // fc1 input gradient: matmul_reduce_scatter
+        gemm_work::<f32>(world, (e, m, f), false), // fc1 weight gradient, local
+    ];
+    let (flops, bytes) = products.iter().fold((0.0, 0.0), |(fl, by), w| match w {
+        Work::Gemm { flops, bytes } => (fl + flops, by + bytes),
+        Work::Copy { bytes } => (fl, by + bytes),
+    });
+    Case {
+        op: "train step (MLP fwd+bwd+Adam)",
+        world,
+        dtype: DType::F32,
+        shape: format!("M={m} E={e} F={f}"),
+        work: Work::Gemm { flops, bytes },
+        run: Box::new(move |reps| {
+            use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, mse_loss};
+            let x = Tensor::<f32>::random(&[m, e], 1);
+            let target = Tensor::<f32>::random(&[m, e], 2);
+            let pairs = world_of(world)?.run(|rank| {
+                let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+                let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
+                let model = |fused| {
+                    let mlp = ParallelMlp::<f32>::new(rank, e, f, Activation::Gelu, 3)?;
+                    Ok::<_, dist_tensor::Error>((mlp.fused(fused), Adam::new(1e-4)))
+                };
+                let (mut fused, mut unfused) = (model(true)?, model(false)?);
+                let step = |(mlp, adam): &mut (ParallelMlp<f32>, Adam<f32>)| -> Result<()> {
+                    let (y, saved) = mlp.forward(&xs)?;
+                    let (_, dy) = mse_loss(&y, &ts)?;
+                    mlp.zero_grad();
+                    mlp.backward(saved, &dy)?;
+                    adam.step(mlp.parameters_mut())
+                };
+                measure::pairs(rank, reps, || step(&mut fused), || step(&mut unfused))
+            })?;
+            Ok(pairs.into_iter().next().expect("rank 0"))
+        }),
+    }
+}
+
 fn cases() -> Vec<Case> {
     let square = (2048, 2048, 2048);
     let decode = (16, 4096, 4096);
@@ -158,6 +207,7 @@ fn cases() -> Vec<Case> {
         all_gather_matmul::<bf16>(2, square),
         ulysses(2, sequence),
         ulysses(4, sequence),
+        train_step(2, (2048, 1024, 4096)),
     ]
 }
 
@@ -284,10 +334,8 @@ fn main() -> Result<()> {
             // The limits right before each row: the machine is shared, its speed drifts.
             let l = Limits::measure();
             limits.push(l);
-            // Each row starts with an empty buffer cache, as its own program would: the cache
-            // keeps what earlier rows gave back, up to its cap, and a full cache takes no more
-            // (a later row's buffers of other sizes would be page-faulted in on every call).
-            dist_tensor::tensor::release_pool();
+            // The buffer cache keeps what earlier rows gave back: a row's first calls evict it
+            // (least recently used first), as in a program that moves from one op to another.
             out.push((case.work.limit(&l).0, (case.run)(reps)?));
             if processes {
                 as_processes[i].push(row_as_processes(case, i, reps, only.as_deref())?);
@@ -306,8 +354,11 @@ fn main() -> Result<()> {
     let l = Limits {
         flops_core: median_limit(|l| l.flops_core),
         flops_all: median_limit(|l| l.flops_all),
+        clock_hz: median_limit(|l| l.clock_hz),
+        read_bw_core: median_limit(|l| l.read_bw_core),
         read_bw: median_limit(|l| l.read_bw),
         copy_bw: median_limit(|l| l.copy_bw),
+        stream_bw: median_limit(|l| l.stream_bw),
         isa: limits[0].isa,
     };
     println!("CPU: {}", cpu.describe());
@@ -322,8 +373,9 @@ fn main() -> Result<()> {
          ratios are taken pair by pair: median (quartiles)"
     );
     println!(
-        "roofline: the larger of FLOPs / all-core peak and compulsory bytes / read bandwidth; for \
-         copies, bytes / copy bandwidth"
+        "roofline: the larger of FLOPs / all-core peak and compulsory bytes / all-core read \
+         bandwidth; for copies, bytes / the faster all-core copy (per rank the same: the ranks \
+         split the work and the cores evenly)"
     );
     println!();
     let (extra_head, extra_rule) = if processes {
@@ -366,17 +418,22 @@ fn main() -> Result<()> {
         );
     }
     println!();
-    println!("| local matmul, one core, f32 | ms | GFLOP/s | of one core's peak | weight GB/s |");
-    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| local matmul, one core, f32 | ms | GFLOP/s | of one core's peak | weight GB/s | of one \
+         core's read |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- |");
     for (&(m, k, n), seconds) in core_shapes.iter().zip(&core) {
         let t = Spread::of(seconds.iter().copied()).median;
         let flops = 2.0 * (m * k * n) as f64;
+        let weight_bw = (k * n * 4) as f64 / t;
         println!(
-            "| M={m} K={k} N={n} | {:.3} | {:.1} | {:.3} | {:.1} |",
+            "| M={m} K={k} N={n} | {:.3} | {:.1} | {:.3} | {:.1} | {:.3} |",
             t * 1e3,
             flops / t / 1e9,
             flops / t / l.flops_core,
-            (k * n * 4) as f64 / t / 1e9,
+            weight_bw / 1e9,
+            weight_bw / l.read_bw_core,
         );
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! Collectives as tile kernels on symmetric memory: [`all_gather`], [`reduce_scatter`],
-//! [`all_reduce`], [`all_to_all`] (and the uneven [`all_to_all_v`]), [`broadcast`].
+//! [`all_reduce`], [`all_to_all`] (and the uneven [`all_to_all_v`], [`all_to_all_v_tensor`]),
+//! [`broadcast`].
 //!
 //! Each returns a new vector; the `_into` forms write into the caller's slice instead, for
 //! callers that reuse their buffers. Each is collective: every rank of the world calls it, in the same order. Lengths may differ
@@ -21,7 +22,7 @@ mod workspace;
 
 pub use all_gather::{all_gather, all_gather_cols, all_gather_cols_into, all_gather_into};
 pub use all_reduce::{all_reduce, all_reduce_into};
-pub use all_to_all::{all_to_all, all_to_all_into, all_to_all_v};
+pub use all_to_all::{all_to_all, all_to_all_into, all_to_all_v, all_to_all_v_tensor};
 pub use broadcast::{broadcast, broadcast_into};
 pub use reduce_scatter::{
     ReduceOp, reduce_scatter, reduce_scatter_cols, reduce_scatter_cols_into, reduce_scatter_into,

@@ -640,30 +640,93 @@ pub unsafe fn dot_store<T: Element, D: Writable<T::Acc>, A: Readable<T>, B: Read
     accumulate: bool,
 ) {
     let (m, k, n) = valid;
+    check_fits("dot_store (left operand)", a.raw_read().1, a_row_stride, m, k);
+    check_fits("dot_store (right operand)", b.raw_read().1, b_row_stride, k, n);
+    let (a_strides, b_strides) = ([a_row_stride, 1], [b_row_stride, 1]);
+    // SAFETY: forwarded from this function's contract.
+    unsafe { dot_store_strided(dst, dst_row_stride, a, a_strides, b, b_strides, valid, accumulate) }
+}
+
+/// [`dot_store`] with operands of any (non-negative) strides, `[row stride, column stride]` in
+/// elements: a transposed operand is read in place, with strides `[1, ld]`
+/// (`tl.dot(a, tl.trans(b))`). Operand elements may be read more than once (a stride of 0
+/// broadcasts); the destination is row-major with `dst_row_stride`.
+///
+/// # Safety
+/// The [access contract](self#the-access-contract): no other program, rank or thread writes
+/// what this reads or touches what this writes while it runs (order such accesses with signals
+/// or barriers), and source and destination do not overlap.
+///
+/// # Panics
+/// If an access leaves its pointer's memory.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::tile;
+/// use dist_tensor::shmem::{GlobalPtr, GlobalPtrMut};
+/// let a = [1.0f32, 2.0, 3.0, 4.0]; // 2 x 2
+/// let w = [1.0f32, 10.0, 100.0, 1000.0]; // 2 x 2, read transposed: b = [[1, 100], [10, 1000]]
+/// let mut c = [0.0f32; 4];
+/// // SAFETY: nothing else accesses these arrays meanwhile.
+/// unsafe {
+///     tile::dot_store_strided(GlobalPtrMut::from_slice(&mut c), 2, GlobalPtr::from_slice(&a), [2, 1],
+///                             GlobalPtr::from_slice(&w), [1, 2], (2, 2, 2), false);
+/// }
+/// assert_eq!(c, [21.0, 2100.0, 43.0, 4300.0]);
+/// ```
+#[track_caller]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn dot_store_strided<T: Element, D: Writable<T::Acc>, A: Readable<T>, B: Readable<T>>(
+    dst: D,
+    dst_row_stride: usize,
+    a: A,
+    a_strides: [usize; 2],
+    b: B,
+    b_strides: [usize; 2],
+    valid: (usize, usize, usize),
+    accumulate: bool,
+) {
+    let (m, k, n) = valid;
     let (pd, ld) = dst.raw_write();
     let (pa, la) = a.raw_read();
     let (pb, lb) = b.raw_read();
     check_fits("dot_store (destination)", ld, dst_row_stride, m, n);
-    check_fits("dot_store (left operand)", la, a_row_stride, m, k);
-    check_fits("dot_store (right operand)", lb, b_row_stride, k, n);
+    check_reads("dot_store (left operand)", la, a_strides, m, k);
+    check_reads("dot_store (right operand)", lb, b_strides, k, n);
     if m == 0 || n == 0 {
         return;
     }
     let dst_raw = (pd, dst_row_stride as isize, 1);
+    let [ars, acs] = a_strides.map(|s| s as isize);
+    let [brs, bcs] = b_strides.map(|s| s as isize);
     // SAFETY: all three blocks are inside their memory (checked); the caller's access contract
     // makes the destination this program's alone while it writes.
-    unsafe {
-        T::gemm_acc(
-            m,
-            n,
-            k,
-            dst_raw,
-            accumulate,
-            (pa, a_row_stride as isize, 1),
-            (pb, b_row_stride as isize, 1),
-            1,
-        )
+    unsafe { T::gemm_acc(m, n, k, dst_raw, accumulate, (pa, ars, acs), (pb, brs, bcs), 1) };
+}
+
+/// Panics unless a strided `rows x cols` read fits in `len` elements.
+#[track_caller]
+fn check_reads(
+    op: &str,
+    len: usize,
+    [row_stride, col_stride]: [usize; 2],
+    rows: usize,
+    cols: usize,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    let last = (rows - 1)
+        .checked_mul(row_stride)
+        .zip((cols - 1).checked_mul(col_stride))
+        .and_then(|(r, c)| r.checked_add(c)?.checked_add(1));
+    let Some(last) = last else {
+        panic!("{op}: read of {rows}x{cols} with strides [{row_stride}, {col_stride}] overflows")
     };
+    assert!(
+        last <= len,
+        "{op}: read of {rows}x{cols} (strides [{row_stride}, {col_stride}]) needs {last} elements, {len} available"
+    );
 }
 
 /// Copies with non-temporal ("streaming") stores on x86-64: a block that the copying program will
@@ -674,7 +737,9 @@ mod stream {
     pub(super) const MIN_BYTES: usize = 64 * 1024;
 
     /// Streams `count` elements without the closing fence: call [`fence`] before anything that
-    /// publishes them (streaming stores are not ordered by a release store).
+    /// publishes them (streaming stores are not ordered by a release store). With AVX-512 each
+    /// store is a whole 64-byte line: a quarter of the instructions of 16-byte stores, and
+    /// whole lines for the write-combining buffers to send on.
     ///
     /// # Safety
     /// As `std::ptr::copy_nonoverlapping`.
@@ -682,13 +747,35 @@ mod stream {
         let bytes = count * size_of::<T>();
         #[cfg(target_arch = "x86_64")]
         {
-            use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
             let (s, d) = (src as *const u8, dst as *mut u8);
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: AVX-512F is present; the rest is forwarded.
+                unsafe { x86::copy_lines(s, d, bytes) };
+            } else {
+                // SAFETY: forwarded (SSE2 is part of x86-64).
+                unsafe { x86::copy_sse2(s, d, bytes) };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: forwarded.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, count)
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::*;
+
+        /// Copies `bytes` from `s` to `d` with 16-byte streaming stores.
+        ///
+        /// # Safety
+        /// As `std::ptr::copy_nonoverlapping` on bytes.
+        pub(super) unsafe fn copy_sse2(s: *const u8, d: *mut u8, bytes: usize) {
             let head = ((d as usize).wrapping_neg() % 16).min(bytes);
             let body = (bytes - head) / 16;
             // SAFETY: every access below is inside the two blocks of `bytes` bytes, which do not
-            // overlap; `d + head` is 16-byte aligned, as streaming stores require (SSE2 is part of
-            // x86-64).
+            // overlap; `d + head` is 16-byte aligned, as streaming stores require.
             unsafe {
                 std::ptr::copy_nonoverlapping(s, d, head);
                 for i in 0..body {
@@ -700,10 +787,27 @@ mod stream {
                 std::ptr::copy_nonoverlapping(s.add(done), d.add(done), bytes - done);
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        // SAFETY: forwarded.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src, dst, count)
+
+        /// Copies `bytes` from `s` to `d` with 64-byte streaming stores (whole cache lines).
+        ///
+        /// # Safety
+        /// AVX-512F present; as `std::ptr::copy_nonoverlapping` on bytes.
+        #[target_feature(enable = "avx512f")]
+        pub(super) unsafe fn copy_lines(s: *const u8, d: *mut u8, bytes: usize) {
+            let head = ((d as usize).wrapping_neg() % 64).min(bytes);
+            let body = (bytes - head) / 64;
+            // SAFETY: every access below is inside the two blocks of `bytes` bytes, which do not
+            // overlap; `d + head` is 64-byte aligned, as streaming stores require.
+            unsafe {
+                std::ptr::copy_nonoverlapping(s, d, head);
+                for i in 0..body {
+                    let at = head + i * 64;
+                    let v = _mm512_loadu_si512(s.add(at) as *const __m512i);
+                    _mm512_stream_si512(d.add(at) as *mut __m512i, v);
+                }
+                let done = head + body * 64;
+                std::ptr::copy_nonoverlapping(s.add(done), d.add(done), bytes - done);
+            }
         }
     }
 

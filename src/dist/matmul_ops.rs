@@ -18,24 +18,143 @@ use crate::fused::matmul_reduce_scatter::matmul_reduce_scatter_checked;
 use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};
 
-/// Weights as 2-D views, and what is wrong with them on this rank: a weight that is not 2-D
-/// becomes an empty view, and its real shape travels with the fused op's shape exchange, so that
-/// every rank fails together instead of this one failing alone while its peers wait.
-fn weight_views<'a, T: Element>(ws: &[&'a Tensor<T>]) -> (Vec<ArrayView2<'a, T>>, Option<String>) {
+/// How a tensor-parallel product reads its weight, which kernel runs, and how its output rows
+/// are split: the options of [`DistTensor::all_gather_matmul_with`],
+/// [`DistTensor::all_gather_matmul_keep_input`] and [`DistTensor::matmul_reduce_scatter_with`].
+///
+/// The default is what [`DistTensor::all_gather_matmul`] and
+/// [`DistTensor::matmul_reduce_scatter`] do: the weight as it is, the fused kernel, the default
+/// output split.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{MatmulOptions, Split};
+/// let backward = MatmulOptions::new().transpose_weights(true);
+/// assert_ne!(backward, MatmulOptions::default());
+/// let baseline = MatmulOptions::new().unfused(true).output_split(0, Split::Sizes(vec![3, 2]));
+/// assert_ne!(baseline, MatmulOptions::new().unfused(true));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MatmulOptions {
+    transpose_weights: bool,
+    unfused: bool,
+    output_split: Option<(usize, Split)>,
+}
+
+impl MatmulOptions {
+    /// The defaults: weights as they are, fused, the default output split.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::MatmulOptions;
+    /// assert_eq!(MatmulOptions::new(), MatmulOptions::default());
+    /// ```
+    pub fn new() -> Self {
+        MatmulOptions::default()
+    }
+
+    /// With `true`, each weight is read transposed, in place (no transposed copy): the product
+    /// is `x @ w^T` for a `w` of `[n, K]`, as the backward pass of a layer needs
+    /// (`dx = dy @ w^T`). The fused kernels pass the transposed view's strides to the GEMM.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
+    /// let (x, w) = (Tensor::<f64>::random(&[5, 4], 1), Tensor::<f64>::random(&[3, 4], 2));
+    /// let want = x.matmul(&w.transpose(0, 1)?)?;
+    /// let got = World::threads(2)?.run(|rank| {
+    ///     let x = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?; // [n_r, K]
+    ///     let opts = MatmulOptions::new().transpose_weights(true);
+    ///     x.all_gather_matmul_with(&[w.local()], &opts)?.remove(0).to_global()
+    /// })?;
+    /// assert!((&got[0] - &want).as_slice().iter().all(|d| d.abs() < 1e-12));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn transpose_weights(mut self, transpose: bool) -> Self {
+        self.transpose_weights = transpose;
+        self
+    }
+
+    /// With `true`, the unfused baseline runs (the collective, then the local product): the same
+    /// results, for comparison.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
+    /// let (h, w) = (Tensor::<f64>::random(&[5, 6], 1), Tensor::<f64>::random(&[6, 3], 2));
+    /// World::threads(3)?.run(|rank| {
+    ///     let h = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?;
+    ///     let fused = h.matmul_reduce_scatter(w.local())?;
+    ///     let unfused = h.matmul_reduce_scatter_with(w.local(), &MatmulOptions::new().unfused(true))?;
+    ///     assert!((fused.local() - unfused.local()).as_slice().iter().all(|d| d.abs() < 1e-12));
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn unfused(mut self, unfused: bool) -> Self {
+        self.unfused = unfused;
+        self
+    }
+
+    /// [`DistTensor::matmul_reduce_scatter_with`] only: the output sharded on leading dimension
+    /// `dim`, cut as `split` says (as
+    /// [`matmul_reduce_scatter_split`](DistTensor::matmul_reduce_scatter_split)). The
+    /// all_gather_matmul calls reject it: their output is sharded on its last dimension.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
+    /// let (h, w) = (Tensor::<f64>::random(&[5, 6], 1), Tensor::<f64>::random(&[6, 3], 2));
+    /// let sizes = World::threads(2)?.run(|rank| {
+    ///     let h = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?;
+    ///     let opts = MatmulOptions::new().output_split(0, vec![1, 4]);
+    ///     Ok(h.matmul_reduce_scatter_with(w.local(), &opts)?.shard_sizes().to_vec())
+    /// })?;
+    /// assert_eq!(sizes[0], vec![1, 4]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn output_split(mut self, dim: usize, split: impl Into<Split>) -> Self {
+        self.output_split = Some((dim, split.into()));
+        self
+    }
+}
+
+/// Weights as 2-D views (transposed in place when asked), and what is wrong with them on this
+/// rank: a weight that is not 2-D becomes an empty view, and its real shape travels with the
+/// fused op's shape exchange, so that every rank fails together instead of this one failing
+/// alone while its peers wait.
+fn weight_views<'a, T: Element>(
+    ws: &[&'a Tensor<T>],
+    transpose: bool,
+) -> (Vec<ArrayView2<'a, T>>, Option<String>) {
     let mut problem = None;
     let views = ws
         .iter()
         .enumerate()
-        .map(|(i, w)| {
-            w.view2("weight").unwrap_or_else(|_| {
+        .map(|(i, w)| match w.view2("weight") {
+            Ok(view) if transpose => view.reversed_axes(),
+            Ok(view) => view,
+            Err(_) => {
                 problem.get_or_insert_with(|| {
                     format!("weight {i} has shape {:?}; weights are 2-D matrices", w.shape())
                 });
                 ArrayView2::from_shape((0, 0), &[]).expect("empty")
-            })
+            }
         })
         .collect();
     (views, problem)
+}
+
+/// The error for an option a GPU world does not have yet.
+fn gpu_lacks(op: &'static str, what: &str) -> Error {
+    Error::DeviceUnavailable {
+        op,
+        device: "cuda".to_string(),
+        reason: format!("{what} runs on the host and Ascend worlds only"),
+    }
 }
 
 /// How the leading dimensions `lead` of a `[..., K]` tensor, sharded on `lead[dim]` as `sizes`,
@@ -191,7 +310,72 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn all_gather_matmul_many(&self, ws: &[&Tensor<T>]) -> Result<Vec<Self>> {
-        self.gather_products(ws, true)
+        Ok(self.gather_products(ws, &MatmulOptions::new(), false)?.0)
+    }
+
+    /// [`DistTensor::all_gather_matmul_many`] as `opts` say: weights transposed in place
+    /// (`x @ w^T` for each `w` of `[n_r, K]`), or the unfused baseline.
+    ///
+    /// # Errors
+    /// As [`DistTensor::all_gather_matmul`]; [`Error::InvalidArgument`] on every rank when `opts`
+    /// has an output split; [`Error::DeviceUnavailable`] for transposed weights in a GPU world.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
+    /// // The backward pass of a row-parallel layer y = h @ w (w: [N_ffn, E] split by rows):
+    /// // dh = all_gather(dy) @ w_r^T, reading w_r [n_r, E] transposed, in place.
+    /// let (dy, w) = (Tensor::<f32>::random(&[7, 4], 1), Tensor::<f32>::random(&[6, 4], 2));
+    /// let want = dy.matmul(&w.transpose(0, 1)?)?; // [7, 6]
+    /// let got = World::threads(3)?.run(|rank| {
+    ///     let dy = DistTensor::from_global(rank, &dy, Placement::Shard(0))?;
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?;
+    ///     let opts = MatmulOptions::new().transpose_weights(true);
+    ///     let dh = dy.all_gather_matmul_with(&[w.local()], &opts)?.remove(0);
+    ///     assert_eq!(dh.placement(), Placement::Shard(1));
+    ///     dh.to_global()
+    /// })?;
+    /// assert!((&got[0] - &want).as_slice().iter().all(|d| d.abs() < 1e-5));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn all_gather_matmul_with(
+        &self,
+        ws: &[&Tensor<T>],
+        opts: &MatmulOptions,
+    ) -> Result<Vec<Self>> {
+        Ok(self.gather_products(ws, opts, false)?.0)
+    }
+
+    /// [`DistTensor::all_gather_matmul_with`] that also returns the gathered input: the whole
+    /// `[..., K]` tensor, [`Placement::Replicate`], in its global order. The fused kernel copies
+    /// out the rows it received anyway, so a backward pass (the weight gradient
+    /// `x^T @ dy`) needs no second gather.
+    ///
+    /// # Errors
+    /// As [`DistTensor::all_gather_matmul_with`]; [`Error::DeviceUnavailable`] in a GPU or Ascend
+    /// world.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
+    /// let (x, w) = (Tensor::<f32>::random(&[2, 5, 4], 1), Tensor::<f32>::random(&[4, 6], 2));
+    /// let got = World::threads(2)?.run(|rank| {
+    ///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?; // [B, s_r, K]
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?;
+    ///     let (h, input) = xs.all_gather_matmul_keep_input(&[w.local()], &MatmulOptions::new())?;
+    ///     assert_eq!((h[0].local().shape(), input.placement()), (&[2, 5, 3][..], Placement::Replicate));
+    ///     Ok(input.into_local())
+    /// })?;
+    /// assert_eq!(got[0], x);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn all_gather_matmul_keep_input(
+        &self,
+        ws: &[&Tensor<T>],
+        opts: &MatmulOptions,
+    ) -> Result<(Vec<Self>, Self)> {
+        let (products, input) = self.gather_products(ws, opts, true)?;
+        Ok((products, input.expect("asked for")))
     }
 
     /// The unfused baseline of [`DistTensor::all_gather_matmul`]: all_gather, then a local product.
@@ -214,10 +398,17 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn all_gather_matmul_unfused(&self, w: &Tensor<T>) -> Result<Self> {
-        Ok(self.gather_products(&[w], false)?.remove(0))
+        Ok(self.gather_products(&[w], &MatmulOptions::new().unfused(true), false)?.0.remove(0))
     }
 
-    fn gather_products(&self, ws: &[&Tensor<T>], fused: bool) -> Result<Vec<Self>> {
+    /// The products, and the gathered input when `keep_input`.
+    fn gather_products(
+        &self,
+        ws: &[&Tensor<T>],
+        opts: &MatmulOptions,
+        keep_input: bool,
+    ) -> Result<(Vec<Self>, Option<Self>)> {
+        let fused = !opts.unfused;
         const OP: &str = "all_gather_matmul";
         let ndim = self.global_shape.len();
         let d = match self.placement {
@@ -238,18 +429,44 @@ impl<'r, T: Element> DistTensor<'r, T> {
             if ndim != 2 {
                 return Err(gpu_takes_2d(OP, self.placement, ndim));
             }
+            if opts.transpose_weights || keep_input {
+                return Err(gpu_lacks(OP, "reading weights transposed or keeping the input"));
+            }
             let rows_from = RowSplit { dim: 0, sizes: self.splits.clone() };
             let outs = self.gpu_gather_products(world, ws, fused)?;
-            return Ok(outs
-                .into_iter()
-                .map(|t| t.with_rows_from(Some(rows_from.clone())))
-                .collect());
+            let outs =
+                outs.into_iter().map(|t| t.with_rows_from(Some(rows_from.clone()))).collect();
+            return Ok((outs, None));
         }
-        let (views, problem) = weight_views(ws);
-        let out =
-            all_gather_matmul_checked(self.rank, as_rows(&self.local), &views, problem, fused)?;
+        let (views, mut problem) = weight_views(ws, opts.transpose_weights);
+        if let Some((dim, split)) = &opts.output_split {
+            problem.get_or_insert_with(|| {
+                format!(
+                    "an output split ({split:?} of dimension {dim}) was given; all_gather_matmul's \
+                     output is sharded on its last dimension"
+                )
+            });
+        }
+        let out = all_gather_matmul_checked(
+            self.rank,
+            as_rows(&self.local),
+            &views,
+            problem,
+            fused,
+            keep_input,
+        )?;
         let rows_from = RowSplit { dim: d, sizes: self.splits.clone() };
-        out.outputs
+        let input = match out.gathered {
+            Some(gathered) => {
+                let gathered = rows.to_global_order(gathered)?;
+                let local = Tensor::from_array(gathered.into_dyn()).reshape(&self.global_shape)?;
+                let global = self.global_shape.clone();
+                Some(DistTensor::new(self.rank, local, Placement::Replicate, global, Vec::new()))
+            }
+            None => None,
+        };
+        let products = out
+            .outputs
             .into_iter()
             .zip(out.col_counts)
             .map(|(product, cols)| {
@@ -261,7 +478,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 Ok(DistTensor::new(self.rank, local, Placement::Shard(ndim - 1), global, cols)
                     .with_rows_from(Some(rows_from.clone())))
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok((products, input))
     }
 
     /// `sum over ranks of self_r @ w_r`, reduce-scattered on rows, fused: `self` is `[M, K]`
@@ -312,7 +530,35 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul_reduce_scatter(&self, w: &Tensor<T>) -> Result<Self> {
-        self.reduce_product(w, true, None)
+        self.reduce_product(w, &MatmulOptions::new())
+    }
+
+    /// [`DistTensor::matmul_reduce_scatter`] as `opts` say: the weight transposed in place
+    /// (`sum over ranks of self_r @ w_r^T` for a `w_r` of `[N, k_r]`), the unfused baseline, or
+    /// the output split given.
+    ///
+    /// # Errors
+    /// As [`DistTensor::matmul_reduce_scatter_split`]; [`Error::DeviceUnavailable`] for a
+    /// transposed weight in a GPU world.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
+    /// // The backward pass of a column-parallel layer h = x @ w (w: [E, F] split by columns):
+    /// // dx = reduce_scatter(dh_r @ w_r^T), reading w_r [E, f_r] transposed, in place.
+    /// let (dh, w) = (Tensor::<f64>::random(&[7, 6], 1), Tensor::<f64>::random(&[4, 6], 2));
+    /// let want = dh.matmul(&w.transpose(0, 1)?)?; // [7, 4]
+    /// let got = World::threads(3)?.run(|rank| {
+    ///     let dh = DistTensor::from_global(rank, &dh, Placement::Shard(1))?;
+    ///     let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?; // [E, f_r]
+    ///     let opts = MatmulOptions::new().transpose_weights(true);
+    ///     dh.matmul_reduce_scatter_with(w.local(), &opts)?.to_global()
+    /// })?;
+    /// assert!((&got[0] - &want).as_slice().iter().all(|d| d.abs() < 1e-12));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn matmul_reduce_scatter_with(&self, w: &Tensor<T>, opts: &MatmulOptions) -> Result<Self> {
+        self.reduce_product(w, opts)
     }
 
     /// [`DistTensor::matmul_reduce_scatter`] with the output sharded on leading dimension `dim`
@@ -346,7 +592,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
         dim: usize,
         split: impl Into<Split>,
     ) -> Result<Self> {
-        self.reduce_product(w, true, Some((dim, split.into())))
+        self.reduce_product(w, &MatmulOptions::new().output_split(dim, split))
     }
 
     /// The unfused baseline of [`DistTensor::matmul_reduce_scatter`]: a local product, then
@@ -371,15 +617,11 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul_reduce_scatter_unfused(&self, w: &Tensor<T>) -> Result<Self> {
-        self.reduce_product(w, false, None)
+        self.reduce_product(w, &MatmulOptions::new().unfused(true))
     }
 
-    fn reduce_product(
-        &self,
-        w: &Tensor<T>,
-        fused: bool,
-        out: Option<(usize, Split)>,
-    ) -> Result<Self> {
+    fn reduce_product(&self, w: &Tensor<T>, opts: &MatmulOptions) -> Result<Self> {
+        let fused = !opts.unfused;
         const OP: &str = "matmul_reduce_scatter";
         let ndim = self.global_shape.len();
         let (me, n) = (self.rank.rank(), self.rank.num_ranks());
@@ -398,11 +640,11 @@ impl<'r, T: Element> DistTensor<'r, T> {
             });
         }
         let lead = &self.global_shape[..ndim - 1];
-        let (dim, sizes) = match out {
-            Some((dim, _)) if dim >= lead.len() => {
-                return Err(Error::DimOutOfRange { op: OP, dim, ndim: lead.len() });
+        let (dim, sizes) = match &opts.output_split {
+            Some((dim, _)) if *dim >= lead.len() => {
+                return Err(Error::DimOutOfRange { op: OP, dim: *dim, ndim: lead.len() });
             }
-            Some((dim, split)) => (dim, split.sizes_for(OP, me, lead[dim], n)?),
+            Some((dim, split)) => (*dim, split.sizes_for(OP, me, lead[*dim], n)?),
             None => match &self.rows_from {
                 Some(r) if r.fits(&self.global_shape, self.placement, n) => {
                     (r.dim, r.sizes.clone())
@@ -414,6 +656,9 @@ impl<'r, T: Element> DistTensor<'r, T> {
             if ndim != 2 {
                 return Err(gpu_takes_2d(OP, self.placement, ndim));
             }
+            if opts.transpose_weights {
+                return Err(gpu_lacks(OP, "reading the weight transposed"));
+            }
             return self.gpu_reduce_product(world, w, fused, sizes);
         }
         let rows = Rows::new(lead, dim, sizes);
@@ -424,7 +669,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
             grouped = rows.to_rank_order(as_rows(&self.local))?;
             grouped.view()
         };
-        let (mut views, problem) = weight_views(&[w]);
+        let (mut views, problem) = weight_views(&[w], opts.transpose_weights);
         let (product, counts) = matmul_reduce_scatter_checked(
             self.rank,
             x,

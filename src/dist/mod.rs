@@ -12,5 +12,6 @@ mod sequence;
 mod split;
 
 pub use dist_tensor::{DistTensor, MAX_DIMS};
+pub use matmul_ops::MatmulOptions;
 pub use placement::Placement;
 pub use split::Split;

@@ -30,7 +30,8 @@ use ndarray::{Array2, ArrayView2};
 
 use super::plan::scratch;
 use super::plan::{
-    AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, compute_lanes, computing_programs,
+    AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, WeightData, compute_lanes,
+    computing_programs,
 };
 use crate::collectives;
 use crate::device::ascend;
@@ -66,6 +67,9 @@ pub struct AgMatmulOutput<T> {
     /// `col_counts[i][r]`: columns of rank `r`'s weight `i` (the global product of weight `i` has
     /// their sum).
     pub col_counts: Vec<Vec<usize>>,
+    /// The gathered input `[M, K]`, every rank's rows in rank order: only from
+    /// [`all_gather_matmul_keep_input`] (what a backward pass needs, without a second gather).
+    pub gathered: Option<Array2<T>>,
 }
 
 struct AgMatmulWorkspace<T: Element> {
@@ -149,6 +153,10 @@ fn agree<T: Element>(
 /// `all_gather(x) @ w_i` for every weight: `x` is this rank's `[m_r, K]` row shard, each `w_i` a
 /// local `[K, n_i]` matrix (typically a column shard of a weight). Collective.
 ///
+/// A weight may be a transposed view (`w.t()` of an `[n_i, K]` matrix, as a backward pass has
+/// it): row-major and column-major weights are read in place by the tiles, any other layout is
+/// copied once.
+///
 /// # Errors
 /// On every rank: [`Error::InnerDimMismatch`] naming the rank whose weight does not fit its `x`;
 /// [`Error::RanksDisagree`] when ranks have different `K` or numbers of weights;
@@ -174,20 +182,64 @@ pub fn all_gather_matmul<T: Element>(
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
 ) -> Result<AgMatmulOutput<T>> {
-    all_gather_matmul_checked(rank, x, weights, None, true)
+    all_gather_matmul_checked(rank, x, weights, None, true, false)
+}
+
+/// [`all_gather_matmul`] that also hands back the gathered input `[M, K]`
+/// ([`AgMatmulOutput::gathered`]): the rows the kernel received anyway, copied out once as they
+/// are consumed, so that a backward pass (the weight gradient `gathered^T @ dy`) needs no second
+/// gather. Weights may be transposed views (`w.t()` of an `[n_i, K]` matrix), read in place, as
+/// in [`all_gather_matmul`].
+///
+/// # Errors
+/// As [`all_gather_matmul`]; [`Error::DeviceUnavailable`] in an Ascend world (the NPU kernel does
+/// not hand back its gathered rows).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::all_gather_matmul_keep_input;
+/// use dist_tensor::World;
+/// use ndarray::array;
+///
+/// let outs = World::threads(2)?.run(|rank| {
+///     let x = array![[rank.rank() as f32 + 1.0, 1.0]]; // one row per rank
+///     let w_t = array![[1.0f32, 10.0]]; // [n = 1, K = 2], read transposed in place
+///     let out = all_gather_matmul_keep_input(rank, x.view(), &[w_t.t()])?;
+///     Ok((out.outputs[0].clone(), out.gathered.expect("asked for")))
+/// })?;
+/// assert_eq!(outs[1].0, array![[11.0f32], [12.0]]);
+/// assert_eq!(outs[1].1, array![[1.0f32, 1.0], [2.0, 1.0]]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_gather_matmul_keep_input<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+) -> Result<AgMatmulOutput<T>> {
+    all_gather_matmul_checked(rank, x, weights, None, true, true)
 }
 
 /// [`all_gather_matmul`] (or its unfused baseline) with a problem this rank found in its inputs
 /// before the call: the problem travels with the shape exchange, so every rank fails together.
+/// With `keep_input`, the output also holds the gathered input.
 pub(crate) fn all_gather_matmul_checked<T: Element>(
     rank: &Rank<'_>,
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
     problem: Option<String>,
     fused: bool,
+    keep_input: bool,
 ) -> Result<AgMatmulOutput<T>> {
+    if keep_input && rank.ascend().is_some() {
+        // Every rank of the world is on an NPU: they all return here, before any exchange.
+        return Err(Error::DeviceUnavailable {
+            op: OP,
+            device: "ascend".to_string(),
+            reason: "the NPU kernels do not hand back the gathered input (keep_input)".to_string(),
+        });
+    }
     if !fused {
-        return unfused(rank, x, weights, problem);
+        return unfused(rank, x, weights, problem, keep_input);
     }
     let agreed = agree(OP, rank, &x, weights, problem)?;
     if let Some(npu) = rank.ascend() {
@@ -195,10 +247,12 @@ pub(crate) fn all_gather_matmul_checked<T: Element>(
         let outputs = ascend::launch::all_gather_matmul(&npu, rows, k, x, weights)
             .inspect_err(|e| rank.fail_after_agreeing(e))?;
         let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
-        return Ok(AgMatmulOutput { outputs, row_counts, col_counts });
+        return Ok(AgMatmulOutput { outputs, row_counts, col_counts, gathered: None });
     }
-    rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| run_fused(rank, ws, &agreed, x, weights))
-        .inspect_err(|e| rank.fail_after_agreeing(e))
+    rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| {
+        run_fused(rank, ws, &agreed, x, weights, keep_input)
+    })
+    .inspect_err(|e| rank.fail_after_agreeing(e))
 }
 
 /// The unfused baseline: [`collectives::all_gather`] of the rows, then one local product per
@@ -231,7 +285,7 @@ pub fn all_gather_matmul_unfused<T: Element>(
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
 ) -> Result<AgMatmulOutput<T>> {
-    unfused(rank, x, weights, None)
+    unfused(rank, x, weights, None, false)
 }
 
 fn unfused<T: Element>(
@@ -239,6 +293,7 @@ fn unfused<T: Element>(
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
     problem: Option<String>,
+    keep_input: bool,
 ) -> Result<AgMatmulOutput<T>> {
     // Its own name in the exchange: a rank in the fused op and one in the unfused one would
     // otherwise agree on the shapes and then wait for each other in different protocols.
@@ -248,11 +303,11 @@ fn unfused<T: Element>(
         let outputs = ascend::launch::all_gather_matmul_unfused(&npu, rows, k, x, weights)
             .inspect_err(|e| rank.fail_after_agreeing(e))?;
         let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
-        return Ok(AgMatmulOutput { outputs, row_counts, col_counts });
+        return Ok(AgMatmulOutput { outputs, row_counts, col_counts, gathered: None });
     }
     let x = x.as_standard_layout();
     let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
-    products(UNFUSED_OP, rank, gathered, agreed, weights)
+    products(UNFUSED_OP, rank, gathered, agreed, weights, keep_input)
 }
 
 /// The unfused baseline as a user of MPI writes it: `MPI_Allgatherv` of the rows (run by the
@@ -285,16 +340,17 @@ pub fn all_gather_matmul_unfused_mpi<T: Element>(
     let counts: Vec<usize> = agreed.rows.counts().iter().map(|&m| m * agreed.k).collect();
     let mine = x.as_slice().expect("standard layout").to_vec();
     let gathered = rank.mpi_all_gather_v(mine, &counts)?;
-    products(MPI_OP, rank, gathered, agreed, weights)
+    products(MPI_OP, rank, gathered, agreed, weights, false)
 }
 
-/// The local products of the gathered rows with every weight.
+/// The local products of the gathered rows with every weight; the gathered rows too, if kept.
 fn products<T: Element>(
     op: &'static str,
     rank: &Rank<'_>,
     gathered: Vec<T>,
     agreed: Agreed,
     weights: &[ArrayView2<T>],
+    keep_input: bool,
 ) -> Result<AgMatmulOutput<T>> {
     let a = ArrayView2::from_shape((agreed.rows.total(), agreed.k), &gathered).expect("M x K");
     let threads = rank.topology().aicore_num();
@@ -305,11 +361,17 @@ fn products<T: Element>(
         matmul_into(c.view_mut(), a, *w, false, threads)?;
         outputs.push(c);
     }
-    pool::give(gathered);
+    let gathered = if keep_input {
+        Some(Array2::from_shape_vec((agreed.rows.total(), agreed.k), gathered).expect("M x K"))
+    } else {
+        pool::give(gathered);
+        None
+    };
     Ok(AgMatmulOutput {
         outputs,
         row_counts: agreed.rows.counts().to_vec(),
         col_counts: agreed.col_counts,
+        gathered,
     })
 }
 
@@ -319,6 +381,7 @@ fn run_fused<T: Element>(
     agreed: &Agreed,
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
+    keep_input: bool,
 ) -> Result<AgMatmulOutput<T>> {
     let (me, n) = (rank.rank(), rank.num_ranks());
     let (rows, k) = (&agreed.rows, agreed.k);
@@ -358,18 +421,22 @@ fn run_fused<T: Element>(
             if rank.node_of(s) != my_node && forwarder != me { forwarder } else { s }
         })
         .collect();
-    let weights: Vec<_> = weights.iter().map(|w| w.as_standard_layout()).collect();
-    let w_acc: Vec<AccData<'_, T::Acc>> = weights
-        .iter()
-        .map(|w| AccData::new(OP, w.as_slice().expect("standard layout")))
-        .collect::<Result<_>>()?;
-    let w_ptrs: Vec<GlobalPtr<'_, T::Acc>> =
-        w_acc.iter().map(|w| GlobalPtr::from_slice(w)).collect();
+    // Row-major and transposed (column-major) weights are read in place.
+    let w_data: Vec<WeightData<'_, T::Acc>> =
+        weights.iter().map(|w| WeightData::new(OP, *w)).collect::<Result<_>>()?;
+    let w_ptrs: Vec<(GlobalPtr<'_, T::Acc>, [usize; 2])> =
+        w_data.iter().map(|w| (w.ptr(), w.strides)).collect();
     let widths: Vec<usize> = weights.iter().map(|w| w.ncols()).collect();
     let mut outputs: Vec<Array2<T>> =
         widths.iter().map(|&nw| scratch(OP, (m_total, nw))).collect::<Result<_>>()?;
     let out_ptrs: Vec<Output<'_, T>> =
         outputs.iter_mut().map(|o| Output::new(o.as_slice_mut().expect("fresh array"))).collect();
+    // The gathered input, when kept: copied out in chunks of whole rows after the tiles.
+    let mut kept = if keep_input { Some(scratch(OP, (m_total, k))?) } else { None };
+    let kept_ptr = kept.as_mut().map(|g| Output::<T>::new(g.as_slice_mut().expect("fresh array")));
+    let x_own = GlobalPtr::from_slice(x.as_slice().expect("standard layout"));
+    let keep_rows = super::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
+    let keep_tasks = if kept_ptr.is_some() && k > 0 { m_total.div_ceil(keep_rows) } else { 0 };
 
     // The compute tiles, in the order data becomes available: own shard, then the others rotated
     // (on several nodes: this node's, then the nodes before this one, nearest first).
@@ -420,11 +487,22 @@ fn run_fused<T: Element>(
                     GlobalPtr::from(consume_token(base, token)) + task.row * k
                 };
                 let nw = widths[task.weight];
-                let b = w_ptrs[task.weight] + task.col;
+                let (w, w_strides) = w_ptrs[task.weight];
+                let b = w + task.col * w_strides[1];
                 let valid = (task.rows, k, task.cols);
                 let at = task.row * nw + task.col;
+                let a_strides = [k, 1];
                 match out_ptrs[task.weight] {
-                    Output::Direct(out) => tile::dot_store(out + at, nw, a, k, b, nw, valid, false),
+                    Output::Direct(out) => tile::dot_store_strided(
+                        out + at,
+                        nw,
+                        a,
+                        a_strides,
+                        b,
+                        w_strides,
+                        valid,
+                        false,
+                    ),
                     Output::Rounded(out) => {
                         let (acc, rounded) = tiles_for_rounding.get_or_insert_with(|| {
                             let (r, c) = (tiles.block_rows, tiles.block_cols);
@@ -437,10 +515,26 @@ fn run_fused<T: Element>(
                         // then is rounded once. Only the valid part is rounded and stored.
                         let width = acc.cols();
                         let acc_mem = GlobalPtrMut::from_slice(acc.as_mut_slice());
-                        tile::dot_store(acc_mem, width, a, k, b, nw, valid, false);
+                        tile::dot_store_strided(
+                            acc_mem, width, a, a_strides, b, w_strides, valid, false,
+                        );
                         acc.cast_into(rounded);
                         tile::store_2d(out + at, nw, rounded, (task.rows, task.cols));
                     }
+                }
+            }
+            if let Some(out) = kept_ptr {
+                let source = KeptSource {
+                    input: x_own,
+                    input_acc: input,
+                    gathered,
+                    per_shard,
+                    signaller: &signaller,
+                };
+                for t in p.tasks_on_sub_vecs(0, keep_tasks) {
+                    let row = t * keep_rows;
+                    let count = tile::valid_len(row, keep_rows, m_total);
+                    keep_rows_of(p, ws, &source, rows, k, (row, count), out, &mut tokens)?;
                 }
             }
             Ok(())
@@ -451,6 +545,7 @@ fn run_fused<T: Element>(
         outputs,
         row_counts: rows.counts().to_vec(),
         col_counts: agreed.col_counts.clone(),
+        gathered: kept,
     })
 }
 
@@ -526,6 +621,80 @@ impl Routes {
         }
         order
     }
+}
+
+/// Where the kept copy of the gathered input reads rows from: this rank's own (in `T` and in the
+/// accumulator type) from its input when tiles read them there, every other row from the
+/// `gathered` buffer.
+struct KeptSource<'a, T: Element> {
+    input: GlobalPtr<'a, T>,
+    input_acc: GlobalPtr<'a, T::Acc>,
+    gathered: Option<&'a SymmBuf<T::Acc>>,
+    per_shard: bool,
+    /// Who signals each shard's arrival here (see `run_fused`).
+    signaller: &'a [usize],
+}
+
+/// Copies rows `row..row + count` of the gathered input into `out` (the kept copy), waiting for
+/// each shard they cover once per program (`tokens`, shared with the compute part). Half types
+/// come back from the f32 `gathered` buffer exactly: they were widened from `T`.
+#[allow(clippy::too_many_arguments)]
+fn keep_rows_of<T: Element>(
+    p: &crate::device::Program<'_>,
+    ws: &AgMatmulWorkspace<T>,
+    source: &KeptSource<'_, T>,
+    rows: &Shards,
+    k: usize,
+    (row, count): (usize, usize),
+    out: Output<'_, T>,
+    tokens: &mut [Option<Token>],
+) -> Result<()> {
+    let (me, n) = (p.rank(), p.num_ranks());
+    for s in rows.covering(row, count) {
+        let start = row.max(rows.offset(s));
+        let end = (row + count).min(rows.offset(s) + rows.count(s));
+        let valid = (end - start, k);
+        if n == 1 || (source.per_shard && s == me) {
+            let from = start - rows.offset(me);
+            // SAFETY: this rank's own input, only read; each row of `out` has one writer.
+            unsafe {
+                match out {
+                    Output::Direct(out) => {
+                        tile::copy_2d(out + start * k, k, source.input_acc + from * k, k, valid)
+                    }
+                    Output::Rounded(out) => {
+                        tile::copy_2d(out + start * k, k, source.input + from * k, k, valid)
+                    }
+                }
+            }
+            continue;
+        }
+        let token = match tokens[s] {
+            Some(token) => token,
+            None => {
+                let want = WaitCmp::Ge(ws.expected[s]);
+                let from = source.signaller[s];
+                *tokens[s].insert(p.wait_from(&ws.arrived, s, from, want, WaitSem::Acquire)?)
+            }
+        };
+        let base = source.gathered.expect("reserved when peers send").ptr();
+        let from = GlobalPtr::from(consume_token(base, token)) + start * k;
+        // SAFETY: shard `s` landed before its acquired count; nobody writes `gathered` before
+        // the next call's exchange; each row of `out` has one writer.
+        unsafe {
+            match out {
+                Output::Direct(out) => tile::copy_2d(out + start * k, k, from, k, valid),
+                Output::Rounded(out) => {
+                    let mut acc = Tile::new(valid.0, k, <T::Acc as Element>::zero());
+                    let mut rounded = Tile::new(valid.0, k, T::zero());
+                    tile::load_2d(from, k, valid, <T::Acc as Element>::zero(), &mut acc);
+                    acc.cast_into(&mut rounded);
+                    tile::store_2d(out + start * k, k, &rounded, valid);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The communication part, sending: this rank's rows copied into the `gathered` buffer of every

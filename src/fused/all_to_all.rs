@@ -11,21 +11,27 @@
 //! rows with contiguous runs, so a task is one `copy_2d` of a row block, straight from the input
 //! into the peer's symmetric receive buffer, laid out as the peer's output (tasks flattened over
 //! peer, a, b and row block; peers rotated). The rank's own part goes straight to its output.
-//! Each task adds one to the peer's signal for this source; once a source's count is complete,
-//! its blocks are copied from the receive buffer into the output tensor. A peer on another node (a
-//! world joined by MPI) gets its blocks the same way but through the proxy: one strided put per
-//! task, straight from the input into its receive buffer, carrying the task's signal; each block
-//! moves once. When the output is large
-//! (`tile::STREAM_OUTPUT_BYTES`), every copy streams past the cache: nothing here reads the blocks
-//! again before they would be evicted anyway.
+//! Each task adds one to the peer's signal for this source.
+//!
+//! The output tensor lives in the symmetric heap, in a block the rank lends it
+//! (`shmem::lent`: taken only when every rank has its copy free, a mask in the call's exchange),
+//! so the peer's block of the output is its final place and every element is copied once: the
+//! rank only waits for every source's count. When no block can be had (the rank's output blocks
+//! at their limit, the heap full), the blocks go into a symmetric receive buffer instead and are
+//! copied from there into an output in ordinary memory once a source's count is complete: two
+//! copies. A peer on another node (a world joined by MPI) gets its blocks through the proxy
+//! instead: one strided put per task, straight from the input into its receive buffer, carrying
+//! the task's signal (each block crosses once; the output is in ordinary memory, as the peers'
+//! blocks of it are not). When the output is large (`tile::STREAM_OUTPUT_BYTES`), every copy streams past the
+//! cache: nothing here reads the blocks again before they would be evicted anyway.
 
 use super::plan::row_chunks;
 use crate::collectives;
 use crate::device::ascend;
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{
-    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
-    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
+    Call, GlobalPtr, GlobalPtrMut, NotifySem, OutputBlock, Rank, Scope, SignalBuf, SignalOp,
+    SymmBuf, Token, WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};
@@ -54,6 +60,7 @@ pub struct AllToAllOutput<T: Element> {
 }
 
 struct AllToAllWorkspace<T: Element> {
+    /// The receive buffer of the two-copy path.
     recv: Option<SymmBuf<T>>,
     arrived: SignalBuf,
     expected: Vec<u64>,
@@ -90,6 +97,8 @@ struct Layout {
     gather_offsets: Vec<usize>,
     scatters: Vec<usize>,
     scatter_offsets: Vec<usize>,
+    /// The output blocks free on every rank (see `shmem::lent`).
+    free_everywhere: u64,
 }
 
 /// One 2-D block copy: `rows` rows of `cols` elements, at `src` (row stride `src_stride`) and
@@ -167,17 +176,18 @@ fn agree<T: Element>(
     } else {
         rank.ascend().and_then(|_| ascend::check_dtype::<T>(op))
     };
-    let mut words = vec![ndim as u64, scatter_dim as u64, gather_dim as u64];
+    let free = rank.free_output_blocks();
+    let mut words = vec![ndim as u64, scatter_dim as u64, gather_dim as u64, free];
     words.extend(shape.iter().take(MAX_DIMS).map(|&d| d as u64));
     let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     all.agree(OP, 0, "number of dimensions")?;
     all.agree(OP, 1, "scatter dimension")?;
     all.agree(OP, 2, "gather dimension")?;
     for d in (0..ndim).filter(|&d| d != gather_dim) {
-        all.agree(OP, 3 + d, &format!("size of dimension {d}"))?;
+        all.agree(OP, 4 + d, &format!("size of dimension {d}"))?;
     }
     let (lo, hi) = (scatter_dim.min(gather_dim), scatter_dim.max(gather_dim));
-    let gathers: Vec<usize> = all.iter().map(|w| w[3 + gather_dim] as usize).collect();
+    let gathers: Vec<usize> = all.iter().map(|w| w[4 + gather_dim] as usize).collect();
     let scatters = array_split(shape[scatter_dim], rank.num_ranks());
     Ok(Layout {
         a: shape[..lo].iter().product(),
@@ -189,6 +199,7 @@ fn agree<T: Element>(
         gathers,
         scatter_offsets: split_offsets(&scatters),
         scatters,
+        free_everywhere: all.iter().fold(u64::MAX, |mask, w| mask & w[3]),
     })
 }
 
@@ -251,11 +262,12 @@ fn dims_error(err: Error, shape: &[usize], scatter_dim: usize, gather_dim: usize
 }
 
 /// The unfused baseline, as a CPU user would write it at best (numpy + MPI's steps): pack each
-/// peer's piece contiguously, [`collectives::all_to_all_v`], then unpack each received piece into
-/// its range of the gather dimension. Packing and unpacking are blocked transposes: each is one
-/// strided 2-D block copy per peer (whole runs of the inner dimensions, no per-element index
-/// arithmetic), with streaming stores when the tensor is large, as the collective's own copies.
-/// Same results as [`all_to_all`].
+/// peer's piece contiguously, [`collectives::all_to_all_v_tensor`] (one copy, as MPI's
+/// single-copy shared-memory transports), then unpack each received piece into its range of the
+/// gather dimension. Packing and unpacking are blocked transposes: each is one strided 2-D block
+/// copy per peer (whole runs of the inner dimensions, no per-element index arithmetic), with
+/// streaming stores when the tensor is large, as the collective's own copies. Same results as
+/// [`all_to_all`].
 ///
 /// # Errors
 /// As [`all_to_all`].
@@ -279,7 +291,7 @@ pub fn all_to_all_unfused<T: Element>(
 ) -> Result<AllToAllOutput<T>> {
     // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
     unfused_with(UNFUSED_OP, rank, x, scatter_dim, gather_dim, |send, counts, _| {
-        let received = collectives::all_to_all_v(rank, &send, counts);
+        let received = collectives::all_to_all_v_tensor(rank, &send, counts);
         pool::give(send);
         received
     })
@@ -312,7 +324,8 @@ pub fn all_to_all_unfused_mpi<T: Element>(
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
     unfused_with(MPI_OP, rank, x, scatter_dim, gather_dim, |front, to, from| {
-        rank.mpi_all_to_all_v(front, to, from)
+        let received = rank.mpi_all_to_all_v(front, to, from)?;
+        Tensor::from_shape_vec(&[received.len()], received)
     })
 }
 
@@ -325,7 +338,7 @@ pub(crate) fn unfused_with<T: Element>(
     x: &Tensor<T>,
     scatter_dim: usize,
     gather_dim: usize,
-    exchange: impl FnOnce(Vec<T>, &[usize], &[usize]) -> Result<Vec<T>>,
+    exchange: impl FnOnce(Vec<T>, &[usize], &[usize]) -> Result<Tensor<T>>,
 ) -> Result<AllToAllOutput<T>> {
     let layout = agree::<T>(op, rank, x.shape(), scatter_dim, gather_dim)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
@@ -396,8 +409,10 @@ pub(crate) fn unfused_with<T: Element>(
     out_shape[scatter_dim] = l.scatters[me];
     let mut output = Tensor::<T>::scratch(op, &out_shape)?;
     {
-        let (pieces, out) =
-            (GlobalPtr::from_slice(&received), GlobalPtrMut::from_slice(output.as_mut_slice()));
+        let (pieces, out) = (
+            GlobalPtr::from_slice(received.as_slice()),
+            GlobalPtrMut::from_slice(output.as_mut_slice()),
+        );
         let mut from = 0;
         for src in 0..n {
             let (rows, cols, stride, at) = piece(src);
@@ -419,7 +434,7 @@ pub(crate) fn unfused_with<T: Element>(
             from += rows * cols;
         }
     }
-    pool::give(received);
+    drop(received);
     Ok(AllToAllOutput {
         output,
         gather_counts: layout.gathers.clone(),
@@ -469,9 +484,17 @@ fn run_fused<T: Element>(
     let mut out_shape = x.shape().to_vec();
     out_shape[gather_dim] = layout.gather_total();
     out_shape[scatter_dim] = layout.scatters[me];
-    let recv_len = (0..n).map(|r| layout.output_len(r)).max().unwrap_or(0);
-    if n > 1 {
-        rank.reserve_for("all_to_all receive", &mut ws.recv, recv_len)?;
+    let out_len = (0..n).map(|r| layout.output_len(r)).max().unwrap_or(0);
+    // One copy into the peers' output blocks, or two through the receive buffer: the same
+    // choice on every rank (agreed sizes and masks, the world's nodes). Across nodes, through
+    // the receive buffer: a peer's output block has no pointer here.
+    let block: Option<OutputBlock> = if n > 1 && out_len > 0 && rank.num_nodes() == 1 {
+        rank.output_block(layout.free_everywhere, out_len * size_of::<T>())?
+    } else {
+        None
+    };
+    if n > 1 && block.is_none() {
+        rank.reserve_for("all_to_all receive", &mut ws.recv, out_len)?;
     }
     // Tasks: (peer i, a, b, row block), peers rotated; the same plan on every rank.
     let plan = |src: usize, dst: usize| {
@@ -490,21 +513,44 @@ fn run_fused<T: Element>(
     }
     let receives: Vec<(usize, usize)> = (0..n).map(|s| plan(s, me)).collect();
     let recv_order: Vec<usize> = (1..n).map(|i| (me + i) % n).collect();
-    let recv_starts =
-        split_offsets(&recv_order.iter().map(|&s| receives[s].1 * ab).collect::<Vec<_>>());
+    // Receive tasks: with an output block, one wait per source; else one copy per row block.
+    let recv_tasks: Vec<usize> =
+        recv_order.iter().map(|&s| if block.is_some() { 1 } else { receives[s].1 * ab }).collect();
+    let recv_starts = split_offsets(&recv_tasks);
 
-    // Every element is written below (own part, then each source's blocks).
-    let mut output = Tensor::<T>::scratch(OP, &out_shape)?;
-    let stream = output.len() * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
-    let out_ptr = GlobalPtrMut::from_slice(output.as_mut_slice());
+    // Every element is written below (own part, then each source's blocks), into the output
+    // block or, on the two-copy path, an output in ordinary memory.
+    let mut host_output = match block {
+        Some(_) => None,
+        None => Some(Tensor::<T>::scratch(OP, &out_shape)?),
+    };
+    let stream = out_len * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
+    let host_ptr = host_output.as_mut().map(|t| GlobalPtrMut::from_slice(t.as_mut_slice()));
     let input = GlobalPtr::from_slice(x.as_slice());
-    let ws = &*ws;
+    let (arrived, expected) = (&ws.arrived, &ws.expected);
     let recv = ws.recv.as_ref();
-    // SAFETY: each rank writes into a peer's receive buffer only the blocks that come from it,
-    // before announcing them; a rank reads a source's blocks only after acquiring all of them; the
-    // buffer is rewritten only after the next call's exchange. Every output block has one writer.
+    let block_buf = block.as_ref().map(|b| b.buf());
+    // SAFETY: each rank writes into a peer's output block (or receive buffer) only the blocks
+    // that come from it, before announcing them; a rank hands its output block out (or reads its
+    // receive buffer) only after acquiring every source's blocks. A receive buffer is rewritten
+    // only after the next call's exchange, an output block only in a call where every rank has
+    // it free (no tensor holds it). Every element of the output has one writer.
     unsafe {
         launch(rank, LaunchMode::VectorOnly, rank.topology().aivector_core_num(), |p| {
+            // A program's tasks for one peer are consecutive: it tells the peer once, how many
+            // it sent, when it moves on (the peer waits for every task of this rank anyway).
+            let mut sent: Option<(usize, u64)> = None;
+            let tell = |sent: Option<(usize, u64)>| match sent {
+                Some((dst, count)) if dst != me => p.notify(
+                    arrived,
+                    me,
+                    dst,
+                    SignalOp::Add(count),
+                    Scope::Peer,
+                    NotifySem::Release,
+                ),
+                _ => Ok(()),
+            };
             for t in p.tasks(*send_starts.last().expect("total")) {
                 let i = send_starts.partition_point(|&s| s <= t) - 1;
                 let dst = (me + i) % n;
@@ -516,64 +562,62 @@ fn run_fused<T: Element>(
                 let rows = tile::valid_len(row, rows_per_task, block.rows);
                 let from = input + (block.src + row * block.src_stride);
                 let at = block.dst + row * block.dst_stride;
-                if dst == me {
-                    tile::copy_2d_maybe_streaming(
+                let (dst_stride, src_stride) = (block.dst_stride, block.src_stride);
+                let valid = (rows, block.cols);
+                match (block_buf, host_ptr) {
+                    (Some(buf), _) => {
+                        let to = symm_at(buf, dst).cast::<T>() + at;
+                        tile::copy_2d_maybe_streaming(
+                            stream, to, dst_stride, from, src_stride, valid,
+                        );
+                    }
+                    (None, Some(out)) if dst == me => tile::copy_2d_maybe_streaming(
                         stream,
-                        out_ptr + at,
-                        block.dst_stride,
+                        out + at,
+                        dst_stride,
                         from,
-                        block.src_stride,
-                        (rows, block.cols),
-                    );
-                } else if !p.is_local(dst) {
-                    let recv = recv.expect("allocated for n > 1");
-                    let signal = Some((&ws.arrived, me, SignalOp::Add(1)));
-                    let shape = (rows, block.cols);
-                    p.put_rows(
-                        recv.ptr() + at,
-                        block.dst_stride,
-                        dst,
-                        from,
-                        block.src_stride,
-                        shape,
-                        signal,
-                    )?;
-                } else {
-                    let to = symm_at(recv.expect("allocated for n > 1"), dst) + at;
-                    tile::copy_2d_maybe_streaming(
-                        stream,
-                        to,
-                        block.dst_stride,
-                        from,
-                        block.src_stride,
-                        (rows, block.cols),
-                    );
-                    p.notify(
-                        &ws.arrived,
-                        me,
-                        dst,
-                        SignalOp::Add(1),
-                        Scope::Peer,
-                        NotifySem::Release,
-                    )?;
+                        src_stride,
+                        valid,
+                    ),
+                    (None, _) if !p.is_local(dst) => {
+                        // Through the proxy: the put carries its own signal.
+                        tell(sent.take())?;
+                        let recv = recv.expect("allocated for n > 1");
+                        let signal = Some((arrived, me, SignalOp::Add(1)));
+                        p.put_rows(
+                            recv.ptr() + at,
+                            dst_stride,
+                            dst,
+                            from,
+                            src_stride,
+                            valid,
+                            signal,
+                        )?;
+                        continue;
+                    }
+                    (None, _) => {
+                        let to = symm_at(recv.expect("allocated for n > 1"), dst) + at;
+                        tile::copy_2d_maybe_streaming(
+                            stream, to, dst_stride, from, src_stride, valid,
+                        );
+                    }
+                }
+                match &mut sent {
+                    Some((to, count)) if *to == dst => *count += 1,
+                    _ => tell(sent.replace((dst, 1)))?,
                 }
             }
+            tell(sent)?;
             let mut tokens: Vec<Option<Token>> = vec![None; n];
             for t in p.tasks(*recv_starts.last().expect("total")) {
                 let i = recv_starts.partition_point(|&s| s <= t) - 1;
                 let src = recv_order[i];
-                let (rows_per_task, per_ab) = receives[src];
-                let within = t - recv_starts[i];
-                let (ab_index, row_block) = (within / per_ab, within % per_ab);
-                let block = layout.block(src, me, ab_index / layout.bm, ab_index % layout.bm);
-                let row = row_block * rows_per_task;
-                let rows = tile::valid_len(row, rows_per_task, block.rows);
                 let token = match tokens[src] {
                     Some(token) => token,
                     None => {
-                        let want = WaitCmp::Ge(ws.expected[src]);
+                        let want = WaitCmp::Ge(expected[src]);
                         *tokens[src].insert(p.wait_from(
-                            &ws.arrived,
+                            arrived,
                             src,
                             src,
                             want,
@@ -581,11 +625,21 @@ fn run_fused<T: Element>(
                         )?)
                     }
                 };
+                let (Some(out), Some(recv)) = (host_ptr, recv) else {
+                    // One copy: the source's blocks are in place; the wait was all.
+                    continue;
+                };
+                let (rows_per_task, per_ab) = receives[src];
+                let within = t - recv_starts[i];
+                let (ab_index, row_block) = (within / per_ab, within % per_ab);
+                let block = layout.block(src, me, ab_index / layout.bm, ab_index % layout.bm);
+                let row = row_block * rows_per_task;
+                let rows = tile::valid_len(row, rows_per_task, block.rows);
                 let at = block.dst + row * block.dst_stride;
-                let from = GlobalPtr::from(consume_token(recv.expect("n > 1").ptr(), token)) + at;
+                let from = GlobalPtr::from(consume_token(recv.ptr(), token)) + at;
                 tile::copy_2d_maybe_streaming(
                     stream,
-                    out_ptr + at,
+                    out + at,
                     block.dst_stride,
                     from,
                     block.dst_stride,
@@ -596,9 +650,166 @@ fn run_fused<T: Element>(
         })?;
     }
     rank.quiet()?; // blocks put to other nodes have left the input
+    let output = match (host_output, block) {
+        (Some(output), _) => output,
+        (None, Some(block)) => Tensor::lent(block.lend(), &out_shape),
+        (None, None) => unreachable!("an output block or an output in ordinary memory"),
+    };
     Ok(AllToAllOutput {
         output,
         gather_counts: layout.gathers.clone(),
         scatter_counts: layout.scatters.clone(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::World;
+    use crate::shmem::MAX_OUTPUT_BLOCKS;
+
+    /// This rank's heads of the whole `[B, S, H, D]` tensor: what `all_to_all(2, 1)` returns.
+    fn heads(x: &Tensor<f32>, me: usize, n: usize) -> Tensor<f32> {
+        let split = array_split(x.shape()[2], n);
+        let h0: usize = split[..me].iter().sum();
+        let v = x.view();
+        Tensor::from_array(v.slice_axis(ndarray::Axis(2), (h0..h0 + split[me]).into()).to_owned())
+    }
+
+    /// This rank's part of the sequence: the input of `all_to_all(2, 1)`.
+    fn shard(x: &Tensor<f32>, me: usize, n: usize) -> Tensor<f32> {
+        let split = array_split(x.shape()[1], n);
+        let s0: usize = split[..me].iter().sum();
+        let v = x.view();
+        Tensor::from_array(v.slice_axis(ndarray::Axis(1), (s0..s0 + split[me]).into()).to_owned())
+    }
+
+    fn inputs(count: usize) -> Vec<Tensor<f32>> {
+        (0..count as u64).map(|s| Tensor::random(&[2, 7, 5, 3], s + 1)).collect()
+    }
+
+    /// Outputs live in lent blocks: one held on some ranks only keeps its values while later
+    /// calls run (they take other blocks), a block comes back once free everywhere (no new
+    /// allocation), and past MAX_OUTPUT_BLOCKS live outputs the two-copy path gives the same
+    /// values. (Fails when a held block counts as free: rank 0's first output is overwritten;
+    /// and when a rank takes a block on its own mask instead of the agreed one: the ranks then
+    /// disagree, and time out.)
+    #[test]
+    fn outputs_held_on_some_ranks_keep_their_values() {
+        for n in [2, 3] {
+            let xs = inputs(MAX_OUTPUT_BLOCKS + 4);
+            let outs = World::threads(n)
+                .unwrap()
+                .run(|rank| {
+                    let (me, n) = (rank.rank(), rank.num_ranks());
+                    let call = |x: &Tensor<f32>| all_to_all(rank, &shard(x, me, n), 2, 1);
+                    let first = call(&xs[0])?.output;
+                    assert!(first.is_lent());
+                    // Rank 0 keeps the first output; the others drop theirs.
+                    let first = (me == 0).then_some(first);
+                    let second = call(&xs[1])?.output;
+                    assert_eq!(second, heads(&xs[1], me, n));
+                    if let Some(first) = &first {
+                        assert_eq!(*first, heads(&xs[0], me, n), "a held output was overwritten");
+                    }
+                    drop(second);
+                    let before = rank.workspace_bytes();
+                    let third = call(&xs[2])?.output;
+                    assert!(third.is_lent());
+                    assert_eq!(third, heads(&xs[2], me, n));
+                    assert_eq!(rank.workspace_bytes(), before, "a block free everywhere is reused");
+                    // Many alive at once: lent up to the limit, then the two-copy path.
+                    let alive: Vec<Tensor<f32>> =
+                        xs[3..].iter().map(|x| call(x).map(|o| o.output)).collect::<Result<_>>()?;
+                    assert!(
+                        alive.iter().any(|t| t.is_lent()) && alive.iter().any(|t| !t.is_lent())
+                    );
+                    for (x, out) in xs[3..].iter().zip(&alive) {
+                        assert_eq!(*out, heads(x, me, n));
+                    }
+                    if let Some(first) = &first {
+                        assert_eq!(*first, heads(&xs[0], me, n), "a held output was overwritten");
+                    }
+                    drop((third, alive));
+                    Ok(first)
+                })
+                .unwrap();
+            // The held output outlives its world, and reads, clones and converts as any tensor.
+            let first = outs.into_iter().next().unwrap().unwrap();
+            let want = heads(&xs[0], 0, n);
+            assert!(first.is_lent());
+            assert_eq!(first, want);
+            assert_eq!(format!("{first}"), format!("{want}"));
+            assert_eq!(first.view(), want.view());
+            assert_eq!(first.to_array(), want.to_array());
+            let flat = first.reshape(&[first.len()]).unwrap();
+            assert!(flat.is_lent(), "a reshape shares the block");
+            assert_eq!(flat.as_slice(), want.as_slice());
+            // Copy on write: a clone keeps its values when the original is written.
+            let mut written = first.clone();
+            written.as_mut_slice()[0] = 42.0;
+            assert!(!written.is_lent(), "a shared block is copied before a write");
+            assert_eq!(first, want);
+            assert_eq!(written.as_slice()[1..], want.as_slice()[1..]);
+            drop(flat);
+            // The only holder writes in place.
+            let mut only = first.clone();
+            drop(first);
+            only.view_mut()[[0, 0, 0, 0]] = 7.0;
+            assert!(only.is_lent(), "the only holder writes in place");
+            assert_eq!(only.as_slice()[0], 7.0);
+            assert_eq!(only.into_array().as_slice().unwrap()[1..], want.as_slice()[1..]);
+        }
+    }
+
+    /// `release_workspaces` frees the blocks free everywhere and keeps one a rank still holds,
+    /// so that every rank's heap stays alike: later allocations agree, and once the tensor is
+    /// dropped a second release frees its block too.
+    #[test]
+    fn a_release_keeps_the_blocks_a_tensor_still_holds() {
+        let xs = inputs(3);
+        let world = World::threads(2).unwrap();
+        world
+            .run(|rank| {
+                let (me, n) = (rank.rank(), rank.num_ranks());
+                let call = |x: &Tensor<f32>| all_to_all(rank, &shard(x, me, n), 2, 1);
+                let held = call(&xs[0])?.output;
+                let held = (me == 1).then_some(held);
+                drop(call(&xs[1])?.output);
+                rank.release_workspaces()?;
+                // Rank 1's block stays on both ranks; allocations after it agree.
+                let block = 4096; // size_class of the outputs here
+                assert_eq!(rank.workspace_bytes(), block);
+                let buf = rank.alloc::<f32>(1000)?;
+                let again = call(&xs[2])?.output;
+                assert_eq!(again, heads(&xs[2], me, n));
+                if let Some(held) = &held {
+                    assert_eq!(*held, heads(&xs[0], me, n));
+                }
+                drop((held, again, buf));
+                rank.release_workspaces()?;
+                assert_eq!(rank.workspace_bytes(), 0);
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    /// A heap too small for an output block: the two-copy path, the same values.
+    #[test]
+    fn without_room_for_a_block_the_output_is_copied_twice() {
+        // A 160 KiB output per rank: more than the half of the heap that blocks may take.
+        let x = Tensor::<f32>::random(&[1, 80, 16, 64], 3);
+        let outs = World::builder(2)
+            .heap_capacity(256 << 10)
+            .build()
+            .unwrap()
+            .run(|rank| {
+                let (me, n) = (rank.rank(), rank.num_ranks());
+                let out = all_to_all(rank, &shard(&x, me, n), 2, 1)?.output;
+                assert_eq!(out, heads(&x, me, n));
+                Ok(out.is_lent())
+            })
+            .unwrap();
+        assert_eq!(outs, vec![false, false]);
+    }
 }

@@ -16,7 +16,8 @@ use ndarray::{Array2, ArrayView2};
 
 use super::plan::scratch;
 use super::plan::{
-    AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
+    AccData, GemmTiles, MIN_SHARD_ROWS, Shards, WeightData, compute_lanes, computing_programs,
+    row_chunks,
 };
 use crate::collectives::{self, ReduceOp};
 use crate::device::ascend;
@@ -130,6 +131,10 @@ fn array_split_rows(rank: &Rank<'_>, m: usize) -> usize {
 /// `sum over ranks of x_r @ w_r`, each rank keeping its rows (split as `numpy.array_split`
 /// splits `M`): `x` is this rank's `[M, k_r]` (a column shard, or a partial sum with `k_r = K`),
 /// `w` its `[k_r, N]`. Collective; bitwise deterministic.
+///
+/// `w` may be a transposed view (`w.t()` of an `[N, k_r]` matrix, as a backward pass has it):
+/// row-major and column-major weights are read in place by the tiles, any other layout is copied
+/// once.
 ///
 /// # Errors
 /// On every rank: [`Error::InnerDimMismatch`] naming the rank whose `w` does not fit its `x`;
@@ -302,10 +307,10 @@ fn run_fused<T: Element>(
     let (me, world) = (rank.rank(), rank.num_ranks());
     let (m, k) = (rows.total(), x.ncols());
     let x = x.as_standard_layout();
-    let w = w.as_standard_layout();
-    // Half types widened once, so that every tile runs the f32 kernel in place.
+    // Half types widened once, so that every tile runs the f32 kernel in place; a transposed
+    // weight (`w.t()`, the backward pass's) is read in place too.
     let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
-    let w_acc = AccData::new(OP, w.as_slice().expect("standard layout"))?;
+    let w_data = WeightData::new(OP, w)?;
     let mine = rows.count(me);
     let mut out = scratch(OP, (mine, n))?;
     let partial_len = m.saturating_mul(n);
@@ -331,7 +336,7 @@ fn run_fused<T: Element>(
         .count();
     ws.expected[0] += covering_me as u64;
 
-    let (x_ptr, w_ptr) = (GlobalPtr::from_slice(&x_acc), GlobalPtr::from_slice(&w_acc));
+    let (x_ptr, w_ptr, w_strides) = (GlobalPtr::from_slice(&x_acc), w_data.ptr(), w_data.strides);
     let out_ptr = GlobalPtrMut::from_slice(out.as_slice_mut().expect("fresh array"));
     let reduce_rows = row_chunks(n, REDUCE_CHUNK_ELEMS).min(mine.max(1));
     let reduce_tasks = if n == 0 { 0 } else { mine.div_ceil(reduce_rows) };
@@ -349,8 +354,9 @@ fn run_fused<T: Element>(
                 let valid = (task.rows, k, task.cols);
                 let at = task.row * n + task.col;
                 // The partial product goes straight into the symmetric buffer, in f32.
-                let (a, b) = (x_ptr + task.row * k, w_ptr + task.col);
-                tile::dot_store(partials.ptr() + at, n, a, k, b, n, valid, false);
+                let (a, b) = (x_ptr + task.row * k, w_ptr + task.col * w_strides[1]);
+                let dst = partials.ptr() + at;
+                tile::dot_store_strided(dst, n, a, [k, 1], b, w_strides, valid, false);
                 for owner in rows.covering(task.row, task.rows) {
                     let scope = if owner == me { Scope::Device } else { Scope::Peer };
                     p.notify(&ws.done, me, owner, SignalOp::Add(1), scope, NotifySem::Release)?;

@@ -9,8 +9,8 @@ mod matmul_reduce_scatter_nodes;
 mod plan;
 
 pub use all_gather_matmul::{
-    AgMatmulOutput, MAX_WEIGHTS, all_gather_matmul, all_gather_matmul_unfused,
-    all_gather_matmul_unfused_mpi,
+    AgMatmulOutput, MAX_WEIGHTS, all_gather_matmul, all_gather_matmul_keep_input,
+    all_gather_matmul_unfused, all_gather_matmul_unfused_mpi,
 };
 pub use all_to_all::{
     AllToAllOutput, MAX_DIMS, all_to_all, all_to_all_unfused, all_to_all_unfused_mpi,

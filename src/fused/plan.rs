@@ -4,9 +4,9 @@
 use std::any::TypeId;
 use std::ops::Deref;
 
-use ndarray::Array2;
+use ndarray::{Array2, ArrayView2};
 
-use crate::shmem::GlobalPtrMut;
+use crate::shmem::{GlobalPtr, GlobalPtrMut};
 use crate::tensor::{Element, FEW_ROWS, pool, split_offsets};
 use crate::{Error, Result};
 
@@ -51,6 +51,38 @@ impl<A: Element> Drop for AccData<'_, A> {
         if let AccData::Widened(data) = self {
             pool::give(std::mem::take(data));
         }
+    }
+}
+
+/// A weight as the tiles of a product read it: its elements in the accumulator type, in memory
+/// order, and the strides `[row, column]` that address them. A row-major weight (`[n, 1]`) and a
+/// transposed one (a column-major view, `[1, k]`: the backward pass's `w.t()`) are read in place;
+/// any other layout is copied once into row-major order.
+pub(crate) struct WeightData<'a, A: Element> {
+    data: AccData<'a, A>,
+    pub(crate) strides: [usize; 2],
+}
+
+impl<'a, A: Element> WeightData<'a, A> {
+    pub(crate) fn new<T: Element<Acc = A>>(op: &'static str, w: ArrayView2<'a, T>) -> Result<Self> {
+        let strides = w.strides();
+        let in_place = match (usize::try_from(strides[0]), usize::try_from(strides[1])) {
+            (Ok(rs), Ok(cs)) => w.to_slice_memory_order().map(|data| (data, [rs, cs])),
+            _ => None,
+        };
+        if let Some((data, strides)) = in_place {
+            return Ok(WeightData { data: AccData::new(op, data)?, strides });
+        }
+        let mut copy = pool::take::<A>(op, w.len())?;
+        for (c, &x) in copy.iter_mut().zip(w.iter()) {
+            *c = x.to_acc();
+        }
+        Ok(WeightData { data: AccData::Widened(copy), strides: [w.ncols(), 1] })
+    }
+
+    /// The tiles' pointer to the weight's first element.
+    pub(crate) fn ptr(&self) -> GlobalPtr<'_, A> {
+        GlobalPtr::from_slice(&self.data)
     }
 }
 

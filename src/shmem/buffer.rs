@@ -272,6 +272,18 @@ pub struct SymmPtr<'a, T> {
     _buf: PhantomData<&'a ()>,
 }
 
+impl<'a> SymmPtr<'a, u8> {
+    /// The same bytes as elements of `T` (whole elements only).
+    ///
+    /// # Panics
+    /// If the address is not aligned for `T`.
+    #[track_caller]
+    pub(crate) fn cast<T>(self) -> SymmPtr<'a, T> {
+        assert!(self.ptr.cast::<T>().is_aligned(), "symmetric bytes not aligned for the type");
+        SymmPtr { ptr: self.ptr.cast(), len: self.len / size_of::<T>().max(1), _buf: PhantomData }
+    }
+}
+
 /// A pointer to memory a program may read: a local tensor, or consumed symmetric memory.
 pub struct GlobalPtr<'a, T> {
     ptr: *const T,

@@ -14,6 +14,7 @@ mod control;
 mod exchange;
 mod heap;
 pub mod job_env;
+mod lent;
 mod mapping;
 #[cfg(feature = "mpi")]
 mod mpi;
@@ -34,6 +35,9 @@ pub use buffer::{
 };
 pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
+#[cfg(test)]
+pub(crate) use lent::MAX_OUTPUT_BLOCKS;
+pub(crate) use lent::OutputBlock;
 pub(crate) use put::{PutSignal, Shape};
 pub use rank::Rank;
 pub(crate) use signal::Awaited;

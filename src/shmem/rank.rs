@@ -459,7 +459,8 @@ impl<'w> Rank<'w> {
         result
     }
 
-    /// Bytes of symmetric memory this rank's workspaces hold.
+    /// Bytes of symmetric memory this rank's workspaces hold, with the blocks they lend to
+    /// output tensors.
     ///
     /// # Examples
     /// ```
@@ -477,11 +478,14 @@ impl<'w> Rank<'w> {
             .values()
             .flatten()
             .map(|w| w.symmetric_bytes())
-            .sum()
+            .sum::<usize>()
+            + self.output_block_bytes()
     }
 
-    /// Frees every workspace of this rank. Collective: every rank must call it at the same point,
-    /// so that the allocations that follow stay symmetric.
+    /// Frees every workspace of this rank, and the blocks lent to output tensors that no tensor
+    /// holds on any rank (one that a tensor still holds stays until a later call or release
+    /// finds it free). Collective: every rank must call it at the same point, so that the
+    /// allocations that follow stay symmetric.
     ///
     /// # Errors
     /// As [`Rank::barrier_all`]: it waits until every rank has released its own.
@@ -498,8 +502,13 @@ impl<'w> Rank<'w> {
     /// ```
     pub fn release_workspaces(&self) -> Result<()> {
         // Peers may still read this rank's buffers from the last call: wait until all are here.
-        let _ = self.barrier_all()?;
+        // The same exchange agrees on the output blocks that no tensor holds on any rank: those
+        // go too (a block a tensor still holds stays until a later call or release finds it free
+        // everywhere, so that the heaps stay alike).
+        let mask = self.free_output_blocks();
+        let all = self.exchange(Call::untyped("release_workspaces"), &[mask], None, &[])?;
         lock(&self.world.local[self.rank].workspaces).clear();
+        self.free_idle_output_blocks(all.iter().fold(u64::MAX, |m, w| m & w[0]));
         Ok(())
     }
 

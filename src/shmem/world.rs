@@ -32,6 +32,8 @@ pub(crate) struct RankLocal {
     pub(crate) calls: Mutex<CallCounter>,
     /// Workspaces kept from one call (and one run) to the next, by type.
     pub(crate) workspaces: Mutex<Workspaces>,
+    /// Blocks of the heap lent to output tensors (see `lent`).
+    pub(crate) output_blocks: Mutex<super::lent::OutputBlocks>,
     /// The rank's own error, typed, once it failed.
     error: Mutex<Option<Arc<Error>>>,
 }
@@ -704,7 +706,8 @@ impl World {
     }
 
     /// Bytes of symmetric memory each rank's workspaces hold (collectives and fused ops keep
-    /// their buffers between calls; see [`Rank::release_workspaces`]).
+    /// their buffers between calls, and the blocks they lend to output tensors; see
+    /// [`Rank::release_workspaces`]).
     ///
     /// # Examples
     /// ```
@@ -717,7 +720,11 @@ impl World {
         self.shared
             .local
             .iter()
-            .map(|l| lock(&l.workspaces).values().flatten().map(|ws| ws.symmetric_bytes()).sum())
+            .map(|l| {
+                let workspaces: usize =
+                    lock(&l.workspaces).values().flatten().map(|ws| ws.symmetric_bytes()).sum();
+                workspaces + lock(&l.output_blocks).bytes()
+            })
             .collect()
     }
 

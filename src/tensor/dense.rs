@@ -87,7 +87,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.to_array().shape(), &[2, 2]);
     /// ```
     pub fn to_array(&self) -> ArrayD<T> {
-        (*self.data).to_owned()
+        self.data.to_array()
     }
 
     /// The data as an ndarray array, without a copy unless another tensor shares it.
@@ -99,7 +99,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(a.len(), 3);
     /// ```
     pub fn into_array(mut self) -> ArrayD<T> {
-        std::mem::replace(&mut *self.data, empty()).into_owned()
+        std::mem::replace(&mut self.data, Storage::Host(empty())).into_array()
     }
 
     /// A tensor of `shape` from row-major `data`.
@@ -277,7 +277,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(Tensor::<f32>::zeros(&[2]).as_slice(), &[0.0, 0.0]);
     /// ```
     pub fn as_slice(&self) -> &[T] {
-        self.data.as_slice().expect("a Tensor is always contiguous")
+        self.data.as_slice()
     }
 
     /// The elements in row-major order, mutably (copied first if another tensor shares them).
@@ -290,7 +290,7 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.as_slice(), &[0.0, 5.0]);
     /// ```
     pub fn as_mut_slice(&mut self) -> &mut [T] {
-        self.data.as_slice_mut().expect("a Tensor is always contiguous")
+        self.data.as_mut_slice()
     }
 
     /// An ndarray view.
@@ -351,16 +351,11 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
-        if let Some(device) = self.device_storage() {
-            return Ok(Tensor::from_device_storage(device.reshaped(shape)?));
-        }
-        let data = (*self.data).clone().into_shape_with_order(IxDyn(shape)).map_err(|_| {
-            Error::InvalidShape {
-                op: "Tensor::reshape",
-                reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
-            }
-        })?;
-        Ok(Tensor::from_shared(data))
+        let data = self.data.reshaped(shape).ok_or_else(|| Error::InvalidShape {
+            op: "Tensor::reshape",
+            reason: format!("cannot reshape {:?} into {shape:?}", self.shape()),
+        })??;
+        Ok(Tensor { data })
     }
 
     /// Reorders the axes: axis `i` of the result is axis `axes[i]` of `self`. The result is
@@ -404,7 +399,7 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn cast<U: Element>(&self) -> Tensor<U> {
-        Tensor { data: self.data.mapv(|x| U::from_f64(x.to_f64())).into() }
+        Tensor { data: self.data.view().mapv(|x| U::from_f64(x.to_f64())).into() }
     }
 
     /// The matrix product `self @ rhs` on the calling thread: `[m, k] @ [k, n]`, or batched,

@@ -29,3 +29,4 @@ pub use matmul::{matmul, matmul_into};
 pub use pod::Pod;
 pub use pool::{DEFAULT_POOL_BYTES, POOL_BYTES_ENV, pooled_bytes, release_pool};
 pub use split::{array_split, split_offsets};
+pub(crate) use storage::{LENT_ALIGN, LentMemory};

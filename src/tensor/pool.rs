@@ -2,12 +2,14 @@
 //! previous one.
 //!
 //! A fresh large output costs page faults (the kernel maps and zeroes every 4 KiB page on first
-//! touch), which can take longer than the copy that fills it. Tensors give their buffers back here when dropped, and ops take their outputs from here, so a
-//! loop of calls touches fresh pages only on its first iteration. Buffers under 1 MiB are left to
-//! the allocator; the cache holds at most [`DEFAULT_POOL_BYTES`] (or `DIST_TENSOR_POOL_BYTES`).
+//! touch), which can take longer than the copy that fills it. Tensors give their buffers back
+//! here when dropped, and ops take their outputs from here, so a loop of calls touches fresh
+//! pages only on its first iteration. Buffers under 1 MiB are left to the allocator; the cache
+//! holds at most [`DEFAULT_POOL_BYTES`] (or `DIST_TENSOR_POOL_BYTES`). When a buffer given back
+//! does not fit, the buffers given back longest ago go to the allocator to make room (least
+//! recently used first), so a program whose sizes change keeps the sizes it uses now.
 
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use super::Element;
@@ -20,11 +22,71 @@ pub const DEFAULT_POOL_BYTES: usize = 1 << 30;
 /// Environment variable that overrides the cap, in bytes (0 turns the cache off).
 pub const POOL_BYTES_ENV: &str = "DIST_TENSOR_POOL_BYTES";
 
+/// One cached buffer: a `Vec<T>`, fully initialized up to its `len`.
+struct Entry {
+    elem: TypeId,
+    bytes: usize,
+    /// When it was given back (a counter): the smallest goes first.
+    given: u64,
+    buffer: Box<dyn Any + Send>,
+}
+
 struct Pool {
-    /// Per element type: `Vec<Vec<T>>`, every buffer fully initialized up to its `len`.
-    buffers: HashMap<TypeId, Box<dyn Any + Send>>,
+    entries: Vec<Entry>,
     bytes: usize,
     cap: usize,
+    clock: u64,
+}
+
+impl Pool {
+    fn new(cap: usize) -> Pool {
+        Pool { entries: Vec::new(), bytes: 0, cap, clock: 0 }
+    }
+
+    /// The smallest cached buffer of `T` that holds `len` elements and wastes at most half of
+    /// itself, truncated to `len`.
+    fn take<T: Element>(&mut self, len: usize) -> Option<Vec<T>> {
+        let elem = TypeId::of::<T>();
+        let (i, _) = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.elem == elem)
+            .map(|(i, e)| (i, e.buffer.downcast_ref::<Vec<T>>().expect("keyed by type")))
+            .filter(|(_, b)| b.len() >= len && b.capacity() <= 2 * len)
+            .min_by_key(|(_, b)| b.capacity())?;
+        let entry = self.entries.swap_remove(i);
+        self.bytes -= entry.bytes;
+        let mut buffer = *entry.buffer.downcast::<Vec<T>>().expect("keyed by type");
+        buffer.truncate(len);
+        Some(buffer)
+    }
+
+    /// Keeps `buffer`, first giving the least recently given buffers to the allocator until it
+    /// fits; a buffer larger than the whole cache is not kept (and evicts nothing).
+    fn give<T: Element>(&mut self, buffer: Vec<T>) {
+        let bytes = buffer.capacity() * size_of::<T>();
+        if bytes > self.cap {
+            return;
+        }
+        while self.bytes + bytes > self.cap {
+            let (oldest, _) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.given)
+                .expect("the cache holds what it counts");
+            self.bytes -= self.entries.swap_remove(oldest).bytes;
+        }
+        self.clock += 1;
+        self.bytes += bytes;
+        self.entries.push(Entry {
+            elem: TypeId::of::<T>(),
+            bytes,
+            given: self.clock,
+            buffer: Box::new(buffer),
+        });
+    }
 }
 
 /// The cache's capacity from [`POOL_BYTES_ENV`], or an error naming a value that is not a
@@ -48,22 +110,11 @@ pub(crate) fn check_env() -> Result<()> {
 
 fn pool() -> &'static Mutex<Pool> {
     static POOL: OnceLock<Mutex<Pool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let cap = env_cap().unwrap_or(0);
-        Mutex::new(Pool { buffers: HashMap::new(), bytes: 0, cap })
-    })
+    POOL.get_or_init(|| Mutex::new(Pool::new(env_cap().unwrap_or(0))))
 }
 
 fn lock() -> std::sync::MutexGuard<'static, Pool> {
     pool().lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn buffers_of<T: Element>(pool: &mut Pool) -> &mut Vec<Vec<T>> {
-    pool.buffers
-        .entry(TypeId::of::<T>())
-        .or_insert_with(|| Box::new(Vec::<Vec<T>>::new()))
-        .downcast_mut()
-        .expect("keyed by the element type")
 }
 
 /// A buffer of `len` elements for `op`: a cached one that fits (its contents unspecified), or a
@@ -79,22 +130,10 @@ pub(crate) fn take<T: Element>(op: &'static str, len: usize) -> Result<Vec<T>> {
         bytes: usize::MAX,
         what: format!("{}: the size overflows", elems()),
     })?;
-    if bytes >= MIN_POOLED_BYTES {
-        let mut pool = lock();
-        let buffers = buffers_of::<T>(&mut pool);
-        // The smallest cached buffer that fits and wastes at most half of itself.
-        let best = buffers
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.len() >= len && b.capacity() <= 2 * len)
-            .min_by_key(|(_, b)| b.capacity())
-            .map(|(i, _)| i);
-        if let Some(i) = best {
-            let mut buffer = buffers.swap_remove(i);
-            pool.bytes -= buffer.capacity() * size_of::<T>();
-            buffer.truncate(len);
-            return Ok(buffer);
-        }
+    if bytes >= MIN_POOLED_BYTES
+        && let Some(buffer) = lock().take(len)
+    {
+        return Ok(buffer);
     }
     zeroed(len).ok_or_else(|| Error::OutOfMemory { op, bytes, what: elems() })
 }
@@ -116,16 +155,11 @@ pub(crate) fn zeroed<T: Element>(len: usize) -> Option<Vec<T>> {
     Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
-/// Gives a buffer back for later [`take`]s (or to the allocator, if small or the cache is full).
+/// Gives a buffer back for later [`take`]s (or to the allocator, if small or larger than the
+/// cache), making room by giving the least recently given buffers to the allocator.
 pub(crate) fn give<T: Element>(buffer: Vec<T>) {
-    let bytes = buffer.capacity() * size_of::<T>();
-    if bytes < MIN_POOLED_BYTES {
-        return;
-    }
-    let mut pool = lock();
-    if pool.bytes + bytes <= pool.cap {
-        pool.bytes += bytes;
-        buffers_of::<T>(&mut pool).push(buffer);
+    if buffer.capacity() * size_of::<T>() >= MIN_POOLED_BYTES {
+        lock().give(buffer);
     }
 }
 
@@ -155,7 +189,7 @@ pub fn pooled_bytes() -> usize {
 /// ```
 pub fn release_pool() {
     let mut pool = lock();
-    pool.buffers.clear();
+    pool.entries.clear();
     pool.bytes = 0;
 }
 
@@ -179,6 +213,50 @@ mod tests {
         // Far smaller requests do not take a big buffer.
         let far_smaller = take::<f32>("test", len / 3).unwrap();
         assert_ne!(far_smaller.as_ptr(), address);
+    }
+
+    /// Regression: a full cache took no more buffers, so once it held other sizes, every call
+    /// of a later op page-faulted its outputs in (unfused Ulysses at world 2 went from about 55
+    /// to 300 ms late in a long report). Now the least recently given buffers make room.
+    #[test]
+    fn a_full_cache_makes_room_for_the_sizes_used_now() {
+        const MIB: usize = 1 << 20;
+        let mut pool = Pool::new(4 * MIB);
+        let buffer = |mib: usize| vec![0.0f32; mib * MIB / 4];
+        // Full of sizes an earlier phase used.
+        pool.give(buffer(2));
+        pool.give(vec![0.0f64; 2 * MIB / 8]);
+        assert_eq!(pool.bytes, 4 * MIB);
+        // A later phase gives back 3 MiB buffers: the oldest go, the new one stays...
+        let mut now = buffer(3);
+        let address = now.as_ptr();
+        for _ in 0..3 {
+            pool.give(now);
+            assert!(pool.bytes <= pool.cap);
+            now = pool.take::<f32>(3 * MIB / 4).expect("the size used now is cached");
+            assert_eq!(now.as_ptr(), address, "the same buffer every call");
+        }
+        // ...having evicted both old ones (4 + 3 MiB do not fit in 4).
+        pool.give(now);
+        assert!(pool.take::<f64>(2 * MIB / 8).is_none());
+        assert_eq!((pool.entries.len(), pool.bytes), (1, 3 * MIB));
+    }
+
+    /// Least recently given first: a buffer given back again is younger than the others.
+    #[test]
+    fn the_least_recently_given_buffer_goes_first() {
+        const MIB: usize = 1 << 20;
+        let mut pool = Pool::new(3 * MIB);
+        pool.give(vec![0.0f32; MIB / 4]); // A
+        pool.give(vec![0.0f64; MIB / 8]); // B
+        let a = pool.take::<f32>(MIB / 4).unwrap();
+        pool.give(a); // A again: now the younger
+        pool.give(vec![0.0f32; 2 * MIB / 4]); // C needs 2 MiB: B (the oldest) goes
+        assert!(pool.take::<f64>(MIB / 8).is_none());
+        assert!(pool.take::<f32>(MIB / 4).is_some());
+        // A buffer larger than the cache is not kept, and evicts nothing.
+        pool.give(vec![0.0f32; 4 * MIB / 4]);
+        assert!(pool.take::<f32>(2 * MIB / 4).is_some());
     }
 
     #[test]

@@ -1,10 +1,17 @@
-//! Where a [`Tensor`]'s elements live: host memory (an ndarray array) or a GPU's memory (feature
-//! `cuda`), in the manner of candle's storage enum. Host methods reach the array through `Deref`;
-//! on a tensor that lives on a GPU they panic and say to call [`Tensor::to_host`] first.
+//! Where a [`Tensor`]'s elements live, in the manner of candle's storage enum: host memory the
+//! tensor owns (an ndarray array), host memory lent to it (a block of the symmetric heap that
+//! peers wrote a collective's result into), or a GPU's memory (feature `cuda`).
+//!
+//! Host accessors (`view`, `as_slice`, their mutable forms, `to_array`, ...) work the same on the
+//! two host variants; on a tensor that lives on a GPU they panic and say to call
+//! [`Tensor::to_host`] first. Both host variants are shared copy-on-write between clones: the
+//! first write through a clone that is not the only one copies the elements into an array of
+//! its own.
 
-use std::ops::{Deref, DerefMut};
+use std::marker::PhantomData;
+use std::sync::Arc;
 
-use ndarray::{ArcArray, ArrayD, IxDyn};
+use ndarray::{ArcArray, ArrayD, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
 use super::{Element, Tensor};
 use crate::device::Device;
@@ -14,25 +21,186 @@ use crate::{Error, Result};
 
 /// The elements of a tensor.
 pub(crate) enum Storage<T: Element> {
-    /// In host memory, row-major and contiguous; shared copy-on-write between clones.
+    /// In host memory the tensor owns, row-major and contiguous; shared copy-on-write between
+    /// clones.
     Host(ArcArray<T, IxDyn>),
+    /// In host memory lent to the tensor (see [`LentMemory`]), row-major and contiguous; shared
+    /// copy-on-write between clones.
+    Lent(LentArray<T>),
     /// In a GPU's memory.
     Device(DeviceStorage<T>),
+}
+
+/// Host memory that a tensor does not own but holds for as long as it lives: a block of the
+/// symmetric heap lent by a collective that wrote its result there (`shmem::lent`). Dropping the
+/// last holder gives the block back to its lender.
+///
+/// # Safety
+/// An implementation promises that [`LentMemory::ptr`] is valid for reads and writes of
+/// [`LentMemory::bytes`] bytes, aligned to [`LENT_ALIGN`], for as long as the value lives, and
+/// that while it lives nothing but its holders accesses those bytes.
+pub(crate) unsafe trait LentMemory: Send + Sync {
+    /// The first byte.
+    fn ptr(&self) -> *mut u8;
+    /// How many bytes it holds.
+    fn bytes(&self) -> usize;
+}
+
+/// The alignment lent memory has (at least that of every element type).
+pub(crate) const LENT_ALIGN: usize = 64;
+
+/// A row-major array in lent memory: the memory (shared by clones) and the shape.
+pub(crate) struct LentArray<T> {
+    memory: Arc<dyn LentMemory>,
+    shape: IxDyn,
+    _elem: PhantomData<T>,
+}
+
+impl<T: Element> LentArray<T> {
+    fn ptr(&self) -> *mut T {
+        self.memory.ptr().cast()
+    }
+
+    fn len(&self) -> usize {
+        self.shape.size()
+    }
+
+    fn view(&self) -> ArrayViewD<'_, T> {
+        // SAFETY: the memory holds the shape's elements, aligned (checked in `Tensor::lent`),
+        // valid while `self` holds it; writes need `&mut` to the only holder (`unique_mut`).
+        unsafe { ArrayViewD::from_shape_ptr(self.shape.clone(), self.ptr()) }
+    }
+
+    fn as_slice(&self) -> &[T] {
+        // SAFETY: as in `view`.
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len()) }
+    }
+
+    /// Whether this is the only holder of its memory (no clone shares it).
+    fn is_unique(&mut self) -> bool {
+        Arc::get_mut(&mut self.memory).is_some()
+    }
+
+    /// The elements to write; the caller has checked [`LentArray::is_unique`].
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as in `view`; `&mut self` and being the only holder make this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(), self.len()) }
+    }
+}
+
+impl<T> Clone for LentArray<T> {
+    fn clone(&self) -> Self {
+        LentArray { memory: self.memory.clone(), shape: self.shape.clone(), _elem: PhantomData }
+    }
 }
 
 impl<T: Element> Storage<T> {
     pub(crate) fn shape(&self) -> &[usize] {
         match self {
             Storage::Host(a) => a.shape(),
+            Storage::Lent(l) => l.shape.slice(),
             Storage::Device(d) => d.shape(),
         }
     }
 
     pub(crate) fn device(&self) -> Device {
         match self {
-            Storage::Host(_) => Device::Host,
+            Storage::Host(_) | Storage::Lent(_) => Device::Host,
             Storage::Device(d) => Device::Cuda(d.ordinal() as u32),
         }
+    }
+
+    /// A view of the elements in host memory.
+    #[track_caller]
+    pub(crate) fn view(&self) -> ArrayViewD<'_, T> {
+        match self {
+            Storage::Host(a) => a.view(),
+            Storage::Lent(l) => l.view(),
+            Storage::Device(_) => on_device(self.device()),
+        }
+    }
+
+    /// The elements in row-major order.
+    #[track_caller]
+    pub(crate) fn as_slice(&self) -> &[T] {
+        match self {
+            Storage::Host(a) => a.as_slice().expect("a Tensor is always contiguous"),
+            Storage::Lent(l) => l.as_slice(),
+            Storage::Device(_) => on_device(self.device()),
+        }
+    }
+
+    /// Makes the elements writable in place: lent memory that a clone shares is copied into an
+    /// array of this tensor's own first (an owned array copies itself on write).
+    fn make_writable(&mut self) {
+        if let Storage::Lent(l) = self
+            && !l.is_unique()
+        {
+            *self = Storage::Host(l.view().to_owned().into_shared());
+        }
+    }
+
+    /// The elements to write in row-major order (copied first if a clone shares them).
+    #[track_caller]
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        self.make_writable();
+        let device = self.device();
+        match self {
+            Storage::Host(a) => a.as_slice_mut().expect("a Tensor is always contiguous"),
+            Storage::Lent(l) => l.as_mut_slice(),
+            Storage::Device(_) => on_device(device),
+        }
+    }
+
+    /// A mutable view (the elements are copied first if a clone shares them).
+    #[track_caller]
+    pub(crate) fn view_mut(&mut self) -> ArrayViewMutD<'_, T> {
+        self.make_writable();
+        let device = self.device();
+        match self {
+            Storage::Host(a) => a.view_mut(),
+            Storage::Lent(l) => {
+                let shape = l.shape.clone();
+                ArrayViewMutD::from_shape(shape, l.as_mut_slice()).expect("length is the product")
+            }
+            Storage::Device(_) => on_device(device),
+        }
+    }
+
+    /// A copy of the elements as an owned array.
+    #[track_caller]
+    pub(crate) fn to_array(&self) -> ArrayD<T> {
+        match self {
+            Storage::Host(a) => a.to_owned(),
+            _ => self.view().to_owned(),
+        }
+    }
+
+    /// The elements as an owned array: without a copy when this is the only holder of owned
+    /// host memory, else copied.
+    #[track_caller]
+    pub(crate) fn into_array(self) -> ArrayD<T> {
+        match self {
+            Storage::Host(a) => a.into_owned(),
+            other => other.to_array(),
+        }
+    }
+
+    /// The same elements under another shape of equal size, shared; `None` if the sizes differ
+    /// (an error only from a device).
+    pub(crate) fn reshaped(&self, shape: &[usize]) -> Option<Result<Storage<T>>> {
+        let len = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))?;
+        if len != self.shape().iter().product::<usize>() {
+            return None;
+        }
+        Some(match self {
+            Storage::Host(a) => {
+                let a = a.clone().into_shape_with_order(IxDyn(shape));
+                Ok(Storage::Host(a.expect("a contiguous array of the same size")))
+            }
+            Storage::Lent(l) => Ok(Storage::Lent(LentArray { shape: IxDyn(shape), ..l.clone() })),
+            Storage::Device(d) => d.reshaped(shape).map(Storage::Device),
+        })
     }
 }
 
@@ -49,46 +217,26 @@ fn on_device(device: Device) -> ! {
     )
 }
 
-impl<T: Element> Deref for Storage<T> {
-    type Target = ArcArray<T, IxDyn>;
-
-    fn deref(&self) -> &ArcArray<T, IxDyn> {
-        match self {
-            Storage::Host(a) => a,
-            Storage::Device(_) => on_device(self.device()),
-        }
-    }
-}
-
-impl<T: Element> DerefMut for Storage<T> {
-    fn deref_mut(&mut self) -> &mut ArcArray<T, IxDyn> {
-        let device = self.device();
-        match self {
-            Storage::Host(a) => a,
-            Storage::Device(_) => on_device(device),
-        }
-    }
-}
-
 impl<T: Element> Clone for Storage<T> {
-    /// Host arrays are shared until one of the clones writes (copy-on-write); device tensors share
-    /// their (immutable) buffer.
+    /// Host elements are shared until one of the clones writes (copy-on-write); device tensors
+    /// share their (immutable) buffer.
     fn clone(&self) -> Self {
         match self {
             Storage::Host(a) => Storage::Host(a.clone()),
+            Storage::Lent(l) => Storage::Lent(l.clone()),
             Storage::Device(d) => Storage::Device(d.clone()),
         }
     }
 }
 
 impl<T: Element> PartialEq for Storage<T> {
-    /// Host arrays compare by value; device tensors are equal when they are the same buffer (call
-    /// `to_host` to compare values).
+    /// Host elements compare by value (shape and elements, owned or lent alike); device tensors
+    /// are equal when they are the same buffer (call `to_host` to compare values).
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
-            (Storage::Host(a), Storage::Host(b)) => a == b,
             (Storage::Device(a), Storage::Device(b)) => a.same_buffer(b),
-            _ => false,
+            (Storage::Device(_), _) | (_, Storage::Device(_)) => false,
+            _ => self.view() == other.view(),
         }
     }
 }
@@ -97,6 +245,7 @@ impl<T: Element> std::fmt::Debug for Storage<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Storage::Host(a) => a.fmt(f),
+            Storage::Lent(l) => l.view().fmt(f),
             Storage::Device(d) => write!(f, "Tensor on {} of shape {:?}", self.device(), d.shape()),
         }
     }
@@ -165,9 +314,8 @@ impl<T: Element> Tensor<T> {
             (_, Device::Host) => self.to_host(),
             (Storage::Device(d), Device::Cuda(n)) if d.ordinal() == n as usize => Ok(self.clone()),
             (Storage::Device(_), Device::Cuda(_)) => self.to_host()?.to_device_in(device, world),
-            (Storage::Host(a), Device::Cuda(n)) => {
-                let host = a.as_slice().expect("a Tensor is always contiguous");
-                let data = cuda::upload(n as usize, host, a.shape(), world)?;
+            (Storage::Host(_) | Storage::Lent(_), Device::Cuda(n)) => {
+                let data = cuda::upload(n as usize, self.as_slice(), self.shape(), world)?;
                 Ok(Tensor::from_device_storage(data))
             }
             (_, Device::Ascend(_)) => Err(Error::DeviceUnavailable {
@@ -193,7 +341,7 @@ impl<T: Element> Tensor<T> {
     /// ```
     pub fn to_host(&self) -> Result<Tensor<T>> {
         match &self.data {
-            Storage::Host(_) => Ok(self.clone()),
+            Storage::Host(_) | Storage::Lent(_) => Ok(self.clone()),
             Storage::Device(d) => Tensor::from_shape_vec(d.shape(), d.download()?),
         }
     }
@@ -205,8 +353,32 @@ impl<T: Element> Tensor<T> {
     /// The GPU storage, if the tensor lives on a GPU.
     pub(crate) fn device_storage(&self) -> Option<&DeviceStorage<T>> {
         match &self.data {
-            Storage::Host(_) => None,
+            Storage::Host(_) | Storage::Lent(_) => None,
             Storage::Device(d) => Some(d),
         }
+    }
+
+    /// A tensor of `shape` in lent memory (see [`LentMemory`]), whose first elements its
+    /// lender has written.
+    ///
+    /// # Panics
+    /// If the memory is too small for the shape or not aligned for `T` (a bug of the lender).
+    pub(crate) fn lent(memory: Arc<dyn LentMemory>, shape: &[usize]) -> Tensor<T> {
+        let bytes = shape.iter().product::<usize>().checked_mul(size_of::<T>());
+        assert!(
+            bytes.is_some_and(|b| b <= memory.bytes()),
+            "lent memory of {} bytes cannot hold a tensor of shape {shape:?}",
+            memory.bytes()
+        );
+        assert!(memory.ptr().cast::<T>().is_aligned(), "lent memory is aligned for every element");
+        Tensor {
+            data: Storage::Lent(LentArray { memory, shape: IxDyn(shape), _elem: PhantomData }),
+        }
+    }
+
+    /// Whether the elements live in lent memory (a block of the symmetric heap).
+    #[cfg(test)]
+    pub(crate) fn is_lent(&self) -> bool {
+        matches!(self.data, Storage::Lent(_))
     }
 }

@@ -325,6 +325,7 @@ pub(crate) struct ExchangeArgs {
     pub(crate) local: u64,
     pub(crate) prefix: [u64; MAX_RANKS + 1],
     pub(crate) runs: [Runs; MAX_RANKS],
+    pub(crate) peers: [u64; MAX_RANKS],
 }
 
 /// `ReduceArgs` in reduce.cu.

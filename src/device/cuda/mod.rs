@@ -26,6 +26,8 @@
 //! Which path an op takes is a function of the shapes, public here ([`all_gather_matmul_path`],
 //! [`matmul_reduce_scatter_path`]) and printed by the `gpu_report` example.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 #[cfg(feature = "cuda")]
 mod api;
 #[cfg(feature = "cuda")]
@@ -76,7 +78,7 @@ pub const RS_CHUNKED_MIN_ROWS: usize = 1024;
 pub fn all_gather_matmul_path(splits: &[usize]) -> &'static str {
     if splits.len() <= 1 {
         "local"
-    } else if let Some(forced) = forced_all_gather_matmul_path() {
+    } else if let Some(forced) = forced(&FORCED_AG_PATH, AG_PATHS) {
         forced
     } else if splits.iter().copied().max().unwrap_or(0) < AG_OVERLAP_MIN_ROWS {
         "gather"
@@ -85,20 +87,44 @@ pub fn all_gather_matmul_path(splits: &[usize]) -> &'static str {
     }
 }
 
-static FORCED_AG_PATH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// The paths [`force_all_gather_matmul_path`] takes.
+const AG_PATHS: &[&str] = &["gather", "overlap"];
+/// The paths [`force_matmul_reduce_scatter_path`] takes.
+const RS_PATHS: &[&str] = &["single", "chunked"];
 
-fn forced_all_gather_matmul_path() -> Option<&'static str> {
-    match FORCED_AG_PATH.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => Some("gather"),
-        2 => Some("overlap"),
-        _ => None,
-    }
+static FORCED_AG_PATH: AtomicUsize = AtomicUsize::new(0);
+static FORCED_RS_PATH: AtomicUsize = AtomicUsize::new(0);
+
+fn forced(slot: &AtomicUsize, names: &[&'static str]) -> Option<&'static str> {
+    slot.load(Ordering::Relaxed).checked_sub(1).map(|i| names[i])
+}
+
+fn force(
+    slot: &AtomicUsize,
+    names: &[&'static str],
+    op: &'static str,
+    path: Option<&str>,
+) -> crate::Result<()> {
+    let code = match path {
+        None => 0,
+        Some(name) => {
+            1 + names.iter().position(|&p| p == name).ok_or_else(|| {
+                crate::Error::InvalidArgument {
+                    op,
+                    rank: 0,
+                    reason: format!("{name:?} is not a path: expected one of {names:?}"),
+                }
+            })?
+        }
+    };
+    slot.store(code, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Makes `all_gather_matmul` on GPU worlds of two or more ranks take `path` (`gather` or
 /// `overlap`) whatever the shape, process-wide, until called with `None` (the choice by shape).
-/// For measuring both paths on one shape, as `gpu_report --stages` does; set it while no op
-/// runs, the same on every rank.
+/// For measuring both paths on one shape, as `gpu_report --stages` does, and for testing them;
+/// set it while no op runs, the same on every rank (the ops fail when the ranks disagree).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for another name.
@@ -114,20 +140,7 @@ fn forced_all_gather_matmul_path() -> Option<&'static str> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub fn force_all_gather_matmul_path(path: Option<&str>) -> crate::Result<()> {
-    let code = match path {
-        None => 0,
-        Some("gather") => 1,
-        Some("overlap") => 2,
-        Some(other) => {
-            return Err(crate::Error::InvalidArgument {
-                op: "force_all_gather_matmul_path",
-                rank: 0,
-                reason: format!("{other:?} is not a path: expected gather or overlap"),
-            });
-        }
-    };
-    FORCED_AG_PATH.store(code, std::sync::atomic::Ordering::Relaxed);
-    Ok(())
+    force(&FORCED_AG_PATH, AG_PATHS, "force_all_gather_matmul_path", path)
 }
 
 /// The path `matmul_reduce_scatter` takes on GPUs for output row shards of these sizes:
@@ -145,11 +158,40 @@ pub fn force_all_gather_matmul_path(path: Option<&str>) -> crate::Result<()> {
 pub fn matmul_reduce_scatter_path(splits: &[usize]) -> &'static str {
     if splits.len() <= 1 {
         "local"
+    } else if let Some(forced) = forced(&FORCED_RS_PATH, RS_PATHS) {
+        forced
     } else if splits.iter().copied().max().unwrap_or(0) < RS_CHUNKED_MIN_ROWS {
         "single"
     } else {
         "chunked"
     }
+}
+
+/// Makes `matmul_reduce_scatter` on GPU worlds of two or more ranks take `path` (`single` or
+/// `chunked`) whatever the shape, process-wide, until called with `None`. As
+/// [`force_all_gather_matmul_path`].
+///
+/// # Errors
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for another name.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::cuda::{force_matmul_reduce_scatter_path, matmul_reduce_scatter_path};
+/// force_matmul_reduce_scatter_path(Some("chunked"))?;
+/// assert_eq!(matmul_reduce_scatter_path(&[8, 8]), "chunked");
+/// force_matmul_reduce_scatter_path(None)?;
+/// assert_eq!(matmul_reduce_scatter_path(&[8, 8]), "single");
+/// assert!(force_matmul_reduce_scatter_path(Some("fast")).is_err());
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn force_matmul_reduce_scatter_path(path: Option<&str>) -> crate::Result<()> {
+    force(&FORCED_RS_PATH, RS_PATHS, "force_matmul_reduce_scatter_path", path)
+}
+
+/// Which of the paths a name is, for the ops' agreement check (0 for the choice by shape's).
+#[cfg(feature = "cuda")]
+pub(crate) fn path_code(path: &str) -> u64 {
+    AG_PATHS.iter().chain(RS_PATHS).position(|&p| p == path).map_or(0, |i| i as u64 + 1)
 }
 
 mod public {

@@ -2,10 +2,12 @@
 // and local permutes are all this kernel with different runs.
 //
 // Modes: 0 local (runs copy `mine` to `local`, no peers); 1 pull (every rank publishes its input
-// `mine`, then reads part i from rank (rank + i) % world into its output `local`); 2 push (every
-// rank publishes its output `mine`, then writes part i from its input `local` into rank
-// (rank + i) % world's output). Tasks are (part, run, chunk), flattened and walked grid-stride by
-// warps; each warp moves one chunk with 16-byte accesses where the run allows.
+// `mine`, then reads part i from rank (rank + i) % world into its output `local`); 2 push (writes
+// part i from its input `local` into `peers[i]`, rank (rank + i) % world's output in symmetric
+// memory, which the caller knows free): no hand-shake before the writes, one after them (the
+// kernel ends once every peer's writes to this rank are complete). Tasks are
+// (part, run, chunk), flattened and walked grid-stride by warps; each warp moves one chunk with
+// 16-byte accesses where the run allows.
 
 struct ExchangeArgs {
     Ctl ctl;
@@ -16,6 +18,7 @@ struct ExchangeArgs {
     u64 local;
     u64 prefix[DT_MAX_RANKS + 1];   // tasks before part i
     Runs runs[DT_MAX_RANKS];
+    u64 peers[DT_MAX_RANKS];        // mode 2: the output of rank (rank + i) % world
 };
 
 __device__ __forceinline__ void copy_chunk(elem_t* dst, const elem_t* src, u64 len, u32 lane) {
@@ -42,8 +45,11 @@ __device__ __forceinline__ void copy_chunk(elem_t* dst, const elem_t* src, u64 l
 
 extern "C" __global__ void __launch_bounds__(256) dt_exchange(const __grid_constant__ ExchangeArgs a) {
     __shared__ u64 ptrs[DT_MAX_RANKS];
-    if (a.mode != 0) {
+    if (a.mode == 1) {
         if (!dt_publish_and_wait(a.ctl, a.sync, a.mine, ptrs)) return;
+    } else if (a.mode == 2) {
+        if (threadIdx.x < DT_MAX_RANKS) ptrs[threadIdx.x] = a.peers[threadIdx.x];
+        __syncthreads();
     }
     const u32 lane = threadIdx.x & 31;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;

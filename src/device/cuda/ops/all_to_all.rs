@@ -177,12 +177,12 @@ pub(crate) fn all_to_all<T: Element>(
     let es = size_of::<T>();
     let parts: Vec<Runs> = (0..n).map(|i| geo.runs((r + i) % n, r, es, false)).collect();
     if n == 1 {
-        exchange::<T>(g, None, OP_ALL_TO_ALL, 0, x.ptr(), out.ptr(), &parts, g.stream())?;
+        exchange::<T>(g, None, OP_ALL_TO_ALL, 0, x.ptr(), out.ptr(), &parts, &[], g.stream())?;
         return Ok(out);
     }
     g.with_state("all_to_all", |st| {
         st.epoch += 1;
-        exchange::<T>(g, Some(st), OP_ALL_TO_ALL, 1, x.ptr(), out.ptr(), &parts, g.stream())
+        exchange::<T>(g, Some(st), OP_ALL_TO_ALL, 1, x.ptr(), out.ptr(), &parts, &[], g.stream())
     })?;
     Ok(out)
 }
@@ -209,7 +209,7 @@ pub(crate) fn all_to_all_unfused<T: Element>(
     let send: DeviceData<T> = out_tensor(g, &[send_off[n]])?;
     let recv: DeviceData<T> = out_tensor(g, &[recv_off[n]])?;
     let pack: Vec<Runs> = (0..n).map(|d| geo.pack_runs(r, d, es, send_off[d])).collect();
-    exchange::<T>(g, None, OP_ALL_TO_ALL, 0, x.ptr(), send.ptr(), &pack, g.stream())?;
+    exchange::<T>(g, None, OP_ALL_TO_ALL, 0, x.ptr(), send.ptr(), &pack, &[], g.stream())?;
     let nccl = g.world.nccl()?;
     let at = |base: u64, o: usize| base + (o * es) as u64;
     let sends: Vec<(u64, usize)> =
@@ -224,6 +224,6 @@ pub(crate) fn all_to_all_unfused<T: Element>(
             runs
         })
         .collect();
-    exchange::<T>(g, None, OP_ALL_TO_ALL, 0, recv.ptr(), out.ptr(), &unpack, g.stream())?;
+    exchange::<T>(g, None, OP_ALL_TO_ALL, 0, recv.ptr(), out.ptr(), &unpack, &[], g.stream())?;
     Ok(out)
 }

@@ -25,7 +25,7 @@ pub(crate) fn barrier(g: &GpuRank<'_>) -> Result<()> {
     let parts = vec![Runs::default(); g.num_ranks()];
     g.with_state("barrier", |st| {
         st.epoch += 1;
-        exchange::<f32>(g, Some(st), OP_BARRIER, 1, 0, 0, &parts, g.stream())
+        exchange::<f32>(g, Some(st), OP_BARRIER, 1, 0, 0, &parts, &[], g.stream())
     })
 }
 
@@ -63,12 +63,12 @@ pub(crate) fn all_gather<T: Element>(
         })
         .collect();
     if n == 1 {
-        exchange::<T>(g, None, OP_ALL_GATHER, 0, x.ptr(), out.ptr(), &parts, g.stream())?;
+        exchange::<T>(g, None, OP_ALL_GATHER, 0, x.ptr(), out.ptr(), &parts, &[], g.stream())?;
         return Ok(out);
     }
     g.with_state("all_gather", |st| {
         st.epoch += 1;
-        exchange::<T>(g, Some(st), OP_ALL_GATHER, 1, x.ptr(), out.ptr(), &parts, g.stream())
+        exchange::<T>(g, Some(st), OP_ALL_GATHER, 1, x.ptr(), out.ptr(), &parts, &[], g.stream())
     })?;
     Ok(out)
 }
@@ -116,7 +116,7 @@ pub(crate) fn reduce_sum<T: Element>(
     };
     let out: DeviceData<T> = out_tensor(g, &out_shape)?;
     if n == 1 {
-        exchange::<T>(g, None, OP_REDUCE, 0, x.ptr(), out.ptr(), &[runs], g.stream())?;
+        exchange::<T>(g, None, OP_REDUCE, 0, x.ptr(), out.ptr(), &[runs], &[], g.stream())?;
         return Ok(out);
     }
     g.with_state("reduce", |st| {
@@ -150,12 +150,12 @@ pub(crate) fn broadcast<T: Element>(
         })
         .collect();
     if n == 1 {
-        exchange::<T>(g, None, OP_BROADCAST, 0, x.ptr(), out.ptr(), &parts, g.stream())?;
+        exchange::<T>(g, None, OP_BROADCAST, 0, x.ptr(), out.ptr(), &parts, &[], g.stream())?;
         return Ok(out);
     }
     g.with_state("broadcast", |st| {
         st.epoch += 1;
-        exchange::<T>(g, Some(st), OP_BROADCAST, 1, x.ptr(), out.ptr(), &parts, g.stream())
+        exchange::<T>(g, Some(st), OP_BROADCAST, 1, x.ptr(), out.ptr(), &parts, &[], g.stream())
     })?;
     Ok(out)
 }
@@ -188,6 +188,6 @@ pub(crate) fn slice<T: Element>(
         es,
         CHUNK_BYTES,
     );
-    exchange::<T>(g, None, 0, 0, x.ptr(), out.ptr(), &[runs], g.stream())?;
+    exchange::<T>(g, None, 0, 0, x.ptr(), out.ptr(), &[runs], &[], g.stream())?;
     Ok(out)
 }

@@ -8,9 +8,11 @@
 //!   partial into its owner's symmetric buffer while the next partial is computed.
 //! - `single` (few rows, as in decoding): one GEMM over all rows reads the weight once; the
 //!   reduce kernel then reads every peer's partial of this rank's rows over NVLink (`symm_at` of
-//!   the published partials), with no copy. (Blocks of columns, each block's reduce overlapping
-//!   the next block's product on a second stream, measured slower on two H200s: 0.159 ms against
-//!   0.116 for M=256 K_local=14336 N=8192.)
+//!   the published partials), with no copy. Measured slower or no faster on two H200s for M=256
+//!   K_local=14336 N=8192: blocks of columns, each block's reduce overlapping the next block's
+//!   product on a second stream (0.159 ms against 0.116); one kernel that pushes each peer its
+//!   rows of the partial into a double buffer, then sums locally, with one hand-shake instead
+//!   of two (0.113 against 0.113, in the same run).
 
 use super::{SMALL_CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal};
 use crate::Result;
@@ -18,6 +20,7 @@ use crate::device::cuda::blas::{self, dtype_bytes};
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::storage::DeviceData;
 use crate::device::cuda::world::{GpuRank, OP_MATMUL_REDUCE_SCATTER};
+use crate::device::cuda::{matmul_reduce_scatter_path, path_code};
 use crate::tensor::{DType, Element};
 
 const OP: &str = "matmul_reduce_scatter";
@@ -49,9 +52,12 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     let problem = shape_problem(a, w);
     let (m, kr, big_n) =
         if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
-    let all = agree(g, OP, OP_MATMUL_REDUCE_SCATTER, &[m as u64, big_n as u64], problem)?;
+    let path = matmul_reduce_scatter_path(splits);
+    let words = [m as u64, big_n as u64, path_code(path)];
+    let all = agree(g, OP, OP_MATMUL_REDUCE_SCATTER, &words, problem)?;
     same_everywhere(OP, &all, 0, "M")?;
     same_everywhere(OP, &all, 1, "N")?;
+    same_everywhere(OP, &all, 2, "path")?;
     let off = offsets(splits);
     let es = size_of::<T>();
     let out: DeviceData<T> = out_tensor(g, &[splits[r], big_n])?;
@@ -78,7 +84,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             pt,
         )
     };
-    if crate::device::cuda::matmul_reduce_scatter_path(splits) == "single" {
+    if path == "single" {
         g.with_state("matmul_reduce_scatter.single", |st| {
             st.epoch += 1;
             let partials = g.local(st, "partials", m * big_n * pb)?;

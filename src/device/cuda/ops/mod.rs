@@ -108,7 +108,8 @@ pub(crate) fn out_tensor<T: Element>(g: &GpuRank<'_>, shape: &[usize]) -> Result
     DeviceData::uninit(g.gpu(), shape, g.home())
 }
 
-/// Launches `dt_exchange`: `parts[i]` are the runs for rank (rank + i) % world.
+/// Launches `dt_exchange`: `parts[i]` are the runs for rank (rank + i) % world; `peers[i]` that
+/// rank's output in mode 2 (empty otherwise).
 #[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
 pub(crate) fn exchange<T: Element>(
     g: &GpuRank<'_>,
@@ -118,6 +119,7 @@ pub(crate) fn exchange<T: Element>(
     mine: u64,
     local: u64,
     parts: &[Runs],
+    peers: &[u64],
     stream: sys::CUstream,
 ) -> Result<()> {
     assert!(parts.len() <= MAX_RANKS);
@@ -137,6 +139,7 @@ pub(crate) fn exchange<T: Element>(
         args.runs[i] = *r;
         args.prefix[i + 1] = args.prefix[i] + r.tasks();
     }
+    args.peers[..peers.len()].copy_from_slice(peers);
     let grid = kernels::grid_for(g.gpu(), f, args.prefix[parts.len()]);
     kernels::launch(f, grid, kernels::BLOCK, stream, &args)
 }

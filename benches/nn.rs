@@ -1,0 +1,91 @@
+//! Training: one step of a tensor-parallel MLP (forward, loss, backward, Adam) with the fused ops
+//! against the same step with the unfused baselines, and the `gemm` crate on the step's six
+//! products with every core (the ceiling); and the fused ops as the backward pass calls them
+//! (the weight read transposed, the gathered input kept) beside the plain ops. Throughput in
+//! FLOP (`Elements` counts floating-point operations of the products).
+
+mod common;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, mse_loss};
+use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
+
+fn train_step(c: &mut Criterion) {
+    let cases = [(2, (1024, 512, 2048)), (4, (1024, 512, 2048))];
+    for (world_size, (m, e, f)) in cases {
+        let world = World::threads(world_size).unwrap();
+        let x = Tensor::<f32>::random(&[m, e], 1);
+        let target = Tensor::<f32>::random(&[m, e], 2);
+        let id = format!("world{world_size}/M{m}_E{e}_F{f}");
+        let mut group = c.benchmark_group("train_step");
+        // Forward, and the input and weight gradients: six products of 2 M E F each.
+        group.throughput(Throughput::Elements((6 * 2 * m * e * f) as u64));
+        for fused in [true, false] {
+            let name = if fused { "fused" } else { "unfused" };
+            group.bench_function(BenchmarkId::new(name, &id), |b| {
+                b.iter_custom(|iters| {
+                    common::on_ranks(&world, |rank| {
+                        let mut mlp =
+                            ParallelMlp::<f32>::new(rank, e, f, Activation::Gelu, 3)?.fused(fused);
+                        let mut adam = Adam::new(1e-3);
+                        let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+                        let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
+                        common::timed(rank, iters, || {
+                            let (y, saved) = mlp.forward(&xs)?;
+                            let (_, dy) = mse_loss(&y, &ts)?;
+                            mlp.zero_grad();
+                            mlp.backward(saved, &dy)?;
+                            adam.step(mlp.parameters_mut())
+                        })
+                    })
+                })
+            });
+        }
+        group.bench_function(BenchmarkId::new("gemm", &id), |b| {
+            b.iter_custom(|iters| common::gemm_f32(m, e, f, 6 * iters))
+        });
+        group.finish();
+    }
+}
+
+fn backward_ops(c: &mut Criterion) {
+    let (world_size, (m, k, n)) = (2, (1024, 1024, 1024));
+    let world = World::threads(world_size).unwrap();
+    let x = Tensor::<f32>::random(&[m, k], 1);
+    let w = Tensor::<f32>::random(&[k, n], 2);
+    let id = format!("world{world_size}/M{m}_K{k}_N{n}");
+    let mut group = c.benchmark_group("backward_ops");
+    group.throughput(Throughput::Elements((2 * m * k * n) as u64));
+    for variant in ["ag_plain", "ag_transposed", "ag_keep_input", "rs_plain", "rs_transposed"] {
+        group.bench_function(BenchmarkId::new(variant, &id), |b| {
+            b.iter_custom(|iters| {
+                common::on_ranks(&world, |rank| {
+                    let rows = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+                    let cols = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
+                    // The weight shard as the forward pass holds it, and the same numbers
+                    // stored transposed (as the backward pass reads a forward weight).
+                    let ag_w = DistTensor::from_global(rank, &w, Placement::Shard(1))?.into_local();
+                    let rs_w = DistTensor::from_global(rank, &w, Placement::Shard(0))?.into_local();
+                    let (ag_wt, rs_wt) = (ag_w.transpose(0, 1)?, rs_w.transpose(0, 1)?);
+                    let t = MatmulOptions::new().transpose_weights(true);
+                    common::timed(rank, iters, || {
+                        match variant {
+                            "ag_plain" => drop(rows.all_gather_matmul(&ag_w)?),
+                            "ag_transposed" => drop(rows.all_gather_matmul_with(&[&ag_wt], &t)?),
+                            "ag_keep_input" => drop(
+                                rows.all_gather_matmul_keep_input(&[&ag_w], &MatmulOptions::new())?,
+                            ),
+                            "rs_plain" => drop(cols.matmul_reduce_scatter(&rs_w)?),
+                            _ => drop(cols.matmul_reduce_scatter_with(&rs_wt, &t)?),
+                        }
+                        Ok(())
+                    })
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! { name = benches; config = common::config(); targets = train_step, backward_ops }
+criterion_main!(benches);

@@ -1,0 +1,61 @@
+//! [`mse_loss`]: the mean squared error of a distributed prediction, and its gradient.
+
+use crate::collectives;
+use crate::dist::{DistTensor, Placement};
+use crate::tensor::Element;
+use crate::{Error, Result};
+
+/// The mean squared error `mean((pred - target)^2)` over the whole global tensor, and its
+/// gradient with respect to `pred` (`2 (pred - target) / len`, laid out as `pred`). `pred` and
+/// `target` must be laid out alike (the same placement, shape and split).
+///
+/// A sharded prediction's squared errors are summed locally in f64 and added over the ranks in
+/// rank order ([`collectives::all_reduce`]): every rank gets the same loss, bit for bit.
+/// Collective for a sharded tensor; local for a replicated one.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when the two are laid out differently;
+/// [`Error::UnsupportedPlacement`] for a `Partial` tensor; and as every collective.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::nn::mse_loss;
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+/// let pred = Tensor::<f64>::from_shape_vec(&[3, 1], vec![1.0, 2.0, 3.0])?;
+/// let target = Tensor::<f64>::from_shape_vec(&[3, 1], vec![1.0, 0.0, 0.0])?;
+/// let outs = World::threads(2)?.run(|rank| {
+///     let p = DistTensor::from_global(rank, &pred, Placement::Shard(0))?;
+///     let t = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
+///     let (loss, grad) = mse_loss(&p, &t)?;
+///     Ok((loss, grad.to_global()?))
+/// })?;
+/// assert_eq!(outs[0].0, 13.0 / 3.0); // (0 + 4 + 9) / 3
+/// assert_eq!(outs[1].0, outs[0].0);
+/// assert_eq!(outs[0].1.as_slice(), &[0.0, 4.0 / 3.0, 2.0]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn mse_loss<'r, T: Element>(
+    pred: &DistTensor<'r, T>,
+    target: &DistTensor<'r, T>,
+) -> Result<(f64, DistTensor<'r, T>)> {
+    const OP: &str = "mse_loss";
+    if pred.placement() == Placement::Partial {
+        return Err(Error::UnsupportedPlacement {
+            op: OP,
+            placement: Placement::Partial.to_string(),
+            expected: "a sharded or replicated prediction (reduce a Partial one first)".to_string(),
+        });
+    }
+    let len: usize = pred.global_dims().iter().product();
+    let scale = <T::Acc as Element>::from_f64(2.0 / len as f64);
+    let grad = pred.try_zip_local(target, |p, t| {
+        p.zip_map(t, |p, t| T::from_acc((p.to_acc() - t.to_acc()) * scale))
+    })?;
+    let (p, t) = (pred.local().as_slice(), target.local().as_slice());
+    let local: f64 = p.iter().zip(t).map(|(p, t)| (p.to_f64() - t.to_f64()).powi(2)).sum();
+    let total = match pred.placement() {
+        Placement::Shard(_) => collectives::all_reduce(pred.rank(), &[local])?[0],
+        _ => local,
+    };
+    Ok((total / len as f64, grad))
+}

@@ -1,0 +1,156 @@
+//! Tensor- and sequence-parallel layers that train: each has a forward pass that keeps what its
+//! backward pass needs, and a backward pass that returns the input gradient and accumulates the
+//! gradients of its parameters. No autograd engine: a model calls its layers' `backward` in
+//! reverse order, passing each the `Saved` value its `forward` returned.
+//!
+//! # The sequence-parallel arrangement (Megatron-LM with sequence parallelism)
+//!
+//! Activations between blocks are sharded by rows (tokens, or the sequence of `[B, S, E]`). A
+//! block's first layer, [`ColumnParallelLinear`], gathers the rows and multiplies by its columns
+//! of the weight in one fused `all_gather_matmul`; the second, [`RowParallelLinear`], multiplies
+//! by its rows of the weight and reduce-scatters the sum back to row shards in one fused
+//! `matmul_reduce_scatter`. The fused ops are each other's duals, so each layer's backward pass
+//! runs the other op:
+//!
+//! | layer | forward | input gradient | weight gradient |
+//! | --- | --- | --- | --- |
+//! | column | `h = all_gather(x) @ W_r` | `dx = reduce_scatter(dh @ W_r^T)` | `X^T @ dh`, `X` the gathered input the forward kept |
+//! | row | `y = reduce_scatter(a @ W_r)` | `da = all_gather(dy) @ W_r^T` | `a^T @ dY`, `dY` the gathered `dy` of that same op |
+//!
+//! Nothing is gathered twice (the fused `all_gather_matmul` hands back the rows it gathered), and
+//! no weight is copied transposed (the fused kernels and the local GEMM read `W^T`, `X^T` and
+//! `a^T` in place, through strides). [`ParallelMlp`] is the block built from the two, with an
+//! [`Activation`] between them.
+//!
+//! Sequence-parallel attention ([`UlyssesAttention`], DeepSpeed-Ulysses) trades the sequence for
+//! heads with one `all_to_all` before attention and back with another after; its backward pass is
+//! the same two exchanges the other way round. [`UlyssesSelfAttention`] adds the projections
+//! around it.
+//!
+//! # Where they run
+//!
+//! On the host worlds (threads, and processes of one host). A GPU world has no fused op that
+//! reads a weight transposed or keeps the gathered input yet, and an Ascend world none that
+//! keeps it: the layers' calls return [`Error::DeviceUnavailable`] there, on every rank.
+//!
+//! # Training
+//!
+//! Every layer implements [`Parameters`]: its [`Param`]s, each this rank's shard of a weight
+//! (or a replicated bias) and its accumulated gradient. [`Sgd`] and [`Adam`] step them;
+//! [`mse_loss`] gives a loss and its gradient for row-sharded predictions.
+//!
+//! ```
+//! use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, mse_loss};
+//! use dist_tensor::{DistTensor, Placement, Tensor, World};
+//!
+//! let x = Tensor::<f32>::random(&[24, 8], 1);
+//! let target = x.map(|v| v.sin()); // learn sin, elementwise
+//! let losses = World::threads(2)?.run(|rank| {
+//!     let mut mlp = ParallelMlp::<f32>::new(rank, 8, 32, Activation::Gelu, 7)?;
+//!     let mut adam = Adam::new(1e-2);
+//!     let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+//!     let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
+//!     let mut losses = Vec::new();
+//!     for _ in 0..30 {
+//!         let (y, saved) = mlp.forward(&xs)?;
+//!         let (loss, dy) = mse_loss(&y, &ts)?;
+//!         mlp.zero_grad();
+//!         mlp.backward(saved, &dy)?;
+//!         adam.step(mlp.parameters_mut())?;
+//!         losses.push(loss);
+//!     }
+//!     Ok(losses)
+//! })?;
+//! assert_eq!(losses[0], losses[1]); // every rank sees the same loss
+//! assert!(losses[0][29] < losses[0][0] / 4.0, "{:?}", losses[0]);
+//! # Ok::<(), dist_tensor::Error>(())
+//! ```
+
+mod activation;
+mod attention;
+mod column_parallel;
+mod loss;
+mod mlp;
+mod optim;
+mod param;
+mod row_parallel;
+
+pub use activation::Activation;
+pub use attention::{AttentionSaved, SelfAttentionSaved, UlyssesAttention, UlyssesSelfAttention};
+pub use column_parallel::{ColumnParallelLinear, ColumnParallelSaved};
+pub use loss::mse_loss;
+pub use mlp::{MlpSaved, ParallelMlp};
+pub use optim::{Adam, Sgd};
+pub use param::{Param, Parameters};
+pub use row_parallel::{RowParallelLinear, RowParallelSaved};
+
+use ndarray::ArrayView2;
+
+use crate::tensor::{Element, Tensor, matmul};
+use crate::{Error, Result};
+
+/// A tensor `[..., n]` as its rows, `[rows, n]`, without a copy.
+fn rows_of<T: Element>(t: &Tensor<T>) -> ArrayView2<'_, T> {
+    let n = t.shape().last().copied().unwrap_or(1);
+    let rows = t.shape()[..t.ndim().saturating_sub(1)].iter().product();
+    ArrayView2::from_shape((rows, n), t.as_slice()).expect("a tensor is contiguous")
+}
+
+/// `t: [..., k] @ w` (`w: [k, n]`, any strides: a transposed weight is read in place):
+/// `[..., n]`.
+fn rows_matmul<T: Element>(
+    t: &Tensor<T>,
+    w: ArrayView2<'_, T>,
+    threads: usize,
+) -> Result<Tensor<T>> {
+    let mut shape = t.shape().to_vec();
+    *shape.last_mut().expect("at least 1-D") = w.ncols();
+    Tensor::from(matmul(rows_of(t), w, threads)?).reshape(&shape)
+}
+
+/// `a^T @ b` over the rows of `a: [..., p]` and `b: [..., q]`: `[p, q]`, the gradient of a
+/// weight. `a` is read transposed in place.
+fn weight_grad<T: Element>(a: &Tensor<T>, b: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
+    Ok(Tensor::from(matmul(rows_of(a).reversed_axes(), rows_of(b), threads)?))
+}
+
+/// `dy: [..., n]` summed over its rows: `[n]`, the gradient of a bias.
+fn bias_grad<T: Element>(dy: &Tensor<T>) -> Result<Tensor<T>> {
+    let rows = rows_of(dy);
+    dy.reshape(&[rows.nrows(), rows.ncols()])?.sum_axis(0)
+}
+
+/// Checks that `a` and `b` have the same leading dimensions (the same rows).
+fn check_rows<T: Element>(op: &'static str, a: &Tensor<T>, b: &Tensor<T>) -> Result<()> {
+    let lead = |t: &Tensor<T>| t.shape()[..t.ndim().saturating_sub(1)].to_vec();
+    if a.ndim() < 2 || lead(a) != lead(b) {
+        return Err(Error::InvalidShape {
+            op,
+            reason: format!(
+                "the gradient has shape {:?}, the saved input {:?}: their leading dimensions \
+                 (the rows) must agree",
+                b.shape(),
+                a.shape()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A whole weight `[in, out]` and bias `[out]` initialised as PyTorch's `nn.Linear` is: uniform
+/// in `+-1/sqrt(in)`, from `seed` (the bias from the next seed).
+fn linear_init<T: Element>(
+    in_features: usize,
+    out_features: usize,
+    bias: bool,
+    seed: u64,
+) -> Result<(Tensor<T>, Option<Tensor<T>>)> {
+    let bound = T::from_f64(1.0 / (in_features.max(1) as f64).sqrt());
+    let w = Tensor::try_random(&[in_features, out_features], seed)? * bound;
+    let b = if bias {
+        Some(Tensor::try_random(&[out_features], seed.wrapping_add(1))? * bound)
+    } else {
+        None
+    };
+    Ok((w, b))
+}

@@ -1,0 +1,566 @@
+//! The nn layers' forward and backward passes against one-rank references in f64 and against
+//! central finite differences.
+//!
+//! - `ColumnParallelLinear`, `RowParallelLinear` and `ParallelMlp`: output, input gradient and
+//!   every parameter gradient (the shards gathered back into whole weights) against the same
+//!   layer written with plain `Tensor` math on one rank in f64, at worlds 1 to 4, fused and
+//!   unfused, in f64, f32 and bf16; shapes with rows not divisible by the world, fewer rows than
+//!   ranks (ranks with none), odd widths, `[B, S, E]` sharded on the sequence.
+//! - `UlyssesAttention` and `UlyssesSelfAttention`: output against attention written with plain
+//!   `Tensor` math (as example 07 does), and gradients against central finite differences of
+//!   the distributed forward pass in f64; heads not divisible by the world (and fewer heads than
+//!   ranks), causal and not.
+//!
+//! # Tolerance
+//! f64 results are compared with `1e-10` of the largest reference value. f32 and bf16 results
+//! are compared relative to the largest reference value with `1e-5` and `3e-2` (every op rounds
+//! its result to the element type once: f32's unit roundoff is 6e-8, bf16's 2e-3, through a
+//! handful of products and sums of tens of terms). Every reference has values of order 1, so a
+//! wrong shard, a dropped rank's contribution or a transposed weight is off by far more. Finite
+//! differences use a step of `1e-5` in f64: their own error is about `1e-9` here, so they are
+//! compared with `1e-6` of the largest gradient.
+
+use dist_tensor::nn::{
+    Activation, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, UlyssesAttention,
+    UlyssesSelfAttention,
+};
+use dist_tensor::{DistTensor, Element, Placement, Rank, Result, Split, Tensor, World};
+use half::bf16;
+use ndarray::Array2;
+
+/// The largest `|a - b|` relative to the largest `|b|`.
+fn rel_err(a: &Tensor<f64>, b: &Tensor<f64>) -> f64 {
+    assert_eq!(a.shape(), b.shape(), "shapes");
+    let size = b.as_slice().iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let diff = a.as_slice().iter().zip(b.as_slice()).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+    diff / size.max(f64::MIN_POSITIVE)
+}
+
+fn tolerance<T: Element>() -> f64 {
+    match T::DTYPE {
+        dist_tensor::DType::F64 => 1e-10,
+        dist_tensor::DType::F32 => 1e-5,
+        _ => 3e-2,
+    }
+}
+
+fn assert_close(what: &str, got: &Tensor<f64>, want: &Tensor<f64>, tol: f64) {
+    let err = rel_err(got, want);
+    assert!(err <= tol, "{what}: relative error {err:.2e} above {tol:.0e}");
+}
+
+/// Whole tensors from each rank's part, sharded on `dim` (or the same on every rank).
+fn gather<T: Element>(
+    rank: &Rank<'_>,
+    part: &Tensor<T>,
+    placement: Placement,
+) -> Result<Tensor<f64>> {
+    Ok(DistTensor::from_local(rank, part.clone(), placement)?.to_global()?.cast())
+}
+
+/// `t: [..., n]` as `[rows, n]` in f64.
+fn rows(t: &Tensor<f64>) -> Tensor<f64> {
+    let n = *t.shape().last().unwrap();
+    t.reshape(&[t.len() / n.max(1), n]).unwrap()
+}
+
+fn t2(t: &Tensor<f64>) -> Tensor<f64> {
+    t.transpose(0, 1).unwrap()
+}
+
+/// A linear layer on one rank in f64: output, input gradient, weight and bias gradients.
+fn linear_reference(
+    x: &Tensor<f64>,
+    w: &Tensor<f64>,
+    b: &Tensor<f64>,
+    dy: &Tensor<f64>,
+) -> [Tensor<f64>; 4] {
+    let (xr, dyr) = (rows(x), rows(dy));
+    let mut y_shape = x.shape().to_vec();
+    *y_shape.last_mut().unwrap() = w.shape()[1];
+    let y = (&xr.matmul(w).unwrap() + b).reshape(&y_shape).unwrap();
+    let dx = dyr.matmul(&t2(w)).unwrap().reshape(x.shape()).unwrap();
+    [y, dx, t2(&xr).matmul(&dyr).unwrap(), dyr.sum_axis(0).unwrap()]
+}
+
+struct LinearCase {
+    /// The input's global shape (`[..., in]`) and the dimension it is sharded on.
+    x_shape: Vec<usize>,
+    dim: usize,
+    out: usize,
+}
+
+fn column_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<()> {
+    let k = *case.x_shape.last().unwrap();
+    let x = Tensor::<f64>::random(&case.x_shape, 1);
+    let (w, b) = (Tensor::<f64>::random(&[k, case.out], 2), Tensor::<f64>::random(&[case.out], 3));
+    let mut dy_shape = case.x_shape.clone();
+    *dy_shape.last_mut().unwrap() = case.out;
+    let dy = Tensor::<f64>::random(&dy_shape, 4);
+    let (xt, wt, bt, dyt) = (x.cast::<T>(), w.cast::<T>(), b.cast::<T>(), dy.cast::<T>());
+    let last = dy_shape.len() - 1;
+    let outs = World::threads(world)?.run(|rank| {
+        let mut fc =
+            ColumnParallelLinear::from_global(rank, &wt, Some(&bt), Split::Even)?.fused(fused);
+        let xs = DistTensor::from_global(rank, &xt, Placement::Shard(case.dim))?;
+        let (y, saved) = fc.forward(&xs)?;
+        let dys = DistTensor::from_global(rank, &dyt, Placement::Shard(last))?;
+        let dx = fc.backward(saved, &dys)?;
+        assert_eq!(dx.shard_sizes(), xs.shard_sizes(), "the input gradient is split as the input");
+        let [dw, db] = [0, 1].map(|i| fc.parameters()[i].grad().unwrap().clone());
+        Ok([
+            y.to_global()?.cast(),
+            dx.to_global()?.cast(),
+            gather(rank, &dw, Placement::Shard(1))?,
+            gather(rank, &db, Placement::Shard(0))?,
+        ])
+    })?;
+    let want = linear_reference(
+        &x.cast::<T>().cast(),
+        &w.cast::<T>().cast(),
+        &b.cast::<T>().cast(),
+        &dy.cast::<T>().cast(),
+    );
+    for (r, got) in outs.iter().enumerate() {
+        for (i, name) in
+            ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate()
+        {
+            let what = format!(
+                "{} column world {world} {:?} fused {fused} rank {r}: {name}",
+                T::DTYPE,
+                case.x_shape
+            );
+            assert_close(&what, &got[i], &want[i], tolerance::<T>());
+        }
+    }
+    Ok(())
+}
+
+fn row_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<()> {
+    // The layer's input [..., in] has every row and this rank's columns; its output is
+    // sharded on `case.dim` (as a block's input would be).
+    let k = *case.x_shape.last().unwrap();
+    let h = Tensor::<f64>::random(&case.x_shape, 5);
+    let (w, b) = (Tensor::<f64>::random(&[k, case.out], 6), Tensor::<f64>::random(&[case.out], 7));
+    let mut dy_shape = case.x_shape.clone();
+    *dy_shape.last_mut().unwrap() = case.out;
+    let dy = Tensor::<f64>::random(&dy_shape, 8);
+    let (ht, wt, bt, dyt) = (h.cast::<T>(), w.cast::<T>(), b.cast::<T>(), dy.cast::<T>());
+    let last = dy_shape.len() - 1;
+    let outs = World::threads(world)?.run(|rank| {
+        let mut fc =
+            RowParallelLinear::from_global(rank, &wt, Some(&bt), Split::Even)?.fused(fused);
+        let hs = DistTensor::from_global(rank, &ht, Placement::Shard(last))?;
+        let (y, saved) = fc.forward(&hs)?;
+        // The output comes back split on the first dimension (numpy.array_split): dy alike.
+        let dys = DistTensor::from_global(rank, &dyt, y.placement())?;
+        assert_eq!(dys.shard_sizes(), y.shard_sizes());
+        let dh = fc.backward(saved, &dys)?;
+        let [dw, db] = [0, 1].map(|i| fc.parameters()[i].grad().unwrap().clone());
+        Ok([
+            y.to_global()?.cast(),
+            dh.to_global()?.cast(),
+            gather(rank, &dw, Placement::Shard(0))?,
+            db.cast(), // replicated: every rank's own, each must be right
+        ])
+    })?;
+    let want = linear_reference(
+        &h.cast::<T>().cast(),
+        &w.cast::<T>().cast(),
+        &b.cast::<T>().cast(),
+        &dy.cast::<T>().cast(),
+    );
+    for (r, got) in outs.iter().enumerate() {
+        for (i, name) in
+            ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate()
+        {
+            let what = format!(
+                "{} row world {world} {:?} fused {fused} rank {r}: {name}",
+                T::DTYPE,
+                case.x_shape
+            );
+            assert_close(&what, &got[i], &want[i], tolerance::<T>());
+        }
+    }
+    // The replicated bias gradient is bitwise the same on every rank.
+    assert!(outs.iter().all(|o| o[3] == outs[0][3]));
+    Ok(())
+}
+
+fn cases() -> Vec<LinearCase> {
+    vec![
+        LinearCase { x_shape: vec![7, 5], dim: 0, out: 9 },
+        LinearCase { x_shape: vec![3, 4], dim: 0, out: 2 }, // fewer rows and columns than ranks
+        LinearCase { x_shape: vec![1, 1], dim: 0, out: 1 },
+        LinearCase { x_shape: vec![2, 5, 6], dim: 1, out: 7 }, // [B, S, E], the sequence sharded
+        LinearCase { x_shape: vec![3, 2, 4], dim: 0, out: 5 },
+    ]
+}
+
+fn linear_layers<T: Element>() -> Result<()> {
+    for world in 1..=4 {
+        for case in &cases() {
+            for fused in [true, false] {
+                column_case::<T>(world, case, fused)?;
+                row_case::<T>(world, case, fused)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn linear_layers_f64() -> Result<()> {
+    linear_layers::<f64>()
+}
+
+#[test]
+fn linear_layers_f32() -> Result<()> {
+    linear_layers::<f32>()
+}
+
+#[test]
+fn linear_layers_bf16() -> Result<()> {
+    linear_layers::<bf16>()
+}
+
+/// The MLP on one rank in f64: output, input gradient, and the gradients of W1, b1, W2, b2.
+fn mlp_reference(
+    x: &Tensor<f64>,
+    w: &[Tensor<f64>; 4],
+    act: Activation,
+    dy: &Tensor<f64>,
+) -> [Tensor<f64>; 6] {
+    let (xr, dyr) = (rows(x), rows(dy));
+    let h = &xr.matmul(&w[0]).unwrap() + &w[1];
+    let a = act.forward(&h);
+    let y = &a.matmul(&w[2]).unwrap() + &w[3];
+    let da = dyr.matmul(&t2(&w[2])).unwrap();
+    let dh = act.backward(&h, &da).unwrap();
+    let dx = dh.matmul(&t2(&w[0])).unwrap();
+    [
+        y.reshape(dy.shape()).unwrap(),
+        dx.reshape(x.shape()).unwrap(),
+        t2(&xr).matmul(&dh).unwrap(),
+        dh.sum_axis(0).unwrap(),
+        t2(&a).matmul(&dyr).unwrap(),
+        dyr.sum_axis(0).unwrap(),
+    ]
+}
+
+fn mlp_case<T: Element>(
+    world: usize,
+    x_shape: &[usize],
+    dim: usize,
+    ffn: usize,
+    act: Activation,
+) -> Result<()> {
+    let e = *x_shape.last().unwrap();
+    let x = Tensor::<f64>::random(x_shape, 11);
+    let dy = Tensor::<f64>::random(x_shape, 12);
+    let (xt, dyt) = (x.cast::<T>(), dy.cast::<T>());
+    let outs = World::threads(world)?.run(|rank| {
+        let mut mlp = ParallelMlp::<T>::new(rank, e, ffn, act, 13)?;
+        let xs = DistTensor::from_global(rank, &xt, Placement::Shard(dim))?;
+        let (y, saved) = mlp.forward(&xs)?;
+        assert_eq!(y.shard_sizes(), xs.shard_sizes(), "the block's output lines up with its input");
+        let dx =
+            mlp.backward(saved, &DistTensor::from_global(rank, &dyt, Placement::Shard(dim))?)?;
+        let p = mlp.parameters();
+        let g = |i: usize| p[i].grad().unwrap().clone();
+        // The whole weights (every rank initialised them alike) for the reference.
+        let whole = [
+            gather(rank, p[0].value(), Placement::Shard(1))?,
+            gather(rank, p[1].value(), Placement::Shard(0))?,
+            gather(rank, p[2].value(), Placement::Shard(0))?,
+            p[3].value().cast(),
+        ];
+        Ok((
+            [
+                y.to_global()?.cast(),
+                dx.to_global()?.cast(),
+                gather(rank, &g(0), Placement::Shard(1))?,
+                gather(rank, &g(1), Placement::Shard(0))?,
+                gather(rank, &g(2), Placement::Shard(0))?,
+                g(3).cast(),
+            ],
+            whole,
+        ))
+    })?;
+    let want = mlp_reference(&xt.cast(), &outs[0].1, act, &dyt.cast());
+    let names =
+        ["output", "input gradient", "W1 gradient", "b1 gradient", "W2 gradient", "b2 gradient"];
+    for (r, (got, _)) in outs.iter().enumerate() {
+        for (i, name) in names.iter().enumerate() {
+            let what =
+                format!("{} mlp {act:?} world {world} {x_shape:?} rank {r}: {name}", T::DTYPE);
+            assert_close(&what, &got[i], &want[i], tolerance::<T>());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn mlp_against_one_rank_f64_reference() -> Result<()> {
+    for world in 1..=4 {
+        mlp_case::<f64>(world, &[7, 6], 0, 11, Activation::Gelu)?;
+        mlp_case::<f32>(world, &[2, 5, 6], 1, 10, Activation::GeluTanh)?;
+        mlp_case::<bf16>(world, &[9, 8], 0, 13, Activation::Silu)?;
+        mlp_case::<f32>(world, &[3, 4], 0, 5, Activation::Relu)?;
+    }
+    Ok(())
+}
+
+/// `sum(f(params) * r)` and its gradient checked by central differences, for every entry of
+/// every whole weight of the MLP, at worlds 1 to 4, f64.
+#[test]
+fn mlp_gradients_match_finite_differences() -> Result<()> {
+    let (m, e, ffn) = (5, 3, 7);
+    let x = Tensor::<f64>::random(&[m, e], 21);
+    let r = Tensor::<f64>::random(&[m, e], 22); // dL/dy for L = sum(y * r)
+    let whole = [
+        Tensor::<f64>::random(&[e, ffn], 23),
+        Tensor::<f64>::random(&[ffn], 24),
+        Tensor::<f64>::random(&[ffn, e], 25),
+        Tensor::<f64>::random(&[e], 26),
+    ];
+    for world in 1..=4 {
+        World::threads(world)?.run(|rank| {
+            let build = |w: &[Tensor<f64>; 4]| -> Result<ParallelMlp<f64>> {
+                let fc1 = ColumnParallelLinear::from_global(rank, &w[0], Some(&w[1]), Split::Even)?;
+                let fc2 = RowParallelLinear::from_global(rank, &w[2], Some(&w[3]), Split::Even)?;
+                Ok(ParallelMlp::from_layers(fc1, Activation::Gelu, fc2))
+            };
+            let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+            let rs = DistTensor::from_global(rank, &r, Placement::Shard(0))?;
+            let loss = |w: &[Tensor<f64>; 4], x: &DistTensor<'_, f64>| -> Result<f64> {
+                let y = build(w)?.infer(x)?.to_global()?;
+                Ok((&y * &r).sum())
+            };
+            let mut mlp = build(&whole)?;
+            let (_, saved) = mlp.forward(&xs)?;
+            let dx = mlp.backward(saved, &rs)?.to_global()?;
+            let p = mlp.parameters();
+            let grads = [
+                gather(rank, p[0].grad().unwrap(), Placement::Shard(1))?,
+                gather(rank, p[1].grad().unwrap(), Placement::Shard(0))?,
+                gather(rank, p[2].grad().unwrap(), Placement::Shard(0))?,
+                p[3].grad().unwrap().clone(),
+            ];
+            let h = 1e-5;
+            for (i, grad) in grads.iter().enumerate() {
+                for j in 0..whole[i].len() {
+                    let shifted = |by: f64| {
+                        let mut w = whole.clone();
+                        w[i].as_mut_slice()[j] += by;
+                        loss(&w, &xs)
+                    };
+                    let numeric = (shifted(h)? - shifted(-h)?) / (2.0 * h);
+                    let analytic = grad.as_slice()[j];
+                    assert!(
+                        (numeric - analytic).abs() < 1e-6,
+                        "world {world}, parameter {i}, entry {j}: {analytic} against {numeric}"
+                    );
+                }
+            }
+            for j in 0..x.len() {
+                let shifted = |by: f64| {
+                    let mut x = x.clone();
+                    x.as_mut_slice()[j] += by;
+                    loss(&whole, &DistTensor::from_global(rank, &x, Placement::Shard(0))?)
+                };
+                let numeric = (shifted(h)? - shifted(-h)?) / (2.0 * h);
+                assert!(
+                    (numeric - dx.as_slice()[j]).abs() < 1e-6,
+                    "world {world}, input entry {j}"
+                );
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// Attention of `[B, S, H, D]` tensors on one rank, with plain `Tensor` math (as example 07).
+fn attention_reference(
+    q: &Tensor<f64>,
+    k: &Tensor<f64>,
+    v: &Tensor<f64>,
+    causal: bool,
+) -> Tensor<f64> {
+    let (s, d) = (q.shape()[1], q.shape()[3]);
+    let mask = Tensor::from(Array2::from_shape_fn((s, s), |(i, j)| {
+        if causal && j > i { f64::NEG_INFINITY } else { 0.0 }
+    }));
+    let scores =
+        q.permute(&[0, 2, 1, 3]).unwrap().matmul(&k.permute(&[0, 2, 3, 1]).unwrap()).unwrap()
+            * (1.0 / (d as f64).sqrt())
+            + &mask;
+    scores
+        .softmax(3)
+        .unwrap()
+        .matmul(&v.permute(&[0, 2, 1, 3]).unwrap())
+        .unwrap()
+        .permute(&[0, 2, 1, 3])
+        .unwrap()
+}
+
+fn ulysses_case<T: Element>(world: usize, shape: [usize; 4], causal: bool) -> Result<()> {
+    let [q, k, v] = [31, 32, 33].map(|seed| Tensor::<f64>::random(&shape, seed));
+    let dout = Tensor::<f64>::random(&shape, 34);
+    let [qt, kt, vt, dt] = [&q, &k, &v, &dout].map(|t| t.cast::<T>());
+    let attention = UlyssesAttention::new(causal);
+    let outs = World::threads(world)?.run(|rank| {
+        let [qs, ks, vs, ds] =
+            [&qt, &kt, &vt, &dt].map(|t| DistTensor::from_global(rank, t, Placement::Shard(1)));
+        let (qs, ks, vs, ds) = (qs?, ks?, vs?, ds?);
+        let (out, saved) = attention.forward(&qs, &ks, &vs)?;
+        assert_eq!(out.shard_sizes(), qs.shard_sizes());
+        let (dq, dk, dv) = attention.backward(saved, &ds)?;
+        Ok([out, dq, dk, dv].map(|t| t.to_global().map(|t| t.cast::<f64>())))
+    })?;
+    let want = attention_reference(&qt.cast(), &kt.cast(), &vt.cast(), causal);
+    for (r, got) in outs.into_iter().enumerate() {
+        let [out, dq, dk, dv] = got;
+        assert_close(
+            &format!("{} ulysses world {world} {shape:?} rank {r}", T::DTYPE),
+            &out?,
+            &want,
+            tolerance::<T>(),
+        );
+        if T::DTYPE == dist_tensor::DType::F64 {
+            // The gradients, by central differences of the one-rank reference.
+            let l = |q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>| {
+                (&attention_reference(q, k, v, causal) * &dout).sum()
+            };
+            let h = 1e-5;
+            let (dq, dk, dv) = (dq?, dk?, dv?);
+            for (which, grad) in [(0, &dq), (1, &dk), (2, &dv)] {
+                for j in 0..q.len() {
+                    let shifted = |by: f64| {
+                        let mut qkv = [q.clone(), k.clone(), v.clone()];
+                        qkv[which].as_mut_slice()[j] += by;
+                        l(&qkv[0], &qkv[1], &qkv[2])
+                    };
+                    let numeric = (shifted(h) - shifted(-h)) / (2.0 * h);
+                    let analytic = grad.as_slice()[j];
+                    assert!(
+                        (numeric - analytic).abs() < 1e-7,
+                        "world {world} {shape:?} causal {causal}: gradient {which}, entry {j}: {analytic} against {numeric}"
+                    );
+                }
+            }
+        } else {
+            // Other types against the f64 run's gradients.
+            let f64_grads = World::threads(1)?.run(|rank| {
+                let [qs, ks, vs, ds] = [&q, &k, &v, &dout].map(|t| {
+                    DistTensor::from_global(rank, &t.cast::<T>().cast::<f64>(), Placement::Shard(1))
+                });
+                let (_, saved) = attention.forward(&qs?, &ks?, &vs?)?;
+                let (dq, dk, dv) = attention.backward(saved, &ds?)?;
+                Ok([dq.to_global()?, dk.to_global()?, dv.to_global()?])
+            })?;
+            for (got, want) in [dq?, dk?, dv?].iter().zip(&f64_grads[0]) {
+                assert_close(
+                    &format!("{} ulysses gradient world {world}", T::DTYPE),
+                    got,
+                    want,
+                    tolerance::<T>(),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn ulysses_attention_against_one_rank_and_finite_differences() -> Result<()> {
+    for world in 1..=4 {
+        for causal in [true, false] {
+            ulysses_case::<f64>(world, [2, 5, 3, 2], causal)?; // 3 heads: one rank gets none at 4
+            ulysses_case::<f32>(world, [1, 7, 5, 4], causal)?;
+            ulysses_case::<bf16>(world, [2, 6, 4, 3], causal)?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn ulysses_self_attention_gradients_match_finite_differences() -> Result<()> {
+    let (b, s, e, heads) = (1, 5, 6, 3);
+    let x = Tensor::<f64>::random(&[b, s, e], 41);
+    let r = Tensor::<f64>::random(&[b, s, e], 42);
+    let (wqkv, wo) =
+        (Tensor::<f64>::random(&[e, 3 * e], 43) * 0.5, Tensor::<f64>::random(&[e, e], 44));
+    // The gradients at world 1 by central differences; every world's against them.
+    let h = 1e-5;
+    let numeric = World::threads(1)?.run(|rank| {
+        let loss = |wqkv: &Tensor<f64>, wo: &Tensor<f64>, x: &Tensor<f64>| -> Result<f64> {
+            let attn = UlyssesSelfAttention::from_weights(wqkv.clone(), wo.clone(), heads, true)?;
+            let y = attn.forward(&DistTensor::from_global(rank, x, Placement::Shard(1))?)?.0;
+            Ok((&y.to_global()? * &r).sum())
+        };
+        let mut grads = [
+            Tensor::<f64>::zeros(wqkv.shape()),
+            Tensor::zeros(wo.shape()),
+            Tensor::zeros(x.shape()),
+        ];
+        for (i, grad) in grads.iter_mut().enumerate() {
+            for j in 0..grad.len() {
+                let shifted = |by: f64| {
+                    let mut all = [wqkv.clone(), wo.clone(), x.clone()];
+                    all[i].as_mut_slice()[j] += by;
+                    loss(&all[0], &all[1], &all[2])
+                };
+                grad.as_mut_slice()[j] = (shifted(h)? - shifted(-h)?) / (2.0 * h);
+            }
+        }
+        Ok(grads)
+    })?;
+    for world in 1..=4 {
+        let outs = World::threads(world)?.run(|rank| {
+            let mut attn =
+                UlyssesSelfAttention::from_weights(wqkv.clone(), wo.clone(), heads, true)?;
+            let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
+            let (_, saved) = attn.forward(&xs)?;
+            let dx =
+                attn.backward(saved, &DistTensor::from_global(rank, &r, Placement::Shard(1))?)?;
+            Ok([
+                attn.wqkv().grad().unwrap().clone(),
+                attn.wo().grad().unwrap().clone(),
+                dx.to_global()?,
+            ])
+        })?;
+        for (rank, got) in outs.iter().enumerate() {
+            for (i, name) in ["W_qkv", "W_o", "x"].iter().enumerate() {
+                let err = got[i]
+                    .as_slice()
+                    .iter()
+                    .zip(numeric[0][i].as_slice())
+                    .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+                assert!(err < 1e-6, "world {world} rank {rank}: gradient of {name} off by {err}");
+            }
+        }
+        // Replicated weights: their gradients are the same bits on every rank.
+        assert!(outs.iter().all(|o| o[0] == outs[0][0] && o[1] == outs[0][1]));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_gradient_of_the_wrong_rows_is_a_typed_error_on_every_rank() -> Result<()> {
+    let x = Tensor::<f32>::random(&[6, 4], 1);
+    let w = Tensor::<f32>::random(&[4, 4], 2);
+    let err = World::threads(2)?
+        .run(|rank| {
+            let mut fc = ColumnParallelLinear::from_global(rank, &w, None, Split::Even)?;
+            let (_, saved) =
+                fc.forward(&DistTensor::from_global(rank, &x, Placement::Shard(0))?)?;
+            let wrong = Tensor::<f32>::random(&[5, 4], 3); // 5 rows, the input had 6
+            fc.backward(saved, &DistTensor::from_global(rank, &wrong, Placement::Shard(1))?)
+                .map(drop)
+        })
+        .unwrap_err();
+    assert!(matches!(err.rank_error(), dist_tensor::Error::InvalidShape { .. }), "{err}");
+    Ok(())
+}
