@@ -22,8 +22,9 @@
 //! copies. A peer on another node (a world joined by MPI) gets its blocks through the proxy
 //! instead: one strided put per task, straight from the input into its receive buffer, carrying
 //! the task's signal (each block crosses once; the output is in ordinary memory, as the peers'
-//! blocks of it are not). When the output is large (`tile::STREAM_OUTPUT_BYTES`), every copy streams past the
-//! cache: nothing here reads the blocks again before they would be evicted anyway.
+//! blocks of it are not). When the output is large (`tile::STREAM_OUTPUT_BYTES`), every copy
+//! streams past the cache: nothing here reads the blocks again before they would be evicted
+//! anyway.
 
 use super::plan::row_chunks;
 use crate::collectives;
