@@ -50,8 +50,10 @@ impl Cell {
         fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             self.doorbell.fetch_add(1, Ordering::SeqCst);
-            // A failed wake only costs the waiter its next tick.
-            let _ = futex::wake(&self.doorbell, futex::Flags::empty(), u32::MAX);
+            // Every sleeper: the kernel takes the count as a signed int, so u32::MAX would be -1
+            // and wake one only (the others slept to their next tick, 1 to 16 ms). A failed wake
+            // only costs the waiter its next tick.
+            let _ = futex::wake(&self.doorbell, futex::Flags::empty(), i32::MAX as u32);
         }
     }
 }
