@@ -136,6 +136,14 @@ fn array_split_rows(rank: &Rank<'_>, m: usize) -> usize {
 /// row-major and column-major weights are read in place by the tiles, any other layout is copied
 /// once.
 ///
+/// # Reduction order
+/// On one node, `P_0 + P_1 + ... + P_{n-1}` in rank order (`P_s = x_s @ w_s`, summed in the
+/// accumulator type: f32 for f16 and bf16, rounded once). Across nodes (a world joined by MPI,
+/// feature `mpi`) each node sums its ranks' products in rank order, then the node sums are added
+/// in node order: with one rank per node that is the same order (the same bits as one node);
+/// with `k` ranks per node it is `(P_0 + ... + P_{k-1}) + (P_k + ... + P_{2k-1}) + ...`, which
+/// differs in rounding only. Each world shape always adds in its order: the same bits every run.
+///
 /// # Errors
 /// On every rank: [`Error::InnerDimMismatch`] naming the rank whose `w` does not fit its `x`;
 /// [`Error::RanksDisagree`] when ranks have different `M` or `N`; and as every collective.
