@@ -131,6 +131,22 @@ pub enum Error {
         offset_b: usize,
     },
 
+    /// `symm_at` (or another pointer to a peer's memory) asked for a rank on another node of a
+    /// world joined by MPI: no pointer to its memory exists in this process. Data reaches it
+    /// through [`Rank::put_signal`](crate::Rank::put_signal).
+    #[error(
+        "{op}: rank {rank} has no pointer to rank {peer}'s memory: rank {peer} is on another \
+         node (ask Rank::is_local first; move data there with put_signal)"
+    )]
+    PeerNotLocal {
+        /// What asked for the pointer.
+        op: &'static str,
+        /// The rank that asked.
+        rank: usize,
+        /// The peer on another node.
+        peer: usize,
+    },
+
     /// Ranks are in different collective calls: different ops, element types or call numbers.
     /// Every collective call (an op, an allocation, a barrier) starts with an exchange that
     /// carries what the call is, so the ranks find out together and every one returns this.
@@ -267,6 +283,18 @@ pub enum Error {
         op: &'static str,
         /// What is missing or wrong, naming the variables.
         reason: String,
+    },
+
+    /// An MPI call failed (feature `mpi`): the communicator returns errors instead of aborting,
+    /// and the proxy that made the call reports it with MPI's own message.
+    #[error("rank {rank}: {call} failed: {message}")]
+    Mpi {
+        /// The rank whose proxy made the call.
+        rank: usize,
+        /// The MPI call, with what it was for.
+        call: String,
+        /// MPI's message for the error code (`MPI_Error_string`).
+        message: String,
     },
 
     /// Setting up or joining a process world failed at the operating system.

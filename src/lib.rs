@@ -14,7 +14,9 @@
 //! its own thread, and returns the results in rank order. A [`Rank`] is a rank's handle: who it
 //! is, its symmetric memory, its signals. The ranks can also be the processes of one host
 //! ([`World::from_env`], started by mpirun, torchrun, Slurm or [`World::spawn_local`]): the same
-//! program runs unchanged, and `run` runs the closure once, for this process's rank.
+//! program runs unchanged, and `run` runs the closure once, for this process's rank. With the
+//! `mpi` feature, a job started by mpirun may span many hosts: MPI starts it and moves data
+//! between nodes (see *Many hosts* below).
 //!
 //! **Distributed tensors.** A [`DistTensor`] is one rank's part of a global tensor and its
 //! [`Placement`] (sharded on a dimension, cut as a [`Split`] says; replicated; or partial sums).
@@ -66,6 +68,18 @@
 //! [`Error::OpMismatch`] naming both sides (`rank 0 is in all_gather<f32> #12, rank 1 in
 //! broadcast<f32> #12`), never with a wrong value or a wait that outlasts its cause.
 //!
+//! **Many hosts (feature `mpi`).** Under mpirun, [`World::from_env`] takes MPI's communicator:
+//! the ranks of one node (one host, or `DIST_TENSOR_RANKS_PER_NODE` ranks to make several nodes of
+//! one host) share memory exactly as processes of one host do; a rank of another node has no
+//! pointer here ([`Rank::is_local`] says which; [`symm_at`](shmem::symm_at) on one fails with
+//! [`Error::PeerNotLocal`]), and data reaches it through [`Rank::put_signal`]: the data, then a
+//! signal, ordered. One proxy thread per process is the only caller of MPI and keeps transfers
+//! moving while kernels compute (two-sided sends and receives straight into the heap). The
+//! collectives and the fused ops run hierarchically across nodes (see each op's docs for what
+//! moves where and, for `matmul_reduce_scatter`, the order of the sum per world shape); a rank
+//! that fails or dies on any node ends every rank with an error naming it. The unfused baselines a
+//! user of MPI writes are [`fused::all_gather_matmul_unfused_mpi`] and its siblings.
+//!
 //! **Devices.** A [`Device`] says where a tensor lives and its ops run: the host (the default),
 //! an NVIDIA GPU (feature `cuda`: [`Tensor::to_device`], [`World::cuda`]) or an Ascend NPU.
 //!
@@ -102,7 +116,7 @@
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
 //! | devices | host simulation (default); Ascend NPUs through CANN (`World::ascend`, not yet run on hardware); NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
-//! | ranks | threads of one process, or processes of one host (memfd segments, fd passing) |
+//! | ranks | threads of one process, or processes of one host (memfd segments, fd passing), or processes on many hosts joined by MPI (feature `mpi`) |
 //!
 //! # Errors and panics
 //!

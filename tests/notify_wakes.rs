@@ -31,16 +31,18 @@ fn blocked_for(trial: u64) -> Duration {
     Duration::from_micros(20_000 + 32_000 * (trial - 1) / TRIALS)
 }
 
-/// Who waits and who notifies: the host code of a rank, or a program of a kernel launch.
+/// Who waits and who notifies: the host code of a rank, a program of a kernel launch, or four
+/// programs of a launch all waiting on the same signal (the last of them to wake counts).
 #[derive(Debug, Clone, Copy)]
 enum Side {
     Host,
     Kernel,
+    KernelMany,
 }
 
 /// `TRIALS` times: rank 1 waits for signal 0 while rank 0 sleeps `blocked_for(trial)`, then notes
-/// the time and notifies; rank 1 notes when its wait returns. Returns the median of the
-/// differences.
+/// the time and notifies; rank 1 notes when its wait returns (its last waiter's). Returns the
+/// median of the differences.
 fn median_wake_latency(world: &World, side: Side) -> Duration {
     let sent = Mutex::new(Vec::new());
     // The trials are paced by a barrier of the standard library: the world's own barrier wakes
@@ -64,15 +66,31 @@ fn median_wake_latency(world: &World, side: Side) -> Duration {
                     Side::Host => {
                         let _ = rank.wait(&sigs, 0, cmp, WaitSem::Acquire)?;
                     }
-                    Side::Kernel => launch(rank, LaunchMode::VectorOnly, 1, |p| {
-                        if notifier {
-                            p.notify(&sigs, 0, 1, op, scope, sem)
-                        } else {
-                            p.wait(&sigs, 0, cmp, WaitSem::Acquire).map(drop)
+                    Side::Kernel | Side::KernelMany => {
+                        let grid = if matches!(side, Side::KernelMany) { 4 } else { 1 };
+                        let last = Mutex::new(None::<Instant>);
+                        launch(rank, LaunchMode::VectorOnly, grid, |p| {
+                            if notifier {
+                                // One notify, from one program: one wake-up call for all.
+                                let first = p.program_id() == 0;
+                                return if first {
+                                    p.notify(&sigs, 0, 1, op, scope, sem)
+                                } else {
+                                    Ok(())
+                                };
+                            }
+                            let _token = p.wait(&sigs, 0, cmp, WaitSem::Acquire)?;
+                            let now = Instant::now();
+                            let mut last = last.lock().unwrap();
+                            *last = Some(last.map_or(now, |t| t.max(now)));
+                            Ok(())
+                        })?;
+                        if let Some(t) = last.into_inner().unwrap() {
+                            woke.push(t);
                         }
-                    })?,
+                    }
                 }
-                if me == 1 {
+                if me == 1 && matches!(side, Side::Host) {
                     woke.push(Instant::now());
                 }
             }
@@ -113,4 +131,11 @@ fn a_notify_wakes_a_blocked_host_waiter_at_once() {
 #[test]
 fn a_notify_wakes_a_blocked_kernel_program_at_once() {
     check(Side::Kernel);
+}
+
+/// Every sleeper of a signal, not one: the futex wake count is a signed int to the kernel (a
+/// count of u32::MAX woke one program; the others slept on to their next tick).
+#[test]
+fn a_notify_wakes_every_program_blocked_on_the_signal_at_once() {
+    check(Side::KernelMany);
 }

@@ -10,12 +10,17 @@
 //! (`World::local_job`, each process one rank running only that row), right after the threads,
 //! and adds the processes' fused time and its ratio to the threads'.
 //!
+//! `--mpi` (feature `mpi`, with OpenMPI's mpirun) runs rows of its own instead: the fused ops
+//! across fake nodes of this host beside the unfused baselines a user of MPI writes, with the
+//! transport measured per path and a model fitted (see `mpi.rs`; `--quick`, `--shapes 4x1,4x2`).
+//!
 //! The limits are measured again right before each row, and each row's ratio to its roofline
 //! uses those. `--runs N` repeats the whole report N times and prints one table over all of them:
 //! medians, and the quartiles of the pair-by-pair ratios.
 
 mod machine;
 mod measure;
+mod mpi;
 
 use std::time::Duration;
 
@@ -294,6 +299,9 @@ fn args() -> Args {
 }
 
 fn main() -> Result<()> {
+    if std::env::args().any(|a| a == "--mpi") {
+        return mpi::main(std::env::args().any(|a| a == "--quick"));
+    }
     let Args { reps, runs, only, processes, row } = args();
     let load_before = machine::load_average();
     let cases: Vec<Case> = cases()

@@ -1,7 +1,7 @@
 //! all_gather: every rank gets every rank's block, in rank order.
 
 use super::workspace::{
-    CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_outputs, exchange_checked, with_workspace,
+    CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
@@ -140,7 +140,12 @@ pub(crate) fn gather<T: Element>(
         }
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[1] as usize).max().unwrap_or(0))?;
+            // Ranks of other nodes put their whole input here, where it sits in the result.
+            ws.reserve_mirror(rank, rows * total_cols)?;
         }
+        let region = |src: usize| Region { start: 0, stride: cols[src], rows, cols: cols[src] };
+        let slot = |src: usize| rows * col_offsets[src];
+        let targets = ws.remote_targets(rank, |_| Some((region(me), slot(me))));
 
         let grid = rank.topology().aivector_core_num();
         let ready_at = ws.publish(|_| n > 1, grid);
@@ -157,26 +162,27 @@ pub(crate) fn gather<T: Element>(
             unsafe {
                 launch(rank, LaunchMode::VectorOnly, grid, |p| {
                     if n > 1 {
+                        ws.push_remote(p, input, &targets)?;
                         ws.publish_part(p, input, &chunks[me], cols[me])?;
                     }
                     for t in p.tasks(tasks.total()) {
                         let (src, task) = tasks.locate(t);
                         let c = chunks[src].get(task);
-                        let from = ws.source(p, src, input, &ready_at)?;
+                        let from = ws.source(p, src, input, &ready_at, region(src), slot(src))?;
                         let to = c.row * total_cols + col_offsets[src] + c.col;
-                        let at = c.row * cols[src] + c.col;
                         tile::copy_2d_maybe_streaming(
                             stream,
                             output + to,
                             total_cols,
-                            from + at,
-                            cols[src],
+                            from.at(c.row, c.col),
+                            from.stride,
                             (c.rows, c.cols),
                         );
                     }
                     Ok(())
-                })
+                })?;
             }
+            rank.quiet()
         })
     })
 }

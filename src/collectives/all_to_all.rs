@@ -7,7 +7,7 @@
 //! peers' blocks (one copy).
 
 use super::workspace::{
-    CHUNK_ELEMS, Chunks, Out, RotatedTasks, check_outputs, exchange_checked, with_workspace,
+    CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{
@@ -104,8 +104,8 @@ pub fn all_to_all_v<T: Element>(
 /// place: the tensor lives in a block of this rank's symmetric heap, and each rank copies its
 /// pieces from its input into its peers' blocks, so every element is copied once (where
 /// [`all_to_all_v`] copies twice: into the sender's staging buffer, then out of it). Where no
-/// block can be had (too many such outputs alive, the heap full, more than 61 ranks) it copies
-/// twice as [`all_to_all_v`] does, into a tensor in ordinary memory.
+/// block can be had (too many such outputs alive, the heap full, more than 61 ranks, ranks on
+/// several nodes) it copies twice as [`all_to_all_v`] does, into a tensor in ordinary memory.
 ///
 /// # Errors
 /// As [`all_to_all_v`].
@@ -144,11 +144,14 @@ pub fn all_to_all_v_tensor<T: Element>(
     // Two copies, into a tensor in ordinary memory.
     let pulled = || {
         let send_start: Vec<usize> = (0..n).map(|p| all.personal(p)[1] as usize).collect();
-        let longest = all.iter().map(|w| w[0] as usize).max().unwrap_or(0);
-        let got = pull(rank, input, &recv, &send_start, longest, Out::Alloc)?.expect("allocated");
+        let input_lens: Vec<usize> = all.iter().map(|w| w[0] as usize).collect();
+        let got = pull(rank, input, send_counts, &input_lens, &recv, &send_start, Out::Alloc)?
+            .expect("allocated");
         Tensor::from_shape_vec(&[got.len()], got)
     };
-    if rank.ascend().is_some() || !push {
+    // Across nodes (a world joined by MPI) peers of other nodes have no block to copy into
+    // here: the pull kernel puts to them.
+    if rank.ascend().is_some() || !push || rank.num_nodes() > 1 {
         return pulled();
     }
     // counts[s][d]: what rank s sends rank d.
@@ -294,22 +297,25 @@ fn exchange_and_send<T: Element>(
     // receives a 1/n of every input.
     let even_total: usize = all.iter().map(|w| w[0] as usize / n).sum();
     check_outputs(OP, &all, 1, |_| even_total)?;
-    let longest = all.iter().map(|w| w[0] as usize).max().unwrap_or(0);
-    pull(rank, input, &recv, &send_start, longest, out)
+    let input_lens: Vec<usize> = all.iter().map(|w| w[0] as usize).collect();
+    pull(rank, input, send_counts, &input_lens, &recv, &send_start, out)
 }
 
 /// The pull kernel, after the exchange: `recv[p]` elements from rank `p`, starting at
-/// `send_start[p]` of its input; `longest` is the longest input of any rank.
+/// `send_start[p]` of its input; `input_lens[p]` is rank `p`'s input length, `send_counts` what
+/// this rank sends each rank.
 fn pull<T: Element>(
     rank: &Rank<'_>,
     input: &[T],
+    send_counts: &[usize],
+    input_lens: &[usize],
     recv: &[usize],
     send_start: &[usize],
-    longest: usize,
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
     const OP: &str = "all_to_all";
     let (me, n) = (rank.rank(), rank.num_ranks());
+    let longest = input_lens.iter().copied().max().unwrap_or(0);
     let recv_offsets = split_offsets(recv);
     if let Some(npu) = rank.ascend() {
         let got = ascend::launch::all_to_all_v(&npu, input, recv, send_start, longest)
@@ -319,10 +325,21 @@ fn pull<T: Element>(
             Ok(())
         });
     }
+    // Ranks of other nodes put what they send this rank into its mirror, each at the offset of
+    // its input among all inputs (every rank knows the input lengths, not what others send each
+    // other): room for every input, of which the pages written are what this rank receives.
+    let input_offsets = split_offsets(input_lens);
+    let my_starts = split_offsets(
+        &(0..n).map(|r| send_counts.get(r).copied().unwrap_or(0)).collect::<Vec<_>>(),
+    );
     with_workspace::<T, _>(rank, |ws| {
         if n > 1 {
             ws.reserve(rank, longest)?;
+            ws.reserve_mirror(rank, input_offsets[n])?;
         }
+        let targets = ws.remote_targets(rank, |dst| {
+            Some((Region::row(my_starts[dst], send_counts[dst]), input_offsets[me]))
+        });
 
         let grid = rank.topology().aivector_core_num();
         let ready_at = ws.publish(|_| n > 1, grid);
@@ -339,25 +356,28 @@ fn pull<T: Element>(
             unsafe {
                 launch(rank, LaunchMode::VectorOnly, grid, |p| {
                     if n > 1 {
+                        ws.push_remote(p, input_ptr, &targets)?;
                         ws.publish_part(p, input_ptr, &publish, input.len())?;
                     }
                     for t in p.tasks(tasks.total()) {
                         let (src, task) = tasks.locate(t);
                         let c = pieces[src].get(task);
-                        let from = ws.source(p, src, input_ptr, &ready_at)?;
-                        let at = send_start[src] + c.col;
+                        let region = Region::row(send_start[src], recv[src]);
+                        let from =
+                            ws.source(p, src, input_ptr, &ready_at, region, input_offsets[src])?;
                         tile::copy_2d_maybe_streaming(
                             stream,
                             output + (recv_offsets[src] + c.col),
                             c.cols,
-                            from + at,
+                            from.at(0, c.col),
                             c.cols,
                             (1, c.cols),
                         );
                     }
                     Ok(())
-                })
+                })?;
             }
+            rank.quiet()
         })
     })
 }

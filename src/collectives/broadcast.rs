@@ -1,6 +1,8 @@
 //! broadcast: every rank gets the root's data.
 
-use super::workspace::{CHUNK_ELEMS, Chunks, Out, check_outputs, exchange_checked, with_workspace};
+use super::workspace::{
+    CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
+};
 use crate::device::{LaunchMode, ascend, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::{Element, Result};
@@ -79,7 +81,11 @@ fn cast<T: Element>(
         }
         if n > 1 {
             ws.reserve(rank, len)?;
+            ws.reserve_mirror(rank, len)?;
         }
+        let region = Region::row(0, len);
+        let targets =
+            if me == root { ws.remote_targets(rank, |_| Some((region, 0))) } else { Vec::new() };
 
         let grid = rank.topology().aivector_core_num();
         let ready_at = ws.publish(|p| n > 1 && p == root, grid);
@@ -94,15 +100,16 @@ fn cast<T: Element>(
             unsafe {
                 launch(rank, LaunchMode::VectorOnly, grid, |p| {
                     if me == root && n > 1 {
+                        ws.push_remote(p, input, &targets)?;
                         ws.publish_part(p, input, &chunks, len)?;
                     }
                     if chunks.count == 0 {
                         return Ok(());
                     }
-                    let from = ws.source(p, root, input, &ready_at)?;
+                    let from = ws.source(p, root, input, &ready_at, region, 0)?;
                     for t in p.tasks(chunks.count) {
                         let c = chunks.get(t);
-                        let (to, from) = (output + c.col, from + c.col);
+                        let (to, from) = (output + c.col, from.at(0, c.col));
                         tile::copy_2d_maybe_streaming(
                             stream,
                             to,
@@ -113,8 +120,9 @@ fn cast<T: Element>(
                         );
                     }
                     Ok(())
-                })
+                })?;
             }
+            rank.quiet()
         })
     })
 }

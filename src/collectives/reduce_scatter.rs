@@ -1,6 +1,8 @@
 //! reduce_scatter: every rank gets its own piece of the sum (or mean) over all ranks.
 
-use super::workspace::{CHUNK_ELEMS, Chunks, Out, check_outputs, exchange_checked, with_workspace};
+use super::workspace::{
+    CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
+};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, ascend, launch};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, MAX_WORDS, Rank, digest};
@@ -191,7 +193,14 @@ pub(crate) fn reduce<T: Element>(
         let mine = counts[me];
         if n > 1 {
             ws.reserve(rank, input.len())?;
+            // Ranks of other nodes put this rank's columns of their input here, one slot each.
+            let widest = counts.iter().copied().max().unwrap_or(0);
+            ws.reserve_mirror(rank, n * rows * widest)?;
         }
+        let region =
+            |dst: usize| Region { start: col_offsets[dst], stride: total, rows, cols: counts[dst] };
+        let slot = |src: usize, dst: usize| src * rows * counts[dst];
+        let targets = ws.remote_targets(rank, |dst| Some((region(dst), slot(me, dst))));
 
         let grid = rank.topology().aivector_core_num();
         let ready_at = ws.publish(|_| n > 1, grid);
@@ -207,6 +216,7 @@ pub(crate) fn reduce<T: Element>(
             unsafe {
                 launch(rank, LaunchMode::VectorOnly, grid, |p| {
                     if n > 1 {
+                        ws.push_remote(p, input_ptr, &targets)?;
                         ws.publish_part(p, input_ptr, &publish, total)?;
                     }
                     let (br, bc) = reduce.block();
@@ -216,14 +226,14 @@ pub(crate) fn reduce<T: Element>(
                     let mut rounded = Tile::new(br, bc, T::zero());
                     for t in p.tasks(reduce.count) {
                         let c = reduce.get(t);
-                        let at = c.row * total + col_offsets[me] + c.col;
                         // Load in rotated order, so ranks do not all read the same peer at once...
                         for i in 0..n {
                             let src = (me + i) % n;
-                            let from = ws.source(p, src, input_ptr, &ready_at)?;
+                            let from =
+                                ws.source(p, src, input_ptr, &ready_at, region(me), slot(src, me))?;
                             tile::load_2d(
-                                from + at,
-                                total,
+                                from.at(c.row, c.col),
+                                from.stride,
                                 (c.rows, c.cols),
                                 T::zero(),
                                 &mut parts[src],
@@ -253,8 +263,9 @@ pub(crate) fn reduce<T: Element>(
                         );
                     }
                     Ok(())
-                })
+                })?;
             }
+            rank.quiet()
         })
     })
 }

@@ -12,6 +12,14 @@
 //! 3. **Pull**: every rank reads what it needs from its peers' staging buffers (remote loads
 //!    through `symm_at`, after the wait's token is consumed). A rank overwrites its staging only in
 //!    its next call, after that call's exchange: by then every peer has finished this call.
+//!
+//! Across nodes (a world joined by MPI) there is no pointer to pull through. A rank instead
+//! *pushes* to each rank of another node the part of its input that rank reads (a [`Region`]),
+//! straight from its input with one put into that rank's *mirror* buffer, at the slot the call
+//! gives it; the put's signal adds `grid` to the same `ready` count local publishers add one to
+//! per program. A reader takes a remote source's part from its own mirror; every read goes
+//! through a [`Source`] (a pointer and a row stride), so the collectives read both the same way.
+//! The mirror is reused on the same terms as the staging buffer.
 
 use crate::device::tile::valid_len;
 use crate::device::{Program, tile};
@@ -28,14 +36,57 @@ pub(crate) const CHUNK_ELEMS: usize = 16 * 1024;
 /// The buffers and signals of one element type's collectives on one rank.
 pub(crate) struct CollectiveWorkspace<T: Element> {
     staging: Option<SymmBuf<T>>,
+    /// Where ranks of other nodes put what this rank reads of their inputs.
+    mirror: Option<SymmBuf<T>>,
     pub(crate) ready: SignalBuf,
     published: Vec<u64>,
 }
 
 impl<T: Element> Workspace for CollectiveWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.ready.len() * 64 + self.staging.as_ref().map_or(0, |s| s.len() * size_of::<T>())
+        let len = |b: &Option<SymmBuf<T>>| b.as_ref().map_or(0, |s| s.len() * size_of::<T>());
+        self.ready.len() * 64 + len(&self.staging) + len(&self.mirror)
     }
+}
+
+/// The part of a source's input one reader reads: `rows` rows of `cols` elements from element
+/// `start`, `stride` apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Region {
+    pub(crate) start: usize,
+    pub(crate) stride: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+}
+
+impl Region {
+    /// One row of `len` elements from `start`.
+    pub(crate) fn row(start: usize, len: usize) -> Region {
+        Region { start, stride: len, rows: 1, cols: len }
+    }
+}
+
+/// Where a reader finds a source's region: row `r`, column `c` of it is at `ptr + r * stride +
+/// c`.
+#[derive(Clone, Copy)]
+pub(crate) struct Source<'a, T> {
+    ptr: GlobalPtr<'a, T>,
+    pub(crate) stride: usize,
+}
+
+impl<'a, T> Source<'a, T> {
+    pub(crate) fn at(&self, row: usize, col: usize) -> GlobalPtr<'a, T> {
+        self.ptr + (row * self.stride + col)
+    }
+}
+
+/// A push to a rank of another node: what of this rank's input it reads, and its slot in that
+/// rank's mirror.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RemoteTarget {
+    pub(crate) rank: usize,
+    pub(crate) region: Region,
+    pub(crate) slot: usize,
 }
 
 impl<T: Element> CollectiveWorkspace<T> {
@@ -43,9 +94,69 @@ impl<T: Element> CollectiveWorkspace<T> {
         let n = rank.num_ranks();
         Ok(CollectiveWorkspace {
             staging: None,
+            mirror: None,
             ready: rank.alloc_signals_for("collectives ready", n)?,
             published: vec![0; n],
         })
+    }
+
+    /// Makes the mirror hold at least `len` elements, in a world of several nodes (every rank
+    /// passes the same `len`; collective).
+    pub(crate) fn reserve_mirror(&mut self, rank: &Rank<'_>, len: usize) -> Result<()> {
+        if rank.num_nodes() > 1 {
+            rank.reserve_for("collectives mirror", &mut self.mirror, len)?;
+        }
+        Ok(())
+    }
+
+    /// The targets of this rank's pushes: every rank of another node for which `wanted` gives
+    /// (region, slot), in rotated order.
+    pub(crate) fn remote_targets(
+        &self,
+        rank: &Rank<'_>,
+        wanted: impl Fn(usize) -> Option<(Region, usize)>,
+    ) -> Vec<RemoteTarget> {
+        let (me, n) = (rank.rank(), rank.num_ranks());
+        (1..n)
+            .map(|i| (me + i) % n)
+            .filter(|&r| !rank.is_local(r))
+            .filter_map(|r| wanted(r).map(|(region, slot)| RemoteTarget { rank: r, region, slot }))
+            .collect()
+    }
+
+    /// The push step, run by every program of a launch: this program's share of `targets`, each
+    /// one put straight from `input`, whose signal adds the program count to the target's
+    /// `ready` count for this rank (as local publishers add one each). The rank calls
+    /// [`Rank::quiet`] after the launch, before `input` may change.
+    pub(crate) fn push_remote(
+        &self,
+        p: &Program<'_>,
+        input: GlobalPtr<'_, T>,
+        targets: &[RemoteTarget],
+    ) -> Result<()> {
+        let me = p.rank();
+        for i in p.tasks(targets.len()) {
+            let t = &targets[i];
+            let mirror = self.mirror.as_ref().expect("reserve_mirror() comes first").ptr();
+            let signal = Some((&self.ready, me, SignalOp::Add(p.num_programs() as u64)));
+            let r = t.region;
+            let (rows, cols) = if r.cols == 0 { (0, 0) } else { (r.rows, r.cols) };
+            // SAFETY: the region lies in `input`, which the rank keeps unchanged until its quiet
+            // after the launch; the target reads its slot only after this put's signal, and the
+            // slot is rewritten only after the next call's exchange.
+            unsafe {
+                p.put_rows(
+                    mirror + t.slot,
+                    cols,
+                    t.rank,
+                    input + r.start,
+                    r.stride,
+                    (rows, cols),
+                    signal,
+                )?
+            };
+        }
+        Ok(())
     }
 
     /// Makes the staging buffer hold at least `len` elements. Collective: every rank passes the
@@ -64,6 +175,10 @@ impl<T: Element> CollectiveWorkspace<T> {
         chunks: &Chunks,
         row_len: usize,
     ) -> Result<()> {
+        let (me, n) = (p.rank(), p.num_ranks());
+        if !(0..n).any(|q| q != me && p.is_local(q)) {
+            return Ok(()); // no reader on this node
+        }
         let staging = self.staging().ptr();
         let stream = chunks.rows * chunks.cols * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
         for t in p.tasks(chunks.count) {
@@ -83,30 +198,42 @@ impl<T: Element> CollectiveWorkspace<T> {
                 )
             };
         }
-        let (me, n) = (p.rank(), p.num_ranks());
         for i in 1..n {
             let peer = (me + i) % n;
-            p.notify(&self.ready, me, peer, SignalOp::Add(1), Scope::Peer, NotifySem::Release)?;
+            if p.is_local(peer) {
+                p.notify(&self.ready, me, peer, SignalOp::Add(1), Scope::Peer, NotifySem::Release)?;
+            }
         }
         Ok(())
     }
 
-    /// Where to read rank `src`'s published input: this rank's own `input`, or, once all of
-    /// `src`'s programs have published (`ready_at`, from [`CollectiveWorkspace::publish`]),
-    /// its staging buffer through `symm_at`.
+    /// Where to read `region` of rank `src`'s input: this rank's own `input`; or, once all of
+    /// `src`'s programs have published (`ready_at`, from [`CollectiveWorkspace::publish`]), its
+    /// staging buffer through `symm_at` for a rank of this node, the mirror at `slot` (where
+    /// `src` put the region) for one of another.
     pub(crate) fn source<'a>(
         &'a self,
         p: &Program<'_>,
         src: usize,
         input: GlobalPtr<'a, T>,
         ready_at: &[u64],
-    ) -> Result<GlobalPtr<'a, T>> {
+        region: Region,
+        slot: usize,
+    ) -> Result<Source<'a, T>> {
         if src == p.rank() {
-            return Ok(input);
+            return Ok(Source { ptr: input + region.start, stride: region.stride });
         }
         let token =
             p.wait_from(&self.ready, src, src, WaitCmp::Ge(ready_at[src]), WaitSem::Acquire)?;
-        Ok(consume_token(symm_at(self.staging(), src), token).into())
+        if p.is_local(src) {
+            let staging = GlobalPtr::from(consume_token(symm_at(self.staging(), src), token));
+            return Ok(Source { ptr: staging + region.start, stride: region.stride });
+        }
+        let mirror = self.mirror.as_ref().expect("reserve_mirror() comes first").ptr();
+        Ok(Source {
+            ptr: GlobalPtr::from(consume_token(mirror, token)) + slot,
+            stride: region.cols,
+        })
     }
 
     /// The staging buffer (after [`CollectiveWorkspace::reserve`]).

@@ -5,7 +5,10 @@ use std::ops::Range;
 
 use crate::Result;
 use crate::error::ProgramLabel;
-use crate::shmem::{Awaited, NotifySem, Rank, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
+use crate::shmem::{
+    Awaited, GlobalPtr, NotifySem, Pod, PutSignal, Rank, Scope, Shape, SignalBuf, SignalOp,
+    SymmPtr, Token, WaitCmp, WaitSem,
+};
 
 /// One program of a kernel launch: `program_id` of `num_programs`, running on vector sub-core
 /// `sub_vec_id` of `sub_vec_num`, on rank `rank` of `num_ranks`.
@@ -266,6 +269,142 @@ impl<'a> Program<'a> {
         sem: NotifySem,
     ) -> Result<()> {
         self.rank.notify(sig, index, peer, op, scope, sem)
+    }
+
+    /// [`Rank::put_signal`] from this program: data to any peer, then its signal.
+    ///
+    /// # Safety
+    /// As [`Rank::put_signal`].
+    ///
+    /// # Errors
+    /// As [`Rank::put_signal`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::shmem::{GlobalPtr, SignalOp, WaitCmp, WaitSem};
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     let buf = rank.alloc::<f64>(2)?;
+    ///     let sig = rank.alloc_signals(1)?;
+    ///     let mine = [rank.rank() as f64];
+    ///     launch(rank, LaunchMode::VectorOnly, 1, |p| {
+    ///         let peer = 1 - p.rank();
+    ///         // SAFETY: each rank writes its own element of the peer's buffer.
+    ///         unsafe { p.put_signal(buf.ptr() + p.rank(), peer, GlobalPtr::from_slice(&mine), 1, (&sig, 0), SignalOp::Add(1)) }
+    ///     })?;
+    ///     let _token = rank.wait(&sig, 0, WaitCmp::Ge(1), WaitSem::Acquire)?;
+    ///     let _ = rank.barrier_all()?;
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub unsafe fn put_signal<T: Pod>(
+        &self,
+        dst: SymmPtr<'_, T>,
+        peer: usize,
+        src: GlobalPtr<'_, T>,
+        len: usize,
+        signal: (&SignalBuf, usize),
+        op: SignalOp,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.rank.put_signal(dst, peer, src, len, signal, op) }
+    }
+
+    /// [`Rank::put_signal_nbi`] from this program: returns at once; `src` must stay unchanged
+    /// until [`Program::quiet`] (or the rank's [`Rank::quiet`]).
+    ///
+    /// # Safety
+    /// As [`Rank::put_signal_nbi`].
+    ///
+    /// # Errors
+    /// As [`Rank::put_signal`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::shmem::{GlobalPtr, SignalOp, WaitCmp, WaitSem};
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     let buf = rank.alloc::<u8>(2)?;
+    ///     let sig = rank.alloc_signals(1)?;
+    ///     let mine = [rank.rank() as u8];
+    ///     launch(rank, LaunchMode::VectorOnly, 1, |p| {
+    ///         // SAFETY: each rank writes its own byte; `mine` outlives quiet().
+    ///         unsafe { p.put_signal_nbi(buf.ptr() + p.rank(), 1 - p.rank(), GlobalPtr::from_slice(&mine), 1, (&sig, 0), SignalOp::Add(1))? };
+    ///         p.quiet()
+    ///     })?;
+    ///     let _token = rank.wait(&sig, 0, WaitCmp::Ge(1), WaitSem::Acquire)?;
+    ///     let _ = rank.barrier_all()?;
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub unsafe fn put_signal_nbi<T: Pod>(
+        &self,
+        dst: SymmPtr<'_, T>,
+        peer: usize,
+        src: GlobalPtr<'_, T>,
+        len: usize,
+        signal: (&SignalBuf, usize),
+        op: SignalOp,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.rank.put_signal_nbi(dst, peer, src, len, signal, op) }
+    }
+
+    /// A 2-D put (see `Rank::put_rows`): returns at once for a peer on another node.
+    ///
+    /// # Safety
+    /// As [`Rank::put_signal_nbi`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn put_rows<T: Pod>(
+        &self,
+        dst: SymmPtr<'_, T>,
+        dst_stride: usize,
+        peer: usize,
+        src: GlobalPtr<'_, T>,
+        src_stride: usize,
+        shape: Shape,
+        signal: PutSignal<'_>,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.rank.put_rows(dst, dst_stride, peer, src, src_stride, shape, signal) }
+    }
+
+    /// [`Rank::quiet`]: waits until every put of this rank has left its source.
+    ///
+    /// # Errors
+    /// As [`Rank::quiet`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::World;
+    /// World::threads(1)?.run(|rank| launch(rank, LaunchMode::VectorOnly, 2, |p| p.quiet()))?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn quiet(&self) -> Result<()> {
+        self.rank.quiet()
+    }
+
+    /// [`Rank::is_local`]: whether `peer`'s memory is reachable by pointer.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::device::{launch, LaunchMode};
+    /// use dist_tensor::World;
+    /// World::threads(2)?.run(|rank| {
+    ///     launch(rank, LaunchMode::VectorOnly, 1, |p| {
+    ///         assert!(p.is_local(1 - p.rank()));
+    ///         Ok(())
+    ///     })
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn is_local(&self, peer: usize) -> bool {
+        self.rank.is_local(peer)
     }
 
     pub(crate) fn label(&self) -> ProgramLabel {

@@ -15,6 +15,16 @@
 //! When shards are short (decode, or many ranks), tiles per shard would read the whole weight once
 //! per shard; then every rank also copies its own rows into its `gathered` buffer and tiles run over
 //! the gathered rows, waiting for the shards a tile covers, so the weight is read once.
+//!
+//! Across nodes (a world joined by MPI) the push is hierarchical, as Triton-distributed's
+//! inter-node AllGather GEMM: a rank copies its rows to the ranks of its node, and puts them once
+//! per other node, to its *stand-in* there (the rank with its local index; see `Nodes::stand_in`),
+//! nodes in the order after its own; each chunk put carries the chunk's signal. A stand-in forwards
+//! every chunk, as its signal arrives, to the other ranks of its node (a copy and a notify), so
+//! each shard crosses to each node once. Remote puts go out from one communication lane per
+//! target, in chunk order, so a count of arrived chunks says which have. The compute part takes
+//! shards in the order they come: its own, its node's, then the nodes before its own, nearest
+//! first (they send to this node first).
 
 use ndarray::{Array2, ArrayView2};
 
@@ -36,10 +46,15 @@ use crate::{Error, Result};
 
 const OP: &str = "all_gather_matmul";
 const UNFUSED_OP: &str = "all_gather_matmul_unfused";
+const MPI_OP: &str = "all_gather_matmul_unfused_mpi";
 /// The most weights one call takes (metadata words are sized for them).
 pub const MAX_WEIGHTS: usize = 16;
 /// Elements the communication part moves per chunk.
 const PUSH_CHUNK_ELEMS: usize = 64 * 1024;
+/// Elements the communication part puts per chunk to another node: each put is a message
+/// through the proxies and MPI, whose cost per message is tens of microseconds (measured over
+/// loopback TCP), so chunks across nodes are larger.
+const REMOTE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// The products of an all_gather_matmul: one `[M, n_i]` array per weight, and how the rows were
 /// sharded (`row_counts[r]` rows came from rank `r`).
@@ -292,12 +307,57 @@ fn unfused<T: Element>(
     }
     let x = x.as_standard_layout();
     let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
+    products(UNFUSED_OP, rank, gathered, agreed, weights, keep_input)
+}
+
+/// The unfused baseline as a user of MPI writes it: `MPI_Allgatherv` of the rows (run by the
+/// proxy, see [`World::from_env`](crate::World::from_env)), then one local product per weight on
+/// this rank's compute cores. Same results as [`all_gather_matmul`].
+///
+/// # Errors
+/// As [`all_gather_matmul`]; [`Error::InvalidArgument`] in a world not joined by MPI (feature
+/// `mpi`, started by mpirun), which has no MPI collective to run.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::all_gather_matmul_unfused_mpi;
+/// use dist_tensor::World;
+/// use ndarray::array;
+/// let err = World::threads(1)?.run(|rank| {
+///     let x = array![[1.0f32]];
+///     Ok(all_gather_matmul_unfused_mpi(rank, x.view(), &[x.view()]).unwrap_err())
+/// })?;
+/// assert!(err[0].to_string().contains("needs a world joined by MPI"), "{}", err[0]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_gather_matmul_unfused_mpi<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+) -> Result<AgMatmulOutput<T>> {
+    let agreed = agree(MPI_OP, rank, &x, weights, None)?;
+    let x = x.as_standard_layout();
+    let counts: Vec<usize> = agreed.rows.counts().iter().map(|&m| m * agreed.k).collect();
+    let mine = x.as_slice().expect("standard layout").to_vec();
+    let gathered = rank.mpi_all_gather_v(mine, &counts)?;
+    products(MPI_OP, rank, gathered, agreed, weights, false)
+}
+
+/// The local products of the gathered rows with every weight; the gathered rows too, if kept.
+fn products<T: Element>(
+    op: &'static str,
+    rank: &Rank<'_>,
+    gathered: Vec<T>,
+    agreed: Agreed,
+    weights: &[ArrayView2<T>],
+    keep_input: bool,
+) -> Result<AgMatmulOutput<T>> {
     let a = ArrayView2::from_shape((agreed.rows.total(), agreed.k), &gathered).expect("M x K");
     let threads = rank.topology().aicore_num();
     let mut outputs = Vec::with_capacity(weights.len());
     for w in weights {
-        let mut c = scratch(UNFUSED_OP, (a.nrows(), w.ncols()))
-            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let mut c =
+            scratch(op, (a.nrows(), w.ncols())).inspect_err(|e| rank.fail_after_agreeing(e))?;
         matmul_into(c.view_mut(), a, *w, false, threads)?;
         outputs.push(c);
     }
@@ -331,16 +391,36 @@ fn run_fused<T: Element>(
     let x = x.as_standard_layout();
     let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
     let input = GlobalPtr::from_slice(&x_acc);
-    let push = super::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
-    let chunks_of = |m: usize| if k == 0 { 0 } else { m.div_ceil(push) };
+    let chunks = Chunking {
+        rows,
+        k,
+        local: super::plan::row_chunks(k, PUSH_CHUNK_ELEMS),
+        remote: super::plan::row_chunks(k, REMOTE_CHUNK_ELEMS),
+    };
+    // The counts before this call: a forwarded chunk `c` of shard `s` has arrived once
+    // `arrived[s]` passes `before[s] + c`.
+    let before = ws.expected.clone();
     if n > 1 {
         ws.reserve(rank, m_total * k)?;
         for s in 0..n {
             if s != me || !per_shard {
-                ws.expected[s] += chunks_of(rows.count(s)) as u64;
+                // A shard of another node comes in that node's chunks (put, then forwarded).
+                let across = rank.node_of(s) != rank.node_of(me);
+                ws.expected[s] += chunks.count(s, across) as u64;
             }
         }
     }
+    let routes = Routes::new(rank, per_shard);
+    // Who signals each shard's arrival here: the shard's rank itself when it is of this node or
+    // this rank stands in for it, else its stand-in on this node, which forwards it. A wait names
+    // that rank, so that only its leaving `run` early fails the wait.
+    let my_node = rank.node_of(me);
+    let signaller: Vec<usize> = (0..n)
+        .map(|s| {
+            let forwarder = rank.stand_in(my_node, s);
+            if rank.node_of(s) != my_node && forwarder != me { forwarder } else { s }
+        })
+        .collect();
     // Row-major and transposed (column-major) weights are read in place.
     let w_data: Vec<WeightData<'_, T::Acc>> =
         weights.iter().map(|w| WeightData::new(OP, *w)).collect::<Result<_>>()?;
@@ -358,8 +438,9 @@ fn run_fused<T: Element>(
     let keep_rows = super::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
     let keep_tasks = if kept_ptr.is_some() && k > 0 { m_total.div_ceil(keep_rows) } else { 0 };
 
-    // The compute tiles, in the order data becomes available: own shard, then the others rotated.
-    let order: Vec<usize> = (0..n).map(|i| (me + i) % n).collect();
+    // The compute tiles, in the order data becomes available: own shard, then the others rotated
+    // (on several nodes: this node's, then the nodes before this one, nearest first).
+    let order = routes.arrival_order(rank);
     let segments: Vec<(usize, usize)> = if per_shard {
         order.iter().map(|&s| (rows.offset(s), rows.count(s))).collect()
     } else {
@@ -378,16 +459,9 @@ fn run_fused<T: Element>(
     unsafe {
         launch(rank, LaunchMode::Mix, grid, |p| {
             if n > 1 && p.sub_vec_id() < comm_lanes {
-                push_rows(
-                    p,
-                    gathered.expect("reserved"),
-                    &ws.arrived,
-                    input,
-                    rows,
-                    k,
-                    push,
-                    per_shard,
-                )?;
+                let gathered = gathered.expect("reserved");
+                push_rows(p, gathered, &ws.arrived, input, &chunks, &routes)?;
+                forward_rows(p, gathered, &ws.arrived, &chunks, &routes, &before)?;
             }
             let mut tokens: Vec<Option<Token>> = vec![None; n];
             // Accumulator tiles, for outputs that must be rounded (half types) only.
@@ -402,8 +476,9 @@ fn run_fused<T: Element>(
                     for s in rows.covering(task.row, task.rows) {
                         if tokens[s].is_none() {
                             let want = WaitCmp::Ge(ws.expected[s]);
+                            let from = signaller[s];
                             tokens[s] =
-                                Some(p.wait_from(&ws.arrived, s, s, want, WaitSem::Acquire)?);
+                                Some(p.wait_from(&ws.arrived, s, from, want, WaitSem::Acquire)?);
                         }
                         token = tokens[s];
                     }
@@ -449,7 +524,13 @@ fn run_fused<T: Element>(
                 }
             }
             if let Some(out) = kept_ptr {
-                let source = KeptSource { input: x_own, input_acc: input, gathered, per_shard };
+                let source = KeptSource {
+                    input: x_own,
+                    input_acc: input,
+                    gathered,
+                    per_shard,
+                    signaller: &signaller,
+                };
                 for t in p.tasks_on_sub_vecs(0, keep_tasks) {
                     let row = t * keep_rows;
                     let count = tile::valid_len(row, keep_rows, m_total);
@@ -459,12 +540,87 @@ fn run_fused<T: Element>(
             Ok(())
         })?;
     }
+    rank.quiet()?; // the rows put to other nodes have left `x_acc`
     Ok(AgMatmulOutput {
         outputs,
         row_counts: rows.counts().to_vec(),
         col_counts: agreed.col_counts.clone(),
         gathered: kept,
     })
+}
+
+/// How shards are cut into chunks of rows of `k` elements: `local` rows per chunk copied on a
+/// node, `remote` rows per chunk put to another node (and forwarded there as they came).
+struct Chunking<'a> {
+    rows: &'a Shards,
+    k: usize,
+    local: usize,
+    remote: usize,
+}
+
+impl Chunking<'_> {
+    fn rows_per(&self, across: bool) -> usize {
+        if across { self.remote } else { self.local }
+    }
+
+    /// Chunks of `shard`, for a node of its own or (`across`) another one.
+    fn count(&self, shard: usize, across: bool) -> usize {
+        if self.k == 0 { 0 } else { self.rows.count(shard).div_ceil(self.rows_per(across)) }
+    }
+
+    /// First row (within the shard) and rows of chunk `c` of `shard`.
+    fn chunk(&self, shard: usize, c: usize, across: bool) -> (usize, usize) {
+        let per = self.rows_per(across);
+        let row = c * per;
+        (row, tile::valid_len(row, per, self.rows.count(shard)))
+    }
+}
+
+/// Where a rank's rows go: copies to the ranks of its node, puts to its stand-ins on the other
+/// nodes, and the shards of other nodes it forwards on its node.
+struct Routes {
+    /// Ranks of this node that get this rank's rows by copy (itself too when tiles read the
+    /// gathered rows), rotated.
+    local: Vec<usize>,
+    /// This rank's stand-in on each other node, nodes in the order after this one.
+    remote: Vec<usize>,
+    /// Shards of other nodes this rank receives for its node, and the ranks it forwards them to.
+    forwards: Vec<usize>,
+    neighbours: Vec<usize>,
+}
+
+impl Routes {
+    fn new(rank: &Rank<'_>, per_shard: bool) -> Routes {
+        let (me, n) = (rank.rank(), rank.num_ranks());
+        let (nodes, node) = (rank.num_nodes(), rank.node_of(me));
+        let on_node = |r: usize| rank.node_of(r) == node;
+        let local: Vec<usize> = (1..n)
+            .map(|i| (me + i) % n)
+            .filter(|&r| on_node(r))
+            .chain((!per_shard).then_some(me))
+            .collect();
+        let remote = (1..nodes).map(|i| rank.stand_in((node + i) % nodes, me)).collect();
+        // Shards arrive from the nodes before this one first (each sends to its next node first).
+        let forwards = (1..nodes)
+            .flat_map(|i| rank.node_ranks((node + nodes - i) % nodes).to_vec())
+            .filter(|&s| rank.stand_in(node, s) == me)
+            .collect();
+        let neighbours = local.iter().copied().filter(|&r| r != me).collect();
+        Routes { local, remote, forwards, neighbours }
+    }
+
+    /// Shards in the order they become available here: own, this node's (rotated), then the
+    /// nodes before this one, nearest first.
+    fn arrival_order(&self, rank: &Rank<'_>) -> Vec<usize> {
+        let (me, n) = (rank.rank(), rank.num_ranks());
+        let (nodes, node) = (rank.num_nodes(), rank.node_of(me));
+        let mut order: Vec<usize> =
+            (0..n).map(|i| (me + i) % n).filter(|&r| rank.node_of(r) == node).collect();
+        for i in 1..nodes {
+            order.extend_from_slice(rank.node_ranks((node + nodes - i) % nodes));
+        }
+        order
+    }
 }
 
 /// Where the kept copy of the gathered input reads rows from: this rank's own (in `T` and in the
@@ -475,6 +631,8 @@ struct KeptSource<'a, T: Element> {
     input_acc: GlobalPtr<'a, T::Acc>,
     gathered: Option<&'a SymmBuf<T::Acc>>,
     per_shard: bool,
+    /// Who signals each shard's arrival here (see `run_fused`).
+    signaller: &'a [usize],
 }
 
 /// Copies rows `row..row + count` of the gathered input into `out` (the kept copy), waiting for
@@ -515,7 +673,8 @@ fn keep_rows_of<T: Element>(
             Some(token) => token,
             None => {
                 let want = WaitCmp::Ge(ws.expected[s]);
-                *tokens[s].insert(p.wait_from(&ws.arrived, s, s, want, WaitSem::Acquire)?)
+                let from = source.signaller[s];
+                *tokens[s].insert(p.wait_from(&ws.arrived, s, from, want, WaitSem::Acquire)?)
             }
         };
         let base = source.gathered.expect("reserved when peers send").ptr();
@@ -538,36 +697,76 @@ fn keep_rows_of<T: Element>(
     Ok(())
 }
 
-/// The communication part: this rank's rows into every peer's `gathered` buffer (and its own,
-/// when tiles read the gathered rows), `push` rows per chunk, one notify per chunk.
-#[allow(clippy::too_many_arguments)]
+/// The communication part, sending: this rank's rows copied into the `gathered` buffer of every
+/// rank of its node (its own too, when tiles read the gathered rows), chunks spread over the
+/// programs; and put to its stand-in on every other node, one program per target sending its
+/// chunks in order. One signal per chunk.
 fn push_rows<A: Element>(
     p: &crate::device::Program<'_>,
     gathered: &SymmBuf<A>,
     arrived: &SignalBuf,
     input: GlobalPtr<'_, A>,
-    rows: &Shards,
-    k: usize,
-    push: usize,
-    per_shard: bool,
+    chunks: &Chunking<'_>,
+    routes: &Routes,
 ) -> Result<()> {
-    let (me, n) = (p.rank(), p.num_ranks());
-    let mine = rows.count(me);
-    let chunks = if k == 0 { 0 } else { mine.div_ceil(push) };
-    // Peers in rotated order, starting after this rank; itself last when it needs its own copy.
-    let targets: Vec<usize> =
-        (1..n).map(|i| (me + i) % n).chain((!per_shard).then_some(me)).collect();
+    let me = p.rank();
+    let (rows, k) = (chunks.rows, chunks.k);
+    let count = chunks.count(me, false);
     // One communication lane per program: sub-core 0.
-    for task in p.tasks(targets.len() * chunks) {
-        let peer = targets[task / chunks];
-        let row = (task % chunks) * push;
-        let count = tile::valid_len(row, push, mine);
+    for task in p.tasks(routes.local.len() * count) {
+        let peer = routes.local[task / count];
+        let (row, len) = chunks.chunk(me, task % count, false);
         let dst = symm_at(gathered, peer) + (rows.offset(me) + row) * k;
         // SAFETY: only this rank writes its shard's rows of a peer's `gathered` buffer, each chunk
         // once; the peer reads them only after acquiring the chunk count.
-        unsafe { tile::copy_2d(dst, k, input + row * k, k, (count, k)) };
+        unsafe { tile::copy_2d(dst, k, input + row * k, k, (len, k)) };
         let scope = if peer == me { Scope::Device } else { Scope::Peer };
         p.notify(arrived, me, peer, SignalOp::Add(1), scope, NotifySem::Release)?;
+    }
+    for target in p.tasks(routes.remote.len()) {
+        let peer = routes.remote[target];
+        for c in 0..chunks.count(me, true) {
+            let (row, len) = chunks.chunk(me, c, true);
+            let at = (rows.offset(me) + row) * k;
+            let signal = Some((arrived, me, SignalOp::Add(1)));
+            // SAFETY: as above, on the stand-in of another node; `input` stays unchanged until
+            // the rank's quiet after the launch.
+            unsafe {
+                p.put_rows(gathered.ptr() + at, k, peer, input + row * k, k, (len, k), signal)?
+            };
+        }
+    }
+    Ok(())
+}
+
+/// The communication part, forwarding: each chunk of a shard of another node that this rank
+/// receives for its node, as soon as it lands, copied into the `gathered` buffer of the other
+/// ranks of the node, with its signal. One program per shard, in chunk order.
+fn forward_rows<A: Element>(
+    p: &crate::device::Program<'_>,
+    gathered: &SymmBuf<A>,
+    arrived: &SignalBuf,
+    chunks: &Chunking<'_>,
+    routes: &Routes,
+    before: &[u64],
+) -> Result<()> {
+    let (rows, k) = (chunks.rows, chunks.k);
+    for i in p.tasks(routes.forwards.len()) {
+        let s = routes.forwards[i];
+        for c in 0..chunks.count(s, true) {
+            let want = WaitCmp::Ge(before[s] + c as u64 + 1);
+            let token = p.wait_from(arrived, s, s, want, WaitSem::Acquire)?;
+            let (row, len) = chunks.chunk(s, c, true);
+            let at = (rows.offset(s) + row) * k;
+            let from = GlobalPtr::from(consume_token(gathered.ptr(), token)) + at;
+            for &peer in &routes.neighbours {
+                // SAFETY: the chunk landed here (its signal was acquired); only this rank writes
+                // shard `s`'s rows on its node's other ranks, each chunk once, and they read them
+                // only after the chunk count.
+                unsafe { tile::copy_2d(symm_at(gathered, peer) + at, k, from, k, (len, k)) };
+                p.notify(arrived, s, peer, SignalOp::Add(1), Scope::Peer, NotifySem::Release)?;
+            }
+        }
     }
     Ok(())
 }

@@ -19,8 +19,12 @@
 //! rank only waits for every source's count. When no block can be had (the rank's output blocks
 //! at their limit, the heap full), the blocks go into a symmetric receive buffer instead and are
 //! copied from there into an output in ordinary memory once a source's count is complete: two
-//! copies. When the output is large (`tile::STREAM_OUTPUT_BYTES`), every copy streams past the
-//! cache: nothing here reads the blocks again before they would be evicted anyway.
+//! copies. A peer on another node (a world joined by MPI) gets its blocks through the proxy
+//! instead: one strided put per task, straight from the input into its receive buffer, carrying
+//! the task's signal (each block crosses once; the output is in ordinary memory, as the peers'
+//! blocks of it are not). When the output is large (`tile::STREAM_OUTPUT_BYTES`), every copy
+//! streams past the cache: nothing here reads the blocks again before they would be evicted
+//! anyway.
 
 use super::plan::row_chunks;
 use crate::collectives;
@@ -35,10 +39,15 @@ use crate::{Error, Result};
 
 const OP: &str = "all_to_all";
 const UNFUSED_OP: &str = "all_to_all_unfused";
+const MPI_OP: &str = "all_to_all_unfused_mpi";
 /// The most dimensions a tensor may have here (metadata words are sized for them).
 pub const MAX_DIMS: usize = 8;
 /// Elements per copy task.
 const CHUNK_ELEMS: usize = 64 * 1024;
+/// Elements per task whose blocks go to a peer of another node (a world joined by MPI): each is
+/// one put through the proxies and MPI, whose cost per message is tens of microseconds (measured
+/// over loopback TCP, see `perf_report --mpi`), so these tasks are larger.
+const REMOTE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// The result of an all_to_all: this rank's new shard, and how both dimensions are split.
 #[derive(Debug, Clone, PartialEq)]
@@ -282,7 +291,57 @@ pub fn all_to_all_unfused<T: Element>(
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
     // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
-    let layout = agree::<T>(UNFUSED_OP, rank, x.shape(), scatter_dim, gather_dim)
+    unfused_with(UNFUSED_OP, rank, x, scatter_dim, gather_dim, |send, counts, _| {
+        let received = collectives::all_to_all_v_tensor(rank, &send, counts);
+        pool::give(send);
+        received
+    })
+}
+
+/// The unfused baseline as a user of MPI writes it: pack each peer's piece contiguous (a blocked
+/// copy, the permute), `MPI_Alltoallv` (run by the proxy, see
+/// [`World::from_env`](crate::World::from_env)), then unpack each received piece into its range
+/// of the gather dimension (a blocked copy). Same results as [`all_to_all`].
+///
+/// # Errors
+/// As [`all_to_all`]; [`Error::InvalidArgument`] in a world not joined by MPI (feature `mpi`,
+/// started by mpirun), which has no MPI collective to run.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::all_to_all_unfused_mpi;
+/// use dist_tensor::{Tensor, World};
+/// let err = World::threads(1)?.run(|rank| {
+///     let x = Tensor::<f32>::random(&[2, 3], 1);
+///     Ok(all_to_all_unfused_mpi(rank, &x, 0, 1).unwrap_err())
+/// })?;
+/// assert!(err[0].to_string().contains("needs a world joined by MPI"), "{}", err[0]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_to_all_unfused_mpi<T: Element>(
+    rank: &Rank<'_>,
+    x: &Tensor<T>,
+    scatter_dim: usize,
+    gather_dim: usize,
+) -> Result<AllToAllOutput<T>> {
+    unfused_with(MPI_OP, rank, x, scatter_dim, gather_dim, |front, to, from| {
+        let received = rank.mpi_all_to_all_v(front, to, from)?;
+        Tensor::from_shape_vec(&[received.len()], received)
+    })
+}
+
+/// The unfused baseline, with `exchange` as the collective: it gets the packed pieces (its own
+/// buffer), what goes to each rank and what comes from each rank (elements), and returns what
+/// came, in rank order.
+pub(crate) fn unfused_with<T: Element>(
+    op: &'static str,
+    rank: &Rank<'_>,
+    x: &Tensor<T>,
+    scatter_dim: usize,
+    gather_dim: usize,
+    exchange: impl FnOnce(Vec<T>, &[usize], &[usize]) -> Result<Tensor<T>>,
+) -> Result<AllToAllOutput<T>> {
+    let layout = agree::<T>(op, rank, x.shape(), scatter_dim, gather_dim)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
     let (me, n) = (rank.rank(), rank.num_ranks());
     let l = &layout;
@@ -311,8 +370,7 @@ pub fn all_to_all_unfused<T: Element>(
         l.scatters.iter().map(|&s| x.len() / l.scatter_len.max(1) * s).collect();
     let send_offsets = split_offsets(&counts);
     // A failure here leaves the peers committed to the exchange: fail the world so they stop.
-    let mut send =
-        pool::take::<T>(UNFUSED_OP, x.len()).inspect_err(|e| rank.fail_after_agreeing(e))?;
+    let mut send = pool::take::<T>(op, x.len()).inspect_err(|e| rank.fail_after_agreeing(e))?;
     {
         let (input, packed) =
             (GlobalPtr::from_slice(x.as_slice()), GlobalPtrMut::from_slice(&mut send));
@@ -336,29 +394,29 @@ pub fn all_to_all_unfused<T: Element>(
             };
         }
     }
-    let received = collectives::all_to_all_v_tensor(rank, &send, &counts)?;
-    pool::give(send);
-
     // Unpack: each source's piece into its range of the gather dimension.
+    let gather_along_x = l.gather_first;
+    let (x_out, y_out) = if gather_along_x {
+        (l.gather_total(), l.scatters[me])
+    } else {
+        (l.scatters[me], l.gather_total())
+    };
+    let piece =
+        |src: usize| block(gather_along_x, x_out, y_out, l.gather_offsets[src], l.gathers[src]);
+    let from: Vec<usize> = (0..n).map(|src| piece(src).0 * piece(src).1).collect();
+    let received = exchange(send, &counts, &from)?;
     let mut out_shape = x.shape().to_vec();
     out_shape[gather_dim] = l.gather_total();
     out_shape[scatter_dim] = l.scatters[me];
-    let mut output = Tensor::<T>::scratch(UNFUSED_OP, &out_shape)?;
+    let mut output = Tensor::<T>::scratch(op, &out_shape)?;
     {
-        let gather_along_x = l.gather_first;
-        let (x_out, y_out) = if gather_along_x {
-            (l.gather_total(), l.scatters[me])
-        } else {
-            (l.scatters[me], l.gather_total())
-        };
         let (pieces, out) = (
             GlobalPtr::from_slice(received.as_slice()),
             GlobalPtrMut::from_slice(output.as_mut_slice()),
         );
         let mut from = 0;
         for src in 0..n {
-            let (rows, cols, stride, at) =
-                block(gather_along_x, x_out, y_out, l.gather_offsets[src], l.gathers[src]);
+            let (rows, cols, stride, at) = piece(src);
             if rows * cols == 0 {
                 continue;
             }
@@ -429,8 +487,9 @@ fn run_fused<T: Element>(
     out_shape[scatter_dim] = layout.scatters[me];
     let out_len = (0..n).map(|r| layout.output_len(r)).max().unwrap_or(0);
     // One copy into the peers' output blocks, or two through the receive buffer: the same
-    // choice on every rank (agreed sizes and masks).
-    let block: Option<OutputBlock> = if n > 1 && out_len > 0 {
+    // choice on every rank (agreed sizes and masks, the world's nodes). Across nodes, through
+    // the receive buffer: a peer's output block has no pointer here.
+    let block: Option<OutputBlock> = if n > 1 && out_len > 0 && rank.num_nodes() == 1 {
         rank.output_block(layout.free_everywhere, out_len * size_of::<T>())?
     } else {
         None
@@ -441,7 +500,9 @@ fn run_fused<T: Element>(
     // Tasks: (peer i, a, b, row block), peers rotated; the same plan on every rank.
     let plan = |src: usize, dst: usize| {
         let block = layout.block(src, dst, 0, 0);
-        let rows_per_task = row_chunks(block.cols, CHUNK_ELEMS);
+        let chunk =
+            if rank.node_of(src) == rank.node_of(dst) { CHUNK_ELEMS } else { REMOTE_CHUNK_ELEMS };
+        let rows_per_task = row_chunks(block.cols, chunk);
         let per_ab = if block.cols == 0 { 0 } else { block.rows.div_ceil(rows_per_task) };
         (rows_per_task, per_ab)
     };
@@ -519,6 +580,22 @@ fn run_fused<T: Element>(
                         src_stride,
                         valid,
                     ),
+                    (None, _) if !p.is_local(dst) => {
+                        // Through the proxy: the put carries its own signal.
+                        tell(sent.take())?;
+                        let recv = recv.expect("allocated for n > 1");
+                        let signal = Some((arrived, me, SignalOp::Add(1)));
+                        p.put_rows(
+                            recv.ptr() + at,
+                            dst_stride,
+                            dst,
+                            from,
+                            src_stride,
+                            valid,
+                            signal,
+                        )?;
+                        continue;
+                    }
                     (None, _) => {
                         let to = symm_at(recv.expect("allocated for n > 1"), dst) + at;
                         tile::copy_2d_maybe_streaming(
@@ -573,6 +650,7 @@ fn run_fused<T: Element>(
             Ok(())
         })?;
     }
+    rank.quiet()?; // blocks put to other nodes have left the input
     let output = match (host_output, block) {
         (Some(output), _) => output,
         (None, Some(block)) => Tensor::lent(block.lend(), &out_shape),

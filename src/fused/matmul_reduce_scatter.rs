@@ -8,6 +8,9 @@
 //! start, the compute sub-cores once their tiles are done) waits until every rank's partials for
 //! this rank's rows are complete, then pulls them through `symm_at` and adds them in rank order
 //! 0, 1, 2, ..., rounding once: the same bits on every run, whatever the timing.
+//!
+//! Across nodes (a world joined by MPI) it reduces inside each node first, then across nodes (see
+//! `matmul_reduce_scatter_nodes`); the order of the sum then depends on the world's shape.
 
 use ndarray::{Array2, ArrayView2};
 
@@ -27,32 +30,56 @@ use crate::shmem::{
 use crate::tensor::{Element, array_split, matmul_into, pool};
 use crate::{Error, Result};
 
-const OP: &str = "matmul_reduce_scatter";
+pub(super) const OP: &str = "matmul_reduce_scatter";
 const UNFUSED_OP: &str = "matmul_reduce_scatter_unfused";
+const MPI_OP: &str = "matmul_reduce_scatter_unfused_mpi";
 /// Elements per reduction task.
 const REDUCE_CHUNK_ELEMS: usize = 16 * 1024;
 
 /// The workspace: partial products in the accumulator type, and per-source tile counts.
-struct MmRsWorkspace<T: Element> {
-    partials: Option<SymmBuf<T::Acc>>,
-    /// `done[s]`: tiles of this rank's rows that rank `s` has written into its `partials`.
-    done: SignalBuf,
-    /// Cumulative tile count each rank has announced to this one, over all calls.
-    expected: u64,
+pub(super) struct MmRsWorkspace<T: Element> {
+    pub(super) partials: Option<SymmBuf<T::Acc>>,
+    /// `done[s * nodes + b]`: tiles that rank `s` of this node has written into its `partials`
+    /// covering the rows this rank reduces for ranks of node `b` (on one node: its own rows).
+    pub(super) done: SignalBuf,
+    /// Cumulative tile count each rank announces to this one per node `b`, over all calls.
+    pub(super) expected: Vec<u64>,
+    /// Across nodes: this node's sums of other nodes' rows, put from here...
+    pub(super) outgoing: Option<SymmBuf<T::Acc>>,
+    /// ...into the row owner's slot for this node here; `node_done[c]` counts node `c`'s chunks.
+    pub(super) incoming: Option<SymmBuf<T::Acc>>,
+    pub(super) node_done: Option<SignalBuf>,
+    pub(super) node_expected: Vec<u64>,
 }
 
 impl<T: Element> Workspace for MmRsWorkspace<T> {
     fn symmetric_bytes(&self) -> usize {
-        self.done.len() * 64 + self.partials.as_ref().map_or(0, |p| p.len() * size_of::<T::Acc>())
+        let len = |b: &Option<SymmBuf<T::Acc>>| b.as_ref().map_or(0, |p| p.len());
+        let signals = self.done.len() + self.node_done.as_ref().map_or(0, |s| s.len());
+        signals * 64
+            + (len(&self.partials) + len(&self.outgoing) + len(&self.incoming))
+                * size_of::<T::Acc>()
     }
 }
 
 impl<T: Element> MmRsWorkspace<T> {
     fn new(rank: &Rank<'_>) -> Result<Self> {
+        let nodes = rank.num_nodes();
+        let done =
+            rank.alloc_signals_for("matmul_reduce_scatter done", rank.num_ranks() * nodes)?;
+        let node_done = if nodes > 1 {
+            Some(rank.alloc_signals_for("matmul_reduce_scatter node_done", nodes)?)
+        } else {
+            None
+        };
         Ok(MmRsWorkspace {
             partials: None,
-            done: rank.alloc_signals_for("matmul_reduce_scatter done", rank.num_ranks())?,
-            expected: 0,
+            done,
+            expected: vec![0; nodes],
+            outgoing: None,
+            incoming: None,
+            node_done,
+            node_expected: vec![0; nodes],
         })
     }
 }
@@ -109,6 +136,14 @@ fn array_split_rows(rank: &Rank<'_>, m: usize) -> usize {
 /// row-major and column-major weights are read in place by the tiles, any other layout is copied
 /// once.
 ///
+/// # Reduction order
+/// On one node, `P_0 + P_1 + ... + P_{n-1}` in rank order (`P_s = x_s @ w_s`, summed in the
+/// accumulator type: f32 for f16 and bf16, rounded once). Across nodes (a world joined by MPI,
+/// feature `mpi`) each node sums its ranks' products in rank order, then the node sums are added
+/// in node order: with one rank per node that is the same order (the same bits as one node);
+/// with `k` ranks per node it is `(P_0 + ... + P_{k-1}) + (P_k + ... + P_{2k-1}) + ...`, which
+/// differs in rounding only. Each world shape always adds in its order: the same bits every run.
+///
 /// # Errors
 /// On every rank: [`Error::InnerDimMismatch`] naming the rank whose `w` does not fit its `x`;
 /// [`Error::RanksDisagree`] when ranks have different `M` or `N`; and as every collective.
@@ -158,9 +193,15 @@ pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
             .inspect_err(|e| rank.fail_after_agreeing(e))
             .map(|out| (out, rows.counts().to_vec()));
     }
-    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| run_fused(rank, ws, &rows, n, x, w))
-        .inspect_err(|e| rank.fail_after_agreeing(e))
-        .map(|out| (out, rows.counts().to_vec()))
+    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
+        if rank.num_nodes() > 1 {
+            super::matmul_reduce_scatter_nodes::run(rank, ws, &rows, n, x, w)
+        } else {
+            run_fused(rank, ws, &rows, n, x, w)
+        }
+    })
+    .inspect_err(|e| rank.fail_after_agreeing(e))
+    .map(|out| (out, rows.counts().to_vec()))
 }
 
 /// The unfused baseline: the local product on this rank's compute cores (rounded to `T`), then
@@ -217,6 +258,52 @@ fn unfused<T: Element>(
     Ok((out, rows.counts().to_vec()))
 }
 
+/// The unfused baseline as a user of MPI writes it: the local product on this rank's compute
+/// cores, then `MPI_Reduce_scatter` over the rows (run by the proxy, see
+/// [`World::from_env`](crate::World::from_env)). f32 and f64 are summed by MPI as they are; f16
+/// and bf16 products are widened to f32 for MPI (it has no half types) and rounded once after.
+/// MPI picks the order of the sum: close to [`matmul_reduce_scatter`], not bitwise equal.
+///
+/// # Errors
+/// As [`matmul_reduce_scatter`]; [`Error::InvalidArgument`] in a world not joined by MPI
+/// (feature `mpi`, started by mpirun), which has no MPI collective to run.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::matmul_reduce_scatter_unfused_mpi;
+/// use dist_tensor::World;
+/// use ndarray::array;
+/// let err = World::threads(1)?.run(|rank| {
+///     let x = array![[1.0f64]];
+///     Ok(matmul_reduce_scatter_unfused_mpi(rank, x.view(), x.view()).unwrap_err())
+/// })?;
+/// assert!(err[0].to_string().contains("needs a world joined by MPI"), "{}", err[0]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn matmul_reduce_scatter_unfused_mpi<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    w: ArrayView2<T>,
+) -> Result<Array2<T>> {
+    let my_rows = array_split_rows(rank, x.nrows());
+    let (rows, n) = agree(MPI_OP, rank, &x, &w, my_rows, None)?;
+    let mut partial =
+        scratch(MPI_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
+    matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
+    let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();
+    let partial = partial.into_raw_vec_and_offset().0;
+    let mine = match T::DTYPE {
+        crate::DType::F32 | crate::DType::F64 => rank.mpi_reduce_scatter(partial, &counts)?,
+        _ => {
+            let wide: Vec<f32> = partial.iter().map(|v| v.to_f64() as f32).collect();
+            pool::give(partial);
+            let sum = rank.mpi_reduce_scatter(wide, &counts)?;
+            sum.iter().map(|&v| T::from_f64(f64::from(v))).collect()
+        }
+    };
+    Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
+}
+
 fn run_fused<T: Element>(
     rank: &Rank<'_>,
     ws: &mut MmRsWorkspace<T>,
@@ -255,7 +342,7 @@ fn run_fused<T: Element>(
             rows.covering(task.row, task.rows).any(|owner| owner == me)
         })
         .count();
-    ws.expected += covering_me as u64;
+    ws.expected[0] += covering_me as u64;
 
     let (x_ptr, w_ptr, w_strides) = (GlobalPtr::from_slice(&x_acc), w_data.ptr(), w_data.strides);
     let out_ptr = GlobalPtrMut::from_slice(out.as_slice_mut().expect("fresh array"));
@@ -315,7 +402,7 @@ fn reduce_rows_of<T: Element>(
             let token = match *held {
                 Some(token) => token,
                 None => {
-                    let want = WaitCmp::Ge(ws.expected);
+                    let want = WaitCmp::Ge(ws.expected[0]);
                     *held.insert(p.wait_from(&ws.done, src, src, want, WaitSem::Acquire)?)
                 }
             };

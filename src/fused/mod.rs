@@ -5,11 +5,16 @@
 pub(crate) mod all_gather_matmul;
 mod all_to_all;
 pub(crate) mod matmul_reduce_scatter;
+mod matmul_reduce_scatter_nodes;
 mod plan;
 
 pub use all_gather_matmul::{
     AgMatmulOutput, MAX_WEIGHTS, all_gather_matmul, all_gather_matmul_keep_input,
-    all_gather_matmul_unfused,
+    all_gather_matmul_unfused, all_gather_matmul_unfused_mpi,
 };
-pub use all_to_all::{AllToAllOutput, MAX_DIMS, all_to_all, all_to_all_unfused};
-pub use matmul_reduce_scatter::{matmul_reduce_scatter, matmul_reduce_scatter_unfused};
+pub use all_to_all::{
+    AllToAllOutput, MAX_DIMS, all_to_all, all_to_all_unfused, all_to_all_unfused_mpi,
+};
+pub use matmul_reduce_scatter::{
+    matmul_reduce_scatter, matmul_reduce_scatter_unfused, matmul_reduce_scatter_unfused_mpi,
+};

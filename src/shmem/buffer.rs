@@ -151,7 +151,12 @@ impl<T: Pod> std::fmt::Debug for SymmBuf<T> {
 ///
 /// # Panics
 /// If `peer` is not a rank of the buffer's world (a programmer mistake inside a kernel; the
-/// panic fails the launch and the world, it does not hang it).
+/// panic fails the launch and the world, it does not hang it). If `peer` is on another node of a
+/// world joined by MPI, where no pointer to its memory exists: the panic carries
+/// [`Error::PeerNotLocal`](crate::Error::PeerNotLocal), which the launch and
+/// [`World::run`](crate::World::run) return typed. Ask [`Rank::is_local`](crate::Rank::is_local)
+/// first, or use [`try_symm_at`]; data reaches such a peer through
+/// [`Rank::put_signal`](crate::Rank::put_signal).
 ///
 /// # Examples
 /// ```
@@ -172,12 +177,46 @@ impl<T: Pod> std::fmt::Debug for SymmBuf<T> {
 /// ```
 #[track_caller]
 pub fn symm_at<T: Pod>(buf: &SymmBuf<T>, peer: usize) -> SymmPtr<'_, T> {
-    assert!(
-        peer < buf.heap.num_ranks(),
-        "symm_at: rank {peer} is outside a world of {} ranks",
-        buf.heap.num_ranks()
-    );
-    buf.at(peer)
+    match try_symm_at(buf, peer) {
+        Ok(ptr) => ptr,
+        Err(err @ crate::Error::PeerNotLocal { .. }) => std::panic::panic_any(err),
+        Err(err) => panic!("{err}"),
+    }
+}
+
+/// [`symm_at`] as a `Result`: the peer's copy of `buf`, or an error for a peer with no pointer
+/// here.
+///
+/// # Errors
+/// [`Error::PeerNotLocal`](crate::Error::PeerNotLocal) for a peer on another node of a world
+/// joined by MPI; [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a rank outside
+/// the world.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::shmem::{symm_at, try_symm_at};
+/// use dist_tensor::World;
+/// World::threads(2)?.run(|rank| {
+///     let buf = rank.alloc::<f32>(4)?;
+///     assert_eq!(try_symm_at(&buf, 1)?, symm_at(&buf, 1)); // every rank of a thread world is local
+///     assert!(try_symm_at(&buf, 2).is_err());
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn try_symm_at<T: Pod>(buf: &SymmBuf<T>, peer: usize) -> crate::Result<SymmPtr<'_, T>> {
+    let n = buf.heap.num_ranks();
+    if peer >= n {
+        return Err(crate::Error::InvalidArgument {
+            op: "symm_at",
+            rank: buf.owner,
+            reason: format!("rank {peer} is outside a world of {n} ranks"),
+        });
+    }
+    if !buf.heap.mapped(peer) {
+        return Err(crate::Error::PeerNotLocal { op: "symm_at", rank: buf.owner, peer });
+    }
+    Ok(buf.at(peer))
 }
 
 /// Makes symmetric memory that a wait or barrier has synchronized readable (rule 3). Costs nothing

@@ -45,7 +45,7 @@ pub(crate) enum RankState {
 }
 
 impl RankState {
-    fn from_u32(v: u32) -> RankState {
+    pub(crate) fn from_u32(v: u32) -> RankState {
         match v {
             1 => RankState::Running,
             2 => RankState::Returned,
@@ -242,6 +242,32 @@ impl Control {
             self.half(32).fetch_add(1, Ordering::AcqRel);
         }
         changed
+    }
+
+    /// Marks `rank` as died whatever it was doing, unless it already died or left its world in
+    /// order (a process of another node whose connection ended: it may have been between runs);
+    /// returns whether this call changed it.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
+    pub(crate) fn mark_died_any(&self, rank: usize, status: i32) -> bool {
+        let cell = self.half(self.record(rank));
+        let mut seen = cell.load(Ordering::Acquire);
+        loop {
+            if matches!(RankState::from_u32(seen), RankState::Died | RankState::Left) {
+                return false;
+            }
+            match cell.compare_exchange(
+                seen,
+                RankState::Died as u32,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => seen = now,
+            }
+        }
+        self.exit_status(rank).store(status, Ordering::Release);
+        self.half(32).fetch_add(1, Ordering::AcqRel);
+        true
     }
 
     /// `rank`'s process id (0 until it joined).

@@ -16,6 +16,12 @@
 //! [`Error::InvalidArgument`] naming it with its own words, and a rank that left `run`
 //! ([`Error::PeerGone`]) or failed ([`Error::PeerFailed`]) ends the wait at once.
 //!
+//! Across nodes (a world joined by MPI) a rank cannot read a remote peer's outbox: it *puts* its
+//! message into an *inbox* the peer keeps for it (in the peer's reserved part, one per rank and
+//! parity) and the put's signal adds one to the peer's arrival counter, data first. A reader
+//! takes a local peer's message from its outbox and a remote peer's from its own inbox; the rest
+//! is the same.
+//!
 //! Why a rank cannot overwrite an outbox a peer still reads: a rank finishes call `k` only after
 //! every rank arrived in it, so no rank can be in call `k + 2` (which reuses call `k`'s outbox)
 //! while another is still in call `k`. The same argument makes the counters exact: counter
@@ -25,8 +31,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Rank;
 use super::sync::{Cell, WaitOutcome, wait_until};
+use super::transport::Put;
+use super::{Rank, SignalOp};
 use crate::tensor::{Element, Pod};
 use crate::{Error, Result};
 
@@ -95,9 +102,16 @@ pub(crate) fn short_type_name<T>() -> &'static str {
     name.rsplit("::").next().unwrap_or(name)
 }
 
-/// Bytes each rank's segment keeps for the exchange (and so for every barrier).
-pub(crate) fn reserved_bytes(num_ranks: usize) -> usize {
-    2 * CELL_BYTES + 2 * outbox_bytes(num_ranks)
+/// Bytes each rank's segment keeps for the exchange (and so for every barrier); with inboxes for
+/// the messages of ranks on other nodes when the world has several nodes.
+pub(crate) fn reserved_bytes(num_ranks: usize, inboxes: bool) -> usize {
+    let inbox = if inboxes { 2 * num_ranks * outbox_bytes(num_ranks) } else { 0 };
+    2 * CELL_BYTES + 2 * outbox_bytes(num_ranks) + inbox
+}
+
+/// Byte offset, in a rank's segment, of the inbox where rank `from`'s messages of `parity` land.
+fn inbox_offset(num_ranks: usize, from: usize, parity: usize) -> usize {
+    2 * CELL_BYTES + (2 + parity * num_ranks + from) * outbox_bytes(num_ranks)
 }
 
 fn outbox_bytes(num_ranks: usize) -> usize {
@@ -231,13 +245,27 @@ impl Rank<'_> {
         unsafe { self.world.heap.base(rank).add(offset) as *mut u64 }
     }
 
+    /// Word `i` of `rank`'s message of `parity` as this rank reads it: in `rank`'s outbox for a
+    /// peer of this node, in this rank's inbox for `rank` for one on another node.
+    fn message(&self, rank: usize, parity: usize, i: usize) -> *mut u64 {
+        if self.world.heap.mapped(rank) {
+            return self.outbox(rank, parity, i);
+        }
+        let offset = inbox_offset(self.num_ranks(), rank, parity) + i * 8;
+        // SAFETY: inside this rank's reserved part, which has inboxes in a world of several
+        // nodes (see `reserved_bytes`).
+        unsafe { self.world.heap.base(self.rank).add(offset) as *mut u64 }
+    }
+
     fn outbox_seq(&self, rank: usize, parity: usize) -> &AtomicU64 {
-        // SAFETY: word 0 of an outbox is its call number, accessed only atomically.
-        unsafe { &*(self.outbox(rank, parity, 0) as *const AtomicU64) }
+        // SAFETY: word 0 of a message is its call number, read only atomically. (In an inbox the
+        // proxy's MPI receive writes it before the arrival signal; it is read earlier only to
+        // name the ranks missing from a call that failed.)
+        unsafe { &*(self.message(rank, parity, 0) as *const AtomicU64) }
     }
 
     fn read_words(&self, rank: usize, parity: usize, at: usize, out: &mut [u64]) {
-        let from = self.outbox(rank, parity, at);
+        let from = self.message(rank, parity, at);
         // SAFETY: `rank` wrote these words before its release increment of this rank's arrival
         // counter, which this rank acquired; nobody writes them again before this rank's next
         // call (see the module docs).
@@ -343,8 +371,25 @@ impl Rank<'_> {
         // that completes a rank's count wakes it.
         let target = seq.div_ceil(2) * n as u64;
         let control = &self.world.control;
+        let message_bytes = (PERSONAL_AT + per_rank * n) * 8;
         for i in 0..n {
             let peer = (me + i) % n;
+            if !self.world.heap.mapped(peer) {
+                // On another node: the message into the peer's inbox for this rank, then its
+                // arrival counter, through the proxy.
+                let put = Put {
+                    peer,
+                    dst_offset: inbox_offset(n, me, parity),
+                    dst_stride: message_bytes,
+                    src: self.outbox(me, parity, 0) as *const u8,
+                    src_stride: message_bytes,
+                    rows: 1,
+                    row_bytes: message_bytes,
+                    signal: Some((parity * CELL_BYTES, SignalOp::Add(1))),
+                };
+                self.world.transport.put(self.world, &put)?;
+                continue;
+            }
             let cell = self.arrivals(peer, parity);
             if cell.value.fetch_add(1, Ordering::AcqRel) + 1 == target {
                 cell.ring();

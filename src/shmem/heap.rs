@@ -52,12 +52,13 @@ impl FreeList {
     }
 }
 
-/// The heap of a world as this process sees it: every rank's segment mapped (the table of peer
-/// bases), and the free lists of the segments this process allocates in (every rank's for a
-/// thread world, its own for a process world). Whether ranks allocate alike is checked by the
-/// allocation's exchange (`Rank::alloc`), not here.
+/// The heap of a world as this process sees it: the segments of every rank of its node mapped
+/// (the table of peer bases; ranks on other nodes, in a world joined by MPI, have none here), and
+/// the free lists of the segments this process allocates in (every rank's for a thread world, its
+/// own for a process world). Whether ranks allocate alike is checked by the allocation's exchange
+/// (`Rank::alloc`), not here.
 pub(crate) struct Heap {
-    segments: Vec<Mapping>,
+    segments: Vec<Option<Mapping>>,
     capacity: usize,
     reserved: usize,
     free_lists: Vec<Mutex<FreeList>>,
@@ -93,8 +94,9 @@ pub(crate) fn segment_bytes(capacity: usize, reserved: usize) -> Result<(usize, 
 
 impl Heap {
     /// A heap over `segments` (one per rank, each `capacity` bytes, the first `reserved` of
-    /// which the runtime keeps for itself).
-    pub(crate) fn new(segments: Vec<Mapping>, capacity: usize, reserved: usize) -> Heap {
+    /// which the runtime keeps for itself; `None` for a rank whose memory this process cannot
+    /// map, on another node).
+    pub(crate) fn new(segments: Vec<Option<Mapping>>, capacity: usize, reserved: usize) -> Heap {
         let free_lists = (0..segments.len())
             .map(|_| Mutex::new(FreeList { blocks: vec![(reserved, capacity - reserved)] }))
             .collect();
@@ -105,11 +107,13 @@ impl Heap {
     pub(crate) fn anonymous(num_ranks: usize, capacity: usize, reserved: usize) -> Result<Heap> {
         let mut segments = Vec::with_capacity(num_ranks);
         for rank in 0..num_ranks {
-            segments.push(Mapping::anonymous(capacity).map_err(|e| Error::InvalidArgument {
-                op: "World::build",
-                rank,
-                reason: format!("cannot map a symmetric heap segment of {capacity} bytes: {e}"),
-            })?);
+            segments.push(Some(Mapping::anonymous(capacity).map_err(|e| {
+                Error::InvalidArgument {
+                    op: "World::build",
+                    rank,
+                    reason: format!("cannot map a symmetric heap segment of {capacity} bytes: {e}"),
+                }
+            })?));
         }
         Ok(Heap::new(segments, capacity, reserved))
     }
@@ -129,8 +133,21 @@ impl Heap {
     }
 
     /// Base address of `rank`'s segment.
+    ///
+    /// # Panics
+    /// If `rank`'s segment is not mapped in this process (a rank on another node): callers ask
+    /// [`Heap::mapped`] first wherever a peer may be remote.
+    #[track_caller]
     pub(crate) fn base(&self, rank: usize) -> *mut u8 {
-        self.segments[rank].base()
+        match &self.segments[rank] {
+            Some(segment) => segment.base(),
+            None => panic!("rank {rank}'s heap segment is on another node: no pointer to it here"),
+        }
+    }
+
+    /// Whether `rank`'s segment is mapped in this process (it is on this node).
+    pub(crate) fn mapped(&self, rank: usize) -> bool {
+        self.segments.get(rank).is_some_and(Option::is_some)
     }
 
     /// Bytes free in `rank`'s segment.

@@ -23,6 +23,17 @@ pub const JOB_ID_ENV: &str = "DIST_TENSOR_JOB_ID";
 /// Environment variable bounding how long the ranks wait for each other to join, in ms.
 pub const JOIN_TIMEOUT_ENV: &str = "DIST_TENSOR_JOIN_TIMEOUT_MS";
 
+/// Environment variable (feature `mpi`): ranks per node, to make several nodes of one host. With
+/// `1`, every process is its own node and every byte between ranks goes through MPI (with
+/// `--mca btl self,tcp`, over TCP). Unset: one node per host, from MPI's shared-memory split.
+pub const RANKS_PER_NODE_ENV: &str = "DIST_TENSOR_RANKS_PER_NODE";
+/// Environment variable (feature `mpi`, for tests): a delay the proxy adds to every put to another
+/// node, in microseconds.
+pub const THROTTLE_DELAY_ENV: &str = "DIST_TENSOR_MPI_DELAY_US";
+/// Environment variable (feature `mpi`, for tests): the most bytes per second the proxy sends
+/// puts to other nodes at.
+pub const THROTTLE_BANDWIDTH_ENV: &str = "DIST_TENSOR_MPI_BANDWIDTH";
+
 /// Every launcher's variables that say which job and rank a process is: a spawned rank gets
 /// only ours.
 pub(crate) const LAUNCHER_VARS: [&str; 25] = [
@@ -135,8 +146,31 @@ pub(crate) fn launched(get: &dyn Fn(&str) -> Option<String>) -> bool {
 }
 
 impl JobEnv {
-    /// Reads the environment through `get` (the process's own, or a test's map).
+    /// Reads the environment through `get` (the process's own, or a test's map), for a job of
+    /// one host: a job whose ranks span several hosts is an error here (see
+    /// [`JobEnv::read_spanning`]).
     pub(crate) fn read(get: &dyn Fn(&str) -> Option<String>) -> Result<JobEnv> {
+        let env = Self::read_spanning(get)?;
+        if env.local_world_size != env.world_size || env.local_rank != env.rank {
+            return Err(bad(format!(
+                "the job spans several hosts ({} of {} ranks on this one, local rank {} of rank \
+                 {}): ranks that are processes share memory on one host only; several hosts \
+                 need the mpi feature and an MPI launcher",
+                env.local_world_size, env.world_size, env.local_rank, env.rank
+            )));
+        }
+        Ok(env)
+    }
+
+    /// Whether the job was started by an MPI launcher (OpenMPI's mpirun or MPICH's Hydra), whose
+    /// communicator then says who is who.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
+    pub(crate) fn by_mpi(&self) -> bool {
+        matches!(self.launcher, "OpenMPI" | "MPICH/Hydra")
+    }
+
+    /// Reads the environment through `get`, for a job that may span several hosts.
+    pub(crate) fn read_spanning(get: &dyn Fn(&str) -> Option<String>) -> Result<JobEnv> {
         let mut found: Vec<(&Family, usize, usize)> = Vec::new();
         for family in &FAMILIES {
             let rank = number(get, family.rank)?;
@@ -194,14 +228,6 @@ impl JobEnv {
             Some(name) => number(get, name)?.unwrap_or(world_size),
             None => world_size,
         };
-        if local_world_size != world_size || local_rank != rank {
-            return Err(bad(format!(
-                "the job spans several hosts ({} of {world_size} ranks on this one, local rank \
-                 {local_rank} of rank {rank}): ranks that are processes share memory on one host \
-                 only; several hosts need the mpi feature",
-                local_world_size
-            )));
-        }
         let job_id = Self::job_id(get)?;
         Ok(JobEnv {
             rank,

@@ -16,22 +16,29 @@ mod heap;
 pub mod job_env;
 mod lent;
 mod mapping;
+#[cfg(feature = "mpi")]
+mod mpi;
+mod mpi_collectives;
 mod process;
+mod put;
 mod rank;
 mod signal;
 mod spawn;
 mod sync;
+mod transport;
 mod world;
 
 pub use crate::tensor::Pod;
 pub use buffer::{
     GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
+    try_symm_at,
 };
 pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
 #[cfg(test)]
 pub(crate) use lent::MAX_OUTPUT_BLOCKS;
 pub(crate) use lent::OutputBlock;
+pub(crate) use put::{PutSignal, Shape};
 pub use rank::Rank;
 pub(crate) use signal::Awaited;
 pub use signal::{NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};

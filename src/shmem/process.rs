@@ -37,6 +37,21 @@ const REFUSED: u64 = 1;
 /// How often a blocked waiter looks for dead peers.
 const PEER_CHECK: Duration = Duration::from_millis(5);
 
+/// Who meets in one rendezvous: the processes of one node, by local rank, and the global rank
+/// each of them is in a world of `world_size` ranks (for a job of one host, every rank as itself).
+#[derive(Debug, Clone)]
+pub(crate) struct Members {
+    pub(crate) world_size: usize,
+    pub(crate) ranks: Vec<usize>,
+}
+
+impl Members {
+    /// Every rank of a world of `n`, on one node.
+    pub(crate) fn all(n: usize) -> Members {
+        Members { world_size: n, ranks: (0..n).collect() }
+    }
+}
+
 /// What a process learns when it joins its job.
 pub(crate) struct Joined {
     pub(crate) heap: Heap,
@@ -104,28 +119,47 @@ fn socket_name(job_id: &str) -> String {
 
 /// Joins the job `env` describes: rank 0 hosts the rendezvous, every other rank connects to it.
 /// Gives up after `join_timeout` with an error naming the ranks that did not come.
-pub(crate) fn join(env: &JobEnv, settings: Settings, join_timeout: Duration) -> Result<Joined> {
+///
+/// `env`'s rank and world size are those of the node (local rank, ranks on the node); `members`
+/// says which global rank each is: the heap and control block are those of the whole world,
+/// with the segments of this node's ranks mapped.
+pub(crate) fn join(
+    env: &JobEnv,
+    members: &Members,
+    settings: Settings,
+    join_timeout: Duration,
+) -> Result<Joined> {
     let deadline = Instant::now() + join_timeout;
     if env.world_size == 1 {
-        let control = Mapping::memfd("dist-tensor control", Control::bytes(1))
-            .map_err(system(0, "cannot create the control block"))?;
-        let segment = Mapping::memfd("dist-tensor heap 0", settings.capacity)
-            .map_err(system(0, "cannot create the heap segment"))?;
-        let control = Control::create(control, 1);
-        let heap = Heap::new(vec![segment], settings.capacity, settings.reserved);
-        let peers = PeerWatch::new(0, vec![None]);
+        let me = members.ranks[0];
+        let control = Mapping::memfd("dist-tensor control", Control::bytes(members.world_size))
+            .map_err(system(me, "cannot create the control block"))?;
+        let segment = Mapping::memfd(&format!("dist-tensor heap {me}"), settings.capacity)
+            .map_err(system(me, "cannot create the heap segment"))?;
+        let control = Control::create(control, members.world_size);
+        let mut segments: Vec<Option<Mapping>> = (0..members.world_size).map(|_| None).collect();
+        segments[me] = Some(segment);
+        let heap = Heap::new(segments, settings.capacity, settings.reserved);
+        let peers = PeerWatch::new(me, members.clone(), (0..members.world_size).map(|_| None));
         return Ok(Joined { heap, control, settings, peers });
     }
     if env.rank == 0 {
-        host(env, settings, deadline, join_timeout)
+        host(env, members, settings, deadline, join_timeout)
     } else {
-        guest(env, deadline, join_timeout)
+        guest(env, members, deadline, join_timeout)
     }
 }
 
 /// Rank 0: accepts every other rank, hands out the settings, the control block and every segment.
-fn host(env: &JobEnv, settings: Settings, deadline: Instant, timeout: Duration) -> Result<Joined> {
+fn host(
+    env: &JobEnv,
+    members: &Members,
+    settings: Settings,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Joined> {
     let n = env.world_size;
+    let global = |local: usize| members.ranks[local];
     let name = socket_name(&env.job_id);
     let address = SocketAddr::from_abstract_name(name.as_bytes())
         .map_err(system(0, "cannot name the rendezvous socket"))?;
@@ -191,14 +225,14 @@ fn host(env: &JobEnv, settings: Settings, deadline: Instant, timeout: Duration) 
     }
     drop(listener); // the name is gone: nothing to clean up
 
-    let control_map = Mapping::memfd("dist-tensor control", Control::bytes(n))
-        .map_err(system(0, "cannot create the control block"))?;
-    let control = Control::create(control_map, n);
+    let control_map = Mapping::memfd("dist-tensor control", Control::bytes(members.world_size))
+        .map_err(system(global(0), "cannot create the control block"))?;
+    let control = Control::create(control_map, members.world_size);
     let own_pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
-    control.pid(0).store(own_pid, Ordering::Release);
+    control.pid(global(0)).store(own_pid, Ordering::Release);
     for (rank, guest) in guests.iter().enumerate() {
         if let Some((_, pid)) = guest {
-            control.pid(rank).store(*pid, Ordering::Release);
+            control.pid(global(rank)).store(*pid, Ordering::Release);
         }
     }
     let control_fd = control
@@ -208,7 +242,6 @@ fn host(env: &JobEnv, settings: Settings, deadline: Instant, timeout: Duration) 
         .try_clone_to_owned()
         .map_err(system(0, "control fd"))?;
     let timeout_ms = u64::try_from(settings.wait_timeout.as_millis()).unwrap_or(u64::MAX);
-    let pids: Vec<u32> = (0..n).map(|r| control.pid(r).load(Ordering::Acquire)).collect();
     for (rank, guest) in guests.iter_mut().enumerate() {
         if let Some((stream, _)) = guest {
             let words = [MAGIC, OK, settings.capacity as u64, settings.reserved as u64, timeout_ms];
@@ -238,12 +271,13 @@ fn host(env: &JobEnv, settings: Settings, deadline: Instant, timeout: Duration) 
             }
         }
     }
-    let mut segments = vec![own];
+    let mut segments: Vec<Option<Mapping>> = (0..members.world_size).map(|_| None).collect();
+    segments[global(0)] = Some(own);
     for (q, fd) in fds.into_iter().enumerate().skip(1) {
         let fd = fd.expect("every segment arrived");
-        segments.push(
+        segments[global(q)] = Some(
             Mapping::from_fd(fd, settings.capacity)
-                .map_err(system(0, format!("mapping rank {q}'s segment")))?,
+                .map_err(system(global(0), format!("mapping rank {}'s segment", global(q))))?,
         );
     }
     // Wait until every rank mapped everything (it then closes its end), so that no rank starts
@@ -253,13 +287,14 @@ fn host(env: &JobEnv, settings: Settings, deadline: Instant, timeout: Duration) 
         let _ = guest.0.read(&mut byte);
     }
     let heap = Heap::new(segments, settings.capacity, settings.reserved);
-    let peers = PeerWatch::open(0, &pids)?;
+    let peers = PeerWatch::open(global(0), members, &control);
     Ok(Joined { heap, control, settings, peers })
 }
 
 /// Every other rank: connects to rank 0 (retrying until it listens), sends its segment.
-fn guest(env: &JobEnv, deadline: Instant, timeout: Duration) -> Result<Joined> {
+fn guest(env: &JobEnv, members: &Members, deadline: Instant, timeout: Duration) -> Result<Joined> {
     let (me, n) = (env.rank, env.world_size);
+    let global = |local: usize| members.ranks[local];
     let name = socket_name(&env.job_id);
     let address = SocketAddr::from_abstract_name(name.as_bytes())
         .map_err(system(me, "cannot name the rendezvous socket"))?;
@@ -298,9 +333,9 @@ fn guest(env: &JobEnv, deadline: Instant, timeout: Duration) -> Result<Joined> {
         wait_timeout: Duration::from_millis(words[2]),
     };
     let (_, control_fd) = recv_fd(&stream).map_err(system(me, "receiving the control block"))?;
-    let control_map = Mapping::from_fd(control_fd, Control::bytes(n))
+    let control_map = Mapping::from_fd(control_fd, Control::bytes(members.world_size))
         .map_err(system(me, "mapping the control block"))?;
-    let control = Control::open(control_map, n).map_err(refused)?;
+    let control = Control::open(control_map, members.world_size).map_err(refused)?;
     let own = Mapping::memfd(&format!("dist-tensor heap {me}"), settings.capacity)
         .map_err(system(me, "cannot create the heap segment"))?;
     send_fd(
@@ -309,52 +344,56 @@ fn guest(env: &JobEnv, deadline: Instant, timeout: Duration) -> Result<Joined> {
         &own.fd().expect("a memfd").try_clone_to_owned().map_err(system(me, "segment fd"))?,
     )
     .map_err(system(me, "passing the segment"))?;
-    let mut segments: Vec<Option<Mapping>> = (0..n).map(|_| None).collect();
+    let mut segments: Vec<Option<Mapping>> = (0..members.world_size).map(|_| None).collect();
     for _ in 0..n {
         let (q, fd) = recv_fd(&stream).map_err(system(me, "receiving the segments"))?;
         let q = q as usize;
         if q >= n {
             return Err(refused(format!("rank 0 passed a segment for rank {q} of {n}")));
         }
-        segments[q] = Some(
+        segments[global(q)] = Some(
             Mapping::from_fd(fd, settings.capacity)
-                .map_err(system(me, format!("mapping rank {q}'s segment")))?,
+                .map_err(system(me, format!("mapping rank {}'s segment", global(q))))?,
         );
     }
-    segments[me] = Some(own);
-    let segments: Vec<Mapping> = segments.into_iter().map(|s| s.expect("every segment")).collect();
+    segments[global(me)] = Some(own);
     drop(stream); // tells rank 0 this rank has mapped everything
     let heap = Heap::new(segments, settings.capacity, settings.reserved);
-    let pids: Vec<u32> = (0..n).map(|r| control.pid(r).load(Ordering::Acquire)).collect();
-    let peers = PeerWatch::open(me, &pids)?;
+    let peers = PeerWatch::open(global(me), members, &control);
     Ok(Joined { heap, control, settings, peers })
 }
 
-/// Watches the other processes of the job: one pidfd each; a process that ended while its rank
+/// Watches the other processes of the node: one pidfd each; a process that ended while its rank
 /// was still running is marked died in the control block, which fails the world and names it.
 pub(crate) struct PeerWatch {
     me: usize,
+    members: Members,
+    /// By global rank; only this node's other ranks have one.
     pidfds: std::sync::Mutex<Vec<Option<OwnedFd>>>,
     start: Instant,
     last: AtomicU64,
 }
 
 impl PeerWatch {
-    fn new(me: usize, pidfds: Vec<Option<OwnedFd>>) -> PeerWatch {
+    fn new(me: usize, members: Members, pidfds: impl Iterator<Item = Option<OwnedFd>>) -> Self {
         PeerWatch {
             me,
-            pidfds: std::sync::Mutex::new(pidfds),
+            members,
+            pidfds: std::sync::Mutex::new(pidfds.collect()),
             start: Instant::now(),
             last: AtomicU64::new(0),
         }
     }
 
-    fn open(me: usize, pids: &[u32]) -> Result<PeerWatch> {
-        let mut fds = Vec::with_capacity(pids.len());
-        for (rank, &pid) in pids.iter().enumerate() {
-            fds.push(if rank == me { None } else { pidfd(pid) });
-        }
-        Ok(PeerWatch::new(me, fds))
+    fn open(me: usize, members: &Members, control: &Control) -> PeerWatch {
+        let fds = (0..members.world_size).map(|rank| {
+            if rank == me || !members.ranks.contains(&rank) {
+                None
+            } else {
+                pidfd(control.pid(rank).load(Ordering::Acquire))
+            }
+        });
+        PeerWatch::new(me, members.clone(), fds)
     }
 
     /// Looks (at most every few milliseconds) for peers whose process ended while running.
@@ -367,10 +406,11 @@ impl PeerWatch {
             return;
         }
         let mut fds = super::heap::lock(&self.pidfds);
-        for (rank, slot) in fds.iter_mut().enumerate() {
+        for &rank in &self.members.ranks {
             if rank == self.me {
                 continue;
             }
+            let slot = &mut fds[rank];
             if slot.is_none() {
                 let pid = control.pid(rank).load(Ordering::Acquire);
                 if pid != 0 {

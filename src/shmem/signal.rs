@@ -160,6 +160,11 @@ impl SignalBuf {
         len * SIGNAL_STRIDE
     }
 
+    /// Byte offset of signal `index` in every rank's segment.
+    pub(crate) fn cell_offset(&self, index: usize) -> usize {
+        self.offset + index * SIGNAL_STRIDE
+    }
+
     /// Signal `index` in `rank`'s segment.
     fn cell(&self, rank: usize, index: usize) -> &Cell {
         cell(&self.heap, rank, self.offset + index * SIGNAL_STRIDE)
@@ -202,7 +207,7 @@ pub(crate) enum Awaited {
     Anyone,
 }
 
-fn check_signal(
+pub(crate) fn check_signal(
     world: &WorldShared,
     op: &'static str,
     rank: usize,
@@ -249,19 +254,30 @@ pub(crate) fn notify(
             ),
         });
     }
+    if !world.heap.mapped(peer) {
+        // A peer on another node: the proxy applies the signal there, after every transfer this
+        // process handed it for that peer before (so a release notify orders what came first).
+        let put = super::transport::Put::signal_only(peer, sig.cell_offset(index), op);
+        return world.transport.put(world, &put);
+    }
     let order = match sem {
         NotifySem::Release => Ordering::Release,
         NotifySem::Relaxed => Ordering::Relaxed,
     };
     let target = sig.cell(peer, index);
+    apply(target, op, order);
+    Ok(())
+}
+
+/// Applies `op` to `cell` with `order`, then wakes its sleepers.
+pub(crate) fn apply(cell: &Cell, op: SignalOp, order: Ordering) {
     match op {
-        SignalOp::Set(v) => target.value.store(v, order),
+        SignalOp::Set(v) => cell.value.store(v, order),
         SignalOp::Add(v) => {
-            target.value.fetch_add(v, order);
+            cell.value.fetch_add(v, order);
         }
     }
-    target.ring();
-    Ok(())
+    cell.ring();
 }
 
 /// Waits, on `rank`, until its signal `index` of `sig` meets `cmp`.

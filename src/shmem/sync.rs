@@ -13,7 +13,7 @@
 //! own every few milliseconds to look at the world: a failure, a rank that left, its deadline,
 //! and (in a process world) whether a peer process died.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use rustix::thread::futex;
@@ -39,13 +39,21 @@ pub(crate) struct Cell {
 }
 
 impl Cell {
+    /// A signal of value zero outside any heap (a counter in process memory that threads wait on).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
+    pub(crate) const fn new() -> Cell {
+        Cell { value: AtomicU64::new(0), doorbell: AtomicU32::new(0), sleepers: AtomicU32::new(0) }
+    }
+
     /// Wakes the threads sleeping on this cell, if any. Call after the store it announces.
     pub(crate) fn ring(&self) {
         fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             self.doorbell.fetch_add(1, Ordering::SeqCst);
-            // A failed wake only costs the waiter its next tick.
-            let _ = futex::wake(&self.doorbell, futex::Flags::empty(), u32::MAX);
+            // Every sleeper: the kernel takes the count as a signed int, so u32::MAX would be -1
+            // and wake one only (the others slept to their next tick, 1 to 16 ms). A failed wake
+            // only costs the waiter its next tick.
+            let _ = futex::wake(&self.doorbell, futex::Flags::empty(), i32::MAX as u32);
         }
     }
 }
@@ -67,6 +75,9 @@ pub(crate) struct Watch<'a> {
     pub(crate) deadline: Option<Instant>,
     /// Called on every tick while blocked (a process world looks for dead peers here).
     pub(crate) on_tick: Option<&'a (dyn Fn(&Control) + Send + Sync)>,
+    /// Counts the threads blocked in a wait, for a proxy that moves data from other nodes: it
+    /// polls hard while anyone waits.
+    pub(crate) blocked: Option<&'a AtomicUsize>,
 }
 
 /// Waits on `cell` until `ready()`, a failure, `gone()` reporting a reason (asked whenever a rank
@@ -92,7 +103,13 @@ pub(crate) fn wait_until<E>(
         }
     }
     cell.sleepers.fetch_add(1, Ordering::SeqCst);
+    if let Some(blocked) = watch.blocked {
+        blocked.fetch_add(1, Ordering::SeqCst);
+    }
     let outcome = block(watch, cell, &mut ready, &mut gone);
+    if let Some(blocked) = watch.blocked {
+        blocked.fetch_sub(1, Ordering::SeqCst);
+    }
     cell.sleepers.fetch_sub(1, Ordering::SeqCst);
     outcome
 }

@@ -12,6 +12,7 @@ use super::heap::{Heap, lock, segment_bytes};
 use super::mapping::Mapping;
 use super::rank::Rank;
 use super::sync::{Watch, deadline_after};
+use super::transport::Transport;
 use crate::device::{Backend, Topology};
 use crate::{Error, Result};
 
@@ -53,6 +54,8 @@ pub(crate) struct WorldShared {
     run_lock: Mutex<()>,
     /// The GPUs of a world made by [`World::cuda`]: rank `r` runs on GPU `r` of it.
     pub(crate) cuda: Option<Arc<crate::device::cuda::CudaWorld>>,
+    /// Which ranks are on this node (reached by pointer), and the way to the others.
+    pub(crate) transport: Transport,
 }
 
 /// What a blocked waiter calls on every tick (a process world looks for dead peers).
@@ -79,6 +82,7 @@ impl WorldShared {
             control: &self.control,
             deadline: deadline_after(self.wait_timeout),
             on_tick: self.on_tick.as_deref(),
+            blocked: self.transport.blocked(),
         }
     }
 
@@ -171,7 +175,7 @@ pub struct WorldBuilder {
     cuda: Option<Vec<usize>>,
 }
 
-fn env_number(name: &'static str) -> Result<Option<u64>> {
+pub(crate) fn env_number(name: &'static str) -> Result<Option<u64>> {
     match std::env::var(name) {
         Ok(text) => text.trim().parse().map(Some).map_err(|_| Error::InvalidArgument {
             op: "World::build",
@@ -285,7 +289,8 @@ impl WorldBuilder {
                 reason: "a world needs at least one rank".into(),
             });
         }
-        let settings = Settings::resolve(self.heap_capacity, self.wait_timeout)?.for_ranks(n)?;
+        let settings =
+            Settings::resolve(self.heap_capacity, self.wait_timeout)?.for_ranks(n, false)?;
         let heap = Heap::anonymous(n, settings.capacity, settings.reserved)?;
         let control =
             Mapping::anonymous(Control::bytes(n)).map_err(|e| Error::InvalidArgument {
@@ -347,9 +352,11 @@ impl Settings {
         Ok(Settings { capacity, reserved: 0, wait_timeout })
     }
 
-    /// With the runtime's reserved part for `num_ranks` ranks, and the capacity rounded.
-    fn for_ranks(mut self, num_ranks: usize) -> Result<Settings> {
-        let (capacity, reserved) = segment_bytes(self.capacity, reserved_bytes(num_ranks))?;
+    /// With the runtime's reserved part for `num_ranks` ranks (on several nodes: `inboxes`), and
+    /// the capacity rounded.
+    pub(crate) fn for_ranks(mut self, num_ranks: usize, inboxes: bool) -> Result<Settings> {
+        let reserved = reserved_bytes(num_ranks, inboxes);
+        let (capacity, reserved) = segment_bytes(self.capacity, reserved)?;
         self.capacity = capacity;
         self.reserved = reserved;
         Ok(self)
@@ -374,6 +381,7 @@ impl WorldShared {
             backend: Backend::Host,
             run_lock: Mutex::new(()),
             cuda: None,
+            transport: Transport::local(n),
         }
     }
 }
@@ -432,11 +440,23 @@ impl World {
     /// [`WAIT_TIMEOUT_ENV`]); how long the ranks wait for each other to join from
     /// [`JOIN_TIMEOUT_ENV`](crate::shmem::job_env::JOIN_TIMEOUT_ENV) (default 60 s).
     ///
+    /// With the `mpi` feature, a job started by an MPI launcher (OpenMPI's mpirun, MPICH's
+    /// Hydra) may span many hosts: a proxy thread initialises MPI, whose communicator says who is
+    /// who; the ranks of each node meet as above (one node per host, from MPI's shared-memory
+    /// split, or [`RANKS_PER_NODE_ENV`](crate::shmem::job_env::RANKS_PER_NODE_ENV) ranks per
+    /// node), and ranks of different nodes reach each other through the proxy (see
+    /// [`Rank::put_signal`], [`Rank::is_local`]). Every rank must have the same heap capacity
+    /// and wait timeout. MPI starts once per process: one such world per process, and MPI ends
+    /// when it is dropped (`MPI_Finalize`, once every rank of the other nodes said goodbye).
+    /// When a process dies, plain mpirun ends the whole job at once (naming the rank); with
+    /// OpenMPI's `--enable-recovery` the others go on long enough to end with an error naming it.
+    ///
     /// # Errors
     /// [`Error::Environment`] naming what is missing or inconsistent (no rank, a rank not below
-    /// the world size, two launchers that disagree, a job over several hosts), or a peer that
-    /// never joins within the join timeout; [`Error::System`] when the operating system refuses a
-    /// step of the rendezvous.
+    /// the world size, two launchers that disagree, a job over several hosts without the `mpi`
+    /// feature, ranks of one node on different hosts, settings that differ between ranks, MPI
+    /// started twice), or a peer that never joins within the join timeout; [`Error::System`]
+    /// when the operating system refuses a step of the rendezvous; [`Error::Mpi`] when MPI fails.
     ///
     /// # Examples
     /// ```
@@ -449,13 +469,18 @@ impl World {
     /// ```
     pub fn from_env() -> Result<World> {
         let get = |name: &str| std::env::var(name).ok();
+        let env = super::job_env::JobEnv::read_spanning(&get)?;
+        if let Some(world) = super::transport::join_by_mpi(&env) {
+            return world;
+        }
         let env = super::job_env::JobEnv::read(&get)?;
         let join_timeout = match env_number(super::job_env::JOIN_TIMEOUT_ENV)? {
             Some(ms) => Duration::from_millis(ms.max(1)),
             None => Duration::from_secs(60),
         };
-        let settings = Settings::resolve(None, None)?.for_ranks(env.world_size)?;
-        let joined = super::process::join(&env, settings, join_timeout)?;
+        let settings = Settings::resolve(None, None)?.for_ranks(env.world_size, false)?;
+        let members = super::process::Members::all(env.world_size);
+        let joined = super::process::join(&env, &members, settings, join_timeout)?;
         let me = env.rank;
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
         joined.control.pid(me).store(pid, std::sync::atomic::Ordering::Release);
@@ -467,6 +492,12 @@ impl World {
         let peers = joined.peers;
         shared.on_tick = Some(Box::new(move |control: &Control| peers.check(control)));
         Ok(World { shared: Arc::new(shared), here: Some(me) })
+    }
+
+    /// A world of processes whose `shared` state this process made, as rank `me`.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI world only
+    pub(crate) fn from_process(shared: WorldShared, me: usize) -> World {
+        World { shared: Arc::new(shared), here: Some(me) }
     }
 
     /// Re-executes this program as the `num_ranks` ranks of a job on this host and waits for
@@ -845,7 +876,11 @@ where
             return Some(value);
         }
         Ok(Err(err)) => err,
-        Err(panic) => Error::Panicked { rank: r, message: panic_message(&*panic) },
+        // A typed panic (`symm_at` on a peer of another node) stays typed.
+        Err(panic) => match panic.downcast::<Error>() {
+            Ok(err) => *err,
+            Err(panic) => Error::Panicked { rank: r, message: panic_message(&*panic) },
+        },
     };
     shared.fail_with(r, &err);
     shared.control.set_state(r, RankState::Failed);
@@ -861,6 +896,8 @@ impl Drop for World {
         {
             self.shared.control.set_state(me, RankState::Left);
         }
+        // Ranks on other nodes learn it through the proxy, which then ends MPI.
+        self.shared.transport.shutdown(&self.shared.control);
     }
 }
 

@@ -32,11 +32,15 @@ where
         let outcome = catch_unwind(AssertUnwindSafe(|| kernel(&program)));
         let result = match outcome {
             Ok(result) => result,
-            Err(panic) => Err(Error::KernelPanicked {
-                rank: rank.rank(),
-                program: ProgramLabel::Program { id: program_id, sub_vec: sub_vec_id },
-                message: panic_message(&*panic),
-            }),
+            // A typed panic (`symm_at` on a peer of another node) stays typed.
+            Err(panic) => match panic.downcast::<Error>() {
+                Ok(err) => Err(*err),
+                Err(panic) => Err(Error::KernelPanicked {
+                    rank: rank.rank(),
+                    program: ProgramLabel::Program { id: program_id, sub_vec: sub_vec_id },
+                    message: panic_message(&*panic),
+                }),
+            },
         };
         if let Err(err) = &result {
             rank.fail_with(err);

@@ -1,0 +1,701 @@
+//! Ranks on many hosts through MPI (feature `mpi`). Each test runs this test binary under
+//! `mpirun` as the ranks of a job (the test's own name as the filter): in a rank, `in_rank` runs
+//! the body and prints what it found; in the test itself, it starts mpirun with a timeout (a hang
+//! fails the test, it does not hang CI) and checks every rank's lines.
+//!
+//! Three shapes, as the issue asks: one node (ranks share memory, MPI only starts the job);
+//! every process its own node (`DIST_TENSOR_RANKS_PER_NODE=1` with `--mca btl self,tcp`: every
+//! byte between ranks crosses TCP through the proxies); and nodes of two ranks (shared memory
+//! inside a node, TCP between nodes; at 3 processes the nodes differ in size).
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use dist_tensor::collectives::{self, ReduceOp};
+use dist_tensor::device::{LaunchMode, launch, tile};
+use dist_tensor::shmem::job_env::{RANKS_PER_NODE_ENV, THROTTLE_BANDWIDTH_ENV, THROTTLE_DELAY_ENV};
+use dist_tensor::shmem::{
+    GlobalPtr, SignalOp, WaitCmp, WaitSem, consume_token, symm_at, try_symm_at,
+};
+use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Tensor, World, fused};
+use half::{bf16, f16};
+
+/// mpirun is stopped past this: a hang fails the test.
+const JOB_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// Where the ranks of a job live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// All on one node: shared memory between every pair.
+    OneNode,
+    /// Every process its own node, TCP between them.
+    OwnNodes,
+    /// Two ranks per node, TCP between nodes.
+    NodesOfTwo,
+}
+
+impl Shape {
+    fn args(self) -> Vec<String> {
+        let tcp = ["--mca", "btl", "self,tcp"].map(String::from).to_vec();
+        match self {
+            Shape::OneNode => Vec::new(),
+            Shape::OwnNodes => [tcp, vec!["-x".into(), format!("{RANKS_PER_NODE_ENV}=1")]].concat(),
+            Shape::NodesOfTwo => {
+                [tcp, vec!["-x".into(), format!("{RANKS_PER_NODE_ENV}=2")]].concat()
+            }
+        }
+    }
+
+    /// Whether matmul_reduce_scatter adds in the threads' order at `n` ranks: when no node
+    /// after the first holds more than one rank (see `fused`'s reduction order).
+    fn same_sum_order(self, n: usize) -> bool {
+        match self {
+            Shape::OneNode | Shape::OwnNodes => true,
+            Shape::NodesOfTwo => n <= 3,
+        }
+    }
+}
+
+/// In a rank (started by mpirun): joins the world, runs `body`, prints `RANK r RESULT <text>` or
+/// `RANK r ERROR <error>`, and returns true. In the test itself: returns false.
+fn in_rank(body: impl FnOnce(&World) -> dist_tensor::Result<String>) -> bool {
+    if std::env::var("OMPI_COMM_WORLD_RANK").is_err() {
+        return false;
+    }
+    let world = match World::from_env() {
+        Ok(world) => world,
+        Err(err) => {
+            println!("RANK ? ERROR {err}");
+            return true;
+        }
+    };
+    let me = world.ranks_here().start;
+    match body(&world) {
+        Ok(text) => println!("RANK {me} RESULT {text}"),
+        Err(err) => println!("RANK {me} ERROR {err}"),
+    }
+    drop(world);
+    true
+}
+
+/// What a job printed, and how it ended.
+struct Job {
+    /// What each rank printed (mpirun's `--output-filename`: lines of ranks do not mix).
+    ranks: Vec<String>,
+    stdout: String,
+    stderr: String,
+    success: bool,
+    elapsed: Duration,
+}
+
+impl Job {
+    /// What rank `r` printed after `tag`.
+    fn printed(&self, r: usize, tag: &str) -> Option<String> {
+        let prefix = format!("RANK {r} {tag} ");
+        self.ranks[r].lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+    }
+
+    fn result(&self, r: usize) -> String {
+        self.printed(r, "RESULT").unwrap_or_else(|| {
+            panic!("rank {r} printed no result:\n{}\n{}", self.stdout, self.stderr)
+        })
+    }
+}
+
+/// Runs test `name` as `n` ranks under mpirun in `shape`, with extra `env` and mpirun `extra`
+/// arguments.
+fn mpirun(name: &str, n: usize, shape: Shape, env: &[(&str, &str)], extra: &[&str]) -> Job {
+    // One job at a time: a job is several processes on a machine of few cores, and the throttle
+    // test times its ops.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = std::env::current_exe().unwrap();
+    let files = std::env::temp_dir().join(format!("dt-mpi-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&files);
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &n.to_string()]);
+    cmd.arg("--output-filename").arg(&files);
+    cmd.args(shape.args()).args(extra);
+    for (key, value) in env {
+        cmd.args(["-x", &format!("{key}={value}")]);
+    }
+    cmd.arg(exe).args([name, "--exact", "--nocapture", "--test-threads=1", "-q"]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("mpirun (the mpi feature's tests need OpenMPI's mpirun)");
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > JOB_TIMEOUT {
+            let pid = rustix::process::Pid::from_child(&child);
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            std::thread::sleep(Duration::from_secs(5));
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+            let stdout = reader.join().unwrap();
+            panic!("{name} ({shape:?}, {n} ranks) hung: {status}\n{stdout}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = start.elapsed();
+    let ranks = (0..n)
+        .map(|r| {
+            std::fs::read_to_string(files.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&files);
+    Job {
+        ranks,
+        stdout: reader.join().unwrap(),
+        stderr: err_reader.join().unwrap(),
+        success: status.success(),
+        elapsed,
+    }
+}
+
+// ---- the same numbers as threads ------------------------------------------------------------
+
+fn digest<T: Element>(values: &[T]) -> String {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for v in values {
+        for b in v.to_f64().to_bits().to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}/{}", values.len())
+}
+
+fn seeded<T: Element>(rank: usize, len: usize, salt: usize) -> Vec<T> {
+    (0..len)
+        .map(|i| T::from_f64((((rank * 131 + i * 17 + salt) % 97) as f64 - 48.0) / 7.0))
+        .collect()
+}
+
+/// Names of results whose sum order depends on the world's shape (matmul_reduce_scatter).
+const SHAPE_ORDERED: [&str; 3] = ["rs_fused", "rs_fused_bf16", "mlp"];
+
+/// The largest error of this rank's rows of `sum_s h_s @ w_s` against an f64 reference (the
+/// inputs are regenerated for every rank), relative to the largest reference value.
+fn rs_error(rank: &Rank<'_>, got: &[f64], (m, k, n): (usize, usize, usize)) -> f64 {
+    let world = rank.num_ranks();
+    let mut want = vec![0f64; m * n];
+    for s in 0..world {
+        let h: Vec<f64> = seeded::<f32>(s, m * k, 11).iter().map(|v| f64::from(*v)).collect();
+        let w: Vec<f64> = seeded::<f32>(s, k * n, 12).iter().map(|v| f64::from(*v)).collect();
+        for i in 0..m {
+            for j in 0..n {
+                want[i * n + j] += (0..k).map(|q| h[i * k + q] * w[q * n + j]).sum::<f64>();
+            }
+        }
+    }
+    let counts = dist_tensor::tensor::array_split(m, world);
+    let start: usize = counts[..rank.rank()].iter().sum();
+    let mine = &want[start * n..(start + counts[rank.rank()]) * n];
+    let scale = want.iter().fold(1.0f64, |a, v| a.max(v.abs()));
+    mine.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale
+}
+
+/// Every collective and fused op, in several element types and odd sizes: `name=digest` pairs.
+fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut put = |name: &str, d: String| out.push((name.to_string(), d));
+    // Ranks of other nodes have no pointer here; the threads' world says what one node gives.
+    let local: String = (0..n).map(|p| if rank.is_local(p) { 'L' } else { '-' }).collect();
+    put("nodes", format!("{}:{local}", rank.num_nodes()));
+    let x: Vec<f32> = seeded(me, 5 + 3 * me, 1);
+    put("all_gather", digest(&collectives::all_gather(rank, &x)?));
+    let same: Vec<f32> = seeded(me, 37, 2);
+    put("reduce_scatter", digest(&collectives::reduce_scatter(rank, &same, ReduceOp::Sum)?));
+    put("reduce_mean", digest(&collectives::reduce_scatter(rank, &same, ReduceOp::Mean)?));
+    put("all_reduce", digest(&collectives::all_reduce(rank, &same)?));
+    let even: Vec<f32> = seeded(me, 3 * n, 3);
+    put("all_to_all", digest(&collectives::all_to_all(rank, &even)?));
+    let counts: Vec<usize> = (0..n).map(|r| (r + me) % 3).collect();
+    let v: Vec<f64> = seeded(me, counts.iter().sum(), 4);
+    put("all_to_all_v", digest(&collectives::all_to_all_v(rank, &v, &counts)?));
+    let pushed = collectives::all_to_all_v_tensor(rank, &v, &counts)?;
+    put("all_to_all_v_tensor", digest(pushed.as_slice()));
+    put("broadcast", digest(&collectives::broadcast(rank, &seeded::<f64>(me, 11, 5), n - 1)?));
+    put("all_reduce_f64", digest(&collectives::all_reduce(rank, &seeded::<f64>(me, 23, 6))?));
+    put("all_gather_bf16", digest(&collectives::all_gather(rank, &seeded::<bf16>(me, 9, 7))?));
+    put("all_reduce_f16", digest(&collectives::all_reduce(rank, &seeded::<f16>(me, 19, 8))?));
+    let cols: Vec<f32> = seeded(me, 4 * (2 + me), 14);
+    put("all_gather_cols", digest(&collectives::all_gather_cols(rank, &cols, 4)?));
+    let rs_counts: Vec<usize> = (0..n).map(|r| 1 + r % 2).collect();
+    let wide: Vec<f32> = seeded(me, 3 * rs_counts.iter().sum::<usize>(), 15);
+    let rs = collectives::reduce_scatter_cols(rank, &wide, 3, &rs_counts, ReduceOp::Sum)?;
+    put("reduce_scatter_cols", digest(&rs));
+    // Fused ops, f32 and bf16, uneven rows (and rows long enough for tiles per shard).
+    for rows in [13 + me, 300 + 7 * me] {
+        let x = Tensor::from_shape_vec(&[rows, 64], seeded::<f32>(me, rows * 64, 9))?;
+        let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;
+        let ag = fused::all_gather_matmul(rank, x.view2("x")?, &[w.view2("w")?])?;
+        put("ag_fused", digest(ag.outputs[0].as_slice().expect("standard")));
+        let ag = fused::all_gather_matmul_unfused(rank, x.view2("x")?, &[w.view2("w")?])?;
+        put("ag_unfused", digest(ag.outputs[0].as_slice().expect("standard")));
+        // MPI_Allgatherv, then the same local product: the same bits.
+        let same = !World::launched() || {
+            let mpi = fused::all_gather_matmul_unfused_mpi(rank, x.view2("x")?, &[w.view2("w")?])?;
+            mpi == ag
+        };
+        put("ag_unfused_mpi_same", same.to_string());
+        // The gathered input kept beside the product: the same product, and the gathered rows.
+        let kept = fused::all_gather_matmul_keep_input(rank, x.view2("x")?, &[w.view2("w")?])?;
+        let gathered = kept.gathered.as_ref().expect("kept");
+        put("ag_keep_gathered", digest(gathered.as_slice().expect("standard")));
+        put("ag_keep_same", (kept.outputs == ag.outputs).to_string());
+    }
+    let x = Tensor::from_shape_vec(&[13 + me, 64], seeded::<f32>(me, (13 + me) * 64, 9))?;
+    let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;
+    let (xb, wb) = (x.cast::<bf16>(), w.cast::<bf16>());
+    let ag = fused::all_gather_matmul(rank, xb.view2("x")?, &[wb.view2("w")?])?;
+    put("ag_fused_bf16", digest(ag.outputs[0].as_slice().expect("standard")));
+    for (name, m) in [("rs_fused", 50), ("rs_fused_long", 600)] {
+        let (k, nn) = (16, 20);
+        let h = Tensor::from_shape_vec(&[m, k], seeded::<f32>(me, m * k, 11))?;
+        let w2 = Tensor::from_shape_vec(&[k, nn], seeded::<f32>(me, k * nn, 12))?;
+        let rs = fused::matmul_reduce_scatter(rank, h.view2("h")?, w2.view2("w")?)?;
+        let got: Vec<f64> = rs.iter().map(|v| f64::from(*v)).collect();
+        let err = rs_error(rank, &got, (m, k, nn));
+        put(&format!("{name}_close"), (err < 1e-5).to_string());
+        let name = if name == "rs_fused" { name.to_string() } else { "rs_fused".to_string() };
+        put(&name, digest(rs.as_slice().expect("standard")));
+        let rs = fused::matmul_reduce_scatter_unfused(rank, h.view2("h")?, w2.view2("w")?)?;
+        put("rs_unfused", digest(rs.as_slice().expect("standard")));
+        // MPI_Reduce_scatter sums in MPI's own order: close to the reference.
+        let close = !World::launched() || {
+            let mpi =
+                fused::matmul_reduce_scatter_unfused_mpi(rank, h.view2("h")?, w2.view2("w")?)?;
+            let got: Vec<f64> = mpi.iter().map(|v| f64::from(*v)).collect();
+            rs_error(rank, &got, (m, k, nn)) < 1e-5
+        };
+        put("rs_unfused_mpi_close", close.to_string());
+        let rs = fused::matmul_reduce_scatter(
+            rank,
+            h.cast::<bf16>().view2("h")?,
+            w2.cast::<bf16>().view2("w")?,
+        )?;
+        put("rs_fused_bf16", digest(rs.as_slice().expect("standard")));
+    }
+    // Ulysses all_to_all: [B, s_r, H, D] -> [B, S, h_r, D] and back; S and H not divisible.
+    let s_r = 3 + me % 2;
+    let q = Tensor::from_shape_vec(&[2, s_r, 7, 8], seeded::<f32>(me, 2 * s_r * 7 * 8, 13))?;
+    let heads = fused::all_to_all(rank, &q, 2, 1)?;
+    put("ulysses", digest(heads.output.as_slice()));
+    put("ulysses_back", digest(fused::all_to_all(rank, &heads.output, 1, 2)?.output.as_slice()));
+    let unfused = fused::all_to_all_unfused(rank, &q, 2, 1)?;
+    put("ulysses_unfused", digest(unfused.output.as_slice()));
+    let same = !World::launched() || fused::all_to_all_unfused_mpi(rank, &q, 2, 1)? == unfused;
+    put("ulysses_unfused_mpi_same", same.to_string());
+    // Blocks of several copy tasks, on one node and across nodes (tasks to another node are
+    // larger): about 9000 rows of 16 to 48 elements per peer.
+    let s_r = 9000 + 37 * me;
+    let q = Tensor::from_shape_vec(&[1, s_r, 5, 16], seeded::<f32>(me, s_r * 80, 14))?;
+    let heads = fused::all_to_all(rank, &q, 2, 1)?;
+    put("ulysses_large", digest(heads.output.as_slice()));
+    put("ulysses_large_same", (heads == fused::all_to_all_unfused(rank, &q, 2, 1)?).to_string());
+    // The DistTensor layer: an MLP block end to end.
+    let x = Tensor::<f32>::random(&[29, 16], 1);
+    let w1 = Tensor::<f32>::random(&[16, 40], 2);
+    let w2 = Tensor::<f32>::random(&[40, 16], 3);
+    let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+    let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
+    let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
+    let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
+    put("mlp", digest(y.to_global()?.as_slice()));
+    Ok(out)
+}
+
+fn encode(results: &[(String, String)]) -> String {
+    results.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(";")
+}
+
+fn decode(text: &str) -> Vec<(String, String)> {
+    text.split(';')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("name=value");
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+/// The rank body of the battery tests: the battery in two runs of the world (the second must
+/// give the same bits), printed once.
+fn battery_twice(world: &World) -> dist_tensor::Result<String> {
+    let first = world.run(battery)?.remove(0);
+    let second = world.run(battery)?.remove(0);
+    if first != second {
+        let differ: Vec<&String> =
+            first.iter().zip(&second).filter(|(a, b)| a != b).map(|(a, _)| &a.0).collect();
+        return Err(Error::user(format!("a second run gave other bits for {differ:?}")));
+    }
+    Ok(encode(&first))
+}
+
+/// Runs the battery as `n` ranks in `shape` and compares every rank's results with a world of
+/// threads: bitwise, but for the sums whose order the shape changes (then checked against an f64
+/// reference inside the rank, and bitwise from run to run).
+fn battery_matches_threads(name: &str, n: usize, shape: Shape) {
+    let threads = World::threads(n).unwrap().run(battery).unwrap();
+    let job = mpirun(name, n, shape, &[], &[]);
+    assert!(job.success, "{name}: mpirun failed:\n{}\n{}", job.stdout, job.stderr);
+    println!("{name}: mpirun took {:?}\n{}", job.elapsed, job.stdout);
+    for (r, want) in threads.iter().enumerate() {
+        let got = decode(&job.result(r));
+        assert_eq!(got.len(), want.len(), "rank {r}");
+        for ((name_got, got), (name_want, want)) in got.iter().zip(want) {
+            assert_eq!(name_got, name_want);
+            if SHAPE_ORDERED.contains(&name_got.as_str()) && !shape.same_sum_order(n) {
+                continue; // compared with the f64 reference (`*_close`) and run to run
+            }
+            if name_got == "nodes" {
+                assert_eq!(got, &expected_nodes(shape, n, r), "rank {r}");
+                continue;
+            }
+            assert_eq!(got, want, "{shape:?}, {n} ranks, rank {r}: {name_got} differs");
+        }
+    }
+}
+
+/// What `battery`'s `nodes` entry says for rank `r` of `n` in `shape`.
+fn expected_nodes(shape: Shape, n: usize, r: usize) -> String {
+    let per = match shape {
+        Shape::OneNode => n,
+        Shape::OwnNodes => 1,
+        Shape::NodesOfTwo => 2,
+    };
+    let local: String = (0..n).map(|p| if p / per == r / per { 'L' } else { '-' }).collect();
+    format!("{}:{local}", n.div_ceil(per))
+}
+
+macro_rules! battery_tests {
+    ($($name:ident: $n:expr, $shape:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                if in_rank(battery_twice) {
+                    return;
+                }
+                battery_matches_threads(stringify!($name), $n, $shape);
+            }
+        )*
+    };
+}
+
+battery_tests! {
+    one_node_2_ranks_every_op_matches_threads: 2, Shape::OneNode;
+    one_node_3_ranks_every_op_matches_threads: 3, Shape::OneNode;
+    one_node_4_ranks_every_op_matches_threads: 4, Shape::OneNode;
+    own_nodes_over_tcp_2_ranks_every_op_matches_threads: 2, Shape::OwnNodes;
+    own_nodes_over_tcp_3_ranks_every_op_matches_threads: 3, Shape::OwnNodes;
+    own_nodes_over_tcp_4_ranks_every_op_matches_threads: 4, Shape::OwnNodes;
+    nodes_of_two_2_ranks_every_op_matches_threads: 2, Shape::NodesOfTwo;
+    nodes_of_two_3_ranks_every_op_matches_threads: 3, Shape::NodesOfTwo;
+    nodes_of_two_4_ranks_every_op_matches_threads: 4, Shape::NodesOfTwo;
+}
+
+// ---- pointers and puts across nodes ----------------------------------------------------------
+
+#[test]
+fn a_peer_of_another_node_has_no_pointer_and_puts_reach_every_peer() {
+    if in_rank(|world| {
+        let out = world.run(|rank| {
+            let (me, n) = (rank.rank(), rank.num_ranks());
+            let buf = rank.alloc::<u64>(n)?;
+            let sig = rank.alloc_signals(1)?;
+            // A put from every rank to every rank, its own element.
+            let mine = [me as u64 * 10 + 1];
+            for peer in 0..n {
+                // SAFETY: each rank writes only its own element; `mine` lives until quiet().
+                unsafe {
+                    rank.put_signal_nbi(
+                        buf.ptr() + me,
+                        peer,
+                        GlobalPtr::from_slice(&mine),
+                        1,
+                        (&sig, 0),
+                        SignalOp::Add(1),
+                    )?
+                };
+            }
+            rank.quiet()?;
+            let token = rank.wait(&sig, 0, WaitCmp::Ge(n as u64), WaitSem::Acquire)?;
+            let mut got = vec![0u64; n];
+            // SAFETY: every rank's put is complete (its signal was acquired).
+            unsafe { tile::load_1d(consume_token(buf.ptr(), token), &mut got, n, 0) };
+            // symm_at: a pointer for this node, a typed error for another.
+            let peer = (me + 1) % n;
+            let tried = match try_symm_at(&buf, peer) {
+                Ok(_) => "pointer".to_string(),
+                Err(e @ Error::PeerNotLocal { .. }) => format!("not local: {e}"),
+                Err(e) => format!("other error: {e}"),
+            };
+            let _ = rank.barrier_all()?;
+            Ok(format!("{got:?} | {tried}"))
+        })?;
+        // A kernel that takes symm_at on a peer of another node fails the world, typed.
+        let err = world
+            .run(|rank| {
+                let buf = rank.alloc::<f32>(4)?;
+                launch(rank, LaunchMode::VectorOnly, 1, |p| {
+                    let peer = (0..p.num_ranks()).find(|&q| !p.is_local(q)).expect("a remote peer");
+                    let _ = symm_at(&buf, peer);
+                    Ok(())
+                })
+            })
+            .unwrap_err();
+        // The rank that failed first has its error typed; every rank names the cause.
+        let me = world.ranks_here().start;
+        let first = matches!(&err, Error::RankFailed { rank, .. } if *rank == me);
+        let typed = !first || matches!(err.rank_error(), Error::PeerNotLocal { .. });
+        Ok(format!("{} | typed {typed}: {err}", out[0]))
+    }) {
+        return;
+    }
+    let name = "a_peer_of_another_node_has_no_pointer_and_puts_reach_every_peer";
+    let job = mpirun(name, 3, Shape::OwnNodes, &[], &[]);
+    for r in 0..3 {
+        let text = job.result(r);
+        assert!(text.starts_with("[1, 11, 21] | not local: symm_at: rank"), "rank {r}: {text}");
+        assert!(text.contains(&format!("rank {} is on another node", (r + 1) % 3)), "{text}");
+        assert!(text.contains("| typed true:"), "rank {r}: {text}");
+        assert!(text.contains("has no pointer to rank"), "rank {r}: {text}");
+    }
+    let job = mpirun(name, 4, Shape::NodesOfTwo, &[], &[]);
+    for r in 0..4 {
+        let text = job.result(r);
+        let first = if r % 2 == 0 { "pointer" } else { "not local" };
+        assert!(text.starts_with(&format!("[1, 11, 21, 31] | {first}")), "rank {r}: {text}");
+    }
+}
+
+// ---- faults across nodes ---------------------------------------------------------------------
+
+/// How long a fault on another node may take to end every other rank.
+const FAULT_BOUND: Duration = Duration::from_secs(2);
+
+/// The body of the fault tests: rank 1 does `fault` after a first collective; the others go into
+/// an all_gather that needs it, then try a barrier, and print how long the pending one took to
+/// fail, and both errors. Rank 1 may fail before another rank has left the first collective: that
+/// one is then the pending one.
+fn fault_body(
+    world: &World,
+    fault: impl Fn(&Rank<'_>) -> dist_tensor::Result<()> + Sync,
+) -> dist_tensor::Result<String> {
+    let out = world.run(|rank| {
+        let mut start = Instant::now();
+        let first = collectives::all_gather(rank, &[rank.rank() as f32]).map(drop);
+        if rank.rank() == 1 {
+            first?;
+            fault(rank)?;
+            return Ok("rank 1 went on".to_string());
+        }
+        let pending = match first {
+            Ok(()) => {
+                start = Instant::now();
+                collectives::all_gather(rank, &[1.0f32]).map(drop).unwrap_err()
+            }
+            Err(err) => err,
+        };
+        let ms = start.elapsed().as_millis();
+        let next = rank.barrier_all().map(drop).unwrap_err();
+        Ok(format!("{ms} ms | {pending} | {next}"))
+    })?;
+    Ok(out[0].clone())
+}
+
+/// Checks the ranks other than 1: each ended its pending wait within the bound, naming rank 1
+/// and saying `says`.
+fn check_fault(job: &Job, n: usize, says: &str) {
+    for r in (0..n).filter(|&r| r != 1) {
+        let text = job.result(r);
+        let ms: u128 = text.split(" ms").next().unwrap().parse().unwrap();
+        assert!(ms < FAULT_BOUND.as_millis(), "rank {r}: {text}");
+        let (pending, next) = text.split_once(" | ").unwrap().1.split_once(" | ").unwrap();
+        for err in [pending, next] {
+            assert!(err.contains("rank 1"), "rank {r}: {err}");
+            assert!(err.contains(says), "rank {r}: {err}");
+        }
+    }
+    assert!(job.elapsed < JOB_TIMEOUT, "the job ended");
+}
+
+#[test]
+fn a_killed_process_on_another_node_ends_every_rank_with_an_error_naming_it() {
+    if in_rank(|world| {
+        fault_body(world, |_| {
+            let me = rustix::process::getpid();
+            rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
+            unreachable!("killed")
+        })
+    }) {
+        return;
+    }
+    let name = "a_killed_process_on_another_node_ends_every_rank_with_an_error_naming_it";
+    // mpirun would otherwise kill the survivors itself as soon as it sees the death; with
+    // recovery on, they must end on their own, through the library's failure detection.
+    for (n, shape) in [(3, Shape::OwnNodes), (4, Shape::NodesOfTwo)] {
+        let job = mpirun(name, n, shape, &[], &["--enable-recovery"]);
+        // Seen from another node: its connection ended; from its own node: its pid.
+        check_fault(&job, n, "ended without");
+    }
+}
+
+#[test]
+fn a_rank_that_fails_on_another_node_ends_every_rank_with_what_it_said() {
+    if in_rank(|world| fault_body(world, |_| Err(Error::user("disk full on rank one")))) {
+        return;
+    }
+    let name = "a_rank_that_fails_on_another_node_ends_every_rank_with_what_it_said";
+    let job = mpirun(name, 3, Shape::OwnNodes, &[], &[]);
+    check_fault(&job, 3, "disk full on rank one");
+    assert!(job.printed(1, "ERROR").is_some_and(|e| e.contains("disk full")), "{}", job.stdout);
+}
+
+#[test]
+fn a_panic_on_another_node_ends_every_rank_naming_it() {
+    if in_rank(|world| fault_body(world, |_| panic!("rank one gives up"))) {
+        return;
+    }
+    let name = "a_panic_on_another_node_ends_every_rank_naming_it";
+    let job = mpirun(name, 4, Shape::NodesOfTwo, &[], &[]);
+    check_fault(&job, 4, "rank one gives up");
+}
+
+// ---- a slow network --------------------------------------------------------------------------
+
+/// Median of `times`.
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// Milliseconds per call of `op`, over `reps` calls back to back (ranks out of step by a
+/// barrier's skew matter less than in one call).
+fn per_call(
+    rank: &Rank<'_>,
+    reps: usize,
+    mut op: impl FnMut() -> dist_tensor::Result<()>,
+) -> dist_tensor::Result<f64> {
+    let _ = rank.barrier_all()?;
+    let t = Instant::now();
+    for _ in 0..reps {
+        op()?;
+    }
+    let _ = rank.barrier_all()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3 / reps as f64)
+}
+
+/// The fused ops over a throttled proxy: the same results, and still faster than unfused, as
+/// they move data while they compute. Prints `same`, the ratios of medians, and the times.
+fn throttled_body(world: &World) -> dist_tensor::Result<String> {
+    let out = world.run(|rank| {
+        let me = rank.rank();
+        let (m, k, n) = (256, 1024, 512);
+        let x = Tensor::from_shape_vec(&[m, k], seeded::<f32>(me, m * k, 21))?;
+        let w = Tensor::from_shape_vec(&[k, n], seeded::<f32>(me, k * n, 22))?;
+        let (xv, wv) = (x.view2("x")?, w.view2("w")?);
+        let h = Tensor::from_shape_vec(&[m * 3, k], seeded::<f32>(me, 3 * m * k, 23))?;
+        let hv = h.view2("h")?;
+        // The same results (one rank per node: the same order of the sum, the same bits).
+        let mut same = fused::all_gather_matmul(rank, xv, &[wv])?
+            == fused::all_gather_matmul_unfused(rank, xv, &[wv])?;
+        same &= fused::matmul_reduce_scatter(rank, hv, wv)?
+            == fused::matmul_reduce_scatter_unfused(rank, hv, wv)?;
+        let q =
+            Tensor::from_shape_vec(&[2, 5 + me, 6, 16], seeded::<f32>(me, 2 * (5 + me) * 96, 24))?;
+        same &= fused::all_to_all(rank, &q, 2, 1)? == fused::all_to_all_unfused(rank, &q, 2, 1)?;
+        // Fused and unfused in pairs, one right after the other (the machine's load drifts):
+        // the median of the pairs' ratios.
+        let (mut ag, mut rs, mut ms) = (Vec::new(), Vec::new(), [(); 4].map(|_| Vec::new()));
+        for _ in 0..11 {
+            let f = per_call(rank, 1, || fused::all_gather_matmul(rank, xv, &[wv]).map(drop))?;
+            let u =
+                per_call(rank, 1, || fused::all_gather_matmul_unfused(rank, xv, &[wv]).map(drop))?;
+            ag.push(f / u);
+            ms[0].push(f);
+            ms[1].push(u);
+            let f = per_call(rank, 1, || fused::matmul_reduce_scatter(rank, hv, wv).map(drop))?;
+            let u =
+                per_call(rank, 1, || fused::matmul_reduce_scatter_unfused(rank, hv, wv).map(drop))?;
+            rs.push(f / u);
+            ms[2].push(f);
+            ms[3].push(u);
+        }
+        // The two halves alone, to show the balance when a ratio misses: the gather of x
+        // through the throttled proxy, and the product on all gathered rows.
+        let gathered = Tensor::from_shape_vec(
+            &[m * rank.num_ranks(), k],
+            collectives::all_gather(rank, x.as_slice())?,
+        )?;
+        let gv = gathered.view2("gathered")?;
+        let threads = rank.topology().aicore_num();
+        let (mut comm, mut compute) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            comm.push(per_call(rank, 1, || collectives::all_gather(rank, x.as_slice()).map(drop))?);
+            compute.push(per_call(rank, 1, || {
+                dist_tensor::tensor::matmul(gv, wv, threads).map(drop)
+            })?);
+        }
+        let [ag_f, ag_u, rs_f, rs_u] = ms.map(median);
+        Ok(format!(
+            "same {same} | ag {:.3} | rs {:.3} | ms ag {ag_f:.1}/{ag_u:.1} rs {rs_f:.1}/{rs_u:.1} \
+             | alone ms gather {:.1} product {:.1}",
+            median(ag),
+            median(rs),
+            median(comm),
+            median(compute),
+        ))
+    })?;
+    Ok(out[0].clone())
+}
+
+#[test]
+fn over_a_throttled_network_the_fused_ops_give_the_same_results_and_still_overlap() {
+    if in_rank(throttled_body) {
+        return;
+    }
+    let name = "over_a_throttled_network_the_fused_ops_give_the_same_results_and_still_overlap";
+    // 200 MB/s: gathering x (2 MiB into each rank) takes about 11 ms, somewhat longer than the
+    // product on the gathered rows with three ranks sharing this 2-core machine (about 7 ms,
+    // printed as `alone`). At 100 MB/s the gather took 3 times the product, and the few ms that
+    // overlap could win drowned in the noise of a loaded machine.
+    let env = [(THROTTLE_DELAY_ENV, "100"), (THROTTLE_BANDWIDTH_ENV, "200000000")];
+    let job = mpirun(name, 3, Shape::OwnNodes, &env, &[]);
+    for r in 0..3 {
+        let text = job.result(r);
+        println!("rank {r}: {text}");
+        assert!(text.starts_with("same true"), "rank {r}: {text}");
+        let ratio = |key: &str| -> f64 {
+            text.split(&format!("{key} "))
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        assert!(ratio("ag") < 1.0, "rank {r}: all_gather_matmul fused not below unfused: {text}");
+        assert!(
+            ratio("rs") < 1.0,
+            "rank {r}: matmul_reduce_scatter fused not below unfused: {text}"
+        );
+    }
+}
