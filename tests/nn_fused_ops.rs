@@ -191,11 +191,16 @@ fn transposed_weights_and_kept_input_f16() -> Result<()> {
 fn shard_by_shard_path_with_transposed_weights() -> Result<()> {
     // 300 rows per rank at world 2: tiles per shard, the own rows read from the input; 4100
     // columns: more than one column block of tiles (each starting further along the weight).
+    // More rows than one tile: the fused kernels copy the transposed weight into row-major order
+    // first (blocks of 32 x 16: 19, 33 and 35 rows and 4100, 17 and 18 columns leave partial
+    // blocks); 513 is one row past the last product that reads it in place.
     for unfused in [false, true] {
         all_gather_matmul_case::<f32>(2, 600, 19, &[37, 4100], unfused)?;
         all_gather_matmul_case::<bf16>(3, 800, 9, &[21], unfused)?;
+        all_gather_matmul_case::<f64>(3, 513, 33, &[17, 40], unfused)?;
         matmul_reduce_scatter_case::<f32>(2, 600, 19, 4100, unfused)?;
         matmul_reduce_scatter_case::<bf16>(3, 800, 9, 21, unfused)?;
+        matmul_reduce_scatter_case::<f16>(3, 513, 35, 18, unfused)?;
     }
     Ok(())
 }

@@ -53,9 +53,11 @@ impl MatmulOptions {
         MatmulOptions::default()
     }
 
-    /// With `true`, each weight is read transposed, in place (no transposed copy): the product
-    /// is `x @ w^T` for a `w` of `[n, K]`, as the backward pass of a layer needs
-    /// (`dx = dy @ w^T`). The fused kernels pass the transposed view's strides to the GEMM.
+    /// With `true`, each weight is read transposed (the caller makes no transposed copy): the
+    /// product is `x @ w^T` for a `w` of `[n, K]`, as the backward pass of a layer needs
+    /// (`dx = dy @ w^T`). The fused kernels pass the transposed view's strides to the GEMM, or,
+    /// in a product of more rows than one tile, copy the weight once into row-major order, which
+    /// the GEMM packs faster for every block of rows.
     ///
     /// # Examples
     /// ```

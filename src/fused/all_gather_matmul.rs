@@ -154,8 +154,10 @@ fn agree<T: Element>(
 /// local `[K, n_i]` matrix (typically a column shard of a weight). Collective.
 ///
 /// A weight may be a transposed view (`w.t()` of an `[n_i, K]` matrix, as a backward pass has
-/// it): row-major and column-major weights are read in place by the tiles, any other layout is
-/// copied once.
+/// it): a row-major weight is read in place by the tiles, and so is a column-major one in a
+/// product of at most one tile of rows; in a longer product a column-major weight, and any other
+/// layout, is copied once into row-major order (the GEMM packs a column-major block of the weight
+/// for every block of rows, much slower than a row-major one).
 ///
 /// # Errors
 /// On every rank: [`Error::InnerDimMismatch`] naming the rank whose weight does not fit its `x`;
@@ -188,8 +190,8 @@ pub fn all_gather_matmul<T: Element>(
 /// [`all_gather_matmul`] that also hands back the gathered input `[M, K]`
 /// ([`AgMatmulOutput::gathered`]): the rows the kernel received anyway, copied out once as they
 /// are consumed, so that a backward pass (the weight gradient `gathered^T @ dy`) needs no second
-/// gather. Weights may be transposed views (`w.t()` of an `[n_i, K]` matrix), read in place, as
-/// in [`all_gather_matmul`].
+/// gather. Weights may be transposed views (`w.t()` of an `[n_i, K]` matrix), read as in
+/// [`all_gather_matmul`].
 ///
 /// # Errors
 /// As [`all_gather_matmul`]; [`Error::DeviceUnavailable`] in an Ascend world (the NPU kernel does
@@ -421,9 +423,10 @@ fn run_fused<T: Element>(
             if rank.node_of(s) != my_node && forwarder != me { forwarder } else { s }
         })
         .collect();
-    // Row-major and transposed (column-major) weights are read in place.
+    // Row-major weights are read in place; transposed (column-major) ones too, or copied once
+    // into row-major order when many blocks of rows would pack them (see `WeightData::new`).
     let w_data: Vec<WeightData<'_, T::Acc>> =
-        weights.iter().map(|w| WeightData::new(OP, *w)).collect::<Result<_>>()?;
+        weights.iter().map(|w| WeightData::new(OP, *w, m_total)).collect::<Result<_>>()?;
     let w_ptrs: Vec<(GlobalPtr<'_, T::Acc>, [usize; 2])> =
         w_data.iter().map(|w| (w.ptr(), w.strides)).collect();
     let widths: Vec<usize> = weights.iter().map(|w| w.ncols()).collect();

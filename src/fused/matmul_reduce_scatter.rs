@@ -133,8 +133,10 @@ fn array_split_rows(rank: &Rank<'_>, m: usize) -> usize {
 /// `w` its `[k_r, N]`. Collective; bitwise deterministic.
 ///
 /// `w` may be a transposed view (`w.t()` of an `[N, k_r]` matrix, as a backward pass has it):
-/// row-major and column-major weights are read in place by the tiles, any other layout is copied
-/// once.
+/// a row-major weight is read in place by the tiles, and so is a column-major one in a product
+/// of at most one tile of rows; in a longer product a column-major weight, and any other layout,
+/// is copied once into row-major order (the GEMM packs a column-major block of the weight for
+/// every block of rows, much slower than a row-major one).
 ///
 /// # Reduction order
 /// On one node, `P_0 + P_1 + ... + P_{n-1}` in rank order (`P_s = x_s @ w_s`, summed in the
@@ -316,9 +318,10 @@ fn run_fused<T: Element>(
     let (m, k) = (rows.total(), x.ncols());
     let x = x.as_standard_layout();
     // Half types widened once, so that every tile runs the f32 kernel in place; a transposed
-    // weight (`w.t()`, the backward pass's) is read in place too.
+    // weight (`w.t()`, the backward pass's) is read in place too, or copied once into row-major
+    // order when many blocks of rows would pack it (see `WeightData::new`).
     let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
-    let w_data = WeightData::new(OP, w)?;
+    let w_data = WeightData::new(OP, w, m)?;
     let mine = rows.count(me);
     let mut out = scratch(OP, (mine, n))?;
     let partial_len = m.saturating_mul(n);

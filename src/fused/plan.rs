@@ -55,35 +55,80 @@ impl<A: Element> Drop for AccData<'_, A> {
 }
 
 /// A weight as the tiles of a product read it: its elements in the accumulator type, in memory
-/// order, and the strides `[row, column]` that address them. A row-major weight (`[n, 1]`) and a
-/// transposed one (a column-major view, `[1, k]`: the backward pass's `w.t()`) are read in place;
-/// any other layout is copied once into row-major order.
+/// order, and the strides `[row, column]` that address them. A row-major weight (`[n, 1]`) is read
+/// in place, and so is a transposed one (a column-major view, `[1, k]`: the backward pass's
+/// `w.t()`) in a product of at most [`BLOCK_ROWS`] rows; any other layout is copied once into
+/// row-major order.
 pub(crate) struct WeightData<'a, A: Element> {
     data: AccData<'a, A>,
     pub(crate) strides: [usize; 2],
 }
 
 impl<'a, A: Element> WeightData<'a, A> {
-    pub(crate) fn new<T: Element<Acc = A>>(op: &'static str, w: ArrayView2<'a, T>) -> Result<Self> {
+    /// The weight of a product of `rows` rows. A transposed weight is copied into row-major order
+    /// when the product has more rows than one tile: the `gemm` crate packs each tile's block of
+    /// it once per block of rows, and packs a column-major block much slower than a row-major one,
+    /// while the copy is one pass over the weight.
+    pub(crate) fn new<T: Element<Acc = A>>(
+        op: &'static str,
+        w: ArrayView2<'a, T>,
+        rows: usize,
+    ) -> Result<Self> {
         let strides = w.strides();
         let in_place = match (usize::try_from(strides[0]), usize::try_from(strides[1])) {
             (Ok(rs), Ok(cs)) => w.to_slice_memory_order().map(|data| (data, [rs, cs])),
             _ => None,
         };
-        if let Some((data, strides)) = in_place {
-            return Ok(WeightData { data: AccData::new(op, data)?, strides });
+        match in_place {
+            Some((data, strides)) if strides[1] == 1 || w.ncols() == 1 || rows <= BLOCK_ROWS => {
+                Ok(WeightData { data: AccData::new(op, data)?, strides })
+            }
+            Some((data, [1, ld])) => Ok(WeightData {
+                data: AccData::Widened(transposed(op, data, ld, w.dim())?),
+                strides: [w.ncols(), 1],
+            }),
+            _ => {
+                let mut copy = pool::take::<A>(op, w.len())?;
+                for (c, &x) in copy.iter_mut().zip(w.iter()) {
+                    *c = x.to_acc();
+                }
+                Ok(WeightData { data: AccData::Widened(copy), strides: [w.ncols(), 1] })
+            }
         }
-        let mut copy = pool::take::<A>(op, w.len())?;
-        for (c, &x) in copy.iter_mut().zip(w.iter()) {
-            *c = x.to_acc();
-        }
-        Ok(WeightData { data: AccData::Widened(copy), strides: [w.ncols(), 1] })
     }
 
     /// The tiles' pointer to the weight's first element.
     pub(crate) fn ptr(&self) -> GlobalPtr<'_, A> {
         GlobalPtr::from_slice(&self.data)
     }
+}
+
+/// The `rows x cols` matrix stored column-major in `data` (column `j` at `j * ld`), in row-major
+/// order and the accumulator type. In blocks of 32 rows by 16 columns, written row by row: each
+/// output row's part is written whole (16 f32 are one 64-byte line), and the 16 columns read
+/// stay in the first-level cache. (Writing down a block's columns instead touches rows that lie a power of two
+/// apart, which share a cache set and evict each other: several times slower.)
+fn transposed<T: Element>(
+    op: &'static str,
+    data: &[T],
+    ld: usize,
+    (rows, cols): (usize, usize),
+) -> Result<Vec<T::Acc>> {
+    const BLOCK_I: usize = 32;
+    const BLOCK_J: usize = 16;
+    let mut out = pool::take::<T::Acc>(op, rows * cols)?;
+    for i0 in (0..rows).step_by(BLOCK_I) {
+        for j0 in (0..cols).step_by(BLOCK_J) {
+            let js = j0..(j0 + BLOCK_J).min(cols);
+            for i in i0..(i0 + BLOCK_I).min(rows) {
+                let row = &mut out[i * cols..(i + 1) * cols];
+                for j in js.clone() {
+                    row[j] = data[j * ld + i].to_acc();
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// An output array whose values are unspecified, from the buffer cache: every element is written

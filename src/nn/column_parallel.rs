@@ -16,7 +16,7 @@ use crate::{Error, Result};
 ///   ([`DistTensor::all_gather_matmul_keep_input`]): the backward pass needs it for the weight
 ///   gradient, and gets it without a second gather.
 /// - **backward**: the input gradient `dx = reduce_scatter(dy @ W_r^T)` through the dual fused
-///   op, `matmul_reduce_scatter`, with `W_r` read transposed in place and the rows split as `x`'s
+///   op, `matmul_reduce_scatter`, with `W_r` read transposed and the rows split as `x`'s
 ///   were; the weight gradient `X^T @ dy` (the gathered input, read transposed in place) and the
 ///   bias gradient (`dy` summed over its rows) locally, with no exchange.
 ///

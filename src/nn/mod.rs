@@ -18,9 +18,11 @@
 //! | row | `y = reduce_scatter(a @ W_r)` | `da = all_gather(dy) @ W_r^T` | `a^T @ dY`, `dY` the gathered `dy` of that same op |
 //!
 //! Nothing is gathered twice (the fused `all_gather_matmul` hands back the rows it gathered), and
-//! no weight is copied transposed (the fused kernels and the local GEMM read `W^T`, `X^T` and
-//! `a^T` in place, through strides). [`ParallelMlp`] is the block built from the two, with an
-//! [`Activation`] between them.
+//! the layers make no transposed copies: the local GEMM reads `X^T` and `a^T` in place, through
+//! strides, and the fused kernels read `W^T` so too, except in products of more rows than one
+//! tile, where they copy it once into row-major order (the GEMM packs a column-major block of the
+//! weight for every block of rows, much slower). [`ParallelMlp`] is the block built from the two,
+//! with an [`Activation`] between them.
 //!
 //! Sequence-parallel attention ([`UlyssesAttention`], DeepSpeed-Ulysses) trades the sequence for
 //! heads with one `all_to_all` before attention and back with another after; its backward pass is

@@ -17,7 +17,7 @@ use crate::tensor::{Element, Tensor};
 /// - **forward**: one fused `matmul_reduce_scatter`; it keeps its input `h` (this rank's own, no
 ///   copy) for the weight gradient.
 /// - **backward**: the input gradient `dh = all_gather(dy) @ W_r^T` through the dual fused op,
-///   `all_gather_matmul`, with `W_r` read transposed in place; the fused op also hands back the
+///   `all_gather_matmul`, with `W_r` read transposed; the fused op also hands back the
 ///   gathered `dY`, from which the weight gradient `h^T @ dY` and the bias gradient (`dY` summed
 ///   over its rows, the same on every rank) follow locally, with no second gather.
 ///
