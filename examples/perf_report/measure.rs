@@ -13,7 +13,8 @@ pub struct Pair {
 
 /// Runs fused and unfused one after the other, `reps` times after one warm-up run of each:
 /// both on every rank, started together (a barrier) and ended when all are done (another), so
-/// each time is the slowest rank's. Every rank returns the same pairs (rank 0's clock).
+/// each time is the slowest rank's. Each rank returns the times of its own clock; the callers
+/// keep rank 0's.
 pub fn pairs(
     rank: &Rank<'_>,
     reps: usize,

@@ -104,7 +104,7 @@ pub fn all_to_all_v<T: Element>(
 /// place: the tensor lives in a block of this rank's symmetric heap, and each rank copies its
 /// pieces from its input into its peers' blocks, so every element is copied once (where
 /// [`all_to_all_v`] copies twice: into the sender's staging buffer, then out of it). Where no
-/// block can be had (too many such outputs alive, the heap full, more than 61 ranks, ranks on
+/// block can be had (too many such outputs alive, the heap full, more than 62 ranks, ranks on
 /// several nodes) it copies twice as [`all_to_all_v`] does, into a tensor in ordinary memory.
 ///
 /// # Errors

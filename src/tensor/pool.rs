@@ -216,8 +216,8 @@ mod tests {
     }
 
     /// Regression: a full cache took no more buffers, so once it held other sizes, every call
-    /// of a later op page-faulted its outputs in (unfused Ulysses at world 2 went from about 55
-    /// to 300 ms late in a long report). Now the least recently given buffers make room.
+    /// of a later op page-faulted its outputs in (the unfused Ulysses rows of a long perf_report
+    /// slowed down several times over). Now the least recently given buffers make room.
     #[test]
     fn a_full_cache_makes_room_for_the_sizes_used_now() {
         const MIB: usize = 1 << 20;

@@ -249,7 +249,7 @@ impl<T: Element> UlyssesSelfAttention<T> {
         let view = packed.local().view().into_dimensionality::<Ix5>().expect("5-D");
         let [q, k, v] = unpack(view);
         let mut ctx = Tensor::<T>::try_zeros(q.shape())?;
-        let scale = 1.0 / (d.max(1) as f64).sqrt();
+        let scale = self.attention.scale_for(d);
         let lse = local::forward(q, k, v, self.attention.is_causal(), scale, view4_mut(&mut ctx))?;
         let head_splits = packed.shard_sizes().to_vec();
         let ctx = DistTensor::new(
@@ -318,7 +318,7 @@ impl<T: Element> UlyssesSelfAttention<T> {
                 dk.index_axis_move(Axis(2), 0),
                 dv.index_axis_move(Axis(2), 0),
             );
-            let scale = 1.0 / (d.max(1) as f64).sqrt();
+            let scale = self.attention.scale_for(d);
             let causal = self.attention.is_causal();
             local::backward(q, k, v, &saved.lse, view4(dctx.local()), causal, scale, grads)?;
         }

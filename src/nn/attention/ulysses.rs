@@ -130,7 +130,7 @@ impl UlyssesAttention {
         self.causal
     }
 
-    fn scale_for(&self, head_dim: usize) -> f64 {
+    pub(super) fn scale_for(&self, head_dim: usize) -> f64 {
         self.scale.unwrap_or(1.0 / (head_dim.max(1) as f64).sqrt())
     }
 

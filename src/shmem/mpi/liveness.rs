@@ -10,7 +10,6 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
@@ -180,7 +179,6 @@ impl Liveness {
     pub(crate) fn bye(&mut self) {
         for (_, stream, _) in &mut self.links {
             let _ = stream.write(&[BYE]);
-            let _ = stream.as_fd();
         }
     }
 }

@@ -537,6 +537,17 @@ impl Proxy {
                         format!("bytes {dst_offset}..{end} are outside the heap segment"),
                     ));
                 }
+                if let Some(payload) = &inline
+                    && payload.len() != rows * row_bytes
+                {
+                    return Err((
+                        format!("a put from rank {source}"),
+                        format!(
+                            "{} inline bytes for {rows} rows of {row_bytes} bytes",
+                            payload.len()
+                        ),
+                    ));
+                }
                 let mut requests = Vec::new();
                 match inline {
                     Some(payload) => {
