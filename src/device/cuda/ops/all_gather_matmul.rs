@@ -8,13 +8,13 @@
 //!   the last call) that this rank's rows had arrived; so the kernel needs no hand-shake before
 //!   it writes, only one after (every peer's rows are here). (The first version published the
 //!   buffer, waited for every peer's, pushed, and hand-shook again: 0.107 ms against 0.103 for
-//!   M=256 K=8192 N_local=14336 on two H200s, in the same run.)
+//!   M=256 K=8192 N_local=14336 on two H200s, in one run of `gpu_report` at commit bfc14d1.)
 //! - `overlap` (many rows): copy engines push this rank's rows into every peer's gather buffer on
 //!   the high-priority copy stream while the compute stream multiplies this rank's own rows in
 //!   place; then, per peer, a one-thread `dt_signal` waits for that peer's rows and the next GEMM
 //!   runs. Copies use no multiprocessors, so the GEMMs keep the whole GPU. (Multiplying only part
 //!   of the own rows first, about as long as the peers' rows take to arrive, then all the other
-//!   rows in one GEMM, was no faster on two H200s: M=16384 K=8192 N_local=4096 took 1.648 to
+//!   rows in one GEMM, was no faster on two H200s (`gpu_report` at commit d1dd466): M=16384 K=8192 N_local=4096 took 1.648 to
 //!   1.650 ms with 4992 own rows first against 1.635 and 1.644 with all 8192, alternating in one
 //!   run; M=8192 K=8192 N_local=14336 2.511 to 2.651 against 2.466 and 2.631.)
 
