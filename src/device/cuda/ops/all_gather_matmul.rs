@@ -14,9 +14,10 @@
 //!   place; then, per peer, a one-thread `dt_signal` waits for that peer's rows and the next GEMM
 //!   runs. Copies use no multiprocessors, so the GEMMs keep the whole GPU. (Multiplying only part
 //!   of the own rows first, about as long as the peers' rows take to arrive, then all the other
-//!   rows in one GEMM, was no faster on two H200s (`gpu_report` at commit d1dd466): M=16384 K=8192 N_local=4096 took 1.648 to
-//!   1.650 ms with 4992 own rows first against 1.635 and 1.644 with all 8192, alternating in one
-//!   run; M=8192 K=8192 N_local=14336 2.511 to 2.651 against 2.466 and 2.631.)
+//!   rows in one GEMM, was no faster on two H200s (`gpu_report` at commit d1dd466, alternating
+//!   both in one run): M=16384 K=8192 N_local=4096 took 1.648 to 1.650 ms with 4992 own rows
+//!   first against 1.635 and 1.644 with all 8192; M=8192 K=8192 N_local=14336 2.511 to 2.651
+//!   against 2.466 and 2.631.)
 
 use super::{
     SMALL_CHUNK_BYTES, agree, copy, exchange, offsets, out_tensor, same_everywhere, signal,

@@ -10,9 +10,10 @@
 //!   reduce kernel then reads every peer's partial of this rank's rows over NVLink (`symm_at` of
 //!   the published partials), with no copy. Measured slower or no faster on two H200s for M=256
 //!   K_local=14336 N=8192: blocks of columns, each block's reduce overlapping the next block's
-//!   product on a second stream (0.159 ms against 0.116, before commit 1ebe5c9); one kernel that pushes each peer its
-//!   rows of the partial into a double buffer, then sums locally, with one hand-shake instead
-//!   of two (0.113 against 0.113, in one run of `gpu_report` at commit bfc14d1).
+//!   product on a second stream (0.159 ms against 0.116, before commit 1ebe5c9); one kernel
+//!   that pushes each peer its rows of the partial into a double buffer, then sums locally,
+//!   with one hand-shake instead of two (0.113 against 0.113, in one run of `gpu_report` at
+//!   commit bfc14d1).
 
 use super::{SMALL_CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal};
 use crate::Result;
