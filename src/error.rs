@@ -89,7 +89,8 @@ pub enum Error {
     /// A symmetric allocation does not fit in what is left of the heap segment.
     #[error(
         "rank {rank}: symmetric memory exhausted: asked for {requested} bytes, the largest free \
-         block is {largest_free} bytes ({free} free of {capacity})"
+         block is {largest_free} bytes ({free} free of {capacity}); a larger heap: \
+         DIST_TENSOR_HEAP_BYTES or the world builder's heap_capacity"
     )]
     SymmetricMemoryExhausted {
         /// The rank whose segment is full (every rank is, as allocation is collective).
@@ -199,7 +200,7 @@ pub enum Error {
     },
 
     /// A collective call did not complete in time: some ranks never made it.
-    #[error("rank {rank}: {call} timed out after {timeout:?}: ranks {missing:?} never joined it")]
+    #[error("rank {rank}: {call} timed out after {timeout:?}: {}", never_joined(missing))]
     CallTimeout {
         /// The waiting rank.
         rank: usize,
@@ -297,6 +298,43 @@ pub enum Error {
         message: String,
     },
 
+    /// A peer of a process world's rendezvous (or of its shared control block) sent a value this
+    /// process does not accept: the field and why. The peer is refused; nothing it sent is used.
+    #[error("{op}: rank {rank}: job {job}: {peer} sent a bad {field}: {reason}")]
+    BadPeerMessage {
+        /// The operation (`World::from_env`).
+        op: &'static str,
+        /// The rank that received it.
+        rank: usize,
+        /// The job id of the rendezvous.
+        job: String,
+        /// Who sent it: `rank 0 (pid 123)`, `a process (pid 456)`.
+        peer: String,
+        /// The field: `world_size`, `capacity`, `segment tag`, ...
+        field: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+
+    /// The process at the other end of a rendezvous is not one this rank may share memory with:
+    /// it runs as another user (the kernel's `SO_PEERCRED` says so), or belongs to another launch
+    /// that uses the same job id. Nothing was shared with it.
+    #[error("{op}: rank {rank}: job {job}: refused pid {pid} (uid {uid}): {reason}")]
+    ForeignPeer {
+        /// The operation (`World::from_env`).
+        op: &'static str,
+        /// The rank that refused it.
+        rank: usize,
+        /// The job id of the rendezvous.
+        job: String,
+        /// The peer's process id, as the kernel reports it.
+        pid: u32,
+        /// The peer's user id, as the kernel reports it.
+        uid: u32,
+        /// Why it was refused.
+        reason: String,
+    },
+
     /// Setting up or joining a process world failed at the operating system.
     #[error("{op}: rank {rank}: {what}: {source}")]
     System {
@@ -382,8 +420,36 @@ fn others_failed(first: usize, failed: &[usize]) -> String {
     if failed.iter().all(|&r| r == first) {
         String::new()
     } else {
-        let list: Vec<String> = failed.iter().map(|r| r.to_string()).collect();
-        format!(" (ranks that failed: {})", list.join(", "))
+        let list = rank_list(failed);
+        format!(" (ranks that failed: {})", &list[1..list.len() - 1])
+    }
+}
+
+fn never_joined(missing: &[usize]) -> String {
+    if missing.is_empty() {
+        // Every rank had posted its call, but not every arrival came: a rank stopped (or was
+        // stopped) between the two.
+        "every rank had posted the call, but not all arrived in it (a rank stopped on its way)"
+            .into()
+    } else {
+        format!("ranks {} never joined it", rank_list(missing))
+    }
+}
+
+/// Ranks for a message, `[1, 2, 5]`: a long list (a world of millions) shows its first ranks and
+/// how many more, so that a message stays short.
+pub(crate) fn rank_list(ranks: &[usize]) -> String {
+    const SHOWN: usize = 16;
+    let list: Vec<String> = ranks.iter().take(SHOWN).map(|r| r.to_string()).collect();
+    if ranks.len() <= SHOWN {
+        format!("[{}]", list.join(", "))
+    } else {
+        format!(
+            "[{}, ... and {} more ({} in all)]",
+            list.join(", "),
+            ranks.len() - SHOWN,
+            ranks.len()
+        )
     }
 }
 

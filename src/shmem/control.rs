@@ -66,7 +66,8 @@ pub(crate) struct Control {
 impl Control {
     /// Bytes of a control block for `num_ranks` ranks.
     pub(crate) fn bytes(num_ranks: usize) -> usize {
-        HEADER_BYTES + FAILURE_TEXT_BYTES + num_ranks * RECORD_BYTES
+        // World sizes are bounded (`job_env::MAX_WORLD_SIZE`) long before this could overflow.
+        HEADER_BYTES + FAILURE_TEXT_BYTES + num_ranks.saturating_mul(RECORD_BYTES)
     }
 
     /// Takes a fresh (zeroed) mapping of at least [`Control::bytes`] and writes its header.
@@ -155,6 +156,9 @@ impl Control {
         if first == 0 {
             return None;
         }
+        // The block is shared with other processes: a rank number or a length out of range is
+        // read as what it can be, never used to read outside the block.
+        let rank = usize::try_from(first - 1).unwrap_or(usize::MAX).min(self.num_ranks);
         let mut len = self.half(20).load(Ordering::Acquire);
         for _ in 0..10_000 {
             if len != 0 {
@@ -166,7 +170,7 @@ impl Control {
         let text = if len == 0 {
             String::from("(its message was still being written)")
         } else {
-            let mut bytes = vec![0u8; len as usize - 1];
+            let mut bytes = vec![0u8; (len as usize - 1).min(FAILURE_TEXT_BYTES)];
             // SAFETY: the writer stored these bytes before releasing `len`, which was acquired.
             unsafe {
                 std::ptr::copy_nonoverlapping(
@@ -177,7 +181,13 @@ impl Control {
             };
             String::from_utf8_lossy(&bytes).into_owned()
         };
-        Some((first as usize - 1, text))
+        if rank == self.num_ranks {
+            return Some((
+                0,
+                format!("(a failure record names rank {}, outside the world) {text}", first - 1),
+            ));
+        }
+        Some((rank, text))
     }
 
     // ---- rank states ----------------------------------------------------------------------
@@ -331,6 +341,17 @@ mod tests {
         assert!(control.failed());
         assert_eq!(control.first_failure(), Some((2, "two broke".to_string())));
         assert_eq!(control.how_left(1), "returned from run");
+    }
+
+    #[test]
+    fn a_forged_failure_record_is_read_within_the_block() {
+        let control = Control::create(Mapping::anonymous(Control::bytes(2)).unwrap(), 2);
+        control.word(24).store(u64::MAX, Ordering::Release);
+        control.half(20).store(u32::MAX, Ordering::Release);
+        let (rank, text) = control.first_failure().unwrap();
+        assert_eq!(rank, 0);
+        assert!(text.starts_with("(a failure record names rank"), "{text}");
+        assert!(text.len() < FAILURE_TEXT_BYTES + 100);
     }
 
     #[test]

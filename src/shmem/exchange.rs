@@ -201,14 +201,16 @@ struct Header {
 }
 
 impl Header {
+    // A peer's words are read as what they can be: counts beyond what an outbox holds are cut
+    // to it, so no value in shared memory makes a read leave the peer's outbox.
     fn words(&self) -> usize {
-        (self.meta & 0xffff) as usize
+        ((self.meta & 0xffff) as usize).min(MAX_WORDS)
     }
     fn text_len(&self) -> usize {
-        ((self.meta >> 16) & 0xffff) as usize
+        (((self.meta >> 16) & 0xffff) as usize).min(TEXT_BYTES)
     }
     fn per_rank(&self) -> usize {
-        ((self.meta >> 32) & 0xff) as usize
+        (((self.meta >> 32) & 0xff) as usize).min(MAX_PERSONAL)
     }
     fn problem(&self) -> bool {
         self.meta & PROBLEM != 0
@@ -682,6 +684,29 @@ pub fn check_agree(op: &'static str, all: &[Vec<u64>], index: usize, what: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn any_header_reads_within_an_outbox(
+            seq in proptest::prelude::any::<u64>(),
+            meta in proptest::prelude::any::<u64>(),
+            name in proptest::prelude::any::<[u64; 5]>(),
+            dtype in proptest::prelude::any::<u64>(),
+        ) {
+            let h = Header { seq, meta, name, dtype };
+            proptest::prop_assert!(h.words() <= MAX_WORDS);
+            proptest::prop_assert!(h.text_len() <= TEXT_BYTES);
+            proptest::prop_assert!(h.per_rank() <= MAX_PERSONAL);
+            // The furthest word any reader takes for a peer's message, in the largest world.
+            let n = 4096;
+            proptest::prop_assert!(
+                TEXT_AT + h.text_len().div_ceil(8) <= PERSONAL_AT
+                    && PERSONAL_AT + (n - 1) * h.per_rank() + h.per_rank() <= outbox_bytes(n) / 8
+            );
+            let text = h.describe(); // names of any bytes, never a panic
+            proptest::prop_assert!(text.len() < 200);
+        }
+    }
 
     #[test]
     fn names_pack_and_unpack() {

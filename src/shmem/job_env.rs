@@ -20,6 +20,29 @@ pub const LOCAL_RANK_ENV: &str = "DIST_TENSOR_LOCAL_RANK";
 pub const LOCAL_WORLD_SIZE_ENV: &str = "DIST_TENSOR_LOCAL_WORLD_SIZE";
 /// Environment variable naming the job (every rank of a job must see the same value).
 pub const JOB_ID_ENV: &str = "DIST_TENSOR_JOB_ID";
+/// Environment variable that [`World::spawn_local`](crate::World::spawn_local) sets to a random
+/// value per launch: part of the launch identity every rank checks at join, so that two launches
+/// that share a `DIST_TENSOR_JOB_ID` never mix their ranks.
+pub const LAUNCH_ID_ENV: &str = "DIST_TENSOR_LAUNCH_ID";
+/// The most ranks a world may have: a world size above it is an error, not an allocation that
+/// overflows.
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+/// Variables that identify one launch of a job, where its launcher sets them: ranks of one
+/// launch see the same values, ranks of two launches (almost always) not.
+const LAUNCH_VARS: [&str; 9] = [
+    LAUNCH_ID_ENV,
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_orte_precondition_transports",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+/// OpenMPI's mpirun puts a random key of its own in every rank's environment (for its PSM
+/// transports): what a squatter of another user cannot know in advance, unlike the namespace.
+const OMPI_KEY: &str = "OMPI_MCA_orte_precondition_transports";
 /// Environment variable bounding how long the ranks wait for each other to join, in ms.
 pub const JOIN_TIMEOUT_ENV: &str = "DIST_TENSOR_JOIN_TIMEOUT_MS";
 
@@ -36,7 +59,8 @@ pub const THROTTLE_BANDWIDTH_ENV: &str = "DIST_TENSOR_MPI_BANDWIDTH";
 
 /// Every launcher's variables that say which job and rank a process is: a spawned rank gets
 /// only ours.
-pub(crate) const LAUNCHER_VARS: [&str; 25] = [
+pub(crate) const LAUNCHER_VARS: [&str; 26] = [
+    LAUNCH_ID_ENV,
     RANK_ENV,
     WORLD_SIZE_ENV,
     LOCAL_RANK_ENV,
@@ -128,6 +152,20 @@ fn bad(reason: String) -> Error {
     Error::Environment { op: "World::from_env", reason }
 }
 
+/// A value for a message: quoted, and cut short when long (a hostile environment must not make
+/// a message of megabytes).
+fn shown(text: &str) -> String {
+    const MOST: usize = 64;
+    if text.len() <= MOST {
+        return format!("{text:?}");
+    }
+    let mut end = MOST;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &text[..end], text.len())
+}
+
 /// A whole number from `name`, `None` if unset; an error naming it if set but not a number.
 fn number(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<usize>> {
     match get(name) {
@@ -136,7 +174,7 @@ fn number(get: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<usi
             .trim()
             .parse()
             .map(Some)
-            .map_err(|_| bad(format!("{name}={text:?} is not a whole number"))),
+            .map_err(|_| bad(format!("{name}={} is not a whole number", shown(&text)))),
     }
 }
 
@@ -214,6 +252,12 @@ impl JobEnv {
         if world_size == 0 {
             return Err(bad(format!("{}=0: a world needs at least one rank", family.size)));
         }
+        if world_size > MAX_WORLD_SIZE {
+            return Err(bad(format!(
+                "{}={world_size}: more ranks than the {MAX_WORLD_SIZE} a world may have",
+                family.size
+            )));
+        }
         if rank >= world_size {
             return Err(bad(format!(
                 "{}={rank} is not below {}={world_size}",
@@ -244,14 +288,25 @@ impl JobEnv {
             return Ok(format!("own:{id}"));
         }
         if let Some(ns) = get("PMIX_NAMESPACE") {
-            return Ok(format!("pmix:{ns}"));
+            // The namespace follows from mpirun's pid: with mpirun's random key (only a digest,
+            // as the name is public) another user cannot take the name before the job does.
+            return Ok(match get(OMPI_KEY) {
+                Some(key) => format!("pmix:{ns}:{:016x}", digest_text(&key)),
+                None => format!("pmix:{ns}"),
+            });
         }
         if let Some(job) = get("SLURM_JOB_ID") {
             let step = get("SLURM_STEP_ID").unwrap_or_default();
             return Ok(format!("slurm:{job}.{step}"));
         }
         if let Some(run) = get("TORCHELASTIC_RUN_ID") {
-            return Ok(format!("torch:{run}"));
+            // torchrun's default run id is "none": every such job of the host would share it.
+            let at = match (get("MASTER_ADDR"), get("MASTER_PORT")) {
+                (Some(addr), Some(port)) if run == "none" => format!(":{addr}:{port}"),
+                _ => String::new(),
+            };
+            let restart = get("TORCHELASTIC_RESTART_COUNT").unwrap_or_default();
+            return Ok(format!("torch:{run}{at}.{restart}"));
         }
         if let (Some(addr), Some(port)) = (get("MASTER_ADDR"), get("MASTER_PORT")) {
             return Ok(format!("torch:{addr}:{port}"));
@@ -265,6 +320,28 @@ impl JobEnv {
         }
         Ok(format!("ppid:{parent}"))
     }
+}
+
+/// FNV-1a of a text.
+fn digest_text(text: &str) -> u64 {
+    super::exchange::digest(text.bytes().map(u64::from))
+}
+
+/// What identifies this process's launch: its executable (device and inode) and the launcher's
+/// per-launch variables ([`LAUNCH_ID_ENV`], Slurm's job and step, PMIx's namespace, mpirun's key,
+/// torchrun's run id, restart count and master address), as a digest. Every rank sends it at join
+/// and rank 0 refuses a rank whose identity differs: a rank of another launch that uses the same
+/// job id.
+pub(crate) fn launch_identity(get: &dyn Fn(&str) -> Option<String>) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let exe = std::fs::metadata("/proc/self/exe").map_or((0, 0), |m| (m.dev(), m.ino()));
+    let mut words = vec![exe.0, exe.1];
+    for var in LAUNCH_VARS {
+        let value = get(var);
+        words.push(u64::from(value.is_some()));
+        words.push(value.as_deref().map_or(0, digest_text));
+    }
+    super::exchange::digest(words)
 }
 
 #[cfg(test)]
@@ -294,6 +371,57 @@ mod tests {
         let torch =
             read(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "9")]);
         assert_eq!(torch.unwrap().job_id, "torch:h:9");
+    }
+
+    #[test]
+    fn predictable_ids_take_what_a_squatter_cannot_know() {
+        let ompi = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")];
+        let ns = ("PMIX_NAMESPACE", "prterun-h-100@1");
+        let plain = read(&[ompi[0], ompi[1], ns]).unwrap().job_id;
+        assert_eq!(plain, "pmix:prterun-h-100@1");
+        let a = read(&[ompi[0], ompi[1], ns, (OMPI_KEY, "0123-4567")]).unwrap().job_id;
+        let b = read(&[ompi[0], ompi[1], ns, (OMPI_KEY, "0123-4568")]).unwrap().job_id;
+        assert!(a.starts_with("pmix:prterun-h-100@1:") && a != b, "{a} {b}");
+        assert!(!a.contains("0123"), "the key itself is not in the public name: {a}");
+        let torch = |run: &str, restart: &str| {
+            read(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "9"),
+                ("TORCHELASTIC_RUN_ID", run),
+                ("TORCHELASTIC_RESTART_COUNT", restart),
+            ])
+            .unwrap()
+            .job_id
+        };
+        assert_eq!(torch("none", "0"), "torch:none:h:9.0");
+        assert_eq!(torch("r1", "2"), "torch:r1.2");
+    }
+
+    #[test]
+    fn launch_identities_differ_between_launches_and_agree_within_one() {
+        let id = |vars: &[(&str, &str)]| {
+            let map: HashMap<String, String> =
+                vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            launch_identity(&|name| map.get(name).cloned())
+        };
+        let a = id(&[(LAUNCH_ID_ENV, "a"), (RANK_ENV, "0")]);
+        assert_eq!(a, id(&[(LAUNCH_ID_ENV, "a"), (RANK_ENV, "3")]), "the rank is not in it");
+        assert_ne!(a, id(&[(LAUNCH_ID_ENV, "b")]));
+        assert_ne!(id(&[("SLURM_STEP_ID", "1")]), id(&[("SLURM_STEP_ID", "2")]));
+        assert_ne!(id(&[("MASTER_PORT", "")]), id(&[]), "set and empty differ from unset");
+    }
+
+    #[test]
+    fn hostile_world_sizes_are_errors_not_allocations() {
+        for size in [(1u64 << 62).to_string(), "10000000".to_string(), u64::MAX.to_string()] {
+            let err = read(&[("RANK", "0"), ("WORLD_SIZE", &size)]).unwrap_err().to_string();
+            assert!(err.contains("more ranks than"), "{err}");
+            assert!(err.len() < 200, "{err}");
+        }
+        let err = read(&[("RANK", "0"), ("WORLD_SIZE", "99999999999999999999999")]).unwrap_err();
+        assert!(err.to_string().contains("is not a whole number"), "{err}");
     }
 
     #[test]

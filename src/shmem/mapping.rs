@@ -28,13 +28,31 @@ impl Mapping {
     /// A new memfd of `len` bytes (sparse: zero-filled on first touch), mapped shared. A memfd has
     /// no name in any file system, so nothing is left behind when every process is gone.
     pub(crate) fn memfd(name: &str, len: usize) -> std::io::Result<Mapping> {
-        let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         rustix::fs::ftruncate(&fd, len as u64)?;
+        // Its size is fixed for good: no process that holds it can shrink it under a peer's
+        // mapping (a read past the end of a memfd is a SIGBUS, not an error).
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
         Self::from_fd(fd, len)
     }
 
-    /// Maps `len` bytes of a memfd that a peer created and passed over.
+    /// Maps `len` bytes of a memfd that a peer created and passed over: only a memfd sealed
+    /// against shrinking, of at least `len` bytes.
     pub(crate) fn from_fd(fd: OwnedFd, len: usize) -> std::io::Result<Mapping> {
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a shared segment that is not a sealed memfd ({e})"),
+            )
+        })?;
+        if !seals.contains(rustix::fs::SealFlags::SHRINK) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "a shared segment whose size is not sealed: its owner could shrink it under this \
+                 process's mapping",
+            ));
+        }
         let file = File::from(fd);
         let size = file.metadata()?.len();
         if size < len as u64 {

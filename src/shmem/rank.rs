@@ -192,14 +192,25 @@ impl<'w> Rank<'w> {
             ),
         };
         let mut own_error = None;
+        let mut words = vec![bytes as u64, u64::MAX];
         let offset = if problem.is_none() {
             match heap.alloc(self.rank, bytes) {
                 Ok(offset) => {
                     init(offset);
+                    words[1] = offset as u64;
                     Some(offset)
                 }
                 Err(err) => {
-                    problem = Some(err.to_string());
+                    // Exhaustion is no invalid argument: the rank says what it has left, and
+                    // every rank reports it as what it is, naming this rank.
+                    if let Error::SymmetricMemoryExhausted {
+                        largest_free, free, capacity, ..
+                    } = &err
+                    {
+                        words.extend([*largest_free as u64, *free as u64, *capacity as u64]);
+                    } else {
+                        problem = Some(err.to_string());
+                    }
                     own_error = Some(err);
                     None
                 }
@@ -207,7 +218,6 @@ impl<'w> Rank<'w> {
         } else {
             None
         };
-        let words = [bytes as u64, offset.map_or(u64::MAX, |o| o as u64)];
         let free = || {
             if let Some(offset) = offset {
                 heap.free(self.rank, offset, bytes);
@@ -224,6 +234,23 @@ impl<'w> Rank<'w> {
                 });
             }
         };
+        if let Some(bad) = (0..all.len()).find(|&r| all[r].len() == 5 && all[r][1] == u64::MAX) {
+            free();
+            if bad == self.rank
+                && let Some(own) = own_error
+            {
+                return Err(own);
+            }
+            let w = &all[bad];
+            let size = |i: usize| usize::try_from(w[i]).unwrap_or(usize::MAX);
+            return Err(Error::SymmetricMemoryExhausted {
+                rank: bad,
+                requested: size(0),
+                largest_free: size(2),
+                free: size(3),
+                capacity: size(4),
+            });
+        }
         if let Some(bad) = (1..all.len()).find(|&r| all[r] != all[0]) {
             free();
             let purpose = format!("{}<{}>", call.op, call.dtype);

@@ -11,7 +11,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::job_env::{
-    JOB_ID_ENV, LAUNCHER_VARS, LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV, RANK_ENV, WORLD_SIZE_ENV,
+    JOB_ID_ENV, LAUNCH_ID_ENV, LAUNCHER_VARS, LOCAL_RANK_ENV, LOCAL_WORLD_SIZE_ENV, RANK_ENV,
+    WORLD_SIZE_ENV,
 };
 use crate::{Error, Result};
 
@@ -102,7 +103,8 @@ impl LocalJob {
         LocalJob { ranks, args: None, envs: Vec::new(), timeout: None }
     }
 
-    /// The children's arguments (default: this process's own).
+    /// The children's arguments (default: this process's own; inside a `#[test]` of a cargo test
+    /// binary, that test alone, so that each child re-runs only it).
     pub fn args<I, S>(mut self, args: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -146,8 +148,9 @@ impl LocalJob {
             source: Arc::new(e),
         };
         let exe = std::env::current_exe().map_err(|e| system(0, "finding this program", e))?;
-        let args = self.args.unwrap_or_else(|| std::env::args_os().skip(1).collect());
+        let args = self.args.unwrap_or_else(default_args);
         let job_id = fresh_job_id();
+        let launch_id = format!("{:016x}", random_word());
         let parent = rustix::process::getpid();
         let mut children: Vec<(Child, Reader, Reader)> = Vec::with_capacity(n);
         for rank in 0..n {
@@ -162,6 +165,7 @@ impl LocalJob {
                 .env(LOCAL_RANK_ENV, rank.to_string())
                 .env(LOCAL_WORLD_SIZE_ENV, n.to_string())
                 .env(JOB_ID_ENV, &job_id)
+                .env(LAUNCH_ID_ENV, &launch_id)
                 .envs(self.envs.iter().map(|(k, v)| (k, v)));
             // SAFETY: the closure runs in the child between fork and exec and makes only raw
             // system calls (prctl, getppid), which are async-signal-safe.
@@ -233,6 +237,33 @@ impl LocalJob {
     }
 }
 
+/// The children's arguments by default: this process's own; but inside a test of a libtest
+/// harness (a test binary of `target/*/deps`, whose test threads are named after their tests),
+/// that test alone, so that each child re-runs only the test that started it, not the suite.
+fn default_args() -> Vec<OsString> {
+    let thread = std::thread::current();
+    match thread.name() {
+        Some(test) if test != "main" && in_test_binary() => {
+            [test, "--exact", "--nocapture", "--test-threads=1", "-q"]
+                .iter()
+                .map(OsString::from)
+                .collect()
+        }
+        _ => std::env::args_os().skip(1).collect(),
+    }
+}
+
+/// Whether this program is a test binary cargo built: `target/<profile>/deps/<name>-<hash>`.
+fn in_test_binary() -> bool {
+    let Ok(exe) = std::env::current_exe() else { return false };
+    let in_deps = exe.parent().and_then(|d| d.file_name()).is_some_and(|d| d == "deps");
+    let hashed = exe.file_name().and_then(|f| f.to_str()).is_some_and(|f| {
+        f.rsplit_once('-')
+            .is_some_and(|(_, h)| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    in_deps && hashed
+}
+
 /// Reads a child's pipe to its end on a thread of its own (so that a full pipe never blocks the
 /// child).
 struct Reader(Option<JoinHandle<Vec<u8>>>);
@@ -253,11 +284,30 @@ impl Reader {
     }
 }
 
-/// A job id no other job on this host has: this process, a counter, the time.
+/// A job id no other job on this host has, and no other user can guess before it is bound: this
+/// process, a counter, the time and 64 random bits.
 fn fresh_job_id() -> String {
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("spawn-{}-{}-{nanos}", std::process::id(), COUNT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "spawn-{}-{}-{nanos}-{:016x}",
+        std::process::id(),
+        COUNT.fetch_add(1, Ordering::Relaxed),
+        random_word()
+    )
+}
+
+/// 64 random bits from the kernel (`/dev/urandom`); should it be unreadable, the time and a
+/// stack address, which still differ between launches.
+fn random_word() -> u64 {
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes)).is_ok() {
+        return u64::from_le_bytes(bytes);
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (&bytes as *const _ as u64).rotate_left(32)
 }

@@ -436,8 +436,9 @@ impl World {
     /// heap segments (memfds passed over an abstract Unix socket) and map each other's; then
     /// [`World::run`] runs the closure once, for this rank, and every op runs as between threads.
     ///
-    /// Heap capacity and wait timeout come from rank 0's environment ([`HEAP_BYTES_ENV`],
-    /// [`WAIT_TIMEOUT_ENV`]); how long the ranks wait for each other to join from
+    /// Heap capacity and wait timeout come from the environment ([`HEAP_BYTES_ENV`],
+    /// [`WAIT_TIMEOUT_ENV`]) and must be the same on every rank (each rank checks rank 0's
+    /// against its own); how long the ranks wait for each other to join from
     /// [`JOIN_TIMEOUT_ENV`](crate::shmem::job_env::JOIN_TIMEOUT_ENV) (default 60 s).
     ///
     /// With the `mpi` feature, a job started by an MPI launcher (OpenMPI's mpirun, MPICH's
@@ -455,7 +456,10 @@ impl World {
     /// [`Error::Environment`] naming what is missing or inconsistent (no rank, a rank not below
     /// the world size, two launchers that disagree, a job over several hosts without the `mpi`
     /// feature, ranks of one node on different hosts, settings that differ between ranks, MPI
-    /// started twice), or a peer that never joins within the join timeout; [`Error::System`]
+    /// started twice), or a peer that never joins within the join timeout;
+    /// [`Error::ForeignPeer`] when the process at the other end of the rendezvous runs as another
+    /// user or belongs to another launch with the same job id; [`Error::BadPeerMessage`] naming
+    /// a field rank 0 (or a joining rank of this launch) sent that is not acceptable; [`Error::System`]
     /// when the operating system refuses a step of the rendezvous; [`Error::Mpi`] when MPI fails.
     ///
     /// # Examples
@@ -589,9 +593,13 @@ impl World {
             eprint!("{}", exit.stderr_text());
         }
         let failed: Vec<usize> = exits.iter().filter(|e| !e.success()).map(|e| e.rank).collect();
-        match failed.first() {
+        // The cause is the rank that was killed (by a signal, or for its time), not the first of
+        // the ranks that then failed because it was gone.
+        let killed =
+            exits.iter().find(|e| !e.success() && (e.timed_out || e.status.code().is_none()));
+        match killed.map(|e| e.rank).or(failed.first().copied()) {
             None => Ok(None),
-            Some(&rank) => Err(Error::RankFailed {
+            Some(rank) => Err(Error::RankFailed {
                 rank,
                 reason: format!("its process {}", exits[rank].describe()),
                 source: None,
@@ -799,7 +807,17 @@ impl World {
             }
         };
         let shared = &*self.shared;
-        if let Some(err) = shared.world_error(true) {
+        // A failure already recorded is of an earlier run, unless (a world of processes) the
+        // rank that failed had entered more runs than this one: then it is of the run this
+        // rank is entering.
+        let earlier = self.here.is_none_or(|me| {
+            let control = &shared.control;
+            control.first_failure().is_none_or(|(failed, _)| {
+                control.runs(failed).load(std::sync::atomic::Ordering::Acquire)
+                    <= control.runs(me).load(std::sync::atomic::Ordering::Acquire)
+            })
+        });
+        if let Some(err) = shared.world_error(earlier) {
             return Err(err);
         }
         if let Some(me) = self.here {

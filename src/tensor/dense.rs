@@ -159,12 +159,18 @@ impl<T: Element> Tensor<T> {
 
     /// The number of elements of `shape`, or an out-of-memory error for `op` if it overflows.
     fn checked_len(op: &'static str, shape: &[usize]) -> Result<usize> {
-        shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
-            crate::Error::OutOfMemory {
-                op,
-                bytes: usize::MAX,
-                what: format!("a tensor of shape {shape:?}: the size overflows"),
-            }
+        // ndarray also needs the product of the axes that are not empty to fit an `isize`
+        // (`[1 << 40, 0, 1 << 30]` holds no element, yet its strides would overflow).
+        let strides = shape
+            .iter()
+            .filter(|&&d| d != 0)
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|&n| n <= isize::MAX as usize);
+        let len = strides.and_then(|_| shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)));
+        len.ok_or_else(|| crate::Error::OutOfMemory {
+            op,
+            bytes: usize::MAX,
+            what: format!("a tensor of shape {shape:?}: the size overflows"),
         })
     }
 
@@ -172,7 +178,9 @@ impl<T: Element> Tensor<T> {
     /// the buffer cache: for outputs a kernel overwrites entirely.
     pub(crate) fn scratch(op: &'static str, shape: &[usize]) -> Result<Self> {
         let data = pool::take(op, Self::checked_len(op, shape)?)?;
-        let data = ArrayD::from_shape_vec(IxDyn(shape), data).expect("length is the product");
+        let data = ArrayD::from_shape_vec(IxDyn(shape), data).map_err(|e| {
+            crate::Error::InvalidShape { op, reason: format!("shape {shape:?}: {e}") }
+        })?;
         Ok(Tensor { data: data.into() })
     }
 
