@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use dist_tensor::collectives;
 use dist_tensor::shmem::job_env::{JOB_ID_ENV, JOIN_TIMEOUT_ENV, LAUNCH_ID_ENV};
+use dist_tensor::shmem::{WAIT_TIMEOUT_ENV, WaitCmp, WaitSem};
 use dist_tensor::{Tensor, World};
 
 const N: usize = 4;
@@ -142,7 +143,15 @@ fn start(name: &str, role: &str, env: &[(String, String)], user: Option<&User>) 
     if let Some(u) = user {
         command.uid(u.uid).gid(u.gid).current_dir("/");
     }
-    command.spawn().unwrap()
+    // A copy just written may be briefly "busy": a child another test thread forked meanwhile
+    // holds the writing fd until it execs.
+    for _ in 0..100 {
+        match command.spawn() {
+            Err(e) if e.raw_os_error() == Some(26) => std::thread::sleep(Duration::from_millis(20)),
+            spawned => return spawned.unwrap(),
+        }
+    }
+    panic!("the attacker's copy of this binary stayed busy")
 }
 
 /// Waits for `children` (killing any still running after [`CHILD_TIMEOUT`]).
@@ -297,7 +306,7 @@ fn skip(test: &str, why: &str) {
 // ---- attacker roles ---------------------------------------------------------------------------
 
 /// Binds the rendezvous name `SEC_NAME` first and holds it for `SEC_HOLD_MS`, answering every
-/// connection with a forged welcome; prints `SQUATTING` once bound.
+/// connection with a forged welcome; prints `SQUATTING` once bound and `CONNECTION k` on each.
 fn squatter() {
     let name = std::env::var("SEC_NAME").unwrap();
     let hold: u64 = std::env::var("SEC_HOLD_MS").unwrap().parse().unwrap();
@@ -312,6 +321,8 @@ fn squatter() {
         match listener.accept() {
             Ok((mut s, _)) => {
                 served += 1;
+                println!("CONNECTION {served}");
+                std::io::stdout().flush().unwrap();
                 let forged: Vec<u8> = [MAGIC, 0, 1 << 20, 1 << 21, 3_600_000, 0]
                     .iter()
                     .flat_map(|w: &u64| w.to_le_bytes())
@@ -399,6 +410,31 @@ fn fake_host() {
     }
 }
 
+/// A rank that stops itself (`SIGSTOP`) when it is rank `STOP_RANK`; the others wait for it in
+/// a collective call (`STOP_MODE=call`) or on a signal (`signal`).
+fn stopper() {
+    let stop: usize = std::env::var("STOP_RANK").unwrap().parse().unwrap();
+    let mode = std::env::var("STOP_MODE").unwrap();
+    let out = World::from_env().and_then(|world| {
+        world.run(|rank| {
+            let sigs = rank.alloc_signals(1)?;
+            if rank.rank() == stop {
+                let me = rustix::process::getpid();
+                rustix::process::kill_process(me, rustix::process::Signal::STOP).unwrap();
+            }
+            if mode == "call" {
+                collectives::all_gather(rank, &[1.0f32]).map(drop)
+            } else {
+                rank.wait(&sigs, 0, WaitCmp::Ge(1), WaitSem::Acquire).map(drop)
+            }
+        })
+    });
+    match out {
+        Ok(_) => println!("RESULT ok"),
+        Err(e) => println!("ERROR {e}"),
+    }
+}
+
 /// Runs this process's role if it is a child; returns whether it was one.
 fn child_role() -> bool {
     match std::env::var("SEC_ROLE").as_deref() {
@@ -406,6 +442,7 @@ fn child_role() -> bool {
         Ok("squat") => squatter(),
         Ok("raw") => raw_attacker(),
         Ok("fake-host") => fake_host(),
+        Ok("stopper") => stopper(),
         Ok(other) => panic!("unknown role {other}"),
         Err(_) => return false,
     }
@@ -430,6 +467,12 @@ fn wait_for_line(child: &mut Child, line: &str) -> std::thread::JoinHandle<Strin
         let _ = out.read_to_string(&mut rest);
         rest
     })
+}
+
+/// Ends `child` (the victims are done with it) and returns what it printed.
+fn end_attacker(mut child: Child, out: std::thread::JoinHandle<String>) -> String {
+    let _ = child.kill();
+    attacker_output(child, out)
 }
 
 fn attacker_output(mut child: Child, out: std::thread::JoinHandle<String>) -> String {
@@ -492,13 +535,13 @@ fn a_process_of_another_user_cannot_join_a_running_job() {
 fn squatted(name: &str, user: &User, id: &str, per_rank: impl Fn(usize) -> Vec<(String, String)>) {
     let env = vec![
         ("SEC_NAME".to_string(), format!("dist-tensor/{id}")),
-        ("SEC_HOLD_MS".to_string(), "4000".to_string()),
+        ("SEC_HOLD_MS".to_string(), "30000".to_string()),
     ];
     let mut squatter = start(name, "squat", &env, Some(user));
     let out = wait_for_line(&mut squatter, "SQUATTING");
     let ranks = victims(name, N, &[(JOIN_TIMEOUT_ENV, "3000")], per_rank);
     let ended = finish(ranks);
-    let squat = attacker_output(squatter, out);
+    let squat = end_attacker(squatter, out);
     let errors = no_wrong_result(&ended, N);
     assert_eq!(errors.len(), N, "every rank must fail while another user holds the name");
     for (r, err) in errors.iter().enumerate() {
@@ -577,7 +620,7 @@ fn mpiruns_key_makes_the_namespace_unguessable_so_the_squatter_misses() {
     let ns = format!("prterun-host-{}@2", std::process::id());
     let env = vec![
         ("SEC_NAME".to_string(), format!("dist-tensor/pmix:{ns}")),
-        ("SEC_HOLD_MS".to_string(), "4000".to_string()),
+        ("SEC_HOLD_MS".to_string(), "30000".to_string()),
     ];
     let mut squatter = start(NAME, "squat", &env, Some(&user));
     let out = wait_for_line(&mut squatter, "SQUATTING");
@@ -591,9 +634,9 @@ fn mpiruns_key_makes_the_namespace_unguessable_so_the_squatter_misses() {
         ]
     });
     let ended = finish(ranks);
-    let squat = attacker_output(squatter, out);
+    let squat = end_attacker(squatter, out);
     all_correct(&ended, N);
-    assert!(squat.contains("SERVED 0"), "a rank reached the squatter: {squat}");
+    assert!(!squat.contains("CONNECTION"), "a rank reached the squatter: {squat}");
 }
 
 // ---- holes 3 and 6: a forged rank 0 (of the victims' own user) --------------------------------
@@ -733,4 +776,45 @@ fn hostile_sizes_are_errors_with_short_messages_not_panics() {
     let err = Tensor::<f32>::try_zeros(&[1 << 40, 0, 1 << 30]).unwrap_err();
     assert!(err.to_string().contains("overflows"), "{err}");
     assert_eq!(Tensor::<f32>::try_zeros(&[1 << 20, 0, 1 << 20]).unwrap().len(), 0);
+}
+
+// ---- a clearer failure: a stopped rank is named ----------------------------------------------
+
+#[test]
+fn a_stopped_rank_is_named_when_its_peers_time_out() {
+    const NAME: &str = "a_stopped_rank_is_named_when_its_peers_time_out";
+    if child_role() {
+        return;
+    }
+    for (mode, stop) in [("call", 2usize), ("signal", 1)] {
+        let job = fresh("stop");
+        let mut ranks: Vec<Option<Child>> = (0..3)
+            .map(|r| {
+                let mut env = ours(r, 3);
+                for (k, v) in [
+                    (JOB_ID_ENV, job.as_str()),
+                    (WAIT_TIMEOUT_ENV, "500"),
+                    ("STOP_RANK", &stop.to_string()),
+                    ("STOP_MODE", mode),
+                ] {
+                    env.push((k.to_string(), v.to_string()));
+                }
+                Some(start(NAME, "stopper", &env, None))
+            })
+            .collect();
+        // The others end on their own; then the stopped one is killed.
+        let others: Vec<Child> =
+            (0..3).filter(|&r| r != stop).map(|r| ranks[r].take().unwrap()).collect();
+        let ended = finish(others);
+        let mut stopped = ranks[stop].take().unwrap();
+        let _ = stopped.kill();
+        let _ = stopped.wait();
+        for e in &ended {
+            let err = e.printed("ERROR").unwrap_or_else(|| panic!("{}\n{}", e.stdout, e.stderr));
+            assert!(
+                err.contains(&format!("rank {stop} is stopped (pid {}", stopped.id())),
+                "{mode}: {err}"
+            );
+        }
+    }
 }

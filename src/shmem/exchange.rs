@@ -423,6 +423,21 @@ impl Rank<'_> {
             WaitOutcome::Failed => return Err(self.world.peer_failed(me)),
             WaitOutcome::Gone(err) => return Err(err),
             WaitOutcome::TimedOut => {
+                let heap = &self.world.heap;
+                if let Some((peer, pid)) =
+                    super::process::stopped_peer(control, me, n, |p| heap.mapped(p))
+                {
+                    return Err(Error::PeerGone {
+                        rank: me,
+                        peer,
+                        how: format!(
+                            "is stopped (pid {pid}: SIGSTOP or a debugger) and sent nothing for \
+                             {:?}",
+                            self.world.wait_timeout
+                        ),
+                        waiting: format!("in {}", here()),
+                    });
+                }
                 return Err(Error::CallTimeout {
                     rank: me,
                     call: here(),

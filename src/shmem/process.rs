@@ -896,6 +896,31 @@ fn guest(
     Ok(Joined { heap, control, settings, peers })
 }
 
+/// A rank of this node (other than `me`, among `n`, `local` says which are of this node) whose
+/// process is stopped (SIGSTOP, or held by a debugger), with its pid: what a wait that timed out
+/// names, rather than the signal it waited on. Ranks that are threads have no pid and are never
+/// named.
+pub(crate) fn stopped_peer(
+    control: &Control,
+    me: usize,
+    n: usize,
+    local: impl Fn(usize) -> bool,
+) -> Option<(usize, u32)> {
+    let own = own_pid();
+    (0..n).filter(|&p| p != me && local(p)).find_map(|p| {
+        let pid = control.pid(p).load(Ordering::Acquire);
+        (pid != 0 && pid != own && is_stopped(pid)).then_some((p, pid))
+    })
+}
+
+/// Whether process `pid` is stopped: the state after the command in `/proc/<pid>/stat` (the
+/// command may hold spaces and parentheses, so after the last `)`).
+fn is_stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    matches!(state, Some('T' | 't'))
+}
+
 /// Watches the other processes of the node: one pidfd each; a process that ended while its rank
 /// was still running is marked died in the control block, which fails the world and names it.
 pub(crate) struct PeerWatch {

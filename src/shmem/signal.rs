@@ -347,13 +347,27 @@ pub(crate) fn wait_cell(
         WaitOutcome::Ready => Ok(Token::new()),
         WaitOutcome::Failed => Err(world.peer_failed(rank)),
         WaitOutcome::Gone(err) => Err(err),
-        WaitOutcome::TimedOut => Err(Error::WaitTimeout {
-            rank,
-            program,
-            signal: index,
-            awaited: cmp.to_string(),
-            seen: cell.value.load(Ordering::Relaxed),
-            timeout: world.wait_timeout,
-        }),
+        // A peer process that is stopped is the cause to name, not the signal.
+        WaitOutcome::TimedOut => {
+            Err(match super::process::stopped_peer(control, rank, n, |p| world.heap.mapped(p)) {
+                Some((peer, pid)) => Error::PeerGone {
+                    rank,
+                    peer,
+                    how: format!(
+                        "is stopped (pid {pid}: SIGSTOP or a debugger) and sent nothing for {:?}",
+                        world.wait_timeout
+                    ),
+                    waiting: waiting(),
+                },
+                None => Error::WaitTimeout {
+                    rank,
+                    program,
+                    signal: index,
+                    awaited: cmp.to_string(),
+                    seen: cell.value.load(Ordering::Relaxed),
+                    timeout: world.wait_timeout,
+                },
+            })
+        }
     }
 }
