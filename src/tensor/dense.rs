@@ -52,18 +52,21 @@ fn empty<T: Clone>() -> ArcArray<T, IxDyn> {
 }
 
 impl<T: Element> Tensor<T> {
-    /// Wraps an ndarray array, copying it into row-major order if it is not already.
+    /// Wraps an ndarray array of any dimension (`Array2` as well as `ArrayD`), copying it into
+    /// row-major order if it is not already.
     ///
     /// # Examples
     /// ```
     /// use dist_tensor::Tensor;
     /// use ndarray::array;
     ///
-    /// let a = array![[1.0f64, 2.0], [3.0, 4.0]].reversed_axes().into_dyn();
+    /// let a = array![[1.0f64, 2.0], [3.0, 4.0]].reversed_axes(); // an Array2
     /// let t = Tensor::from_array(a);
     /// assert_eq!(t.as_slice(), &[1.0, 3.0, 2.0, 4.0]);
+    /// assert_eq!(Tensor::from_array(array![1.0f32, 2.0, 3.0].into_dyn()).shape(), &[3]);
     /// ```
-    pub fn from_array(array: ArrayD<T>) -> Self {
+    pub fn from_array<D: ndarray::Dimension>(array: ndarray::Array<T, D>) -> Self {
+        let array = array.into_dyn();
         let data = if array.is_standard_layout() {
             array
         } else {

@@ -53,9 +53,28 @@ mod sealed {
 /// let x = bf16::from_f64(1.5);
 /// let acc: f32 = x.to_acc();
 /// assert_eq!(acc, 1.5);
+///
+/// // Generic code has the arithmetic operators.
+/// fn scale<T: Element>(a: T, v: &[T]) -> Vec<T> {
+///     v.iter().map(|&x| a * x - x / a).collect()
+/// }
+/// assert_eq!(scale(2.0f32, &[4.0]), vec![6.0]);
+/// assert_eq!(scale(bf16::from_f64(2.0), &[bf16::from_f64(4.0)]), vec![bf16::from_f64(6.0)]);
 /// ```
 pub trait Element:
-    super::Pod + Debug + Display + Default + PartialEq + PartialOrd + sealed::Sealed
+    super::Pod
+    + Debug
+    + Display
+    + Default
+    + PartialEq
+    + PartialOrd
+    + sealed::Sealed
+    // The arithmetic every element type has, so that generic code can write `a * v`.
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Neg<Output = Self>
 {
     /// The type products and sums accumulate in.
     type Acc: Accumulator;
