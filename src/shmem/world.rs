@@ -289,6 +289,16 @@ impl WorldBuilder {
                 reason: "a world needs at least one rank".into(),
             });
         }
+        if n > super::job_env::MAX_WORLD_SIZE {
+            return Err(Error::InvalidArgument {
+                op: "World::build",
+                rank: 0,
+                reason: format!(
+                    "{n} ranks: more than the {} a world may have",
+                    super::job_env::MAX_WORLD_SIZE
+                ),
+            });
+        }
         let settings =
             Settings::resolve(self.heap_capacity, self.wait_timeout)?.for_ranks(n, false)?;
         let heap = Heap::anonymous(n, settings.capacity, settings.reserved)?;
@@ -818,6 +828,11 @@ impl World {
             })
         });
         if let Some(err) = shared.world_error(earlier) {
+            if let (false, Some(me)) = (earlier, self.here) {
+                // This rank has now had its part of that run: a later run's failure record is
+                // then of an earlier one.
+                shared.control.runs(me).fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
             return Err(err);
         }
         if let Some(me) = self.here {
