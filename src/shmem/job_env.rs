@@ -7,6 +7,16 @@
 //! `SLURM_JOB_ID` (with `SLURM_STEP_ID`), `TORCHELASTIC_RUN_ID` or `MASTER_ADDR:MASTER_PORT`,
 //! and failing those from the parent process (the launcher's daemon, the same for every rank of
 //! a job on one host).
+//!
+//! A job id from predictable values alone could be taken first by another local user: where the
+//! launcher offers something such a user cannot know, it is part of the id (mpirun's random
+//! transport key, as a digest, beside the PMIx namespace; `World::spawn_local`'s ids are random).
+//! Whatever the id, the rendezvous only ever joins processes of the same user (the kernel's
+//! `SO_PEERCRED`, checked at both ends), and every rank sends its [`launch_identity`] (the
+//! executable and the launcher's per-launch variables), so that two launches that share an
+//! explicit `DIST_TENSOR_JOB_ID` are refused, not mixed, when they differ in either. Two launches
+//! of one executable and world size, with one id and no launcher identity, cannot be told apart:
+//! give each its own id.
 
 use crate::{Error, Result};
 
