@@ -1061,6 +1061,31 @@ mod tests {
     }
 
     #[test]
+    fn a_passed_fd_message_must_be_one_tag_and_one_fd() {
+        let memfd = || Mapping::memfd("t", 4096).unwrap().fd().unwrap().try_clone_to_owned();
+        // Right: a tag and one fd.
+        let (a, b) = UnixStream::pair().unwrap();
+        send_fd(&a, 7, &memfd().unwrap()).unwrap();
+        assert_eq!(recv_fd(&b).unwrap().0, 7);
+        // Two fds at once: refused (both close).
+        let (one, two) = (memfd().unwrap(), memfd().unwrap());
+        let fds = [one.as_fd(), two.as_fd()];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+        let tag = 1u64.to_le_bytes();
+        rustix::net::sendmsg(&a, &[IoSlice::new(&tag)], &mut control, SendFlags::NOSIGNAL).unwrap();
+        assert!(recv_fd(&b).unwrap_err().to_string().contains("with 2 fds"));
+        // A tag and no fd; then bytes that are not a tag; then nothing.
+        (&a).write_all(&9u64.to_le_bytes()).unwrap();
+        assert!(recv_fd(&b).unwrap_err().to_string().contains("with 0 fds"));
+        (&a).write_all(&[1, 2, 3]).unwrap();
+        drop(a);
+        assert!(recv_fd(&b).is_err());
+        assert!(recv_fd(&b).unwrap_err().to_string().contains("closed the connection"));
+    }
+
+    #[test]
     fn long_rank_lists_are_summarised() {
         let many: Vec<usize> = (1..10_000_000).collect();
         let text = rank_list(&many);
