@@ -423,10 +423,13 @@ impl Rank<'_> {
             WaitOutcome::Failed => return Err(self.world.peer_failed(me)),
             WaitOutcome::Gone(err) => return Err(err),
             WaitOutcome::TimedOut => {
+                // A stopped process among the missing ranks (or among all, when every rank
+                // posted the call) is the cause to name.
                 let heap = &self.world.heap;
-                if let Some((peer, pid)) =
-                    super::process::stopped_peer(control, me, n, |p| heap.mapped(p))
-                {
+                let absent = missing();
+                let suspect =
+                    |p: usize| heap.mapped(p) && (absent.is_empty() || absent.contains(&p));
+                if let Some((peer, pid)) = super::process::stopped_peer(control, me, n, suspect) {
                     return Err(Error::PeerGone {
                         rank: me,
                         peer,
@@ -441,7 +444,7 @@ impl Rank<'_> {
                 return Err(Error::CallTimeout {
                     rank: me,
                     call: here(),
-                    missing: missing(),
+                    missing: absent,
                     timeout: self.world.wait_timeout,
                 });
             }

@@ -45,9 +45,10 @@ pub(crate) const HELLO_WORDS: usize = 5;
 /// Words of rank 0's answer: magic, status, capacity, reserved bytes, wait timeout in ms, launch
 /// identity.
 pub(crate) const ANSWER_WORDS: usize = 6;
-/// How long rank 0 waits for a connection's hello before it drops the connection: a process that
-/// connects and says nothing must not hold up the real ranks.
-const HELLO_DEADLINE: Duration = Duration::from_secs(2);
+/// How long rank 0 waits for a connection's hello before it drops the connection (a process that
+/// connects and says nothing does not hold up the real ranks meanwhile: hellos are read as they
+/// come). Generous, as a real rank on a loaded host may be slow to send it.
+const HELLO_DEADLINE: Duration = Duration::from_secs(10);
 /// Most connections that may wait for their hello at once (beyond it, the oldest is dropped).
 const MAX_PENDING: usize = 256;
 /// How long a connection may wait for its hello before a newer one may take its place when the
