@@ -18,6 +18,16 @@
  * source, then "option <option>" for every option, one per line: what the AscendCL stand-in's
  * aclrtBinaryLoadFromData and aclrtBinaryGetFunction check.
  *
+ * Built with -DSTANDIN_EXECUTE (and STANDIN_ASCENDC_DIR, STANDIN_CACHE_DIR: string literals), it
+ * compiles for real: the source, with the -D and -std options the crate passes (--npu-arch and
+ * -I are the NPU's and are dropped), goes through the host C++ compiler ($CXX, or c++) against
+ * the CPU implementation of Ascend C in STANDIN_ASCENDC_DIR, into a shared object, kept in
+ * STANDIN_CACHE_DIR under a hash of the source, the options and that implementation (so each
+ * kernel is compiled once per change, not once per test). A compiler error is a failed
+ * compilation whose log is the compiler's. The binary is the text header above, a "mix <name>"
+ * line for every entry point declaring KERNEL_TYPE_MIX_AIC_1_2 (the launch mode a real binary
+ * records), then "shared-object-follows" and the shared object.
+ *
  * Every call is recorded in the AscendCL stand-in's log (found with dlsym).
  */
 
@@ -26,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 
 typedef int aclError;
 #define ACL_SUCCESS 0
@@ -64,6 +75,100 @@ static void set_log(struct prog *p, const char *text) {
     free(p->log);
     p->log = strdup(text);
 }
+
+#ifdef STANDIN_EXECUTE
+#include <sys/stat.h>
+#include <unistd.h>
+
+static uint64_t fnv(uint64_t h, const void *data, size_t len) {
+    const unsigned char *b = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= b[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *data = malloc((size_t)n + 1);
+    size_t got = fread(data, 1, (size_t)n, f);
+    fclose(f);
+    data[got] = '\0';
+    *len = got;
+    return data;
+}
+
+/* The kernel as a shared object for the CPU (from the cache, or compiled now); NULL with the
+ * compiler's log set on failure. */
+static char *compile_for_cpu(struct prog *p, int num_options, const char **options, size_t *so_len) {
+    static const char *parts[] = {"/kernel_operator.h", "/shmem.h", "/lib/matmul_intf.h"};
+    uint64_t h = fnv(1469598103934665603ull, p->src, strlen(p->src));
+    char flags[2048] = "";
+    size_t used = 0;
+    for (int i = 0; i < num_options; i++) {
+        if (strncmp(options[i], "-D", 2) == 0 || strncmp(options[i], "-std=", 5) == 0) {
+            /* Options are the crate's own (-DDT_ELEM=half, -std=c++17): no shell quoting needed,
+             * but refuse anything that would need it. */
+            if (strpbrk(options[i], " '\"$`\\;&|<>") != NULL) {
+                set_log(p, "stand-in: an option with shell characters");
+                return NULL;
+            }
+            used += (size_t)snprintf(flags + used, sizeof flags - used, " '%s'", options[i]);
+            h = fnv(h, options[i], strlen(options[i]) + 1);
+        }
+    }
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s%s", STANDIN_ASCENDC_DIR, parts[i]);
+        size_t n = 0;
+        char *text = read_file(path, &n);
+        if (text != NULL) {
+            h = fnv(h, text, n);
+            free(text);
+        }
+    }
+    mkdir(STANDIN_CACHE_DIR, 0755);
+    char so_path[1024], src_path[1024], tmp_path[1100], log_path[1100];
+    snprintf(so_path, sizeof so_path, "%s/%s-%016llx.so", STANDIN_CACHE_DIR, p->name, (unsigned long long)h);
+    char *so = read_file(so_path, so_len);
+    if (so != NULL) return so;
+    snprintf(src_path, sizeof src_path, "%s/%s-%016llx.cpp", STANDIN_CACHE_DIR, p->name, (unsigned long long)h);
+    snprintf(tmp_path, sizeof tmp_path, "%s.%d.tmp", so_path, (int)getpid());
+    snprintf(log_path, sizeof log_path, "%s.%d.log", so_path, (int)getpid());
+    FILE *f = fopen(src_path, "wb");
+    if (f == NULL) {
+        set_log(p, "stand-in: cannot write the kernel source to the cache directory");
+        return NULL;
+    }
+    fputs(p->src, f);
+    fclose(f);
+    const char *cxx = getenv("CXX");
+    char command[4096];
+    snprintf(command, sizeof command,
+             "'%s' -O1 -g0 -shared -fPIC -pthread -fvisibility=hidden -I'%s' %s -o '%s' '%s' > '%s' 2>&1",
+             cxx != NULL && cxx[0] != '\0' ? cxx : "c++", STANDIN_ASCENDC_DIR, flags, tmp_path, src_path, log_path);
+    int rc = system(command);
+    size_t log_len = 0;
+    char *log = read_file(log_path, &log_len);
+    unlink(log_path);
+    if (rc != 0) {
+        set_log(p, log != NULL && log_len > 0 ? log : "stand-in: the host C++ compiler failed with no output");
+        free(log);
+        unlink(tmp_path);
+        return NULL;
+    }
+    free(log);
+    rename(tmp_path, so_path);
+    so = read_file(so_path, so_len);
+    if (so == NULL) set_log(p, "stand-in: the compiled kernel is missing");
+    return so;
+}
+#endif
 
 aclError aclrtcCompileProg(void *prog, int num_options, const char **options) {
     struct prog *p = prog;
@@ -107,6 +212,11 @@ aclError aclrtcCompileProg(void *prog, int num_options, const char **options) {
         set_log(p, log);
         return ACL_ERROR_RTC_COMPILATION;
     }
+#ifdef STANDIN_EXECUTE
+    size_t so_len = 0;
+    char *so = compile_for_cpu(p, num_options, options, &so_len);
+    if (so == NULL) return ACL_ERROR_RTC_COMPILATION;
+#endif
     /* The binary: the marker, every entry point, every option. */
     size_t cap = 64 + strlen(p->src) / 8;
     for (int i = 0; i < num_options; i++) cap += strlen(options[i]) + 16;
@@ -119,6 +229,19 @@ aclError aclrtcCompileProg(void *prog, int num_options, const char **options) {
         len += (size_t)snprintf(bin + len, cap - len, "kernel %.*s\n", (int)name_len, name);
     }
     for (int i = 0; i < num_options; i++) len += (size_t)snprintf(bin + len, cap - len, "option %s\n", options[i]);
+#ifdef STANDIN_EXECUTE
+    if (strstr(p->src, "KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2)") != NULL) {
+        bin = realloc(bin, cap + 160);
+        len += (size_t)snprintf(bin + len, cap + 160 - len, "mix %s\n", p->name);
+    }
+    static const char so_marker[] = "shared-object-follows\n";
+    bin = realloc(bin, len + sizeof so_marker + so_len);
+    memcpy(bin + len, so_marker, sizeof so_marker - 1);
+    len += sizeof so_marker - 1;
+    memcpy(bin + len, so, so_len);
+    len += so_len;
+    free(so);
+#endif
     free(p->bin);
     p->bin = bin;
     p->bin_len = len;
