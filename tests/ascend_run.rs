@@ -20,8 +20,10 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use cann_stand_in::CannStandIn;
+use dist_tensor::collectives::ReduceOp;
 use dist_tensor::device::ascend::{Ascend, AscendWorldBuilder, PathTaken, last_path};
-use dist_tensor::{Element, Error, Result, Tensor, World, collectives};
+use dist_tensor::ndarray::{Array2, ArrayD, Axis, Slice, concatenate};
+use dist_tensor::{Element, Result, Tensor, World, collectives, fused};
 use half::{bf16, f16};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -31,14 +33,32 @@ static STAND_IN: OnceLock<CannStandIn> = OnceLock::new();
 /// sub-cores each; held while a test runs.
 fn stand_in(ai: i64, sub: i64) -> (MutexGuard<'static, ()>, &'static CannStandIn) {
     let guard = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let cann = STAND_IN.get_or_init(|| {
-        CannStandIn::build_executing(&cann_stand_in::scratch_dir("run"))
-    });
+    let cann =
+        STAND_IN.get_or_init(|| CannStandIn::build_executing(&cann_stand_in::scratch_dir("run")));
     cann.acl.reset();
     cann.acl.set_device_count(8);
     cann.acl.set_cores(ai, ai * sub);
     cann.shmem_process_global(false);
     (guard, cann)
+}
+
+/// The topologies the worlds of each size run on (AI cores, vector sub-cores each): 20 and 24
+/// AI cores, one and two sub-cores, so that a kernel with a core count of its own shows.
+fn topology_for(ranks: usize) -> (i64, i64) {
+    match ranks {
+        1 => (24, 1),
+        2 => (20, 2),
+        3 => (24, 2),
+        4 => (20, 1),
+        _ => (20, 2),
+    }
+}
+
+/// A world of `ranks` NPUs of the stand-in, on the topology [`topology_for`] gives it.
+fn npu_world(cann: &CannStandIn, ranks: usize) -> Result<World> {
+    let (ai, sub) = topology_for(ranks);
+    cann.acl.set_cores(ai, ai * sub);
+    world(cann, ranks, Duration::from_secs(20))
 }
 
 fn world(cann: &CannStandIn, ranks: usize, timeout: Duration) -> Result<World> {
@@ -70,16 +90,47 @@ fn bits<T: Element>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }
 
+/// The relative precision of `T` (one unit in the last place at 1).
+fn eps<T: Element>() -> f64 {
+    match std::mem::size_of::<T>() {
+        4 => f32::EPSILON as f64,
+        _ if std::any::type_name::<T>().contains("bf16") => 1.0 / 128.0,
+        _ => 1.0 / 1024.0,
+    }
+}
+
+/// `got` against the f64 reference `want` (with `scale`, the sum of the magnitudes each entry
+/// adds up): within one rounding to `T` plus f32 accumulation over `terms` terms.
+fn assert_close<T: Element>(got: &[T], want: &[f64], scale: &[f64], terms: usize, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let tol = eps::<T>() * w.abs() + (terms as f64 + 2.0) * f32::EPSILON as f64 * s + 1e-30;
+        assert!(
+            (g.to_f64() - w).abs() <= tol,
+            "{what}: element {i}: {} against {w} (tol {tol})",
+            g.to_f64()
+        );
+    }
+}
+
+fn type_name<T>() -> &'static str {
+    std::any::type_name::<T>().rsplit("::").next().unwrap_or("?")
+}
+
+/// Every case of one kernel in every element type.
+macro_rules! every_type {
+    ($f:ident, $($arg:expr),*) => {{
+        $f::<f32>($($arg),*)?;
+        $f::<f16>($($arg),*)?;
+        $f::<bf16>($($arg),*)?;
+    }};
+}
+
 mod ascend {
     use super::*;
 
-    fn all_gather_case<T: Element>(
-        cann: &CannStandIn,
-        n: usize,
-        rows: usize,
-        cols: &[usize],
-    ) -> Result<()> {
-        let world = world(cann, n, Duration::from_secs(10))?;
+    fn all_gather_case<T: Element>(world: &World, rows: usize, cols: &[usize]) -> Result<()> {
+        let n = world.num_ranks();
         let inputs: Vec<Vec<T>> =
             (0..n).map(|r| values::<T>(rows * cols[r], 100 + r as u64)).collect();
         let total: usize = cols.iter().sum();
@@ -104,7 +155,7 @@ mod ascend {
                     bits(out),
                     expected,
                     "all_gather {} world {n} rows {rows} cols {cols:?} rank {r} call {call}",
-                    std::any::type_name::<T>()
+                    type_name::<T>()
                 );
             }
         }
@@ -114,7 +165,348 @@ mod ascend {
     #[test]
     fn ascend_all_gather_runs_on_the_cpu_stand_in() -> Result<()> {
         let (_serial, cann) = stand_in(20, 2);
-        all_gather_case::<f32>(cann, 2, 3, &[5, 7])?;
+        for n in [1, 2, 3, 4, 8] {
+            let world = npu_world(cann, n)?;
+            // Ragged widths, an empty shard, one row; and one block wider than a UB tile.
+            let cols: Vec<usize> = (0..n).map(|r| [5, 0, 7, 1, 3, 13, 2, 9][r]).collect();
+            every_type!(all_gather_case, &world, 3, &cols);
+            every_type!(all_gather_case, &world, 1, &cols);
+        }
+        let world = npu_world(cann, 3)?;
+        all_gather_case::<f32>(&world, 2, &[17_000, 3, 40])?;
+        all_gather_case::<f16>(&world, 5, &[3, 7_001, 11])?;
+        Ok(())
+    }
+
+    fn broadcast_case<T: Element>(world: &World, len: usize, root: usize) -> Result<()> {
+        let n = world.num_ranks();
+        let data = values::<T>(len, 7 + root as u64);
+        for call in 0..2 {
+            let outs = world.run(|rank| {
+                let mine = if rank.rank() == root { data.clone() } else { vec![T::zero(); len] };
+                let out = collectives::broadcast(rank, &mine, root)?;
+                assert_eq!(last_path(rank), Some(PathTaken::Kernel("broadcast")));
+                Ok(out)
+            })?;
+            for (r, out) in outs.iter().enumerate() {
+                assert_eq!(
+                    bits(out),
+                    bits(&data),
+                    "broadcast {} world {n} len {len} root {root} rank {r} call {call}",
+                    type_name::<T>()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_broadcast_runs_on_the_cpu_stand_in() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        for n in [1, 2, 3, 4, 8] {
+            let world = npu_world(cann, n)?;
+            every_type!(broadcast_case, &world, 1, n - 1);
+            every_type!(broadcast_case, &world, 37, n / 2);
+        }
+        let world = npu_world(cann, 2)?;
+        broadcast_case::<f32>(&world, 40_003, 1)?;
+        broadcast_case::<bf16>(&world, 70_001, 0)?;
+        Ok(())
+    }
+
+    fn all_to_all_v_case<T: Element>(world: &World, seed: usize) -> Result<()> {
+        let n = world.num_ranks();
+        // send[p][q]: ragged, with zeros, one large piece.
+        let send: Vec<Vec<usize>> = (0..n)
+            .map(|p| {
+                (0..n)
+                    .map(|q| {
+                        if (p + q + seed) % 4 == 0 {
+                            0
+                        } else {
+                            (p * 7 + q * 3 + seed) % 11 + (p == 0 && q + 1 == n) as usize * 20_000
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let inputs: Vec<Vec<T>> =
+            (0..n).map(|p| values::<T>(send[p].iter().sum(), 50 + p as u64)).collect();
+        let outs = world.run(|rank| {
+            let out = collectives::all_to_all_v(rank, &inputs[rank.rank()], &send[rank.rank()])?;
+            assert_eq!(last_path(rank), Some(PathTaken::Kernel("all_to_all_v")));
+            Ok(out)
+        })?;
+        for (q, out) in outs.iter().enumerate() {
+            let mut want = Vec::new();
+            for p in 0..n {
+                let start: usize = send[p][..q].iter().sum();
+                want.extend(bits(&inputs[p][start..start + send[p][q]]));
+            }
+            assert_eq!(
+                bits(out),
+                want,
+                "all_to_all_v {} world {n} rank {q} counts {send:?}",
+                type_name::<T>()
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_all_to_all_v_runs_on_the_cpu_stand_in() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        for n in [1, 2, 3, 4, 8] {
+            let world = npu_world(cann, n)?;
+            every_type!(all_to_all_v_case, &world, 1);
+            all_to_all_v_case::<f32>(&world, 2)?;
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter_case<T: Element>(
+        world: &World,
+        rows: usize,
+        counts: &[usize],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = world.num_ranks();
+        let total: usize = counts.iter().sum();
+        let inputs: Vec<Vec<T>> =
+            (0..n).map(|r| values::<T>(rows * total, 300 + r as u64)).collect();
+        let outs = world.run(|rank| {
+            let out =
+                collectives::reduce_scatter_cols(rank, &inputs[rank.rank()], rows, counts, op)?;
+            assert_eq!(last_path(rank), Some(PathTaken::Kernel("reduce_scatter")));
+            Ok(out)
+        })?;
+        // The host kernel adds in the same order (rank order, in f32, rounded once): its bits
+        // for the sum. (The mean differs in the last place: the host divides by the ranks, the
+        // kernel multiplies by their reciprocal, as vector units do.)
+        let host = World::threads(n)?.run(|rank| {
+            collectives::reduce_scatter_cols(rank, &inputs[rank.rank()], rows, counts, op)
+        })?;
+        let mut at = 0;
+        for (r, out) in outs.iter().enumerate() {
+            let c = counts[r];
+            let mut want = vec![0.0; rows * c];
+            let mut scale = vec![0.0; rows * c];
+            for i in 0..rows {
+                for j in 0..c {
+                    for input in &inputs {
+                        let v = input[i * total + at + j].to_f64();
+                        want[i * c + j] += v;
+                        scale[i * c + j] += v.abs();
+                    }
+                    if op == ReduceOp::Mean {
+                        want[i * c + j] /= n as f64;
+                    }
+                }
+            }
+            let what = format!(
+                "reduce_scatter {} {op:?} world {n} rows {rows} counts {counts:?} rank {r}",
+                type_name::<T>()
+            );
+            assert_close(out, &want, &scale, n, &what);
+            if op == ReduceOp::Sum {
+                assert_eq!(bits(out), bits(&host[r]), "{what}: not the host kernel's bits");
+            }
+            at += c;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_reduce_scatter_runs_on_the_cpu_stand_in() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        for n in [1, 2, 3, 4, 8] {
+            let world = npu_world(cann, n)?;
+            let counts: Vec<usize> = (0..n).map(|r| [3, 0, 9, 1, 5, 2, 7, 4][r]).collect();
+            every_type!(reduce_scatter_case, &world, 3, &counts, ReduceOp::Sum);
+            every_type!(reduce_scatter_case, &world, 1, &counts, ReduceOp::Mean);
+        }
+        let world = npu_world(cann, 3)?;
+        reduce_scatter_case::<f32>(&world, 2, &[9_000, 5, 31], ReduceOp::Sum)?;
+        reduce_scatter_case::<bf16>(&world, 40, &[700, 3, 1], ReduceOp::Mean)?;
+        Ok(())
+    }
+
+    fn all_gather_matmul_case<T: Element>(
+        world: &World,
+        m: &[usize],
+        k: usize,
+        n_cols: &[usize],
+    ) -> Result<()> {
+        let n = world.num_ranks();
+        let xs: Vec<Vec<T>> = (0..n).map(|r| values::<T>(m[r] * k, 500 + r as u64)).collect();
+        let ws: Vec<Vec<T>> = (0..n).map(|r| values::<T>(k * n_cols[r], 600 + r as u64)).collect();
+        let outs = world.run(|rank| {
+            let r = rank.rank();
+            let x = Array2::from_shape_vec((m[r], k), xs[r].clone()).expect("x");
+            let w = Array2::from_shape_vec((k, n_cols[r]), ws[r].clone()).expect("w");
+            let out = fused::all_gather_matmul(rank, x.view(), &[w.view()])?;
+            assert_eq!(last_path(rank), Some(PathTaken::Kernel("all_gather_matmul")));
+            assert_eq!(out.row_counts, m);
+            Ok(out.outputs.into_iter().next().expect("one product"))
+        })?;
+        let gathered: Vec<&T> = xs.iter().flatten().collect();
+        let rows: usize = m.iter().sum();
+        for (r, out) in outs.iter().enumerate() {
+            let nc = n_cols[r];
+            assert_eq!(out.dim(), (rows, nc));
+            let mut want = vec![0.0; rows * nc];
+            let mut scale = vec![0.0; rows * nc];
+            for i in 0..rows {
+                for j in 0..nc {
+                    for kk in 0..k {
+                        let p = gathered[i * k + kk].to_f64() * ws[r][kk * nc + j].to_f64();
+                        want[i * nc + j] += p;
+                        scale[i * nc + j] += p.abs();
+                    }
+                }
+            }
+            let got: Vec<T> = out.iter().copied().collect();
+            let what = format!(
+                "all_gather_matmul {} world {n} m {m:?} k {k} n {n_cols:?} rank {r}",
+                type_name::<T>()
+            );
+            assert_close(&got, &want, &scale, k, &what);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_all_gather_matmul_runs_on_the_cpu_stand_in() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        for n in [1, 2, 3, 4, 8] {
+            let world = npu_world(cann, n)?;
+            // Ragged rows (an empty shard, fewer rows than ranks overall at 8), K and N odd.
+            let m: Vec<usize> = (0..n).map(|r| [5, 0, 3, 1, 2, 0, 1, 4][r]).collect();
+            let cols: Vec<usize> = (0..n).map(|r| [7, 3, 1, 5, 2, 9, 4, 6][r]).collect();
+            every_type!(all_gather_matmul_case, &world, &m, 19, &cols);
+        }
+        // More than one output tile in each direction (128 x 256 tiles), K past a base block.
+        let world = npu_world(cann, 2)?;
+        all_gather_matmul_case::<f16>(&world, &[131, 2], 70, &[259, 5])?;
+        all_gather_matmul_case::<f32>(&world, &[1, 129], 33, &[3, 257])?;
+        Ok(())
+    }
+
+    fn matmul_reduce_scatter_case<T: Element>(
+        world: &World,
+        m: usize,
+        k: &[usize],
+        nc: usize,
+    ) -> Result<()> {
+        let n = world.num_ranks();
+        let xs: Vec<Vec<T>> = (0..n).map(|r| values::<T>(m * k[r], 700 + r as u64)).collect();
+        let ws: Vec<Vec<T>> = (0..n).map(|r| values::<T>(k[r] * nc, 800 + r as u64)).collect();
+        let outs = world.run(|rank| {
+            let r = rank.rank();
+            let x = Array2::from_shape_vec((m, k[r]), xs[r].clone()).expect("x");
+            let w = Array2::from_shape_vec((k[r], nc), ws[r].clone()).expect("w");
+            let out = fused::matmul_reduce_scatter(rank, x.view(), w.view())?;
+            assert_eq!(last_path(rank), Some(PathTaken::Kernel("matmul_reduce_scatter")));
+            Ok(out)
+        })?;
+        let mut row = 0;
+        for (r, out) in outs.iter().enumerate() {
+            let mine = out.nrows();
+            assert_eq!(out.ncols(), nc);
+            let mut want = vec![0.0; mine * nc];
+            let mut scale = vec![0.0; mine * nc];
+            for i in 0..mine {
+                for j in 0..nc {
+                    for s in 0..n {
+                        for kk in 0..k[s] {
+                            let p =
+                                xs[s][(row + i) * k[s] + kk].to_f64() * ws[s][kk * nc + j].to_f64();
+                            want[i * nc + j] += p;
+                            scale[i * nc + j] += p.abs();
+                        }
+                    }
+                }
+            }
+            let got: Vec<T> = out.iter().copied().collect();
+            let what = format!(
+                "matmul_reduce_scatter {} world {n} m {m} k {k:?} n {nc} rank {r}",
+                type_name::<T>()
+            );
+            assert_close(&got, &want, &scale, k.iter().sum::<usize>() + n, &what);
+            row += mine;
+        }
+        assert_eq!(row, m);
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_matmul_reduce_scatter_runs_on_the_cpu_stand_in() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        for n in [1, 2, 3, 4, 8] {
+            let world = npu_world(cann, n)?;
+            let k: Vec<usize> = (0..n).map(|r| [7, 1, 13, 4, 9, 2, 5, 3][r]).collect();
+            // Rows not a multiple of the ranks, and (at 8) fewer rows than ranks.
+            every_type!(matmul_reduce_scatter_case, &world, 11, &k, 5);
+            matmul_reduce_scatter_case::<f32>(&world, 3, &k, 2)?;
+        }
+        let world = npu_world(cann, 2)?;
+        matmul_reduce_scatter_case::<bf16>(&world, 261, &[40, 31], 300)?;
+        Ok(())
+    }
+
+    fn all_to_all_case<T: Element>(
+        world: &World,
+        shape: &[usize],
+        scatter: usize,
+        gather: usize,
+    ) -> Result<()> {
+        let n = world.num_ranks();
+        // Rank r's shard: its own (ragged) size along the gather dimension.
+        let shards: Vec<Tensor<T>> = (0..n)
+            .map(|r| {
+                let mut s = shape.to_vec();
+                s[gather] += r % 3;
+                Tensor::from_shape_vec(&s, values::<T>(s.iter().product(), 900 + r as u64))
+            })
+            .collect::<Result<_>>()?;
+        let outs = world.run(|rank| {
+            let out = fused::all_to_all(rank, &shards[rank.rank()], scatter, gather)?;
+            assert_eq!(last_path(rank), Some(PathTaken::Kernel("all_to_all")));
+            Ok(out)
+        })?;
+        let views: Vec<_> = shards.iter().map(|t| t.view()).collect();
+        let full: ArrayD<T> = concatenate(Axis(gather), &views).expect("the full tensor");
+        let mut at = 0;
+        for (r, out) in outs.iter().enumerate() {
+            let c = out.scatter_counts[r];
+            let want = full.slice_axis(Axis(scatter), Slice::from(at..at + c));
+            assert_eq!(out.output.shape(), want.shape(), "all_to_all shape rank {r}");
+            let want: Vec<T> = want.iter().copied().collect();
+            assert_eq!(
+                bits(out.output.as_slice()),
+                bits(&want),
+                "all_to_all {} world {n} shape {shape:?} scatter {scatter} gather {gather} rank {r}",
+                type_name::<T>()
+            );
+            at += c;
+        }
+        assert_eq!(at, full.shape()[scatter]);
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_all_to_all_runs_on_the_cpu_stand_in() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        for n in [1, 2, 3, 4, 8] {
+            let world = npu_world(cann, n)?;
+            // [B, S, H, D] with S and H not divisible by the ranks; scatter H, gather S; and the
+            // other way round; and scatter ahead of gather.
+            every_type!(all_to_all_case, &world, &[2, 3, 5, 4], 2, 1);
+            all_to_all_case::<f32>(&world, &[1, 7, 3, 2], 1, 2)?;
+            all_to_all_case::<f16>(&world, &[3, 2, 1], 0, 1)?;
+        }
+        let world = npu_world(cann, 3)?;
+        all_to_all_case::<bf16>(&world, &[1, 4, 7, 1500], 2, 1)?;
         Ok(())
     }
 }

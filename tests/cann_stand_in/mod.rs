@@ -240,7 +240,8 @@ impl CannStandIn {
         // its own state.
         let library = unsafe { libloading::Library::new(&path) }.expect("open the stand-in");
         let acl = AclStandIn { path, library };
-        let ascendc = format!("-DSTANDIN_ASCENDC_DIR={:?}", ascendc_cpu_dir().display().to_string());
+        let ascendc =
+            format!("-DSTANDIN_ASCENDC_DIR={:?}", ascendc_cpu_dir().display().to_string());
         let cache = format!("-DSTANDIN_CACHE_DIR={:?}", kernel_cache_dir().display().to_string());
         compile("rtc_stand_in.c", &dir.join("libacl_rtc.so"), &[execute[0], &ascendc, &cache]);
         compile("shmem_stand_in.c", &dir.join("libshmem.so"), &[]);
