@@ -23,7 +23,7 @@ use cann_stand_in::CannStandIn;
 use dist_tensor::collectives::ReduceOp;
 use dist_tensor::device::ascend::{Ascend, AscendWorldBuilder, PathTaken, last_path};
 use dist_tensor::ndarray::{Array2, ArrayD, Axis, Slice, concatenate};
-use dist_tensor::{Element, Result, Tensor, World, collectives, fused};
+use dist_tensor::{Element, Error, Result, Tensor, World, collectives, fused};
 use half::{bf16, f16};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -507,6 +507,410 @@ mod ascend {
         }
         let world = npu_world(cann, 3)?;
         all_to_all_case::<bf16>(&world, &[1, 4, 7, 1500], 2, 1)?;
+        Ok(())
+    }
+}
+
+/// The wait timeout of worlds whose kernels are meant to fail (their peers then time out).
+const SHORT: Duration = Duration::from_secs(2);
+
+/// The mutations of one negative control, undone when dropped (also when the test fails).
+struct Mutated<'a>(&'a CannStandIn);
+
+impl<'a> Mutated<'a> {
+    fn new(cann: &'a CannStandIn, kernel: &str, edits: &[(&str, &str)]) -> Mutated<'a> {
+        cann.clear_mutations();
+        for (from, to) in edits {
+            cann.mutate(kernel, from, to);
+        }
+        Mutated(cann)
+    }
+}
+
+impl Drop for Mutated<'_> {
+    fn drop(&mut self) {
+        self.0.clear_mutations();
+        self.0.acl.set_launch_stagger(0);
+    }
+}
+
+/// The failing rank's error of a run that must fail, as text (its message and its fields).
+fn failure_text<R: std::fmt::Debug>(run: Result<R>, what: &str) -> String {
+    match run {
+        Ok(r) => panic!("{what}: the run passed ({r:?})"),
+        Err(e) => {
+            let inner = e.rank_error();
+            format!("{inner} {inner:?}")
+        }
+    }
+}
+
+/// Each rank's first peer reached by the core of block index 0 in the last launches of
+/// `kernel`, from the stand-in's log.
+fn first_remote(cann: &CannStandIn, kernel: &str, ranks: usize) -> Vec<i64> {
+    let log = cann.acl.log();
+    (0..ranks)
+        .map(|dev| {
+            let prefix = format!("standin_first_remote(dev={dev},{kernel},pe=");
+            let line = log.iter().rev().find(|l| l.starts_with(&prefix)).expect("a launch");
+            line[prefix.len()..].trim_end_matches(')').parse().expect("a PE")
+        })
+        .collect()
+}
+
+/// all_gather of f32 on `world`; whether every rank got the right bits.
+fn all_gather_right(world: &World, rows: usize, cols: &[usize], seed: u64) -> Result<bool> {
+    let n = world.num_ranks();
+    let inputs: Vec<Vec<f32>> =
+        (0..n).map(|r| values::<f32>(rows * cols[r], seed + r as u64)).collect();
+    let outs = world.run(|rank| collectives::all_gather_cols(rank, &inputs[rank.rank()], rows))?;
+    let total: usize = cols.iter().sum();
+    let mut at = 0;
+    let mut right = true;
+    for (r, c) in cols.iter().enumerate() {
+        for out in &outs {
+            for i in 0..rows {
+                right &= out[i * total + at..i * total + at + c] == inputs[r][i * c..(i + 1) * c];
+            }
+        }
+        at += c;
+    }
+    Ok(right)
+}
+
+/// reduce_scatter (sum) of `T` on `world`; whether every rank got the f64 reference's value.
+fn reduce_scatter_right<T: Element>(world: &World, rows: usize, counts: &[usize]) -> Result<bool> {
+    let n = world.num_ranks();
+    let total: usize = counts.iter().sum();
+    let inputs: Vec<Vec<T>> = (0..n).map(|r| values::<T>(rows * total, 40 + r as u64)).collect();
+    let outs = world.run(|rank| {
+        collectives::reduce_scatter_cols(rank, &inputs[rank.rank()], rows, counts, ReduceOp::Sum)
+    })?;
+    let mut at = 0;
+    let mut right = true;
+    for (r, out) in outs.iter().enumerate() {
+        let c = counts[r];
+        for i in 0..rows {
+            for j in 0..c {
+                let want: f64 = inputs.iter().map(|x| x[i * total + at + j].to_f64()).sum();
+                right &= (out[i * c + j].to_f64() - want).abs() <= eps::<T>() * want.abs();
+            }
+        }
+        at += c;
+    }
+    Ok(right)
+}
+
+/// broadcast of f32 from rank 0; whether every rank got the root's bits.
+fn broadcast_right(world: &World, len: usize) -> Result<bool> {
+    let data = values::<f32>(len, 77);
+    let outs = world.run(|rank| {
+        let mine = if rank.rank() == 0 { data.clone() } else { Vec::new() };
+        collectives::broadcast(rank, &mine, 0)
+    })?;
+    Ok(outs.iter().all(|o| *o == data))
+}
+
+/// all_gather_matmul of f16; the run's outcome.
+fn all_gather_matmul_run(world: &World) -> Result<Vec<Array2<f16>>> {
+    let n = world.num_ranks();
+    world.run(|rank| {
+        let r = rank.rank();
+        let x =
+            Array2::from_shape_vec((3 + r, 9), values::<f16>((3 + r) * 9, r as u64)).expect("x");
+        let w = Array2::from_shape_vec((9, 7), values::<f16>(63, 10 + r as u64)).expect("w");
+        let out = fused::all_gather_matmul(rank, x.view(), &[w.view()])?;
+        assert_eq!(out.row_counts.len(), n);
+        Ok(out.outputs.into_iter().next().expect("a product"))
+    })
+}
+
+/// matmul_reduce_scatter of f32; the run's outcome.
+fn matmul_reduce_scatter_run(world: &World) -> Result<Vec<Array2<f32>>> {
+    world.run(|rank| {
+        let r = rank.rank();
+        let x =
+            Array2::from_shape_vec((5, 4 + r), values::<f32>(5 * (4 + r), r as u64)).expect("x");
+        let w = Array2::from_shape_vec((4 + r, 3), values::<f32>(3 * (4 + r), 9 + r as u64))
+            .expect("w");
+        fused::matmul_reduce_scatter(rank, x.view(), w.view())
+    })
+}
+
+/// Negative controls: mutated copies of the kernels, compiled and run through the crate's real
+/// path, each of which must fail (a wrong result or a rule failure naming where), next to the
+/// same case unmutated, which must pass.
+mod ascend_negative {
+    use super::*;
+
+    #[test]
+    fn ascend_padding_instead_of_a_mask_fails() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        all_gather_matmul_run(&world(cann, 2, SHORT)?)?;
+        let _m = Mutated::new(
+            cann,
+            "all_gather_matmul",
+            &[(
+                "const int64_t cols = valid_len(col, block_n, n);",
+                "const int64_t cols = block_n;",
+            )],
+        );
+        let text = failure_text(all_gather_matmul_run(&world(cann, 2, SHORT)?), "padded GEMM tile");
+        assert!(text.contains("kernel all_gather_matmul, AI core"), "{text}");
+        assert!(text.contains("Matmul B read") || text.contains("Matmul C write"), "{text}");
+        drop(_m);
+        // A collective copying whole chunks at its ragged end: past the device allocation.
+        assert!(broadcast_right(&world(cann, 2, SHORT)?, 40_003)?);
+        let _m = Mutated::new(
+            cann,
+            "broadcast",
+            &[(
+                "copy_2d(out + c.col, c.cols, from + c.col, c.cols, 1, c.cols, ub);",
+                "copy_2d(out + c.col, col_step, from + c.col, col_step, 1, col_step, ub);",
+            )],
+        );
+        let text =
+            failure_text(broadcast_right(&world(cann, 2, SHORT)?, 40_003), "padded broadcast");
+        assert!(text.contains("kernel broadcast, vector core"), "{text}");
+        assert!(text.contains("outside every device allocation"), "{text}");
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_no_rank_rotation_is_seen() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        assert!(all_gather_right(&world(cann, 3, SHORT)?, 2, &[3, 4, 5], 1)?);
+        assert_eq!(
+            first_remote(cann, "all_gather", 3),
+            [1, 2, 0],
+            "rotated: rank r first reaches r + 1"
+        );
+        all_gather_matmul_run(&world(cann, 3, SHORT)?)?;
+        assert_eq!(first_remote(cann, "all_gather_matmul", 3), [1, 2, 0]);
+        {
+            let _m = Mutated::new(
+                cann,
+                "all_gather",
+                &[(
+                    "notify_add(ready, me, (me + i) % world, 1);",
+                    "notify_add(ready, me, i - 1 < me ? i - 1 : i, 1);",
+                )],
+            );
+            // The result is still right: only the order shows.
+            assert!(all_gather_right(&world(cann, 3, SHORT)?, 2, &[3, 4, 5], 1)?);
+            assert_eq!(first_remote(cann, "all_gather", 3), [1, 0, 0]);
+        }
+        let _m = Mutated::new(
+            cann,
+            "all_gather_matmul",
+            &[(
+                "const int64_t peer = (me + 1 + task / chunks) % world;",
+                "const int64_t peer = task / chunks < me ? task / chunks : task / chunks + 1;",
+            )],
+        );
+        all_gather_matmul_run(&world(cann, 3, SHORT)?)?;
+        assert_eq!(first_remote(cann, "all_gather_matmul", 3), [1, 0, 0]);
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_communication_outside_sub_vec_0_fails() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        {
+            let _m = Mutated::new(
+                cann,
+                "all_gather_matmul",
+                &[(
+                    "if (world > 1 && push != 0 && sub == 0) {",
+                    "if (world > 1 && push != 0 && sub == 1) {",
+                )],
+            );
+            let text =
+                failure_text(all_gather_matmul_run(&world(cann, 2, SHORT)?), "put from sub-core 1");
+            assert!(text.contains("vector sub-core 1: a SHMEM put"), "{text}");
+            assert!(text.contains("communication belongs to vector sub-core 0"), "{text}");
+        }
+        matmul_reduce_scatter_run(&world(cann, 2, SHORT)?)?;
+        let _m =
+            Mutated::new(cann, "matmul_reduce_scatter", &[("if (sub != 0) {", "if (sub != 1) {")]);
+        let text = failure_text(
+            matmul_reduce_scatter_run(&world(cann, 2, SHORT)?),
+            "signal from sub-core 1",
+        );
+        assert!(text.contains("kernel matmul_reduce_scatter, AI core"), "{text}");
+        assert!(text.contains("vector sub-core 1: a SHMEM signal to PE"), "{text}");
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_a_hard_coded_core_count_fails() -> Result<()> {
+        // 20 AI cores x 2: 40 vector cores, where the mutated kernel assumes a 910B's 48.
+        let (_serial, cann) = stand_in(20, 2);
+        let len = 41 * 16384 + 5;
+        assert!(broadcast_right(&world(cann, 2, SHORT)?, len)?);
+        let _m = Mutated::new(cann, "broadcast", &[("ncore = num_programs()", "ncore = 48")]);
+        assert!(
+            !broadcast_right(&world(cann, 2, SHORT)?, len)?,
+            "48 programs assumed, 40 ran: chunks left out"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_a_removed_wait_flag_or_pipe_barrier_fails() -> Result<()> {
+        let (_serial, cann) = stand_in(24, 2);
+        assert!(all_gather_right(&world(cann, 2, SHORT)?, 3, &[5, 9], 3)?);
+        assert!(reduce_scatter_right::<f16>(&world(cann, 2, SHORT)?, 3, &[4, 7])?);
+        {
+            // The store of a tile before its load has landed in the unified buffer.
+            let _m = Mutated::new(
+                cann,
+                "all_gather",
+                &[("AscendC::WaitFlag<AscendC::HardEvent::MTE2_MTE3>(EVENT_ID0);", "")],
+            );
+            assert!(
+                !all_gather_right(&world(cann, 2, SHORT)?, 3, &[5, 9], 3)?,
+                "no MTE2 -> MTE3 wait"
+            );
+        }
+        {
+            // The next tile's load over a tile not yet stored.
+            let _m = Mutated::new(
+                cann,
+                "all_gather",
+                &[("AscendC::WaitFlag<AscendC::HardEvent::MTE3_MTE2>(EVENT_ID0);", "")],
+            );
+            assert!(
+                !all_gather_right(&world(cann, 2, SHORT)?, 300, &[3000, 9], 3)?,
+                "no MTE3 -> MTE2 wait"
+            );
+        }
+        {
+            // The sum read before the loads it adds.
+            let _m = Mutated::new(
+                cann,
+                "reduce_scatter",
+                &[("AscendC::WaitFlag<AscendC::HardEvent::MTE2_V>(EVENT_ID0);", "")],
+            );
+            assert!(
+                !reduce_scatter_right::<f16>(&world(cann, 2, SHORT)?, 3, &[4, 7])?,
+                "no MTE2 -> V wait"
+            );
+        }
+        {
+            // A widened row added before the Cast that writes it.
+            let _m = Mutated::new(
+                cann,
+                "reduce_scatter",
+                &[(
+                    "static_cast<int32_t>(cols));\n            AscendC::PipeBarrier<PIPE_V>();\n            AscendC::Add(",
+                    "static_cast<int32_t>(cols));\n            AscendC::Add(",
+                )],
+            );
+            assert!(
+                !reduce_scatter_right::<f16>(&world(cann, 2, SHORT)?, 3, &[4, 7])?,
+                "no PipeBarrier<PIPE_V>"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_a_missing_wait_before_reading_symmetric_memory_fails() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 1);
+        // Rank 1's kernels start 300 ms after rank 0's: rank 0's waits must wait.
+        cann.acl.set_launch_stagger(300);
+        assert!(all_gather_right(&world(cann, 2, SHORT)?, 2, &[6, 5], 11)?);
+        let _m = Mutated::new(
+            cann,
+            "all_gather",
+            &[(
+                "const Token token = wait_ge(ready, src, static_cast<int32_t>(ready_at), st, program_id_vec(), 0);",
+                "const Token token{ready_at >= 0};",
+            )],
+        );
+        cann.acl.set_launch_stagger(300);
+        assert!(
+            !all_gather_right(&world(cann, 2, SHORT)?, 2, &[6, 5], 12)?,
+            "read before the peer published"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_a_matmul_client_without_end_fails() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        let _m = Mutated::new(
+            cann,
+            "all_gather_matmul",
+            &[("        mm.End();\n        return;", "        return;")],
+        );
+        let text = failure_text(all_gather_matmul_run(&world(cann, 2, SHORT)?), "no Matmul::End");
+        assert!(text.contains("vector sub-core 0: a Matmul was registered"), "{text}");
+        Ok(())
+    }
+}
+
+/// The stand-in's other rules, each a typed error naming where.
+mod ascend_rules {
+    use super::*;
+
+    #[test]
+    fn ascend_a_wait_that_never_completes_times_out_with_its_status_record() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        let _m = Mutated::new(
+            cann,
+            "all_gather",
+            &[(
+                "wait_ge(ready, src, static_cast<int32_t>(ready_at), st,",
+                "wait_ge(ready, src, static_cast<int32_t>(ready_at + 1), st,",
+            )],
+        );
+        let run = all_gather_right(&world(cann, 2, Duration::from_millis(500))?, 2, &[3, 4], 5);
+        match run.map_err(|e| e.rank_error().clone()) {
+            Err(Error::WaitTimeout { signal, awaited, seen, .. }) => {
+                // Rank r waits on its peer's `ready`, one more than the peer's programs give.
+                assert!(signal <= 1, "signal {signal}");
+                assert_eq!(awaited, format!(">= {}", seen + 1), "awaited {awaited}, seen {seen}");
+                assert_eq!(seen, 40, "every one of the peer's 40 programs published once");
+            }
+            other => panic!("expected a wait timeout, got {other:?}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_the_unified_buffer_capacity_is_enforced() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        cann.acl.set_ub_bytes(128 * 1024);
+        let text = failure_text(
+            reduce_scatter_right::<f32>(&world(cann, 2, SHORT)?, 2, &[3, 3]),
+            "UB overflow",
+        );
+        cann.acl.set_ub_bytes(192 * 1024);
+        assert!(text.contains("kernel reduce_scatter, vector core"), "{text}");
+        assert!(
+            text.contains("TPipe::InitBuffer of 163840 bytes past the unified buffer"),
+            "{text}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_a_compile_error_comes_back_with_the_host_compilers_log() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        let _m = Mutated::new(
+            cann,
+            "broadcast",
+            &[("using namespace dt;", "using namespace dt;\nint broken = undeclared_name;")],
+        );
+        match broadcast_right(&world(cann, 2, SHORT)?, 9).map_err(|e| e.rank_error().clone()) {
+            Err(Error::KernelCompile { kernel, log, .. }) => {
+                assert_eq!(kernel, "broadcast");
+                assert!(log.contains("undeclared_name") && log.contains("error"), "{log}");
+            }
+            other => panic!("expected a compile error, got {other:?}"),
+        }
         Ok(())
     }
 }

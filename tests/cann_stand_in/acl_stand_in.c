@@ -54,6 +54,8 @@
  *     standin_set_launch_stagger(ms)   device d's kernels start d * ms later (makes a read
  *                                      that does not wait for its peer read stale data)
  *     standin_register_heap(pe, dev, base, size)   called by the SHMEM stand-in
+ *   and after every launch a log line standin_first_remote(dev=D,kernel,pe=P): the first peer
+ *   the core of block index 0 reached (its rank rotation, seen from outside).
  *   STANDIN_NO_DEVICE_INFO   omit aclrtGetDeviceInfo, as an older CANN: the crate must fall
  *                            back to aclGetDeviceCapability
  *   STANDIN_NO_SET_DEVICE    omit aclrtSetDevice, a required call: loading must fail
@@ -724,6 +726,7 @@ struct standin_launch_info {
     uint64_t ub_bytes;
     char *error;
     size_t error_len;
+    int first_remote_pe; /* out: the first peer the core of block index 0 reached (-1: none) */
 };
 
 /* Runs the kernel to its end on CPU threads (the launch is synchronous here; the stream keeps
@@ -750,10 +753,12 @@ static void run_kernel(struct function *f, uint32_t blocks, struct stream *s, st
     char error[1024] = {0};
     struct standin_launch_info info = {
         f->name, f->fn, blocks, f->mix, g_ai_cores > 0 ? (int)(g_vector_cores / g_ai_cores) : 1,
-        a->values, a->count, my_pe, n_pes, heaps, gm_valid, g_ub_bytes, error, sizeof error,
+        a->values, a->count, my_pe, n_pes, heaps, gm_valid, g_ub_bytes, error, sizeof error, -1,
     };
     int (*launch)(struct standin_launch_info *) = (int (*)(struct standin_launch_info *))f->launch;
-    if (launch(&info) != 0) {
+    int failed = launch(&info);
+    record("standin_first_remote(dev=%d,%s,pe=%d)", s->device, f->name, info.first_remote_pe);
+    if (failed != 0) {
         s->error = ACL_ERROR_RT_AICORE_EXCEPTION;
         snprintf(s->message, sizeof s->message, "EZ9999: the kernel failed (executing stand-in): %s", error);
     }

@@ -215,6 +215,8 @@ pub struct CannStandIn {
     /// The AscendCL stand-in, with the controls.
     pub acl: AclStandIn,
     shmem: libloading::Library,
+    /// The executing `aclrtc`, held open so that its controls' state lives as long as this.
+    rtc: Option<libloading::Library>,
 }
 
 impl CannStandIn {
@@ -228,7 +230,7 @@ impl CannStandIn {
         // SAFETY: the stand-in was just built from shmem_stand_in.c; its initialiser only clears
         // its own table.
         let shmem = unsafe { libloading::Library::new(dir.join("libshmem.so")) }.expect("open");
-        CannStandIn { dir: dir.to_path_buf(), acl, shmem }
+        CannStandIn { dir: dir.to_path_buf(), acl, shmem, rtc: None }
     }
 
     /// Builds the executing stand-ins into `dir`: kernels are compiled for the CPU and run.
@@ -249,7 +251,43 @@ impl CannStandIn {
         build_hccl(dir, true);
         // SAFETY: as in `build`.
         let shmem = unsafe { libloading::Library::new(dir.join("libshmem.so")) }.expect("open");
-        CannStandIn { dir: dir.to_path_buf(), acl, shmem }
+        // SAFETY: the aclrtc stand-in just built; its initialisers do nothing.
+        let rtc = unsafe { libloading::Library::new(dir.join("libacl_rtc.so")) }.expect("open");
+        CannStandIn { dir: dir.to_path_buf(), acl, shmem, rtc: Some(rtc) }
+    }
+
+    /// Makes the executing `aclrtc` compile `kernel` with every `from` replaced by `to` (a
+    /// mutated copy of the kernel, for negative controls); a compile error if `from` is absent.
+    pub fn mutate(&self, kernel: &str, from: &str, to: &str) {
+        let rtc = self.rtc();
+        // SAFETY: `void standin_rtc_mutate(const char *, const char *, const char *)`, defined in
+        // rtc_stand_in.c, which copies its arguments.
+        let f = unsafe {
+            *rtc.get::<unsafe extern "C" fn(*const c_char, *const c_char, *const c_char)>(
+                b"standin_rtc_mutate",
+            )
+            .expect("stand-in control")
+        };
+        let (kernel, from, to) =
+            (CString::new(kernel).unwrap(), CString::new(from).unwrap(), CString::new(to).unwrap());
+        // SAFETY: as above.
+        unsafe { f(kernel.as_ptr(), from.as_ptr(), to.as_ptr()) }
+    }
+
+    /// Back to the kernels as the crate sends them.
+    pub fn clear_mutations(&self) {
+        let rtc = self.rtc();
+        // SAFETY: `void standin_rtc_clear_mutations(void)`, defined in rtc_stand_in.c.
+        let f = unsafe {
+            *rtc.get::<unsafe extern "C" fn()>(b"standin_rtc_clear_mutations")
+                .expect("stand-in control")
+        };
+        // SAFETY: as above.
+        unsafe { f() }
+    }
+
+    fn rtc(&self) -> &libloading::Library {
+        self.rtc.as_ref().expect("the executing stand-in (build_executing)")
     }
 
     /// Makes the SHMEM stand-in keep one PE for the whole process (the last initialised), as a

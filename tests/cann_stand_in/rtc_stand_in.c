@@ -28,6 +28,14 @@
  * line for every entry point declaring KERNEL_TYPE_MIX_AIC_1_2 (the launch mode a real binary
  * records), then "shared-object-follows" and the shared object.
  *
+ * Test controls (for negative controls: a mutated copy of a kernel, compiled and run through the
+ * crate's real path):
+ *   standin_rtc_mutate(kernel, from, to)   compile `kernel` with every `from` replaced by `to`
+ *                                          (a compile error, with a log saying so, when the
+ *                                          source has no `from`: a mutation that does not apply
+ *                                          must not pass as one that was caught)
+ *   standin_rtc_clear_mutations()
+ *
  * Every call is recorded in the AscendCL stand-in's log (found with dlsym).
  */
 
@@ -170,6 +178,65 @@ static char *compile_for_cpu(struct prog *p, int num_options, const char **optio
 }
 #endif
 
+#define MAX_MUTATIONS 8
+struct mutation { char kernel[64]; char *from; char *to; };
+static struct mutation g_mutations[MAX_MUTATIONS];
+static int g_mutation_count;
+
+void standin_rtc_clear_mutations(void) {
+    for (int i = 0; i < g_mutation_count; i++) {
+        free(g_mutations[i].from);
+        free(g_mutations[i].to);
+    }
+    g_mutation_count = 0;
+}
+
+void standin_rtc_mutate(const char *kernel, const char *from, const char *to) {
+    if (g_mutation_count == MAX_MUTATIONS || from[0] == '\0') return;
+    struct mutation *m = &g_mutations[g_mutation_count++];
+    snprintf(m->kernel, sizeof m->kernel, "%s", kernel);
+    m->from = strdup(from);
+    m->to = strdup(to);
+}
+
+/* `src` with every `from` replaced by `to` (a new string); *found says whether any was. */
+static char *replace_all(const char *src, const char *from, const char *to, int *found) {
+    size_t from_len = strlen(from), to_len = strlen(to), count = 0;
+    for (const char *at = strstr(src, from); at != NULL; at = strstr(at + from_len, from)) count++;
+    *found = count > 0;
+    char *out = malloc(strlen(src) + count * (to_len + 1) + 1);
+    char *w = out;
+    const char *r = src;
+    for (const char *at = strstr(r, from); at != NULL; at = strstr(r, from)) {
+        memcpy(w, r, (size_t)(at - r));
+        w += at - r;
+        memcpy(w, to, to_len);
+        w += to_len;
+        r = at + from_len;
+    }
+    strcpy(w, r);
+    return out;
+}
+
+/* Applies the mutations for `p`; 0 with the log set when one does not apply. */
+static int apply_mutations(struct prog *p) {
+    for (int i = 0; i < g_mutation_count; i++) {
+        if (strcmp(g_mutations[i].kernel, p->name) != 0) continue;
+        int found = 0;
+        char *mutated = replace_all(p->src, g_mutations[i].from, g_mutations[i].to, &found);
+        if (!found) {
+            free(mutated);
+            char log[512];
+            snprintf(log, sizeof log, "stand-in mutation: `%.200s` is not in %s's source", g_mutations[i].from, p->name);
+            set_log(p, log);
+            return 0;
+        }
+        free(p->src);
+        p->src = mutated;
+    }
+    return 1;
+}
+
 aclError aclrtcCompileProg(void *prog, int num_options, const char **options) {
     struct prog *p = prog;
     char line[1024];
@@ -187,6 +254,7 @@ aclError aclrtcCompileProg(void *prog, int num_options, const char **options) {
         set_log(p, text == NULL ? "stand-in: compilation failed" : text);
         return status;
     }
+    if (!apply_mutations(p)) return ACL_ERROR_RTC_COMPILATION;
     int arch = 0;
     for (int i = 0; i < num_options; i++) {
         if (strncmp(options[i], "--npu-arch=", 11) == 0 && options[i][11] != '\0') arch = 1;

@@ -102,6 +102,7 @@ struct standin_launch_info {
     uint64_t ub_bytes;
     char *error;
     size_t error_len;
+    int first_remote_pe; /* out: the first peer the core of block index 0 reached (-1: none) */
 };
 }
 

@@ -20,6 +20,11 @@ static inline __gm__ void *aclshmem_ptr(__gm__ void *ptr, int pe) {
                  info->n_pes, me);
         standin::fault(text);
     }
+    standin::Core &c = standin::core();
+    if (pe != me && c.kind == standin::Kind::AIV && c.block_idx == 0 && c.launch->info->first_remote_pe < 0) {
+        // Only this core writes it, and the launch reads it after joining every core.
+        const_cast<standin_launch_info *>(c.launch->info)->first_remote_pe = pe;
+    }
     uint8_t *p = static_cast<uint8_t *>(ptr);
     uint8_t *base = static_cast<uint8_t *>(info->heaps[me].base);
     if (p < base || p >= base + info->heaps[me].size) {
