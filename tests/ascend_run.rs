@@ -897,6 +897,26 @@ mod ascend_rules {
     }
 
     #[test]
+    fn ascend_a_unified_buffer_access_past_its_buffer_fails() -> Result<()> {
+        let (_serial, cann) = stand_in(20, 2);
+        let _m = Mutated::new(
+            cann,
+            "reduce_scatter",
+            &[(
+                "pipe.InitBuffer(ub_buf, UB_REDUCE_BYTES);",
+                "pipe.InitBuffer(ub_buf, UB_REDUCE_BYTES / 4);",
+            )],
+        );
+        let text = failure_text(
+            reduce_scatter_right::<f32>(&world(cann, 2, SHORT)?, 2, &[3, 3]),
+            "UB slot",
+        );
+        assert!(text.contains("kernel reduce_scatter, vector core"), "{text}");
+        assert!(text.contains("past its 40960 bytes of unified buffer"), "{text}");
+        Ok(())
+    }
+
+    #[test]
     fn ascend_a_compile_error_comes_back_with_the_host_compilers_log() -> Result<()> {
         let (_serial, cann) = stand_in(20, 2);
         let _m = Mutated::new(
