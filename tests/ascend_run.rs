@@ -221,7 +221,7 @@ mod ascend {
             .map(|p| {
                 (0..n)
                     .map(|q| {
-                        if (p + q + seed) % 4 == 0 {
+                        if (p + q + seed).is_multiple_of(4) {
                             0
                         } else {
                             (p * 7 + q * 3 + seed) % 11 + (p == 0 && q + 1 == n) as usize * 20_000
