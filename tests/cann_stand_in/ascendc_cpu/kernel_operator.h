@@ -954,12 +954,14 @@ template <typename T, CacheLine L, DcciDst D>
 void DataCacheCleanAndInvalid(const GlobalTensor<T> &tensor) {
     (void)tensor;
     standin::check_abort();
+    // Hundreds of cores share a few CPUs: after a few turns a spinning core sleeps between
+    // reads, leaving the CPUs to the cores that have work.
     standin::Core &c = standin::core();
-    if (++c.spins % 64 == 0) {
+    if (++c.spins < 8) {
+        sched_yield();
+    } else {
         timespec nap{0, 50000};
         nanosleep(&nap, nullptr);
-    } else {
-        sched_yield();
     }
 }
 
