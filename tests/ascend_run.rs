@@ -386,13 +386,15 @@ mod ascend {
             every_type!(all_gather_matmul_case, &world, &m, 19, &cols);
         }
         // Fewer rows than ranks, most shards empty.
-        let world = npu_world(cann, 8)?;
-        all_gather_matmul_case::<f32>(
-            &world,
-            &[1, 0, 0, 2, 0, 0, 0, 1],
-            5,
-            &[3, 1, 2, 4, 1, 2, 3, 1],
-        )?;
+        {
+            let world = npu_world(cann, 8)?;
+            all_gather_matmul_case::<f32>(
+                &world,
+                &[1, 0, 0, 2, 0, 0, 0, 1],
+                5,
+                &[3, 1, 2, 4, 1, 2, 3, 1],
+            )?;
+        } // dropped: one world per device at a time
         // More than one output tile in each direction (128 x 256 tiles), K past a base block.
         let world = npu_world(cann, 2)?;
         all_gather_matmul_case::<f16>(&world, &[131, 2], 70, &[259, 5])?;
