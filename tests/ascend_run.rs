@@ -828,9 +828,10 @@ mod ascend_negative {
     #[test]
     fn ascend_a_missing_wait_before_reading_symmetric_memory_fails() -> Result<()> {
         let (_serial, cann) = stand_in(20, 1);
-        // Rank 1's kernels start 300 ms after rank 0's: rank 0's waits must wait.
-        cann.acl.set_launch_stagger(300);
-        assert!(all_gather_right(&world(cann, 2, SHORT)?, 2, &[6, 5], 11)?);
+        // Rank 1's kernels start 800 ms after rank 0's: rank 0's waits must wait (and a rank 0
+        // without them reads rank 1's staging before rank 1 has started).
+        cann.acl.set_launch_stagger(800);
+        assert!(all_gather_right(&world(cann, 2, Duration::from_secs(5))?, 2, &[6, 5], 11)?);
         let _m = Mutated::new(
             cann,
             "all_gather",
@@ -839,9 +840,9 @@ mod ascend_negative {
                 "const Token token{ready_at >= 0};",
             )],
         );
-        cann.acl.set_launch_stagger(300);
+        cann.acl.set_launch_stagger(800);
         assert!(
-            !all_gather_right(&world(cann, 2, SHORT)?, 2, &[6, 5], 12)?,
+            !all_gather_right(&world(cann, 2, Duration::from_secs(5))?, 2, &[6, 5], 12)?,
             "read before the peer published"
         );
         Ok(())
