@@ -43,6 +43,19 @@
  * and aclrtGetDeviceCount then reports how many it kept.
  *
  * Build variants (-D):
+ *   STANDIN_EXECUTE          the executing stand-in: device memory is tracked (a kernel's global
+ *                            accesses are checked against it), binaries are shared objects from
+ *                            the executing aclrtc stand-in, and a launch runs the kernel on CPU
+ *                            threads (tests/cann_stand_in/ascendc_cpu/), one per core of the
+ *                            launch, with the device's core counts; a kernel that breaks a rule
+ *                            fails at the stream's synchronisation (ACL_ERROR_RT_AICORE_EXCEPTION)
+ *                            with a message naming the kernel, core and sub-core. Extra controls:
+ *     standin_set_ub_bytes(n)          the unified buffer of every vector core (192 KiB)
+ *     standin_set_launch_stagger(ms)   device d's kernels start d * ms later (makes a read
+ *                                      that does not wait for its peer read stale data)
+ *     standin_register_heap(pe, dev, base, size)   called by the SHMEM stand-in
+ *   and after every launch a log line standin_first_remote(dev=D,kernel,pe=P): the first peer
+ *   the core of block index 0 reached (its rank rotation, seen from outside).
  *   STANDIN_NO_DEVICE_INFO   omit aclrtGetDeviceInfo, as an older CANN: the crate must fall
  *                            back to aclGetDeviceCapability
  *   STANDIN_NO_SET_DEVICE    omit aclrtSetDevice, a required call: loading must fail
@@ -53,6 +66,7 @@
  * RTLD_GLOBAL into one process cannot interpose on each other.
  */
 
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -87,8 +101,8 @@ static char g_fail_call[64];
 static int g_fail_code;
 static char g_fail_message[256];
 /* Per thread, as the runtime keeps them. */
-static __thread char g_recent[256];
-static __thread char g_recent_out[256];
+static __thread char g_recent[1024];
+static __thread char g_recent_out[1024];
 static __thread int g_current = -1;
 
 /* Appends one "line;" to the log (the caller holds g_lock). */
@@ -134,8 +148,10 @@ static aclError injected(const char *call) {
 }
 
 static void clear_launch_writes(void);
+static void exec_defaults(void);
 
 static void defaults(void) {
+    exec_defaults();
     g_log_len = 0;
     if (g_log != NULL) g_log[0] = '\0';
     clear_launch_writes();
@@ -342,13 +358,96 @@ aclError aclGetDeviceCapability(uint32_t device_id, int info, int64_t *value) {
     return core_count(value, INFO_AI_CORE_NUM, INFO_VECTOR_CORE_NUM, info);
 }
 
+
+/* ---- device memory the executing stand-in's kernels may touch ----------------------------- */
+
+#ifdef STANDIN_EXECUTE
+#include <dlfcn.h>
+#include <time.h>
+#include <unistd.h>
+
+struct region { const unsigned char *base; size_t size; };
+static pthread_rwlock_t g_regions_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct region *g_regions;
+static size_t g_region_count, g_region_cap;
+
+/* Symmetric heaps, by PE, registered by the SHMEM stand-in. */
+#define MAX_HEAPS 64
+struct standin_heap { void *base; size_t size; };
+static struct standin_heap g_heaps[MAX_HEAPS];
+static int g_heap_device[MAX_HEAPS];
+static uint64_t g_ub_bytes = 192 * 1024;
+static int g_stagger_ms;
+
+static void track(void *ptr, size_t size) {
+    pthread_rwlock_wrlock(&g_regions_lock);
+    if (g_region_count == g_region_cap) {
+        g_region_cap = g_region_cap == 0 ? 64 : g_region_cap * 2;
+        g_regions = realloc(g_regions, g_region_cap * sizeof *g_regions);
+    }
+    g_regions[g_region_count].base = ptr;
+    g_regions[g_region_count].size = size;
+    g_region_count++;
+    pthread_rwlock_unlock(&g_regions_lock);
+}
+
+static void untrack(void *ptr) {
+    pthread_rwlock_wrlock(&g_regions_lock);
+    for (size_t i = 0; i < g_region_count; i++) {
+        if (g_regions[i].base == ptr) {
+            g_regions[i] = g_regions[--g_region_count];
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&g_regions_lock);
+}
+
+/* Whether [p, p + len) lies inside one device allocation or one PE's heap. */
+static int gm_valid(const void *p, size_t len) {
+    const unsigned char *b = p;
+    int ok = 0;
+    pthread_rwlock_rdlock(&g_regions_lock);
+    for (size_t i = 0; i < g_region_count && !ok; i++) {
+        if (b >= g_regions[i].base && b + len <= g_regions[i].base + g_regions[i].size) ok = 1;
+    }
+    for (int pe = 0; pe < MAX_HEAPS && !ok; pe++) {
+        const unsigned char *base = g_heaps[pe].base;
+        if (base != NULL && b >= base && b + len <= base + g_heaps[pe].size) ok = 1;
+    }
+    pthread_rwlock_unlock(&g_regions_lock);
+    return ok;
+}
+
+void standin_register_heap(int pe, int device, void *base, size_t size) {
+    if (pe < 0 || pe >= MAX_HEAPS) return;
+    pthread_rwlock_wrlock(&g_regions_lock);
+    g_heaps[pe].base = base;
+    g_heaps[pe].size = size;
+    g_heap_device[pe] = device;
+    pthread_rwlock_unlock(&g_regions_lock);
+}
+
+void standin_set_ub_bytes(uint64_t bytes) { g_ub_bytes = bytes; }
+
+void standin_set_launch_stagger(int ms) { g_stagger_ms = ms; }
+
+static void exec_defaults(void) {
+    g_ub_bytes = 192 * 1024;
+    g_stagger_ms = 0;
+}
+#else
+static void exec_defaults(void) {}
+static void track(void *ptr, size_t size) { (void)ptr; (void)size; }
+static void untrack(void *ptr) { (void)ptr; }
+#endif
+
 /* ---- contexts, streams, memory -------------------------------------------------------- */
 
 #define ACL_ERROR_RT_CONTEXT_NULL 107002
 #define ACL_ERROR_RT_PARAM_INVALID 107000
 
 struct context { int device; };
-struct stream { int device; };
+struct stream { int device; int error; char message[1024]; };
 
 /* The calling thread's current device; -1 when none is set. */
 aclError aclrtGetDevice(int32_t *device_id) {
@@ -397,7 +496,7 @@ aclError aclrtCreateStream(void **stream) {
     record("aclrtCreateStream(dev=%d)", g_current);
     aclError status = injected("aclrtCreateStream");
     if (status != ACL_SUCCESS) return status;
-    struct stream *s = malloc(sizeof *s);
+    struct stream *s = calloc(1, sizeof *s);
     s->device = g_current;
     *stream = s;
     return ACL_SUCCESS;
@@ -410,16 +509,27 @@ aclError aclrtDestroyStream(void *stream) {
     return injected("aclrtDestroyStream");
 }
 
+/* A kernel's failure, kept on its stream, comes back at the stream's synchronisation. */
+static aclError stream_error(struct stream *s) {
+    if (s->error == 0) return ACL_SUCCESS;
+    aclError status = s->error;
+    set_recent(s->message);
+    s->error = 0;
+    return status;
+}
+
 aclError aclrtSynchronizeStream(void *stream) {
     struct stream *s = stream;
     record("aclrtSynchronizeStream(dev=%d)", s->device);
-    return injected("aclrtSynchronizeStream");
+    aclError status = injected("aclrtSynchronizeStream");
+    return status != ACL_SUCCESS ? status : stream_error(s);
 }
 
 aclError aclrtSynchronizeStreamWithTimeout(void *stream, int32_t timeout_ms) {
     struct stream *s = stream;
     record("aclrtSynchronizeStreamWithTimeout(dev=%d,%s)", s->device, timeout_ms > 0 ? "timeout" : "no-timeout");
-    return injected("aclrtSynchronizeStreamWithTimeout");
+    aclError status = injected("aclrtSynchronizeStreamWithTimeout");
+    return status != ACL_SUCCESS ? status : stream_error(s);
 }
 
 aclError aclrtMalloc(void **ptr, size_t size, int policy) {
@@ -432,11 +542,13 @@ aclError aclrtMalloc(void **ptr, size_t size, int policy) {
         return ACL_ERROR_RT_PARAM_INVALID;
     }
     *ptr = calloc(1, size);
+    track(*ptr, size);
     return ACL_SUCCESS;
 }
 
 aclError aclrtFree(void *ptr) {
     record("aclrtFree(dev=%d)", g_current);
+    untrack(ptr);
     free(ptr);
     return injected("aclrtFree");
 }
@@ -460,8 +572,8 @@ aclError aclrtMemcpy(void *dst, size_t dest_max, const void *src, size_t count, 
 
 #define MAX_ARGS 64
 
-struct binary { int device; char *text; };
-struct function { int device; char name[64]; };
+struct binary { int device; char *text; void *so; };
+struct function { int device; char name[64]; void *fn; void *launch; int mix; };
 struct args { struct function *func; int count; int64_t values[MAX_ARGS]; size_t sizes[MAX_ARGS]; int finalized; };
 
 typedef struct { int type; uint32_t value[4]; } load_option;
@@ -476,11 +588,44 @@ aclError aclrtBinaryLoadFromData(const void *data, size_t length, const load_opt
         set_recent("EE1011: not a device binary (stand-in)");
         return ACL_ERROR_RT_PARAM_INVALID;
     }
-    struct binary *b = malloc(sizeof *b);
+    struct binary *b = calloc(1, sizeof *b);
     b->device = g_current;
     b->text = malloc(length + 1);
     memcpy(b->text, data, length);
     b->text[length] = '\0';
+#ifdef STANDIN_EXECUTE
+    /* The executing aclrtc's binary: its text header, then the shared object. */
+    static const char marker[] = "\nshared-object-follows\n";
+    const char *at = memmem(data, length, marker, sizeof marker - 1);
+    if (at == NULL) {
+        set_recent("EE1015: not a binary of the executing aclrtc stand-in (no shared object)");
+        free(b->text);
+        free(b);
+        return ACL_ERROR_RT_PARAM_INVALID;
+    }
+    const char *so = at + sizeof marker - 1;
+    size_t so_len = length - (size_t)(so - (const char *)data);
+    char path[] = "/tmp/dist-tensor-standin-kernel-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, so, so_len) != (ssize_t)so_len) {
+        if (fd >= 0) close(fd);
+        set_recent("EE1016: cannot write the kernel's shared object (stand-in)");
+        free(b->text);
+        free(b);
+        return ACL_ERROR_RT_PARAM_INVALID;
+    }
+    close(fd);
+    b->so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    unlink(path);
+    if (b->so == NULL) {
+        char message[512];
+        snprintf(message, sizeof message, "EE1017: cannot load the kernel's shared object: %s (stand-in)", dlerror());
+        set_recent(message);
+        free(b->text);
+        free(b);
+        return ACL_ERROR_RT_PARAM_INVALID;
+    }
+#endif
     *bin = b;
     return ACL_SUCCESS;
 }
@@ -498,9 +643,20 @@ aclError aclrtBinaryGetFunction(void *bin, const char *name, void **func) {
         set_recent(message);
         return ACL_ERROR_RT_PARAM_INVALID;
     }
-    struct function *f = malloc(sizeof *f);
+    struct function *f = calloc(1, sizeof *f);
     f->device = b->device;
     snprintf(f->name, sizeof f->name, "%s", name);
+#ifdef STANDIN_EXECUTE
+    f->fn = dlsym(b->so, name);
+    f->launch = dlsym(b->so, "standin_kernel_launch");
+    snprintf(wanted, sizeof wanted, "\nmix %s\n", name);
+    f->mix = strstr(b->text, wanted) != NULL;
+    if (f->fn == NULL || f->launch == NULL) {
+        set_recent("EE1018: the kernel's shared object lacks its entry point (stand-in)");
+        free(f);
+        return ACL_ERROR_RT_PARAM_INVALID;
+    }
+#endif
     *func = f;
     return ACL_SUCCESS;
 }
@@ -508,6 +664,9 @@ aclError aclrtBinaryGetFunction(void *bin, const char *name, void **func) {
 aclError aclrtBinaryUnLoad(void *bin) {
     struct binary *b = bin;
     record("aclrtBinaryUnLoad(dev=%d)", b->device);
+#ifdef STANDIN_EXECUTE
+    if (b->so != NULL) dlclose(b->so);
+#endif
     free(b->text);
     free(b);
     return injected("aclrtBinaryUnLoad");
@@ -548,6 +707,64 @@ aclError aclrtKernelArgsFinalize(void *args) {
     return injected("aclrtKernelArgsFinalize");
 }
 
+#ifdef STANDIN_EXECUTE
+#define ACL_ERROR_RT_AICORE_EXCEPTION 507015
+
+/* Declared as in ascendc_cpu/kernel_operator.h. */
+struct standin_launch_info {
+    const char *kernel;
+    void *fn;
+    uint32_t blocks;
+    int mix;
+    int sub_vec_num;
+    const int64_t *args;
+    int nargs;
+    int my_pe;
+    int n_pes;
+    const struct standin_heap *heaps;
+    int (*gm_valid)(const void *p, size_t len);
+    uint64_t ub_bytes;
+    char *error;
+    size_t error_len;
+    int first_remote_pe; /* out: the first peer the core of block index 0 reached (-1: none) */
+};
+
+/* Runs the kernel to its end on CPU threads (the launch is synchronous here; the stream keeps
+ * its failure for the synchronisation). */
+static void run_kernel(struct function *f, uint32_t blocks, struct stream *s, struct args *a) {
+    struct standin_heap heaps[MAX_HEAPS];
+    int my_pe = -1, n_pes = 0;
+    pthread_rwlock_rdlock(&g_regions_lock);
+    for (int pe = 0; pe < MAX_HEAPS; pe++) {
+        heaps[pe] = g_heaps[pe];
+        if (heaps[pe].base != NULL) {
+            n_pes = pe + 1;
+            if (g_heap_device[pe] == s->device) my_pe = pe;
+        }
+    }
+    pthread_rwlock_unlock(&g_regions_lock);
+    if (g_stagger_ms > 0) {
+        struct timespec nap = {0, 0};
+        long ms = (long)g_stagger_ms * s->device;
+        nap.tv_sec = ms / 1000;
+        nap.tv_nsec = (ms % 1000) * 1000000L;
+        nanosleep(&nap, NULL);
+    }
+    char error[1024] = {0};
+    struct standin_launch_info info = {
+        f->name, f->fn, blocks, f->mix, g_ai_cores > 0 ? (int)(g_vector_cores / g_ai_cores) : 1,
+        a->values, a->count, my_pe, n_pes, heaps, gm_valid, g_ub_bytes, error, sizeof error, -1,
+    };
+    int (*launch)(struct standin_launch_info *) = (int (*)(struct standin_launch_info *))f->launch;
+    int failed = launch(&info);
+    record("standin_first_remote(dev=%d,%s,pe=%d)", s->device, f->name, info.first_remote_pe);
+    if (failed != 0) {
+        s->error = ACL_ERROR_RT_AICORE_EXCEPTION;
+        snprintf(s->message, sizeof s->message, "EZ9999: the kernel failed (executing stand-in): %s", error);
+    }
+}
+#endif
+
 aclError aclrtLaunchKernelWithConfig(void *func, uint32_t blocks, void *stream, void *cfg, void *args, void *reserve) {
     struct function *f = func;
     struct args *a = args;
@@ -574,6 +791,9 @@ aclError aclrtLaunchKernelWithConfig(void *func, uint32_t blocks, void *stream, 
         }
     }
     pthread_mutex_unlock(&g_lock);
+#ifdef STANDIN_EXECUTE
+    if (status == ACL_SUCCESS) run_kernel(f, blocks, s, a);
+#endif
     free(a);
     return status;
 }

@@ -9,6 +9,13 @@
 //! C compiler (`$CC`, or `cc`) into a scratch directory under `target/`, and are used by nothing
 //! but the `tests/ascend_*.rs` files. `ascendc/` holds a declared surface of Ascend C's device
 //! API, for compiling the kernel sources with the host compiler (syntax only).
+//!
+//! [`CannStandIn::build_executing`] builds the same stand-ins with `-DSTANDIN_EXECUTE`: the
+//! executing CANN. Its `aclrtc` compiles the kernel source the crate sends with the host C++
+//! compiler against `ascendc_cpu/` (a CPU implementation of the Ascend C and Ascend SHMEM device
+//! calls the kernels use, with its pipes, unified buffer, cube server and rule checks) into a
+//! shared object, cached under `target/tmp/ascend_kernel_cache/`; its AscendCL loads that object
+//! and runs a launch on CPU threads, one per core, with the device's core counts.
 
 // Each test file uses a different part of this helper.
 #![allow(dead_code)]
@@ -53,6 +60,17 @@ pub fn scratch_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the stand-in's scratch directory");
     dir
+}
+
+/// The CPU implementation of the Ascend C subset the executing stand-in compiles kernels against.
+pub fn ascendc_cpu_dir() -> PathBuf {
+    source("ascendc_cpu")
+}
+
+/// Where the executing `aclrtc` keeps the kernels it compiled (by hash of source and options),
+/// across test runs.
+pub fn kernel_cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("ascend_kernel_cache")
 }
 
 /// Compiles `source_name` into the shared library `out`.
@@ -150,6 +168,20 @@ impl AclStandIn {
         unsafe { f(kernel.as_ptr(), arg as c_int, data.as_ptr(), data.len()) }
     }
 
+    /// The unified buffer of every vector core (executing stand-in only).
+    pub fn set_ub_bytes(&self, bytes: u64) {
+        let f: unsafe extern "C" fn(u64) = self.control("standin_set_ub_bytes");
+        // SAFETY: `void standin_set_ub_bytes(uint64_t)`.
+        unsafe { f(bytes) }
+    }
+
+    /// Device `d`'s kernels start `d * ms` milliseconds late (executing stand-in only).
+    pub fn set_launch_stagger(&self, ms: i32) {
+        let f: unsafe extern "C" fn(c_int) = self.control("standin_set_launch_stagger");
+        // SAFETY: `void standin_set_launch_stagger(int)`.
+        unsafe { f(ms) }
+    }
+
     /// Every call so far, in order.
     pub fn log(&self) -> Vec<String> {
         let f: unsafe extern "C" fn() -> *const c_char = self.control("standin_log");
@@ -183,6 +215,8 @@ pub struct CannStandIn {
     /// The AscendCL stand-in, with the controls.
     pub acl: AclStandIn,
     shmem: libloading::Library,
+    /// The executing `aclrtc`, held open so that its controls' state lives as long as this.
+    rtc: Option<libloading::Library>,
 }
 
 impl CannStandIn {
@@ -196,7 +230,64 @@ impl CannStandIn {
         // SAFETY: the stand-in was just built from shmem_stand_in.c; its initialiser only clears
         // its own table.
         let shmem = unsafe { libloading::Library::new(dir.join("libshmem.so")) }.expect("open");
-        CannStandIn { dir: dir.to_path_buf(), acl, shmem }
+        CannStandIn { dir: dir.to_path_buf(), acl, shmem, rtc: None }
+    }
+
+    /// Builds the executing stand-ins into `dir`: kernels are compiled for the CPU and run.
+    pub fn build_executing(dir: &Path) -> CannStandIn {
+        let execute = ["-DSTANDIN_EXECUTE"];
+        let path = dir.join("libascendcl.so");
+        compile("acl_stand_in.c", &path, &execute);
+        // SAFETY: the stand-in was just built from acl_stand_in.c; its only initialiser resets
+        // its own state.
+        let library = unsafe { libloading::Library::new(&path) }.expect("open the stand-in");
+        let acl = AclStandIn { path, library };
+        let ascendc =
+            format!("-DSTANDIN_ASCENDC_DIR={:?}", ascendc_cpu_dir().display().to_string());
+        let cache = format!("-DSTANDIN_CACHE_DIR={:?}", kernel_cache_dir().display().to_string());
+        compile("rtc_stand_in.c", &dir.join("libacl_rtc.so"), &[execute[0], &ascendc, &cache]);
+        compile("shmem_stand_in.c", &dir.join("libshmem.so"), &[]);
+        compile("nnop_stand_in.c", &dir.join("libopapi.so"), &[]);
+        build_hccl(dir, true);
+        // SAFETY: as in `build`.
+        let shmem = unsafe { libloading::Library::new(dir.join("libshmem.so")) }.expect("open");
+        // SAFETY: the aclrtc stand-in just built; its initialisers do nothing.
+        let rtc = unsafe { libloading::Library::new(dir.join("libacl_rtc.so")) }.expect("open");
+        CannStandIn { dir: dir.to_path_buf(), acl, shmem, rtc: Some(rtc) }
+    }
+
+    /// Makes the executing `aclrtc` compile `kernel` with every `from` replaced by `to` (a
+    /// mutated copy of the kernel, for negative controls); a compile error if `from` is absent.
+    pub fn mutate(&self, kernel: &str, from: &str, to: &str) {
+        let rtc = self.rtc();
+        // SAFETY: `void standin_rtc_mutate(const char *, const char *, const char *)`, defined in
+        // rtc_stand_in.c, which copies its arguments.
+        let f = unsafe {
+            *rtc.get::<unsafe extern "C" fn(*const c_char, *const c_char, *const c_char)>(
+                b"standin_rtc_mutate",
+            )
+            .expect("stand-in control")
+        };
+        let (kernel, from, to) =
+            (CString::new(kernel).unwrap(), CString::new(from).unwrap(), CString::new(to).unwrap());
+        // SAFETY: as above.
+        unsafe { f(kernel.as_ptr(), from.as_ptr(), to.as_ptr()) }
+    }
+
+    /// Back to the kernels as the crate sends them.
+    pub fn clear_mutations(&self) {
+        let rtc = self.rtc();
+        // SAFETY: `void standin_rtc_clear_mutations(void)`, defined in rtc_stand_in.c.
+        let f = unsafe {
+            *rtc.get::<unsafe extern "C" fn()>(b"standin_rtc_clear_mutations")
+                .expect("stand-in control")
+        };
+        // SAFETY: as above.
+        unsafe { f() }
+    }
+
+    fn rtc(&self) -> &libloading::Library {
+        self.rtc.as_ref().expect("the executing stand-in (build_executing)")
     }
 
     /// Makes the SHMEM stand-in keep one PE for the whole process (the last initialised), as a

@@ -19,6 +19,9 @@
  * library with process-wide state would, so that the tests check the crate notices. Setting it
  * (either way) also forgets every PE: a fresh start for the next test.
  *
+ * Every PE's heap is announced to the AscendCL stand-in (standin_register_heap, when it has it:
+ * the executing build), whose kernel launches reach every heap through it.
+ *
  * aclshmemx_init_attr also checks the attribute struct's layout (the optional attributes'
  * version word), and every call is recorded in the AscendCL stand-in's log.
  */
@@ -72,6 +75,7 @@ struct pe {
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static void announce(int pe, int device, void *base, size_t size);
 static struct pe g_pes[MAX_PES];
 static int g_process_global;
 static int g_global_pe = -1;
@@ -84,12 +88,19 @@ void standin_shmem_process_global(int on) {
     pthread_mutex_lock(&g_lock);
     g_process_global = on;
     for (int i = 0; i < MAX_PES; i++) { /* a fresh start: no PE */
+        if (g_pes[i].heap != NULL) announce(i, -1, NULL, 0);
         free(g_pes[i].heap);
         g_pes[i].heap = NULL;
         g_pes[i].device = -1;
     }
     g_global_pe = -1;
     pthread_mutex_unlock(&g_lock);
+}
+
+/* Tells the executing AscendCL stand-in where PE `pe`'s heap is (size 0: gone). */
+static void announce(int pe, int device, void *base, size_t size) {
+    void (*reg)(int, int, void *, size_t) = (void (*)(int, int, void *, size_t))dlsym(RTLD_DEFAULT, "standin_register_heap");
+    if (reg != NULL) reg(pe, device, base, size);
 }
 
 static int current_device(void) {
@@ -154,6 +165,7 @@ int aclshmemx_init_attr(unsigned int flags, init_attr_t *attr) {
     pe->used = 0;
     pe->last = 0;
     g_global_pe = attr->my_pe;
+    announce(attr->my_pe, device, pe->heap, pe->size);
     pthread_mutex_unlock(&g_lock);
     return 0;
 }
@@ -223,6 +235,7 @@ int aclshmem_finalize(void) {
     pthread_mutex_lock(&g_lock);
     int me = my_pe_locked();
     if (me >= 0) {
+        announce(me, -1, NULL, 0);
         free(g_pes[me].heap);
         g_pes[me].heap = NULL;
         g_pes[me].device = -1;

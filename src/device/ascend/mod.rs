@@ -66,20 +66,40 @@
 //! - The C signatures of every vendor call (AscendCL, `aclrtc`, HCCL, Ascend SHMEM, `aclnn`)
 //!   were taken from the vendors' public headers and documentation.
 //! - Against a stand-in CANN (`tests/cann_stand_in/`, small C libraries built by the tests that
-//!   record every call and compute nothing): the loader, the world's set-up and tear-down, the
-//!   call sequence of every op (compile once, load per device, arguments in the kernel's order,
-//!   launch on the device's core counts, synchronise), the SHMEM allocations, the unfused and
-//!   vendor paths, and that vendor errors, compile logs and kernel timeouts come back as typed
-//!   errors naming the call (`cargo test --release ascend`).
-//! - The kernel sources, as handed to `aclrtc`, compile with the host C++ compiler against a
-//!   declared surface of Ascend C's API for every element type, and follow the seed's
-//!   conventions (checked by the same tests). That catches C++ mistakes, not what only CANN's
-//!   compiler or the hardware would (intrinsic constraints, unified-buffer limits, the Matmul
-//!   tiling, synchronisation between pipes).
-//! - Not verified anywhere: the numbers the kernels compute, their speed, the system counter
-//!   rate the kernels' timeouts assume (50 MHz), and whether Ascend SHMEM accepts one PE per
-//!   device from threads of one process (its documentation describes a PE as a process; the
-//!   world checks after initialising and fails with an error saying so if not).
+//!   record every call): the loader, the world's set-up and tear-down, the call sequence of
+//!   every op (compile once, load per device, arguments in the kernel's order, launch on the
+//!   device's core counts, synchronise), the SHMEM allocations, the unfused and vendor paths, and
+//!   that vendor errors, compile logs and kernel timeouts come back as typed errors naming the
+//!   call (`cargo test --release ascend`).
+//! - **Run on the CPU**, through an executing build of the same stand-in (`tests/ascend_run.rs`):
+//!   its `aclrtc` compiles the source the crate sends, with the crate's options, with the host
+//!   C++ compiler against a CPU implementation of the Ascend C and Ascend SHMEM device calls the
+//!   kernels use (`tests/cann_stand_in/ascendc_cpu/`), and its AscendCL runs each launch on one
+//!   thread per core (mix kernels: a cube thread serving the `Matmul` products and one thread
+//!   per vector sub-core of every AI core), with the device's reported core counts. The crate's
+//!   side is its real path: it compiles, caches, loads and launches as on an NPU. Copies and
+//!   vector ops are queued per pipe and take effect only at the synchronisation that orders
+//!   them; the unified buffer's capacity, every tensor's bounds, the device allocations and the
+//!   rule that only vector sub-core 0 of a mix kernel communicates are checked as the kernel
+//!   runs. Every kernel runs through `World::ascend` on worlds of 1, 2, 3, 4 and 8 ranks, in
+//!   f32, f16 and bf16, on ragged shapes, against f64 references, and mutated copies of the
+//!   kernels (padding for a mask, no rank rotation, communication off sub-core 0, a hard-coded
+//!   core count, a removed flag or barrier, a missing wait) fail.
+//!
+//!   **What that proves**: the kernels' logic, indexing, masks at ragged edges, task
+//!   flattening, pipe synchronisation as Ascend C specifies it, signal counts and waits, the
+//!   sub-core gating, and the host code around them. **What it does not**: that CANN's
+//!   compiler accepts the sources (intrinsic constraints, `__aicore__` restrictions), the
+//!   timing, the cube unit's exact rounding (the stand-in accumulates in f32 in order of K),
+//!   hardware memory ordering beyond what the kernels' barriers and signals state, the real
+//!   Matmul library's tiling, and the unfused and vendor paths (HCCL and `aclnn` compute
+//!   nothing in the stand-in).
+//! - The kernel sources also compile, for syntax, against a declared surface of Ascend C's API
+//!   for every element type, and follow the seed's conventions (`tests/ascend_kernels.rs`).
+//! - Not verified anywhere: the speed, the system counter rate the kernels' timeouts assume
+//!   (50 MHz), and whether Ascend SHMEM accepts one PE per device from threads of one process
+//!   (its documentation describes a PE as a process; the world checks after initialising and
+//!   fails with an error saying so if not).
 //!
 //! The layers, as cudarc layers NVIDIA's libraries:
 //!

@@ -45,6 +45,20 @@ extern "C" __global__ __aicore__ void all_gather_matmul(
     const int64_t pid = program_id_mix(), ncore = num_programs(), sub = sub_vec_id_mix();
     const Status st{reinterpret_cast<__gm__ int64_t *>(status), timeout_cycles};
     AscendC::TPipe pipe;
+    const int64_t m_total = offs[world];
+
+    // ---- the cube: every core declares the product; REGIST_MATMUL_OBJ makes the AI core's cube
+    // the server of its vector sub-cores' products and returns there on the cube (as Ascend C's
+    // macro does on the AIC), so nothing below runs on the cube. Every vector sub-core registers
+    // and ends its client, whether it multiplies or not. ------------------------------------
+    TCubeTiling tiling;
+    gemm_tiling(tiling, m_total, n, k, block_m, block_n);
+    matmul::Matmul<matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
+                   matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
+                   matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
+                   matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, acc_t>>
+        mm;
+    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &tiling);
 
     // ---- communication: sub-core 0 pushes this rank's rows to every peer -------------------
     if (world > 1 && push != 0 && sub == 0) {
@@ -66,19 +80,11 @@ extern "C" __global__ __aicore__ void all_gather_matmul(
     // ---- compute: the other sub-cores multiply output tiles, own shard first --------------
     const int64_t lane = compute_lane();
     if (lane < 0) {
+        mm.End();
         return;
     }
     const int64_t lanes = compute_lanes();
-    const int64_t m_total = offs[world];
     const int64_t col_tiles = ceil_div(n, block_n);
-    TCubeTiling tiling;
-    gemm_tiling(tiling, m_total, n, k, block_m, block_n);
-    matmul::Matmul<matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
-                   matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
-                   matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
-                   matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, acc_t>>
-        mm;
-    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &tiling);
     mm.SetOrgShape(static_cast<int>(m_total), static_cast<int>(n), static_cast<int>(k));
     AscendC::GlobalTensor<elem_t> a_gm, b_gm, c_gm;
     b_gm.SetGlobalBuffer(reinterpret_cast<__gm__ elem_t *>(w), k * n);

@@ -52,18 +52,23 @@ extern "C" __global__ __aicore__ void matmul_reduce_scatter(
     const int64_t col_tiles = ceil_div(n, block_n);
     AscendC::TPipe pipe;
 
+    // ---- the cube: every core declares the product; REGIST_MATMUL_OBJ makes the AI core's cube
+    // the server of its vector sub-cores' products and returns there on the cube (as Ascend C's
+    // macro does on the AIC), so nothing below runs on the cube. Every vector sub-core registers
+    // and ends its client, whether it multiplies or not. ------------------------------------
+    TCubeTiling tiling;
+    gemm_tiling(tiling, m_total, n, k, block_m, block_n);
+    matmul::Matmul<matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
+                   matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
+                   matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, acc_t>,
+                   matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, acc_t>>
+        mm;
+    REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &tiling);
+
     // ---- compute: partial tiles, other owners' rows first ----------------------------------
     const int64_t lane = compute_lane();
     if (lane >= 0) {
         const int64_t lanes = compute_lanes();
-        TCubeTiling tiling;
-        gemm_tiling(tiling, m_total, n, k, block_m, block_n);
-        matmul::Matmul<matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
-                       matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, elem_t>,
-                       matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, acc_t>,
-                       matmul::MatmulType<AscendC::TPosition::GM, CubeFormat::ND, acc_t>>
-            mm;
-        REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), mm, &tiling);
         mm.SetOrgShape(static_cast<int>(m_total), static_cast<int>(n), static_cast<int>(k));
         AscendC::GlobalTensor<elem_t> a_gm, b_gm;
         AscendC::GlobalTensor<acc_t> c_gm;
@@ -96,8 +101,8 @@ extern "C" __global__ __aicore__ void matmul_reduce_scatter(
             mm.IterateAll(c_gm[row * n + col]);  // the partial, in f32, into symmetric memory
             count_local(sig, world + o, me, 1);
         }
-        mm.End();
     }
+    mm.End();
     if (sub != 0) {
         return;
     }

@@ -17,7 +17,9 @@
 //! header files, so [`KernelSource::assemble`] pastes them in place of their `#include` lines.
 //!
 //! None of these sources has been compiled by CANN's compiler: no NPU or CANN was available
-//! where they were written. What is checked here is in `tests/ascend_kernels.rs`.
+//! where they were written. They are run on the CPU, through `World::ascend` over an executing
+//! stand-in CANN, in `tests/ascend_run.rs`, and checked for syntax and conventions in
+//! `tests/ascend_kernels.rs`.
 
 pub(crate) mod all_gather;
 pub(crate) mod all_gather_matmul;

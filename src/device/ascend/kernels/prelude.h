@@ -5,9 +5,10 @@
 // aclrtc, pasting this file in place of its #include line, with the options
 //   --npu-arch=<the device's, e.g. dav-2201> -DDT_ELEM=<half|bfloat16_t|float> -I<SHMEM include>
 // NOT YET COMPILED BY A REAL aclrtc / bisheng: no NPU or CANN was available where this was
-// written. The crate's tests parse these sources and check them against a declared API surface
-// (tests/cann_stand_in/ascendc/), which catches C++ errors and API names the surface lacks, not
-// what only the real compiler knows.
+// written. The crate's tests compile these sources with the host C++ compiler against a CPU
+// implementation of the Ascend C subset they use (tests/cann_stand_in/ascendc_cpu/) and run them
+// through World::ascend (tests/ascend_run.rs), and check them against a declared API surface
+// (tests/cann_stand_in/ascendc/); neither knows what only the real compiler knows.
 #pragma once
 
 #include "kernel_operator.h"
