@@ -94,6 +94,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
+//! | [`checkpoint`] | save and load sharded tensors and training state (safetensors files, an index), resharded on load; published weights into a sharded layout |
 //! | [`nn`] | layers that train: column- and row-parallel linear, MLP, Ulysses attention, each with its backward pass; optimizers |
 //! | [`dist`] | [`DistTensor`], [`Placement`]: validate, choose a kernel, never touch raw memory |
 //! | [`fused`] | one file per fused op, with its unfused baseline |
@@ -152,6 +153,7 @@
 //! # Ok::<(), dist_tensor::Error>(())
 //! ```
 
+pub mod checkpoint;
 pub mod collectives;
 pub mod device;
 pub mod dist;
