@@ -252,6 +252,11 @@ impl<'r> Checkpoint<'r> {
         })
     }
 
+    /// The rank it was opened on.
+    pub fn rank(&self) -> &'r Rank<'r> {
+        self.rank
+    }
+
     /// The names of its tensors, in order.
     pub fn names(&self) -> Vec<&str> {
         self.index.tensors.keys().map(String::as_str).collect()

@@ -146,6 +146,21 @@ impl<'a> Entry<'a> {
         })
     }
 
+    /// An entry of raw elements `values` (of type `A`), a part of `shape` placed as `placement`:
+    /// an optimizer's buffers, which are vectors rather than tensors.
+    pub(crate) fn from_values<A: Element>(
+        name: String,
+        values: Cow<'a, [A]>,
+        shape: &[usize],
+        placement: Placement,
+    ) -> Self {
+        let bytes = match values {
+            Cow::Borrowed(v) => Cow::Borrowed(as_bytes(v)),
+            Cow::Owned(v) => Cow::Owned(as_bytes(&v).to_vec()),
+        };
+        Entry { name, dtype: A::DTYPE, bytes, local_shape: shape.to_vec(), placement, layout: None }
+    }
+
     /// The name it is saved under.
     pub fn name(&self) -> &str {
         &self.name
