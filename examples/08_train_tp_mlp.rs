@@ -244,7 +244,9 @@ fn main() -> Result<(), Error> {
     // A resumed run: the same number of steps in total without a break, on this world.
     let straight = match (run.saved_world, config.dtype.as_str()) {
         (None, _) => None,
-        (Some(_), "bf16") => Some(parallel_run::<bf16>(&world, &problem, start + steps, None, None)?),
+        (Some(_), "bf16") => {
+            Some(parallel_run::<bf16>(&world, &problem, start + steps, None, None)?)
+        }
         (Some(_), _) => Some(parallel_run::<f32>(&world, &problem, start + steps, None, None)?),
     };
     let mut ok = true;
@@ -253,7 +255,8 @@ fn main() -> Result<(), Error> {
         let want = &want[start..];
         let worst = got.iter().zip(want).fold(0.0f64, |m, (g, w)| m.max((g - w).abs())) / first;
         // From the start, the loss falls to less than half; resumed, it must not rise.
-        let fell = if start == 0 { got[steps - 1] < got[0] / 2.0 } else { got[steps - 1] <= got[0] };
+        let fell =
+            if start == 0 { got[steps - 1] < got[0] / 2.0 } else { got[steps - 1] <= got[0] };
         ok &= worst <= tolerance && fell && got == &run.curves[0];
         let mut versus = String::new();
         if let (Some(straight), Some(saved)) = (&straight, run.saved_world) {
@@ -268,7 +271,8 @@ fn main() -> Result<(), Error> {
                 line[steps - 1],
                 match (same_world, matches) {
                     (true, true) => "bitwise the same".to_string(),
-                    (false, true) => format!("{diff:.1e} of the first loss apart (tolerance {tolerance:.0e})"),
+                    (false, true) =>
+                        format!("{diff:.1e} of the first loss apart (tolerance {tolerance:.0e})"),
                     (_, false) => format!("DIFFERENT ({diff:.1e} of the first loss)"),
                 }
             );
@@ -293,7 +297,11 @@ fn main() -> Result<(), Error> {
                 println!("{versus}");
             }
             if let Some(dir) = save {
-                println!("saved the training state at step {} into {}", start + steps, dir.display());
+                println!(
+                    "saved the training state at step {} into {}",
+                    start + steps,
+                    dir.display()
+                );
             }
         }
     }
