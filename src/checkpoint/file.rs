@@ -52,8 +52,6 @@ impl MappedFile {
         // under us unless someone else modifies it, which the checksums then report.
         let map = unsafe { Mmap::map(&file) }
             .map_err(|e| Error::Checkpoint(CheckpointError::io(op, rank, path, None, "map", &e)))?;
-        // Random access: the pages a rank needs, not a read-ahead of the whole file.
-        let _ = map.advise(memmap2::Advice::Random);
         let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| match e {
             safetensors::SafeTensorError::MetadataIncompleteBuffer
             | safetensors::SafeTensorError::InvalidHeaderLength => {
@@ -198,7 +196,17 @@ pub(crate) fn copy_box<T: Element>(
             }));
         }
         for c in touched {
-            let bytes = &data[c * chunk..((c + 1) * chunk).min(data.len())];
+            let (lo, hi) = (c * chunk, ((c + 1) * chunk).min(data.len()));
+            // Read ahead exactly this chunk (the kernel's own read-ahead does not know where a
+            // rank's part ends).
+            if let Some(map) = &file.map {
+                let _ = map.advise_range(
+                    memmap2::Advice::WillNeed,
+                    file.data_start + start + lo,
+                    hi - lo,
+                );
+            }
+            let bytes = &data[lo..hi];
             let found = crc32fast::hash(bytes);
             read += bytes.len() as u64;
             if found != crcs[c] {
