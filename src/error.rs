@@ -315,7 +315,7 @@ pub enum Error {
     /// A checkpoint or safetensors file that cannot be saved or loaded: the rank that found it,
     /// the file, the tensor and why (see [`checkpoint`](crate::checkpoint)).
     #[error(transparent)]
-    Checkpoint(crate::checkpoint::CheckpointError),
+    Checkpoint(Box<crate::checkpoint::CheckpointError>),
 
     // ---- user errors -----------------------------------------------------------------------
     /// An error of the user's own code inside [`World::run`](crate::World::run): `?` on an

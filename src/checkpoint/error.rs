@@ -185,6 +185,12 @@ impl fmt::Display for CheckpointErrorKind {
 
 impl std::error::Error for CheckpointError {}
 
+impl From<CheckpointError> for Error {
+    fn from(e: CheckpointError) -> Self {
+        Error::Checkpoint(Box::new(e))
+    }
+}
+
 /// Words of one round of [`agree`]: an exchange carries fewer than 64.
 const ROUND_WORDS: usize = 48;
 
@@ -235,7 +241,7 @@ pub(crate) fn agree<T>(rank: &Rank<'_>, op: &'static str, local: Result<T>) -> R
         && let Ok(mut e) = serde_json::from_str::<CheckpointError>(json)
     {
         e.op = op;
-        return Err(Error::Checkpoint(e));
+        return Err(Error::Checkpoint(Box::new(e)));
     }
     Err(Error::InvalidArgument {
         op,

@@ -31,13 +31,12 @@ impl MappedFile {
         path: &Path,
         expected_len: Option<u64>,
     ) -> Result<MappedFile> {
-        let fail = |kind| Error::Checkpoint(CheckpointError::new(op, rank, path, None, kind));
-        let file = File::open(path).map_err(|e| {
-            Error::Checkpoint(CheckpointError::io(op, rank, path, None, "open", &e))
-        })?;
+        let fail = |kind| Error::from(CheckpointError::new(op, rank, path, None, kind));
+        let file = File::open(path)
+            .map_err(|e| Error::from(CheckpointError::io(op, rank, path, None, "open", &e)))?;
         let len = file
             .metadata()
-            .map_err(|e| Error::Checkpoint(CheckpointError::io(op, rank, path, None, "stat", &e)))?
+            .map_err(|e| Error::from(CheckpointError::io(op, rank, path, None, "stat", &e)))?
             .len();
         if let Some(expected) = expected_len
             && expected != len
@@ -51,7 +50,7 @@ impl MappedFile {
         // renamed into place (a later save writes new names), so the mapping does not change
         // under us unless someone else modifies it, which the checksums then report.
         let map = unsafe { Mmap::map(&file) }
-            .map_err(|e| Error::Checkpoint(CheckpointError::io(op, rank, path, None, "map", &e)))?;
+            .map_err(|e| Error::from(CheckpointError::io(op, rank, path, None, "map", &e)))?;
         let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| match e {
             safetensors::SafeTensorError::MetadataIncompleteBuffer
             | safetensors::SafeTensorError::InvalidHeaderLength => {
@@ -158,8 +157,7 @@ pub(crate) fn copy_box<T: Element>(
     crcs: Option<(&[u32], usize)>,
     dst: &mut [T],
 ) -> Result<u64> {
-    let fail =
-        |kind| Error::Checkpoint(CheckpointError::new(op, rank, &file.path, Some(name), kind));
+    let fail = |kind| Error::from(CheckpointError::new(op, rank, &file.path, Some(name), kind));
     let info = file.info(name).ok_or_else(|| fail(CheckpointErrorKind::TensorNotFound))?;
     let stored = from_st(info.dtype).ok_or_else(|| {
         fail(CheckpointErrorKind::DtypeMismatch {

@@ -163,6 +163,7 @@ pub(crate) fn wrap<'r, T: Element>(
 }
 
 /// Checks a stored tensor's type and shape against what `target` asks for `T`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn check_target<T: Element>(
     op: &'static str,
     me: usize,
@@ -173,7 +174,7 @@ pub(crate) fn check_target<T: Element>(
     global: &[usize],
     target: &Target,
 ) -> Result<DType> {
-    let fail = |kind| Error::Checkpoint(CheckpointError::new(op, me, file, Some(name), kind));
+    let fail = |kind| Error::from(CheckpointError::new(op, me, file, Some(name), kind));
     let stored = match stored {
         Some(d) if d == T::DTYPE || target.convert => d,
         _ => {
@@ -318,7 +319,7 @@ impl<'r> Checkpoint<'r> {
         let me = self.rank.rank();
         let index_path = self.dir.join(INDEX_FILE);
         let entry = self.index.tensors.get(name).ok_or_else(|| {
-            Error::Checkpoint(CheckpointError::new(
+            Error::from(CheckpointError::new(
                 OP,
                 me,
                 &index_path,
@@ -362,7 +363,7 @@ impl<'r> Checkpoint<'r> {
         }
         let me = self.rank.rank();
         let entry = self.index.files.get(f).ok_or_else(|| {
-            Error::Checkpoint(CheckpointError::malformed(
+            Error::from(CheckpointError::malformed(
                 OP,
                 me,
                 self.dir.join(INDEX_FILE),
@@ -386,10 +387,9 @@ fn read_index(me: usize, dir: &Path) -> Result<Index> {
         } else {
             CheckpointErrorKind::Io { action: "read".into(), message: e.to_string() }
         };
-        Error::Checkpoint(CheckpointError::new(OP, me, &path, None, kind))
+        Error::from(CheckpointError::new(OP, me, &path, None, kind))
     })?;
-    let bad =
-        |reason: String| Error::Checkpoint(CheckpointError::malformed(OP, me, &path, None, reason));
+    let bad = |reason: String| Error::from(CheckpointError::malformed(OP, me, &path, None, reason));
     let index: Index = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     if index.format != FORMAT || index.version != VERSION {
         return Err(bad(format!(

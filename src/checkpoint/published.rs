@@ -104,7 +104,7 @@ impl<'r> SafetensorsFile<'r> {
     ) -> Result<(crate::Tensor<T>, Vec<usize>, Vec<usize>)> {
         let me = self.rank.rank();
         let info = self.file.info(name).ok_or_else(|| {
-            Error::Checkpoint(CheckpointError::new(
+            Error::from(CheckpointError::new(
                 OP,
                 me,
                 &self.path,
@@ -228,13 +228,13 @@ pub fn write_safetensors<T: Element>(
         (n.as_str(), view)
     });
     let fail = |action: &str, e: std::io::Error| {
-        Error::Checkpoint(CheckpointError::io(WOP, 0, path, None, action, &e))
+        Error::from(CheckpointError::io(WOP, 0, path, None, action, &e))
     };
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     safetensors::serialize_to_file(views, None, &tmp).map_err(|e| {
-        Error::Checkpoint(CheckpointError::malformed(WOP, 0, &tmp, None, format!("{e:?}")))
+        Error::from(CheckpointError::malformed(WOP, 0, &tmp, None, format!("{e:?}")))
     })?;
     std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| fail("sync", e))?;
     std::fs::rename(&tmp, path).map_err(|e| fail("rename into place", e))?;

@@ -77,12 +77,8 @@ impl<'a> Entry<'a> {
             let to =
                 if t.global_dims().is_empty() { Placement::Replicate } else { Placement::Shard(0) };
             let summed = t.redistribute(to)?;
-            return Ok(Entry::owned(
-                name,
-                summed.local(),
-                to,
-                Some((summed.global_shape(), summed.shard_sizes().to_vec())),
-            )?);
+            let layout = Some((summed.global_shape(), summed.shard_sizes().to_vec()));
+            return Entry::owned(name, summed.local(), to, layout);
         }
         let layout = Some((t.global_shape(), t.shard_sizes().to_vec()));
         if t.local().device_storage().is_some() {
@@ -211,7 +207,7 @@ pub fn save(rank: &Rank<'_>, dir: impl AsRef<Path>, entries: &[Entry<'_>]) -> Re
     let dir = dir.as_ref();
     let (me, n) = (rank.rank(), rank.num_ranks());
     let made = fs::create_dir_all(dir).map_err(|e| {
-        Error::Checkpoint(CheckpointError::io(OP, me, dir, None, "create the directory", &e))
+        Error::from(CheckpointError::io(OP, me, dir, None, "create the directory", &e))
     });
     agree(rank, OP, made)?;
 
@@ -292,7 +288,7 @@ fn exchange_layout(rank: &Rank<'_>, e: &Entry<'_>) -> Result<(Vec<usize>, Vec<us
 
 /// An I/O error of this save, as a checkpoint error naming the file.
 fn io_err(me: usize, path: &Path, action: &str) -> impl Fn(std::io::Error) -> Error {
-    move |e| Error::Checkpoint(CheckpointError::io(OP, me, path, None, action, &e))
+    move |e| Error::from(CheckpointError::io(OP, me, path, None, action, &e))
 }
 
 /// Writes this rank's file: its slices (a replicated tensor on rank 0 only), their chunk
@@ -353,7 +349,7 @@ fn write_rank_file(
         serde_json::to_string(&meta).expect("metadata serialises"),
     )]);
     let header = Metadata::new(Some(meta), infos).map_err(|e| {
-        Error::Checkpoint(CheckpointError::malformed(OP, me, path, None, format!("{e:?}")))
+        Error::from(CheckpointError::malformed(OP, me, path, None, format!("{e:?}")))
     })?;
     let mut header = serde_json::to_string(&header).expect("a header serialises").into_bytes();
     // safetensors pads the header with spaces to a multiple of 8 bytes (the data then aligned).
@@ -406,9 +402,8 @@ fn write_index(
         let path = dir.join(&name);
         let f = MappedFile::open(OP, 0, &path, None)?;
         let bytes = fs::metadata(&path).map_err(io_err(0, &path, "stat"))?.len();
-        let bad = |reason: String| {
-            Error::Checkpoint(CheckpointError::malformed(OP, 0, &path, None, reason))
-        };
+        let bad =
+            |reason: String| Error::from(CheckpointError::malformed(OP, 0, &path, None, reason));
         let meta: FileMeta = f
             .meta
             .metadata()
