@@ -41,7 +41,7 @@ pub(crate) fn join(prefix: &str, name: &str) -> String {
 /// use dist_tensor::nn::{Activation, NamedState, ParallelMlp, Parameters};
 /// use dist_tensor::World;
 /// let dir = std::env::temp_dir().join(format!("dist-tensor-doc-named-{}", std::process::id()));
-/// let saved = World::threads(4)?.run(|rank| {
+/// World::threads(4)?.run(|rank| {
 ///     let mlp = ParallelMlp::<f32>::new(rank, 8, 12, Activation::Gelu, 7)?;
 ///     let names: Vec<String> = mlp.param_names().into_iter().map(|(n, _)| n).collect();
 ///     assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
