@@ -117,6 +117,7 @@
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
 //! | devices | host simulation (default); Ascend NPUs through CANN (`World::ascend`, not yet run on hardware); NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
+//! | checkpoints | [`checkpoint`]: safetensors files per rank and an index; loaded into any world size, placement and split; published weights straight into a sharded layout; crash-safe, checksummed |
 //! | ranks | threads of one process, or processes of one host (memfd segments, fd passing), or processes on many hosts joined by MPI (feature `mpi`) |
 //!
 //! # Errors and panics

@@ -207,7 +207,8 @@ pub(crate) fn agree<T>(rank: &Rank<'_>, op: &'static str, local: Result<T>) -> R
         Err(e) => format!("E{e}"),
     };
     let mut ex = WordExchange::new(rank, ROUND_WORDS)?;
-    let lens = ex.exchange(rank, &[text.len() as u64])?;
+    // Named by `op`, so ranks in different checkpoint calls fail with `OpMismatch`.
+    let lens = ex.exchange_checked(rank, op, &[text.len() as u64], None)?;
     let lens: Vec<usize> = lens.iter().map(|w| w.first().copied().unwrap_or(0) as usize).collect();
     let Some(first) = lens.iter().position(|&l| l > 0) else { return local };
     // Only the first failing rank's text travels; every rank takes part in every round.
@@ -226,7 +227,7 @@ pub(crate) fn agree<T>(rank: &Rank<'_>, op: &'static str, local: Result<T>) -> R
         } else {
             Vec::new()
         };
-        let all = ex.exchange(rank, &mine)?;
+        let all = ex.exchange_checked(rank, op, &mine, None)?;
         for w in &all[first] {
             bytes.extend_from_slice(&w.to_le_bytes());
         }

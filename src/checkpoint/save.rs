@@ -222,7 +222,8 @@ pub fn save(rank: &Rank<'_>, dir: impl AsRef<Path>, entries: &[Entry<'_>]) -> Re
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let mut ex = WordExchange::new(rank, 3)?;
-    let all = ex.exchange(rank, &[clock, entries.len() as u64, u64::from(digest.finalize())])?;
+    let words = [clock, entries.len() as u64, u64::from(digest.finalize())];
+    let all = ex.exchange_checked(rank, OP, &words, None)?;
     check_agree(OP, &all, 1, "number of entries")?;
     check_agree(OP, &all, 2, "digest of the entries' names, types and placements")?;
     let generation = format!("{:016x}", all[0][0]);
