@@ -512,6 +512,21 @@ fn ranks_saving_different_entries_disagree() {
     for e in errs {
         assert!(matches!(e, Error::RanksDisagree { .. }), "{e}");
     }
+    // One name twice.
+    let errs = World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            let x = DistTensor::from_global(rank, &g, Placement::Shard(0))?;
+            let e = [Entry::new("x", &x)?, Entry::new("x", &x)?];
+            Ok(checkpoint::save(rank, &dir.0, &e).unwrap_err())
+        })
+        .unwrap();
+    for e in errs {
+        assert!(
+            matches!(e, Error::InvalidArgument { .. }) && e.to_string().contains("twice"),
+            "{e}"
+        );
+    }
 }
 
 // ---- bytes read ----------------------------------------------------------------------------

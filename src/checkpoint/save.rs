@@ -227,6 +227,21 @@ pub fn save(rank: &Rank<'_>, dir: impl AsRef<Path>, entries: &[Entry<'_>]) -> Re
     check_agree(OP, &all, 1, "number of entries")?;
     check_agree(OP, &all, 2, "digest of the entries' names, types and placements")?;
     let generation = format!("{:016x}", all[0][0]);
+    // The same names on every rank (checked above), so every rank finds the same problem.
+    let mut seen = std::collections::BTreeSet::new();
+    for e in entries {
+        if e.name == "__metadata__" || !seen.insert(e.name.as_str()) {
+            return Err(Error::InvalidArgument {
+                op: OP,
+                rank: me,
+                reason: format!(
+                    "the entry name {:?} is used twice or reserved by safetensors: every entry \
+                     needs a name of its own",
+                    e.name
+                ),
+            });
+        }
+    }
 
     // Every entry's layout: global shape and every rank's size along a sharded dimension.
     let mut layouts = Vec::with_capacity(entries.len());
