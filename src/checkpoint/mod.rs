@@ -32,8 +32,9 @@
 //! # Errors
 //!
 //! A missing, truncated or corrupted file, a checksum mismatch, a tensor missing from the index,
-//! a shape or element type that does not match the target: each is an [`Error::Checkpoint`]
-//! ([`CheckpointError`]) on every rank, naming the rank that found it, the file and the tensor.
+//! a shape or element type that does not match the target: each is an
+//! [`Error::Checkpoint`](crate::Error::Checkpoint) ([`CheckpointError`]) on every rank, naming the
+//! rank that found it, the file and the tensor.
 //!
 //! # The index
 //!
