@@ -14,14 +14,29 @@
 //! Adam; the example prints both loss curves and `ok` if they agree within the element type's
 //! tolerance and the loss fell to less than half (it exits with status 1 otherwise).
 //!
-//! Run: `cargo run --release --example 08_train_tp_mlp [-- --processes 4] [--dtype bf16]
-//! [--steps 40] [--tokens 130] [--hidden 32] [--ffn 128]`
+//! Run: `cargo run --release --example 08_train_tp_mlp [-- --processes 4 | --ranks 4]
+//! [--dtype bf16] [--steps 40] [--tokens 130] [--hidden 32] [--ffn 128] [--save DIR]
+//! [--resume DIR]`
 //!
-//! `--processes N` runs the ranks as N processes of this program instead of 4 threads; under
-//! mpirun or torchrun each process is one rank (`World::from_env`).
+//! `--ranks N` runs N ranks as threads (4 by default); `--processes N` runs them as N processes
+//! of this program instead; under mpirun or torchrun each process is one rank
+//! (`World::from_env`).
+//!
+//! `--save DIR` saves the training state (the model's shards and Adam's, and the step count)
+//! into the checkpoint directory `DIR` after the last step. `--resume DIR` loads one (saved by a
+//! world of any size) and trains `--steps` more steps from it; the example then also trains the
+//! same number of steps in total without a break on this world, and checks the resumed losses
+//! against it: bitwise when the saving world had as many ranks, within the element type's
+//! tolerance otherwise (and, as always, against the one-rank f64 curve). So
+//! `-- --steps 20 --save /tmp/ck` then `-- --steps 20 --resume /tmp/ck --ranks 2` is 40 steps,
+//! 20 on 4 ranks and 20 on 2.
 
+use std::path::PathBuf;
+
+use dist_tensor::checkpoint::{self, Checkpoint, Entry};
 use dist_tensor::nn::{
-    Activation, Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, mse_loss,
+    Activation, Adam, ColumnParallelLinear, NamedState, OptimizerState, ParallelMlp, Parameters,
+    RowParallelLinear, mse_loss,
 };
 use dist_tensor::{DistTensor, Element, Error, Placement, Split, Tensor, World};
 use half::bf16;
@@ -34,10 +49,20 @@ struct Config {
     hidden: usize,
     ffn: usize,
     dtype: String,
+    save: Option<PathBuf>,
+    resume: Option<PathBuf>,
 }
 
 fn parse(args: Vec<String>) -> Result<Config, String> {
-    let mut c = Config { steps: 40, tokens: 130, hidden: 32, ffn: 128, dtype: "f32".into() };
+    let mut c = Config {
+        steps: 40,
+        tokens: 130,
+        hidden: 32,
+        ffn: 128,
+        dtype: "f32".into(),
+        save: None,
+        resume: None,
+    };
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -48,6 +73,8 @@ fn parse(args: Vec<String>) -> Result<Config, String> {
             "--hidden" => c.hidden = number()?,
             "--ffn" => c.ffn = number()?,
             "--dtype" if value == "f32" || value == "bf16" => c.dtype = value,
+            "--save" => c.save = Some(value.into()),
+            "--resume" => c.resume = Some(value.into()),
             _ => return Err(format!("unknown argument {flag} {value}; see the file's header")),
         }
     }
@@ -116,21 +143,42 @@ impl Problem {
     }
 }
 
-/// The loss before each step of the tensor-parallel model in `T` on `world` (this process's
-/// ranks' curves; every rank sees the same one).
-fn parallel_curve<T: Element>(
+/// What a run of the tensor-parallel model gives: the loss before each step it took (every
+/// rank sees the same), the step it started from, and the number of ranks that saved the
+/// checkpoint it resumed (if it did).
+struct Run {
+    curves: Vec<Vec<f64>>,
+    start: usize,
+    saved_world: Option<usize>,
+}
+
+/// Trains the tensor-parallel model in `T` on `world` for `steps` steps: from the initial
+/// weights, or from the checkpoint in `resume`; saves the state into `save` at the end.
+fn parallel_run<T: Element>(
     world: &World,
     p: &Problem,
     steps: usize,
-) -> Result<Vec<Vec<f64>>, Error> {
+    resume: Option<&PathBuf>,
+    save: Option<&PathBuf>,
+) -> Result<Run, Error> {
     let [w1, b1, w2, b2] = p.weights.each_ref().map(|t| t.cast::<T>());
     let (x, target) = (p.x.cast::<T>(), p.target.cast::<T>());
-    world.run(|rank| {
+    let runs = world.run(|rank| {
         // Each rank keeps its columns of W1 and b1, its rows of W2, and all of b2.
         let fc1 = ColumnParallelLinear::from_global(rank, &w1, Some(&b1), Split::Even)?;
         let fc2 = RowParallelLinear::from_global(rank, &w2, Some(&b2), Split::Even)?;
         let mut mlp = ParallelMlp::from_layers(fc1, Activation::Gelu, fc2);
         let mut adam = Adam::<T>::new(LR);
+        let (mut start, mut saved_world) = (0, None);
+        if let Some(dir) = resume {
+            // Whatever world saved it: each rank reads its own parts of the weights and moments.
+            let ck = Checkpoint::open(rank, dir)?;
+            mlp.load_named_state(&ck, "model")?;
+            adam.load_optimizer_state(&ck, &mlp, "optim")?;
+            let step = ck.load::<f64>("train.step", Placement::Replicate)?;
+            start = step.local().as_slice()[0] as usize;
+            saved_world = Some(ck.saved_world());
+        }
         // The tokens sharded over the ranks, and their targets alike.
         let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
         let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
@@ -143,13 +191,32 @@ fn parallel_curve<T: Element>(
             adam.step(mlp.parameters_mut())?;
             curve.push(loss);
         }
-        Ok(curve)
-    })
+        if let Some(dir) = save {
+            let step = Tensor::from(vec![(start + steps) as f64]);
+            let step = DistTensor::from_global(rank, &step, Placement::Replicate)?;
+            let mut entries = mlp.named_state("model")?;
+            entries.extend(adam.optimizer_state(&mlp, "optim")?);
+            entries.push(Entry::new("train.step", &step)?);
+            checkpoint::save(rank, dir, &entries)?;
+        }
+        Ok((curve, start, saved_world))
+    })?;
+    let (start, saved_world) = (runs[0].1, runs[0].2);
+    Ok(Run { curves: runs.into_iter().map(|r| r.0).collect(), start, saved_world })
 }
 
 fn main() -> Result<(), Error> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(world) = World::from_args(&mut args, 4)? else { return Ok(()) };
+    let mut threads = 4;
+    if let Some(at) = args.iter().position(|a| a == "--ranks") {
+        let value = args.get(at + 1).cloned().unwrap_or_default();
+        threads = value.parse().unwrap_or_else(|_| {
+            eprintln!("--ranks {value:?}: not a number");
+            std::process::exit(2);
+        });
+        args.drain(at..(at + 2).min(args.len()));
+    }
+    let Some(world) = World::from_args(&mut args, threads)? else { return Ok(()) };
     let config = parse(args).unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(2);
@@ -165,23 +232,58 @@ fn main() -> Result<(), Error> {
         );
     }
     let problem = Problem::new(&config);
-    let want = problem.one_rank_curve(steps)?;
+    let (resume, save) = (config.resume.as_ref(), config.save.as_ref());
     // Relative to the first loss: f32 rounds each op's result to 24 bits (6e-8), bf16 to 8
     // (2e-3); Adam's updates amplify the differences a little over the steps.
-    let (curves, tolerance) = match config.dtype.as_str() {
-        "bf16" => (parallel_curve::<bf16>(&world, &problem, steps)?, 2e-2),
-        _ => (parallel_curve::<f32>(&world, &problem, steps)?, 1e-4),
+    let (run, tolerance) = match config.dtype.as_str() {
+        "bf16" => (parallel_run::<bf16>(&world, &problem, steps, resume, save)?, 2e-2),
+        _ => (parallel_run::<f32>(&world, &problem, steps, resume, save)?, 1e-4),
+    };
+    let start = run.start;
+    let want = problem.one_rank_curve(start + steps)?;
+    // A resumed run: the same number of steps in total without a break, on this world.
+    let straight = match (run.saved_world, config.dtype.as_str()) {
+        (None, _) => None,
+        (Some(_), "bf16") => {
+            Some(parallel_run::<bf16>(&world, &problem, start + steps, None, None)?)
+        }
+        (Some(_), _) => Some(parallel_run::<f32>(&world, &problem, start + steps, None, None)?),
     };
     let mut ok = true;
-    for (r, got) in world.ranks_here().zip(&curves) {
-        let worst = got.iter().zip(&want).fold(0.0f64, |m, (g, w)| m.max((g - w).abs())) / want[0];
-        let fell = got[steps - 1] < got[0] / 2.0;
-        ok &= worst <= tolerance && fell && got == &curves[0];
+    for (i, (r, got)) in world.ranks_here().zip(&run.curves).enumerate() {
+        let first = want[0]; // the loss before any step: differences are relative to it
+        let want = &want[start..];
+        let worst = got.iter().zip(want).fold(0.0f64, |m, (g, w)| m.max((g - w).abs())) / first;
+        // From the start, the loss falls to less than half; resumed, it must not rise.
+        let fell =
+            if start == 0 { got[steps - 1] < got[0] / 2.0 } else { got[steps - 1] <= got[0] };
+        ok &= worst <= tolerance && fell && got == &run.curves[0];
+        let mut versus = String::new();
+        if let (Some(straight), Some(saved)) = (&straight, run.saved_world) {
+            let line = &straight.curves[i][start..];
+            let same_world = saved == n;
+            let diff = got.iter().zip(line).fold(0.0f64, |m, (g, s)| m.max((g - s).abs())) / first;
+            let matches = if same_world { got == line } else { diff <= tolerance };
+            ok &= matches;
+            versus = format!(
+                "resumed at step {start} from a checkpoint of {saved} ranks; trained straight on \
+                 {n} ranks the last loss is {:.6}: {}",
+                line[steps - 1],
+                match (same_world, matches) {
+                    (true, true) => "bitwise the same".to_string(),
+                    (false, true) =>
+                        format!("{diff:.1e} of the first loss apart (tolerance {tolerance:.0e})"),
+                    (_, false) => format!("DIFFERENT ({diff:.1e} of the first loss)"),
+                }
+            );
+        }
         if r == 0 {
             for step in (0..steps).filter(|s| s % 5 == 0 || *s == steps - 1) {
                 println!(
-                    "step {step:3}: loss {:.6}   (one rank, f64: {:.6})",
-                    got[step], want[step]
+                    "step {:3}: loss {:.6}   (one rank, f64: {:.6})",
+                    start + step,
+                    got[step],
+                    want[step]
                 );
             }
             println!(
@@ -189,13 +291,24 @@ fn main() -> Result<(), Error> {
                  (tolerance {tolerance:.0e}); loss {:.4} -> {:.4}{}",
                 got[0],
                 got[steps - 1],
-                if fell { "" } else { ": it did not fall to half" }
+                if fell { "" } else { ": it did not fall" }
             );
+            if !versus.is_empty() {
+                println!("{versus}");
+            }
+            if let Some(dir) = save {
+                println!(
+                    "saved the training state at step {} into {}",
+                    start + steps,
+                    dir.display()
+                );
+            }
         }
     }
     if !ok {
         eprintln!(
-            "the tensor-parallel training differs from the one-rank training, or did not learn"
+            "the tensor-parallel training differs from the one-rank training (or the resumed one \
+             from the straight one), or did not learn"
         );
         std::process::exit(1);
     }

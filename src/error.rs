@@ -349,6 +349,12 @@ pub enum Error {
         source: Arc<std::io::Error>,
     },
 
+    // ---- checkpoints ---------------------------------------------------------------------
+    /// A checkpoint or safetensors file that cannot be saved or loaded: the rank that found it,
+    /// the file, the tensor and why (see [`checkpoint`](crate::checkpoint)).
+    #[error(transparent)]
+    Checkpoint(Box<crate::checkpoint::CheckpointError>),
+
     // ---- user errors -----------------------------------------------------------------------
     /// An error of the user's own code inside [`World::run`](crate::World::run): `?` on an
     /// `std::io::Error` (and the other standard errors with a `From` here), or any error through

@@ -94,6 +94,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
+//! | [`checkpoint`] | save and load sharded tensors and training state (safetensors files, an index), resharded on load; published weights into a sharded layout |
 //! | [`nn`] | layers that train: column- and row-parallel linear, MLP, Ulysses attention, each with its backward pass; optimizers |
 //! | [`dist`] | [`DistTensor`], [`Placement`]: validate, choose a kernel, never touch raw memory |
 //! | [`fused`] | one file per fused op, with its unfused baseline |
@@ -116,6 +117,7 @@
 //! | collectives | all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all(_v), broadcast |
 //! | determinism | reductions in a fixed rank order: the same bits on every run |
 //! | devices | host simulation (default); Ascend NPUs through CANN (`World::ascend`, not yet run on hardware); NVIDIA GPUs joined by NVLink (feature `cuda`, [`World::cuda`]) |
+//! | checkpoints | [`checkpoint`]: safetensors files per rank and an index; loaded into any world size, placement and split; published weights straight into a sharded layout; crash-safe, checksummed |
 //! | ranks | threads of one process, or processes of one host (memfd segments, fd passing), or processes on many hosts joined by MPI (feature `mpi`) |
 //!
 //! # Errors and panics
@@ -152,6 +154,7 @@
 //! # Ok::<(), dist_tensor::Error>(())
 //! ```
 
+pub mod checkpoint;
 pub mod collectives;
 pub mod device;
 pub mod dist;

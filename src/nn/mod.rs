@@ -76,6 +76,7 @@ mod mlp;
 mod optim;
 mod param;
 mod row_parallel;
+mod state;
 
 pub use activation::Activation;
 pub use attention::{AttentionSaved, SelfAttentionSaved, UlyssesAttention, UlyssesSelfAttention};
@@ -85,6 +86,7 @@ pub use mlp::{MlpSaved, ParallelMlp};
 pub use optim::{Adam, Sgd};
 pub use param::{Param, Parameters};
 pub use row_parallel::{RowParallelLinear, RowParallelSaved};
+pub use state::{NamedState, OptimizerState, load_training, save_training};
 
 use ndarray::ArrayView2;
 

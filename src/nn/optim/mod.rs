@@ -10,6 +10,7 @@
 
 mod adam;
 mod sgd;
+mod state;
 
 pub use adam::Adam;
 pub use sgd::Sgd;
@@ -22,14 +23,14 @@ use crate::{Error, Result};
 
 /// One parameter's optimizer state: its master weights (half types only), `N` buffers of its
 /// size (momentum; Adam's two moments), and the steps taken.
-struct Slot<A, const N: usize> {
+pub(crate) struct Slot<A, const N: usize> {
     master: Option<Vec<A>>,
     buffers: [Vec<A>; N],
     steps: u64,
 }
 
 /// The state of every parameter, matched to them by position.
-struct Slots<A, const N: usize> {
+pub(crate) struct Slots<A, const N: usize> {
     slots: Vec<Slot<A, N>>,
 }
 

@@ -126,6 +126,16 @@ impl<T: Element> Sgd<T> {
         self.slots = Slots::new();
     }
 
+    /// The state, for checkpoints.
+    pub(crate) fn slots(&self) -> &Slots<T::Acc, 1> {
+        &self.slots
+    }
+
+    /// The state, to load a checkpoint into.
+    pub(crate) fn slots_mut(&mut self) -> &mut Slots<T::Acc, 1> {
+        &mut self.slots
+    }
+
     /// One step of every parameter that has a gradient, in the order given (the same every
     /// time: the state is matched by position). Local: no exchange.
     ///
