@@ -152,6 +152,7 @@
 //! # Ok::<(), dist_tensor::Error>(())
 //! ```
 
+pub mod autograd;
 pub mod collectives;
 pub mod device;
 pub mod dist;

@@ -1,0 +1,8 @@
+//! The differentiable ops on [`Var`](super::Var), one family per file.
+
+mod activation;
+pub(crate) mod arith;
+mod layout;
+mod matmul;
+mod norm;
+mod reduce;
