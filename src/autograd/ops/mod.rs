@@ -2,6 +2,7 @@
 
 mod activation;
 pub(crate) mod arith;
+mod attention;
 mod layout;
 mod matmul;
 mod norm;
