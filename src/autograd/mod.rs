@@ -28,10 +28,12 @@
 //! # Ok::<(), dist_tensor::Error>(())
 //! ```
 
+mod dist;
 mod gradcheck;
 mod graph;
 mod ops;
 mod var;
 
+pub use dist::DVar;
 pub use gradcheck::{GradcheckOptions, GradcheckReport, gradcheck};
 pub use var::Var;
