@@ -180,3 +180,62 @@ fn every_redistribute_pair_has_its_dual() {
         }
     }
 }
+
+#[test]
+fn vocab_parallel_cross_entropy_matches_one_rank_log_softmax_on_huge_logits() {
+    use dist_tensor::autograd::vocab_parallel_cross_entropy;
+    let (n, v) = (5, 11);
+    // Logits near 1000: exp overflows f64 without the maximum subtracted.
+    let logits = Tensor::<f64>::random(&[n, v], 8).map(|x| 1000.0 + 20.0 * x);
+    let targets = [0, 10, 3, 3, 7];
+    // One rank: log-softmax row by row with the maximum subtracted, and (softmax - onehot) / n.
+    let mut want_loss = 0.0;
+    let mut want_grad = vec![0.0; n * v];
+    for (i, row) in logits.as_slice().chunks(v).enumerate() {
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = row.iter().map(|x| (x - max).exp()).sum();
+        want_loss += (sum.ln() + max - row[targets[i]]) / n as f64;
+        for j in 0..v {
+            let hot = if j == targets[i] { 1.0 } else { 0.0 };
+            want_grad[i * v + j] = ((row[j] - max).exp() / sum - hot) / n as f64;
+        }
+    }
+    assert!(want_loss.is_finite() && want_loss > 0.1);
+    let want_grad = Tensor::from_shape_vec(&[n, v], want_grad).unwrap();
+    for world in WORLDS {
+        let sizes = uneven(v, world);
+        World::threads(world)
+            .unwrap()
+            .run(|rank| {
+                let l =
+                    DVar::param(DistTensor::from_global_split(rank, &logits, 1, sizes.clone())?);
+                let loss = vocab_parallel_cross_entropy(&l, &targets)?;
+                assert_eq!(loss.placement(), Placement::Replicate);
+                let got = loss.local().value().as_slice()[0];
+                assert!((got - want_loss).abs() < 1e-12, "world {world}: {got} vs {want_loss}");
+                loss.backward()?;
+                let want = DistTensor::from_global_split(rank, &want_grad, 1, sizes.clone())?;
+                close(
+                    &l.grad().unwrap(),
+                    want.local(),
+                    &format!("world {world} rank {}", rank.rank()),
+                );
+                Ok(())
+            })
+            .unwrap();
+    }
+}
+
+#[test]
+fn cross_entropy_rejects_bad_targets_on_every_rank() {
+    use dist_tensor::autograd::vocab_parallel_cross_entropy;
+    let logits = Tensor::<f32>::random(&[2, 4], 1);
+    let err = World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            let l = DVar::constant(DistTensor::from_global(rank, &logits, Placement::Shard(1))?);
+            vocab_parallel_cross_entropy(&l, &[0, 4]).map(|_| ())
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("below the vocabulary size 4"), "{err}");
+}

@@ -80,6 +80,11 @@ impl<'r, T: Element> DVar<'r, T> {
         Ok(DVar { value, local: local.clone() })
     }
 
+    /// A value and its part's variable, which the caller knows to agree.
+    pub(crate) fn from_parts(value: DistTensor<'r, T>, local: Var<'r, T>) -> Self {
+        DVar { value, local }
+    }
+
     /// The distributed value.
     pub fn value(&self) -> &DistTensor<'r, T> {
         &self.value

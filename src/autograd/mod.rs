@@ -31,9 +31,11 @@
 mod dist;
 mod gradcheck;
 mod graph;
+mod loss;
 mod ops;
 mod var;
 
 pub use dist::DVar;
 pub use gradcheck::{GradcheckOptions, GradcheckReport, gradcheck};
+pub use loss::vocab_parallel_cross_entropy;
 pub use var::Var;
