@@ -153,3 +153,8 @@ fn a_second_backward_on_the_same_graph_is_an_error() {
     y.backward().unwrap();
     assert!(y.backward().is_err());
 }
+
+op_test!(narrow, [[3, 5]], |x| x[0].narrow(1, 1, 3)?.silu());
+op_test!(gather_rows_repeated_and_missing, [[4, 3]], |x| {
+    x[0].gather_rows(&[Some(2), None, Some(0), Some(2)])?.gelu()
+});

@@ -13,7 +13,8 @@ const OP: &str = "vocab_parallel_cross_entropy";
 
 /// The mean over rows of `-log softmax(logits)[target]`, for `logits` `[N, V]` sharded on the
 /// vocabulary (`Shard(1)`, any split, a rank may hold none) and `targets` the `N` token ids
-/// (global ids, the same on every rank). The result is a replicated scalar (shape `[]`). Rows
+/// (global ids, the same on every rank; `None` for a row the loss ignores, which gets no
+/// gradient, and the mean is over the others). The result is a replicated scalar (shape `[]`). Rows
 /// are reduced with their maximum subtracted, so logits of any size give a finite loss.
 ///
 /// The backward pass gives each rank the gradient of its columns, `(softmax - onehot) / N`,
@@ -31,7 +32,7 @@ const OP: &str = "vocab_parallel_cross_entropy";
 /// let logits = Tensor::<f64>::random(&[3, 10], 1);
 /// let losses = World::threads(2)?.run(|rank| {
 ///     let l = DVar::param(DistTensor::from_global(rank, &logits, Placement::Shard(1))?);
-///     let loss = vocab_parallel_cross_entropy(&l, &[0, 9, 4])?;
+///     let loss = vocab_parallel_cross_entropy(&l, &[Some(0), Some(9), None])?;
 ///     loss.backward()?;
 ///     Ok(loss.local().value().as_slice()[0])
 /// })?;
@@ -40,7 +41,7 @@ const OP: &str = "vocab_parallel_cross_entropy";
 /// ```
 pub fn vocab_parallel_cross_entropy<'r, T: Element>(
     logits: &DVar<'r, T>,
-    targets: &[usize],
+    targets: &[Option<usize>],
 ) -> Result<DVar<'r, T>> {
     let value = logits.value();
     let rank = value.rank();
@@ -54,7 +55,7 @@ pub fn vocab_parallel_cross_entropy<'r, T: Element>(
         });
     }
     let (n, vocab) = (global[0], global[1]);
-    if targets.len() != n || targets.iter().any(|&t| t >= vocab) {
+    if targets.len() != n || targets.iter().flatten().any(|&t| t >= vocab) {
         return Err(Error::InvalidArgument {
             op: OP,
             rank: me,
@@ -80,28 +81,34 @@ pub fn vocab_parallel_cross_entropy<'r, T: Element>(
     let mut partial = vec![0.0f64; 2 * n];
     for (i, r) in rows.iter().enumerate() {
         partial[i] = r.iter().map(|v| (v.to_f64() - max[i]).exp()).sum();
-        if (start..start + cols).contains(&targets[i]) {
-            partial[n + i] = r[targets[i] - start].to_f64();
+        if let Some(t) = targets[i]
+            && (start..start + cols).contains(&t)
+        {
+            partial[n + i] = r[t - start].to_f64();
         }
     }
     let total = all_reduce(rank, &partial)?;
     let (sums, target_logits) = total.split_at(n);
-    let loss =
-        (0..n).map(|i| sums[i].ln() + max[i] - target_logits[i]).sum::<f64>() / n.max(1) as f64;
+    let counted = targets.iter().flatten().count().max(1) as f64;
+    let loss = (0..n)
+        .filter(|&i| targets[i].is_some())
+        .map(|i| sums[i].ln() + max[i] - target_logits[i])
+        .sum::<f64>()
+        / counted;
     let out = Tensor::from_shape_vec(&[], vec![T::from_f64(loss)])?;
     let like = value.clone();
     let (targets, max, sums) = (targets.to_vec(), max, sums.to_vec());
     let local_var = record(out.clone(), &[logits.local()], move |g, _| {
         // The loss is replicated: its gradient is held as partial sums; the whole of it here.
-        let g = all_reduce(like.rank(), &[g.as_slice()[0].to_f64()])?[0] / n.max(1) as f64;
+        let g = all_reduce(like.rank(), &[g.as_slice()[0].to_f64()])?[0] / counted;
         let mut dl = Tensor::<T>::try_zeros(like.local().shape())?;
         if cols > 0 {
             let out_rows = dl.as_mut_slice().chunks_exact_mut(cols);
-            for (i, (o, r)) in out_rows.zip(like.local().as_slice().chunks_exact(cols)).enumerate()
-            {
+            let rows = out_rows.zip(like.local().as_slice().chunks_exact(cols));
+            for (i, (o, r)) in rows.enumerate().filter(|(i, _)| targets[*i].is_some()) {
                 for (j, (o, v)) in o.iter_mut().zip(r).enumerate() {
                     let p = (v.to_f64() - max[i]).exp() / sums[i];
-                    let hot = if start + j == targets[i] { 1.0 } else { 0.0 };
+                    let hot = if Some(start + j) == targets[i] { 1.0 } else { 0.0 };
                     *o = T::from_f64(g * (p - hot));
                 }
             }

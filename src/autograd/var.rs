@@ -107,6 +107,14 @@ impl<'a, T: Element> Var<'a, T> {
         self.node.as_ref().and_then(|n| n.take_grad())
     }
 
+    /// Replaces the accumulated gradient of a tracked value (a clip, a sum over ranks); nothing
+    /// for an untracked one.
+    pub fn set_grad(&self, grad: Option<Tensor<T>>) {
+        if let Some(n) = &self.node {
+            n.set_grad(grad);
+        }
+    }
+
     /// Forgets the accumulated gradient.
     pub fn zero_grad(&self) {
         if let Some(n) = &self.node {
