@@ -29,6 +29,7 @@
 //! ```
 
 mod dist;
+pub mod gpt;
 mod gradcheck;
 mod graph;
 mod loss;
