@@ -218,10 +218,8 @@ impl<'r, T: Element> DVar<'r, T> {
             };
             let dw = if need[1] {
                 let xg = gathered.local();
-                let k = *xg.shape().last().expect("at least 1-D");
-                let n = *g.shape().last().expect("at least 1-D");
-                let xg = xg.reshape(&[xg.len() / k.max(1), k])?;
-                let g2 = g.reshape(&[g.len() / n.max(1), n])?;
+                let xg = as_rows(xg)?;
+                let g2 = as_rows(g)?;
                 Some(xg.transpose(0, 1)?.matmul(&g2)?)
             } else {
                 None
@@ -248,10 +246,8 @@ impl<'r, T: Element> DVar<'r, T> {
             let (mut da, dyg) = dy.all_gather_matmul_keep_input(&[&wv], &opts)?;
             let da = da.remove(0).into_local();
             let dw = if need[1] {
-                let k = *a.shape().last().expect("at least 1-D");
-                let n = *dyg.local().shape().last().expect("at least 1-D");
-                let a2 = a.reshape(&[a.len() / k.max(1), k])?;
-                let dy2 = dyg.local().reshape(&[dyg.local().len() / n.max(1), n])?;
+                let a2 = as_rows(&a)?;
+                let dy2 = as_rows(dyg.local())?;
                 Some(a2.transpose(0, 1)?.matmul(&dy2)?)
             } else {
                 None
@@ -311,6 +307,13 @@ impl<'r, T: Element> DVar<'r, T> {
         let seed = self.value.local().map(|_| T::from_f64(one));
         self.local.backward_with(seed)
     }
+}
+
+/// `x` of `[..., k]` as the matrix `[rows, k]` (counting rows by the leading dimensions, so
+/// that `k = 0` keeps them).
+fn as_rows<T: Element>(x: &Tensor<T>) -> Result<Tensor<T>> {
+    let (last, lead) = x.shape().split_last().expect("at least 1-D");
+    x.reshape(&[lead.iter().product(), *last])
 }
 
 /// `g`'s part under another placement (collective, as [`DistTensor::from_local`]).

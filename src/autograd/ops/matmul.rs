@@ -14,8 +14,8 @@ fn t<T: Element>(x: &Tensor<T>) -> Result<Tensor<T>> {
 
 /// `x` of `[..., k]` as a matrix `[rows, k]`.
 fn rows<T: Element>(x: &Tensor<T>) -> Result<Tensor<T>> {
-    let k = *x.shape().last().expect("at least 2-D");
-    x.reshape(&[x.len() / k.max(1), k])
+    let (k, lead) = x.shape().split_last().expect("at least 2-D");
+    x.reshape(&[lead.iter().product(), *k])
 }
 
 impl<'a, T: Element> Var<'a, T> {
