@@ -94,6 +94,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
+//! | [`autograd`] | reverse-mode autograd: [`Var`](autograd::Var) over [`Tensor`], [`DVar`](autograd::DVar) over [`DistTensor`] with the fused ops' duals, `gradcheck`, modules, the layers of a GPT |
 //! | [`nn`] | layers that train: column- and row-parallel linear, MLP, Ulysses attention, each with its backward pass; optimizers |
 //! | [`dist`] | [`DistTensor`], [`Placement`]: validate, choose a kernel, never touch raw memory |
 //! | [`fused`] | one file per fused op, with its unfused baseline |

@@ -1,29 +1,29 @@
-//! [`DVar`]: a [`DistTensor`] in a differentiable computation. Every distributed op records its
-//! dual, so the backward pass runs through the same fused kernels as the forward pass:
-//!
-//! | forward | backward |
-//! | --- | --- |
-//! | `all_gather_matmul(x, w)` | `dx = matmul_reduce_scatter(dh, w^T)` (w read transposed), `dw = X^T dh` with `X` the rows the forward gathered |
-//! | `matmul_reduce_scatter(a, w)` | `da = all_gather_matmul(dy, w^T)`, `dw = a^T dY` with `dY` the rows that gathered |
-//! | `all_to_all(s, g)` | `all_to_all(g, s)` |
-//! | `redistribute`: all_gather / all_to_all / reduce_scatter / all_reduce / local slices | reduce_scatter / all_to_all back / all_gather / all_reduce / local slices |
-//!
-//! **What a gradient means per placement.** The loss is one scalar for the whole world. The
-//! gradient of a `Shard` value is sharded as the value (each rank holds the gradient of its
-//! shard). The gradient of a `Replicate` value is held as partial sums (the sum over ranks is the
-//! gradient): every rank uses the replicated value in its own part of the computation, and its
-//! part of the gradient is what that use contributes. The gradient of a `Partial` value is the
-//! whole gradient on every rank (each summand gets all of it). [`DVar::backward`] on a replicated
-//! loss therefore seeds 1 on rank 0 and 0 on the others; a replicated parameter's gradient is
-//! summed over ranks by [`DVar::grad_reduced`].
+//! [`DVar`]: a [`DistTensor`] in a differentiable computation, its ops recording their duals
+//! (the table and what a gradient means per placement are on [`DVar`]).
 
 use super::Var;
 use super::var::record;
 use crate::{DistTensor, Element, MatmulOptions, Placement, Result, Tensor};
 
 /// A [`DistTensor`] that may be tracked: this rank's part is a [`Var`], the rest is the
-/// `DistTensor`'s layout. See the [module docs](self) for the duals and what a gradient means
-/// under each placement.
+/// `DistTensor`'s layout. Every distributed op records its dual, so the backward pass runs
+/// through the same fused kernels as the forward pass:
+///
+/// | forward | backward |
+/// | --- | --- |
+/// | `all_gather_matmul(x, w)` | `dx = matmul_reduce_scatter(dh, w^T)` (w read transposed), `dw = X^T dh` with `X` the rows the forward gathered |
+/// | `matmul_reduce_scatter(a, w)` | `da = all_gather_matmul(dy, w^T)`, `dw = a^T dY` with `dY` the rows that gathered |
+/// | `all_to_all(s, g)` | `all_to_all(g, s)` |
+/// | `redistribute`: all_gather / all_to_all / reduce_scatter / all_reduce / local slices | reduce_scatter / all_to_all back / all_gather / all_reduce / local slices |
+///
+/// **What a gradient means per placement.** The loss is one scalar for the whole world. The
+/// gradient of a `Shard` value is sharded as the value (each rank holds the gradient of its
+/// shard). The gradient of a `Replicate` value is held as partial sums (the sum over ranks is the
+/// gradient): every rank uses the replicated value in its own part of the computation, and its
+/// part of the gradient is what that use contributes. The gradient of a `Partial` value is the
+/// whole gradient on every rank (each summand gets all of it). [`DVar::backward`] on a replicated
+/// loss therefore seeds 1 on rank 0 and 0 on the others; a replicated parameter's gradient is
+/// summed over ranks by [`DVar::grad_reduced`].
 ///
 /// # Examples
 /// ```
@@ -34,7 +34,8 @@ use crate::{DistTensor, Element, MatmulOptions, Placement, Result, Tensor};
 ///     let x = DVar::constant(DistTensor::from_global(rank, &x, Placement::Shard(0))?);
 ///     let w_r = Var::param(DistTensor::from_global(rank, &w, Placement::Shard(1))?.into_local());
 ///     let h = x.all_gather_matmul(&w_r)?; // [6, 3] sharded on columns
-///     h.map(|h| Ok((h * h).sum()))?.backward()?; // each rank: the sum over its columns
+///     let hl = h.local(); // this rank's columns: the loss is the sum of the ranks' parts
+///     (hl * hl).sum().backward()?; // collective: every rank runs its part of the pass
 ///     Ok(w_r.grad().unwrap())
 /// })?;
 /// // d sum((x w)^2) / dw = 2 x^T (x w), column-sharded.
@@ -105,8 +106,8 @@ impl<'r, T: Element> DVar<'r, T> {
         self.local.is_tracked()
     }
 
-    /// This rank's part of the accumulated gradient of a leaf (see the module docs for what it
-    /// means per placement).
+    /// This rank's part of the accumulated gradient of a leaf (see [`DVar`] for what it means
+    /// per placement).
     pub fn grad(&self) -> Option<Tensor<T>> {
         self.local.grad()
     }
