@@ -420,6 +420,25 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+
+    // ---- autograd -----------------------------------------------------------------------
+    /// [`gradcheck`](crate::autograd::gradcheck): a recorded gradient disagrees with central
+    /// finite differences.
+    #[error(
+        "gradcheck: input {input}, element {index}: the backward pass gives {analytic:e}, finite          differences {numeric:e} (tolerance {tolerance:e})"
+    )]
+    GradientMismatch {
+        /// Which input (its position in the list).
+        input: usize,
+        /// The flat index of the element.
+        index: usize,
+        /// The gradient the backward pass recorded.
+        analytic: f64,
+        /// The central difference.
+        numeric: f64,
+        /// The tolerance it missed.
+        tolerance: f64,
+    },
 }
 
 fn others_failed(first: usize, failed: &[usize]) -> String {

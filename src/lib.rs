@@ -95,6 +95,7 @@
 //! | module | holds |
 //! | --- | --- |
 //! | [`checkpoint`] | save and load sharded tensors and training state (safetensors files, an index), resharded on load; published weights into a sharded layout |
+//! | [`autograd`] | reverse-mode autograd: [`Var`](autograd::Var) over [`Tensor`], [`DVar`](autograd::DVar) over [`DistTensor`] with the fused ops' duals, `gradcheck`, modules, the layers of a GPT |
 //! | [`nn`] | layers that train: column- and row-parallel linear, MLP, Ulysses attention, each with its backward pass; optimizers |
 //! | [`dist`] | [`DistTensor`], [`Placement`]: validate, choose a kernel, never touch raw memory |
 //! | [`fused`] | one file per fused op, with its unfused baseline |
@@ -154,6 +155,7 @@
 //! # Ok::<(), dist_tensor::Error>(())
 //! ```
 
+pub mod autograd;
 pub mod checkpoint;
 pub mod collectives;
 pub mod device;

@@ -5,6 +5,7 @@
 
 mod activation;
 mod arith;
+mod attention;
 mod batched;
 mod convert;
 mod dense;
@@ -22,6 +23,10 @@ mod reduce;
 mod split;
 mod storage;
 
+pub use attention::{
+    scaled_dot_product_attention, scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_lse,
+};
 pub use dense::Tensor;
 pub use element::{Accumulator, DType, Element};
 pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;

@@ -1,0 +1,10 @@
+//! The differentiable ops on [`Var`](super::Var), one family per file.
+
+mod activation;
+pub(crate) mod arith;
+mod attention;
+mod index;
+mod layout;
+mod matmul;
+mod norm;
+mod reduce;
