@@ -12,6 +12,11 @@ use dist_tensor::shmem::RankExit;
 use dist_tensor::shmem::job_env::{JOIN_TIMEOUT_ENV, RANK_ENV, WORLD_SIZE_ENV};
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Tensor, World, fused};
 use half::{bf16, f16};
+use ndarray::{Array2, ArrayD, IxDyn};
+
+mod common;
+
+use common::{digest, reference, seeded};
 
 /// Every child is killed past this: a hang fails the test.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -87,67 +92,206 @@ fn result(exit: &RankExit) -> String {
 
 // ---- the same numbers as threads ------------------------------------------------------------
 
-/// A digest of a result's bits.
-fn digest<T: Element>(values: &[T]) -> String {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for v in values {
-        for b in v.to_f64().to_bits().to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
+/// What is wrong with `got` against the f64 reference `want`: entry by entry within
+/// `tol * scale` (exact when `tol` is 0).
+fn off(what: &str, got: &[f64], want: &[f64], scale: &[f64], tol: f64) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("{what}: {} values, want {}", got.len(), want.len()));
     }
-    format!("{h:016x}/{}", values.len())
+    let bad =
+        (0..got.len()).find(|&i| !common::within((got[i] - want[i]).abs(), tol * scale[i]))?;
+    Some(format!("{what}: entry {bad} is {}, want {}", got[bad], want[bad]))
 }
 
-fn seeded<T: Element>(rank: usize, len: usize, salt: usize) -> Vec<T> {
-    (0..len)
-        .map(|i| T::from_f64((((rank * 131 + i * 17 + salt) % 97) as f64 - 48.0) / 7.0))
-        .collect()
+fn widen<T: Element>(values: &[T]) -> Vec<f64> {
+    values.iter().map(|v| v.to_f64()).collect()
+}
+
+/// `seeded` of rank `r` as an f64 matrix of `rows x cols` (values rounded to `T` first).
+fn seeded_matrix<T: Element>(r: usize, rows: usize, cols: usize, salt: usize) -> Array2<f64> {
+    Array2::from_shape_vec((rows, cols), widen(&seeded::<T>(r, rows * cols, salt))).unwrap()
+}
+
+/// Rank `me`'s piece of `sum over ranks of seeded(r, len, salt)` (split as numpy.array_split,
+/// or whole), with the scale `sum |v|`.
+fn summed<T: Element>(n: usize, len: usize, salt: usize, piece: Option<usize>) -> [Vec<f64>; 2] {
+    let (mut sum, mut scale) = (vec![0.0; len], vec![0.0; len]);
+    for r in 0..n {
+        for (i, v) in widen(&seeded::<T>(r, len, salt)).into_iter().enumerate() {
+            sum[i] += v;
+            scale[i] += v.abs();
+        }
+    }
+    match piece {
+        Some(me) => {
+            let range = common::pieces(len, n)[me].clone();
+            [sum[range.clone()].to_vec(), scale[range].to_vec()]
+        }
+        None => [sum, scale],
+    }
+}
+
+/// Checks of [`battery`]'s results against f64 references built from every rank's inputs
+/// (regenerated here: `seeded` is the same function of the rank on every rank), none of them
+/// from the library: the threads world and the processes world could share a bug.
+struct Checks {
+    fails: Vec<String>,
+}
+
+impl Checks {
+    fn exact<T: Element>(&mut self, what: &str, got: &[T], want: Vec<f64>) {
+        let zeros = vec![0.0; want.len()];
+        self.fails.extend(off(what, &widen(got), &want, &zeros, 0.0));
+    }
+
+    fn close<T: Element>(&mut self, what: &str, got: &[T], [want, scale]: [Vec<f64>; 2], tol: f64) {
+        self.fails.extend(off(what, &widen(got), &want, &scale, tol));
+    }
+
+    /// `concat(rows of every rank's x) @ w`, the all_gather_matmul of rank `me` with its `w`.
+    fn gathered_product<T: Element>(&mut self, what: &str, got: &[T], me: usize, n: usize) {
+        let xs: Vec<Array2<f64>> = (0..n).map(|r| seeded_matrix::<T>(r, 13 + r, 64, 9)).collect();
+        let views: Vec<_> = xs.iter().map(|x| x.view()).collect();
+        let x = ndarray::concatenate(ndarray::Axis(0), &views).unwrap();
+        let (want, scale) = reference::product(x.view(), seeded_matrix::<T>(me, 64, 24, 10).view());
+        let tol = common::tolerance::<T>(64);
+        self.close(
+            what,
+            got,
+            [want.into_raw_vec_and_offset().0, scale.into_raw_vec_and_offset().0],
+            tol,
+        );
+    }
+}
+
+/// Rank `r`'s Ulysses input `[2, s_r, heads, 4 or 8]` for a case `salt`, as f64.
+fn ulysses_input(r: usize, s_r: usize, heads: usize, d: usize, salt: usize) -> ArrayD<f64> {
+    let len = 2 * s_r * heads * d;
+    ArrayD::from_shape_vec(IxDyn(&[2, s_r, heads, d]), widen(&seeded::<f32>(r, len, salt))).unwrap()
 }
 
 /// Every collective and fused op, in several element types and odd sizes: one digest per
-/// result, in order.
+/// result, in order, then `|` and what [`Checks`] found wrong against the f64 references
+/// (nothing when all is well).
 fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     let (me, n) = (rank.rank(), rank.num_ranks());
     let mut out = Vec::new();
+    let mut check = Checks { fails: Vec::new() };
+    // Sums of n values of sevenths in the accumulator (f32 for every type but f64), rounded once.
+    let sum_tol = |eps: f64| (n as f64 + 1.0) * eps;
     // Collectives: uneven lengths where allowed.
     let x: Vec<f32> = seeded(me, 5 + 3 * me, 1);
-    out.push(digest(&collectives::all_gather(rank, &x)?));
+    let got = collectives::all_gather(rank, &x)?;
+    check.exact(
+        "all_gather",
+        &got,
+        (0..n).flat_map(|r| widen(&seeded::<f32>(r, 5 + 3 * r, 1))).collect(),
+    );
+    out.push(digest(&got));
     let same: Vec<f32> = seeded(me, 37, 2);
-    out.push(digest(&collectives::reduce_scatter(rank, &same, ReduceOp::Sum)?));
-    out.push(digest(&collectives::reduce_scatter(rank, &same, ReduceOp::Mean)?));
-    out.push(digest(&collectives::all_reduce(rank, &same)?));
+    let got = collectives::reduce_scatter(rank, &same, ReduceOp::Sum)?;
+    check.close(
+        "reduce_scatter",
+        &got,
+        summed::<f32>(n, 37, 2, Some(me)),
+        sum_tol(f32::EPSILON.into()),
+    );
+    out.push(digest(&got));
+    let got = collectives::reduce_scatter(rank, &same, ReduceOp::Mean)?;
+    let [sum, scale] = summed::<f32>(n, 37, 2, Some(me));
+    let mean = [sum, scale].map(|v| v.iter().map(|x| x / n as f64).collect());
+    check.close("reduce_scatter mean", &got, mean, sum_tol(f32::EPSILON.into()) + 1e-7);
+    out.push(digest(&got));
+    let got = collectives::all_reduce(rank, &same)?;
+    check.close("all_reduce", &got, summed::<f32>(n, 37, 2, None), sum_tol(f32::EPSILON.into()));
+    out.push(digest(&got));
     let even: Vec<f32> = seeded(me, 3 * n, 3);
-    out.push(digest(&collectives::all_to_all(rank, &even)?));
-    let counts: Vec<usize> = (0..n).map(|r| (r + me) % 3).collect();
+    let got = collectives::all_to_all(rank, &even)?;
+    let want =
+        (0..n).flat_map(|r| widen(&seeded::<f32>(r, 3 * n, 3)[3 * me..3 * me + 3])).collect();
+    check.exact("all_to_all", &got, want);
+    out.push(digest(&got));
+    let counts_of = |r: usize| -> Vec<usize> { (0..n).map(|p| (p + r) % 3).collect() };
+    let counts = counts_of(me);
     let v: Vec<f64> = seeded(me, counts.iter().sum(), 4);
-    out.push(digest(&collectives::all_to_all_v(rank, &v, &counts)?));
-    out.push(digest(&collectives::broadcast(rank, &seeded::<f64>(me, 11, 5), n - 1)?));
-    out.push(digest(&collectives::all_reduce(rank, &seeded::<f64>(me, 23, 6))?));
-    out.push(digest(&collectives::all_gather(rank, &seeded::<bf16>(me, 9, 7))?));
-    out.push(digest(&collectives::all_reduce(rank, &seeded::<f16>(me, 19, 8))?));
+    let got = collectives::all_to_all_v(rank, &v, &counts)?;
+    let want = (0..n)
+        .flat_map(|r| {
+            let c = counts_of(r);
+            let from: usize = c[..me].iter().sum();
+            seeded::<f64>(r, c.iter().sum(), 4)[from..from + c[me]].to_vec()
+        })
+        .collect();
+    check.exact("all_to_all_v", &got, want);
+    out.push(digest(&got));
+    let got = collectives::broadcast(rank, &seeded::<f64>(me, 11, 5), n - 1)?;
+    check.exact("broadcast", &got, seeded(n - 1, 11, 5));
+    out.push(digest(&got));
+    let got = collectives::all_reduce(rank, &seeded::<f64>(me, 23, 6))?;
+    check.close("all_reduce f64", &got, summed::<f64>(n, 23, 6, None), sum_tol(f64::EPSILON));
+    out.push(digest(&got));
+    let got = collectives::all_gather(rank, &seeded::<bf16>(me, 9, 7))?;
+    check.exact(
+        "all_gather bf16",
+        &got,
+        (0..n).flat_map(|r| widen(&seeded::<bf16>(r, 9, 7))).collect(),
+    );
+    out.push(digest(&got));
+    let got = collectives::all_reduce(rank, &seeded::<f16>(me, 19, 8))?;
+    let half_tol = f64::from(f16::EPSILON) / 2.0 + sum_tol(f32::EPSILON.into());
+    check.close("all_reduce f16", &got, summed::<f16>(n, 19, 8, None), half_tol);
+    out.push(digest(&got));
     // Fused ops, f32 and bf16, uneven rows.
     let x = Tensor::from_shape_vec(&[13 + me, 64], seeded::<f32>(me, (13 + me) * 64, 9))?;
     let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;
     let ag = fused::all_gather_matmul(rank, x.view2("x")?, &[w.view2("w")?])?;
-    out.push(digest(ag.outputs[0].as_slice().expect("standard")));
+    let got = ag.outputs[0].as_slice().expect("standard");
+    check.gathered_product::<f32>("all_gather_matmul", got, me, n);
+    out.push(digest(got));
     let ag = fused::all_gather_matmul_unfused(rank, x.view2("x")?, &[w.view2("w")?])?;
-    out.push(digest(ag.outputs[0].as_slice().expect("standard")));
+    let got = ag.outputs[0].as_slice().expect("standard");
+    check.gathered_product::<f32>("all_gather_matmul_unfused", got, me, n);
+    out.push(digest(got));
     let xb = x.cast::<bf16>();
     let wb = w.cast::<bf16>();
     let ag = fused::all_gather_matmul(rank, xb.view2("x")?, &[wb.view2("w")?])?;
-    out.push(digest(ag.outputs[0].as_slice().expect("standard")));
+    let got = ag.outputs[0].as_slice().expect("standard");
+    check.gathered_product::<bf16>("all_gather_matmul bf16", got, me, n);
+    out.push(digest(got));
     let h = Tensor::from_shape_vec(&[50, 16], seeded::<f32>(me, 50 * 16, 11))?;
     let w2 = Tensor::from_shape_vec(&[16, 20], seeded::<f32>(me, 16 * 20, 12))?;
+    // sum over ranks of h_r @ w2_r, this rank's rows.
+    let (mut want, mut scale) = (Array2::<f64>::zeros((50, 20)), Array2::<f64>::zeros((50, 20)));
+    for r in 0..n {
+        let (p, s) = reference::product(
+            seeded_matrix::<f32>(r, 50, 16, 11).view(),
+            seeded_matrix::<f32>(r, 16, 20, 12).view(),
+        );
+        want += &p;
+        scale += &s;
+    }
+    let rows = common::pieces(50, n)[me].clone();
+    let mine = |a: &Array2<f64>| a.slice(ndarray::s![rows.clone(), ..]).iter().copied().collect();
+    let rs_want = [mine(&want), mine(&scale)];
     let rs = fused::matmul_reduce_scatter(rank, h.view2("h")?, w2.view2("w")?)?;
-    out.push(digest(rs.as_slice().expect("standard")));
+    let got = rs.as_slice().expect("standard");
+    check.close("matmul_reduce_scatter", got, rs_want.clone(), common::tolerance::<f32>(16 + n));
+    out.push(digest(got));
     let rs = fused::matmul_reduce_scatter_unfused(rank, h.view2("h")?, w2.view2("w")?)?;
-    out.push(digest(rs.as_slice().expect("standard")));
+    let got = rs.as_slice().expect("standard");
+    check.close("matmul_reduce_scatter_unfused", got, rs_want, common::tolerance::<f32>(16 + n));
+    out.push(digest(got));
     // Ulysses all_to_all: [B, s_r, H, D] -> [B, S, h_r, D] and back; S and H not divisible.
     let s_r = 3 + me % 2;
     let q = Tensor::from_shape_vec(&[2, s_r, 7, 8], seeded::<f32>(me, 2 * s_r * 7 * 8, 13))?;
+    let inputs: Vec<ArrayD<f64>> = (0..n).map(|r| ulysses_input(r, 3 + r % 2, 7, 8, 13)).collect();
+    let want = reference::heads_all_to_all(&inputs, me);
     let heads = fused::all_to_all(rank, &q, 2, 1)?;
+    check.exact("ulysses all_to_all", heads.output.as_slice(), want.iter().copied().collect());
     out.push(digest(heads.output.as_slice()));
-    out.push(digest(fused::all_to_all_unfused(rank, &q, 2, 1)?.output.as_slice()));
+    let got = fused::all_to_all_unfused(rank, &q, 2, 1)?.output;
+    check.exact("ulysses all_to_all_unfused", got.as_slice(), want.iter().copied().collect());
+    out.push(digest(got.as_slice()));
     // The DistTensor layer: an MLP block end to end.
     let x = Tensor::<f32>::random(&[29, 16], 1);
     let w1 = Tensor::<f32>::random(&[16, 40], 2);
@@ -156,8 +300,22 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
     let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
     let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
-    out.push(digest(y.to_global()?.as_slice()));
-    Ok(out.join(","))
+    let y = y.to_global()?;
+    // (x @ w1) @ w2 in f64; the intermediate rounds to f32 once, within tolerance(16) of |x||w1|.
+    let m = |t: &Tensor<f32>| common::f64s(t).into_dimensionality::<ndarray::Ix2>().unwrap();
+    let (h_want, h_scale) = reference::product(m(&x).view(), m(&w1).view());
+    let (y_want, _) = reference::product(h_want.view(), m(&w2).view());
+    let (y_scale, _) = reference::product(h_scale.view(), m(&w2).abs().view());
+    let tol = 2.0 * (common::tolerance::<f32>(16) + common::tolerance::<f32>(40 + n));
+    let flat = |a: Array2<f64>| a.iter().copied().collect::<Vec<f64>>();
+    check.close("mlp block", y.as_slice(), [flat(y_want), flat(y_scale)], tol);
+    out.push(digest(y.as_slice()));
+    Ok(format!("{}|{}", out.join(","), check.fails.join("; ")))
+}
+
+/// The references' verdict in a [`battery`] result: what they found wrong, if anything.
+fn reference_failures(result: &str) -> &str {
+    result.rsplit_once('|').map_or("no verdict", |(_, fails)| fails)
 }
 
 #[test]
@@ -167,6 +325,9 @@ fn collectives_and_fused_ops_as_processes_give_the_same_bits_as_threads_at_world
     }
     for n in 1..=4 {
         let threads = World::threads(n).unwrap().run(battery).unwrap();
+        for (r, t) in threads.iter().enumerate() {
+            assert_eq!(reference_failures(t), "", "threads world {n}, rank {r}");
+        }
         let exits = job(
             "collectives_and_fused_ops_as_processes_give_the_same_bits_as_threads_at_worlds_1_to_4",
             n,
@@ -174,7 +335,9 @@ fn collectives_and_fused_ops_as_processes_give_the_same_bits_as_threads_at_world
         );
         for exit in &exits {
             assert!(exit.success(), "world {n}, rank {}: {}", exit.rank, exit.stderr_text());
-            assert_eq!(result(exit), threads[exit.rank], "world {n}, rank {}", exit.rank);
+            let got = result(exit);
+            assert_eq!(reference_failures(&got), "", "world {n}, rank {}", exit.rank);
+            assert_eq!(got, threads[exit.rank], "world {n}, rank {}", exit.rank);
         }
     }
 }
@@ -194,25 +357,46 @@ fn held_outputs(rank: &Rank<'_>) -> dist_tensor::Result<(Tensor<f32>, Tensor<f32
     Ok((first, last))
 }
 
+/// What is wrong with rank `me`'s held outputs of [`held_outputs`] against the all_to_all
+/// written out in f64 (`first` from the inputs of salt 1, `last` of salt 6), if anything.
+fn held_failures(me: usize, n: usize, (first, last): &(Tensor<f32>, Tensor<f32>)) -> String {
+    let mut check = Checks { fails: Vec::new() };
+    for (what, got, salt) in [("first", first, 1), ("last", last, 6)] {
+        let inputs: Vec<ArrayD<f64>> =
+            (0..n).map(|r| ulysses_input(r, 3 + r, 5, 4, salt)).collect();
+        let want = reference::heads_all_to_all(&inputs, me);
+        check.exact(what, got.as_slice(), want.iter().copied().collect());
+    }
+    check.fails.join("; ")
+}
+
 #[test]
 fn held_outputs_keep_their_values_and_outlive_the_world_as_processes() {
     let digests = |(first, last): &(Tensor<f32>, Tensor<f32>)| {
         format!("{} {}", digest(first.as_slice()), digest(last.as_slice()))
     };
     if in_rank(|world| {
+        let (me, n) = (world.ranks_here().start, world.num_ranks());
         let mine = world.run(held_outputs)?.remove(0);
         drop(world);
-        Ok(digests(&mine))
+        // Checked after the world is gone: the held blocks must have outlived it.
+        Ok(format!("{}|{}", digests(&mine), held_failures(me, n, &mine)))
     }) {
         return;
     }
     for n in [2, 3] {
         let threads = World::threads(n).unwrap().run(held_outputs).unwrap();
+        for (r, t) in threads.iter().enumerate() {
+            assert_eq!(held_failures(r, n, t), "", "threads world {n}, rank {r}");
+        }
         let exits =
             job("held_outputs_keep_their_values_and_outlive_the_world_as_processes", n, &[]);
         for exit in &exits {
             assert!(exit.success(), "world {n}, rank {}: {}", exit.rank, exit.stderr_text());
-            assert_eq!(result(exit), digests(&threads[exit.rank]), "world {n}, rank {}", exit.rank);
+            let got = result(exit);
+            assert_eq!(reference_failures(&got), "", "world {n}, rank {}", exit.rank);
+            let want = format!("{}|", digests(&threads[exit.rank]));
+            assert_eq!(got, want, "world {n}, rank {}", exit.rank);
         }
     }
 }
