@@ -161,9 +161,9 @@ MUTATIONS = [
         "mpi-proxy-signals-first",
         "src/shmem/mpi/proxy.rs",
         "RecvOp { requests, action: signal.map(|(offset, op)| Action::Signal(offset, op)) }",
-        "{ if let Some((offset, op)) = signal { apply(cell(offset), op); } "
+        "{ if let Some((offset, op)) = signal { self.act(source, Action::Signal(offset, op)); } "
         "RecvOp { requests, action: None } }",
-        ["--test", "mpi", "collectives_and_fused_ops"],
+        ["--test", "mpi", "own_nodes_over_tcp_4_ranks_every_op_matches_threads"],
         "mpi",
     ),
 ]
