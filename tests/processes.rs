@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use dist_tensor::collectives::{self, ReduceOp};
 use dist_tensor::shmem::RankExit;
 use dist_tensor::shmem::job_env::{JOIN_TIMEOUT_ENV, RANK_ENV, WORLD_SIZE_ENV};
-use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Tensor, World, fused};
+use dist_tensor::{DistTensor, Error, Placement, Rank, Tensor, World, fused};
 use half::{bf16, f16};
-use ndarray::{Array2, ArrayD, IxDyn};
 
 mod common;
 
-use common::{digest, reference, seeded};
+use common::checks::{Checks, summed, widen};
+use common::{digest, seeded};
 
 /// Every child is killed past this: a hang fails the test.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -92,91 +92,13 @@ fn result(exit: &RankExit) -> String {
 
 // ---- the same numbers as threads ------------------------------------------------------------
 
-/// What is wrong with `got` against the f64 reference `want`: entry by entry within
-/// `tol * scale` (exact when `tol` is 0).
-fn off(what: &str, got: &[f64], want: &[f64], scale: &[f64], tol: f64) -> Option<String> {
-    if got.len() != want.len() {
-        return Some(format!("{what}: {} values, want {}", got.len(), want.len()));
-    }
-    let bad =
-        (0..got.len()).find(|&i| !common::within((got[i] - want[i]).abs(), tol * scale[i]))?;
-    Some(format!("{what}: entry {bad} is {}, want {}", got[bad], want[bad]))
-}
-
-fn widen<T: Element>(values: &[T]) -> Vec<f64> {
-    values.iter().map(|v| v.to_f64()).collect()
-}
-
-/// `seeded` of rank `r` as an f64 matrix of `rows x cols` (values rounded to `T` first).
-fn seeded_matrix<T: Element>(r: usize, rows: usize, cols: usize, salt: usize) -> Array2<f64> {
-    Array2::from_shape_vec((rows, cols), widen(&seeded::<T>(r, rows * cols, salt))).unwrap()
-}
-
-/// Rank `me`'s piece of `sum over ranks of seeded(r, len, salt)` (split as numpy.array_split,
-/// or whole), with the scale `sum |v|`.
-fn summed<T: Element>(n: usize, len: usize, salt: usize, piece: Option<usize>) -> [Vec<f64>; 2] {
-    let (mut sum, mut scale) = (vec![0.0; len], vec![0.0; len]);
-    for r in 0..n {
-        for (i, v) in widen(&seeded::<T>(r, len, salt)).into_iter().enumerate() {
-            sum[i] += v;
-            scale[i] += v.abs();
-        }
-    }
-    match piece {
-        Some(me) => {
-            let range = common::pieces(len, n)[me].clone();
-            [sum[range.clone()].to_vec(), scale[range].to_vec()]
-        }
-        None => [sum, scale],
-    }
-}
-
-/// Checks of [`battery`]'s results against f64 references built from every rank's inputs
-/// (regenerated here: `seeded` is the same function of the rank on every rank), none of them
-/// from the library: the threads world and the processes world could share a bug.
-struct Checks {
-    fails: Vec<String>,
-}
-
-impl Checks {
-    fn exact<T: Element>(&mut self, what: &str, got: &[T], want: Vec<f64>) {
-        let zeros = vec![0.0; want.len()];
-        self.fails.extend(off(what, &widen(got), &want, &zeros, 0.0));
-    }
-
-    fn close<T: Element>(&mut self, what: &str, got: &[T], [want, scale]: [Vec<f64>; 2], tol: f64) {
-        self.fails.extend(off(what, &widen(got), &want, &scale, tol));
-    }
-
-    /// `concat(rows of every rank's x) @ w`, the all_gather_matmul of rank `me` with its `w`.
-    fn gathered_product<T: Element>(&mut self, what: &str, got: &[T], me: usize, n: usize) {
-        let xs: Vec<Array2<f64>> = (0..n).map(|r| seeded_matrix::<T>(r, 13 + r, 64, 9)).collect();
-        let views: Vec<_> = xs.iter().map(|x| x.view()).collect();
-        let x = ndarray::concatenate(ndarray::Axis(0), &views).unwrap();
-        let (want, scale) = reference::product(x.view(), seeded_matrix::<T>(me, 64, 24, 10).view());
-        let tol = common::tolerance::<T>(64);
-        self.close(
-            what,
-            got,
-            [want.into_raw_vec_and_offset().0, scale.into_raw_vec_and_offset().0],
-            tol,
-        );
-    }
-}
-
-/// Rank `r`'s Ulysses input `[2, s_r, heads, 4 or 8]` for a case `salt`, as f64.
-fn ulysses_input(r: usize, s_r: usize, heads: usize, d: usize, salt: usize) -> ArrayD<f64> {
-    let len = 2 * s_r * heads * d;
-    ArrayD::from_shape_vec(IxDyn(&[2, s_r, heads, d]), widen(&seeded::<f32>(r, len, salt))).unwrap()
-}
-
 /// Every collective and fused op, in several element types and odd sizes: one digest per
 /// result, in order, then `|` and what [`Checks`] found wrong against the f64 references
 /// (nothing when all is well).
 fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     let (me, n) = (rank.rank(), rank.num_ranks());
     let mut out = Vec::new();
-    let mut check = Checks { fails: Vec::new() };
+    let mut check = Checks::default();
     // Sums of n values of sevenths in the accumulator (f32 for every type but f64), rounded once.
     let sum_tol = |eps: f64| (n as f64 + 1.0) * eps;
     // Collectives: uneven lengths where allowed.
@@ -246,51 +168,37 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;
     let ag = fused::all_gather_matmul(rank, x.view2("x")?, &[w.view2("w")?])?;
     let got = ag.outputs[0].as_slice().expect("standard");
-    check.gathered_product::<f32>("all_gather_matmul", got, me, n);
+    check.gathered_product::<f32>("all_gather_matmul", got, (me, n), |r| 13 + r);
     out.push(digest(got));
     let ag = fused::all_gather_matmul_unfused(rank, x.view2("x")?, &[w.view2("w")?])?;
     let got = ag.outputs[0].as_slice().expect("standard");
-    check.gathered_product::<f32>("all_gather_matmul_unfused", got, me, n);
+    check.gathered_product::<f32>("all_gather_matmul_unfused", got, (me, n), |r| 13 + r);
     out.push(digest(got));
     let xb = x.cast::<bf16>();
     let wb = w.cast::<bf16>();
     let ag = fused::all_gather_matmul(rank, xb.view2("x")?, &[wb.view2("w")?])?;
     let got = ag.outputs[0].as_slice().expect("standard");
-    check.gathered_product::<bf16>("all_gather_matmul bf16", got, me, n);
+    check.gathered_product::<bf16>("all_gather_matmul bf16", got, (me, n), |r| 13 + r);
     out.push(digest(got));
     let h = Tensor::from_shape_vec(&[50, 16], seeded::<f32>(me, 50 * 16, 11))?;
     let w2 = Tensor::from_shape_vec(&[16, 20], seeded::<f32>(me, 16 * 20, 12))?;
-    // sum over ranks of h_r @ w2_r, this rank's rows.
-    let (mut want, mut scale) = (Array2::<f64>::zeros((50, 20)), Array2::<f64>::zeros((50, 20)));
-    for r in 0..n {
-        let (p, s) = reference::product(
-            seeded_matrix::<f32>(r, 50, 16, 11).view(),
-            seeded_matrix::<f32>(r, 16, 20, 12).view(),
-        );
-        want += &p;
-        scale += &s;
-    }
-    let rows = common::pieces(50, n)[me].clone();
-    let mine = |a: &Array2<f64>| a.slice(ndarray::s![rows.clone(), ..]).iter().copied().collect();
-    let rs_want = [mine(&want), mine(&scale)];
     let rs = fused::matmul_reduce_scatter(rank, h.view2("h")?, w2.view2("w")?)?;
     let got = rs.as_slice().expect("standard");
-    check.close("matmul_reduce_scatter", got, rs_want.clone(), common::tolerance::<f32>(16 + n));
+    check.reduce_scattered_product("matmul_reduce_scatter", got, (me, n), (50, 16, 20));
     out.push(digest(got));
     let rs = fused::matmul_reduce_scatter_unfused(rank, h.view2("h")?, w2.view2("w")?)?;
     let got = rs.as_slice().expect("standard");
-    check.close("matmul_reduce_scatter_unfused", got, rs_want, common::tolerance::<f32>(16 + n));
+    check.reduce_scattered_product("matmul_reduce_scatter_unfused", got, (me, n), (50, 16, 20));
     out.push(digest(got));
     // Ulysses all_to_all: [B, s_r, H, D] -> [B, S, h_r, D] and back; S and H not divisible.
     let s_r = 3 + me % 2;
     let q = Tensor::from_shape_vec(&[2, s_r, 7, 8], seeded::<f32>(me, 2 * s_r * 7 * 8, 13))?;
-    let inputs: Vec<ArrayD<f64>> = (0..n).map(|r| ulysses_input(r, 3 + r % 2, 7, 8, 13)).collect();
-    let want = reference::heads_all_to_all(&inputs, me);
+    let shape = |r: usize| [2, 3 + r % 2, 7, 8];
     let heads = fused::all_to_all(rank, &q, 2, 1)?;
-    check.exact("ulysses all_to_all", heads.output.as_slice(), want.iter().copied().collect());
+    check.heads_all_to_all("ulysses all_to_all", heads.output.as_slice(), (me, n), shape, 13);
     out.push(digest(heads.output.as_slice()));
     let got = fused::all_to_all_unfused(rank, &q, 2, 1)?.output;
-    check.exact("ulysses all_to_all_unfused", got.as_slice(), want.iter().copied().collect());
+    check.heads_all_to_all("ulysses all_to_all_unfused", got.as_slice(), (me, n), shape, 13);
     out.push(digest(got.as_slice()));
     // The DistTensor layer: an MLP block end to end.
     let x = Tensor::<f32>::random(&[29, 16], 1);
@@ -301,14 +209,7 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
     let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
     let y = y.to_global()?;
-    // (x @ w1) @ w2 in f64; the intermediate rounds to f32 once, within tolerance(16) of |x||w1|.
-    let m = |t: &Tensor<f32>| common::f64s(t).into_dimensionality::<ndarray::Ix2>().unwrap();
-    let (h_want, h_scale) = reference::product(m(&x).view(), m(&w1).view());
-    let (y_want, _) = reference::product(h_want.view(), m(&w2).view());
-    let (y_scale, _) = reference::product(h_scale.view(), m(&w2).abs().view());
-    let tol = 2.0 * (common::tolerance::<f32>(16) + common::tolerance::<f32>(40 + n));
-    let flat = |a: Array2<f64>| a.iter().copied().collect::<Vec<f64>>();
-    check.close("mlp block", y.as_slice(), [flat(y_want), flat(y_scale)], tol);
+    check.mlp_block("mlp block", &y, [&x, &w1, &w2], n);
     out.push(digest(y.as_slice()));
     Ok(format!("{}|{}", out.join(","), check.fails.join("; ")))
 }
@@ -360,12 +261,9 @@ fn held_outputs(rank: &Rank<'_>) -> dist_tensor::Result<(Tensor<f32>, Tensor<f32
 /// What is wrong with rank `me`'s held outputs of [`held_outputs`] against the all_to_all
 /// written out in f64 (`first` from the inputs of salt 1, `last` of salt 6), if anything.
 fn held_failures(me: usize, n: usize, (first, last): &(Tensor<f32>, Tensor<f32>)) -> String {
-    let mut check = Checks { fails: Vec::new() };
+    let mut check = Checks::default();
     for (what, got, salt) in [("first", first, 1), ("last", last, 6)] {
-        let inputs: Vec<ArrayD<f64>> =
-            (0..n).map(|r| ulysses_input(r, 3 + r, 5, 4, salt)).collect();
-        let want = reference::heads_all_to_all(&inputs, me);
-        check.exact(what, got.as_slice(), want.iter().copied().collect());
+        check.heads_all_to_all(what, got.as_slice(), (me, n), |r| [2, 3 + r, 5, 4], salt);
     }
     check.fails.join("; ")
 }

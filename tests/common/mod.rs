@@ -9,6 +9,7 @@
 // Each test binary uses some of these helpers, none uses all of them.
 #![allow(dead_code)]
 
+pub mod checks;
 pub mod reference;
 
 use std::ops::Range;
