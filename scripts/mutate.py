@@ -28,6 +28,32 @@ import sys
 import tempfile
 import time
 
+# Launcher entries of src/shmem/job_env.rs's FAMILIES, in its order.
+OPENMPI_MPICH = """    Family {
+        launcher: "OpenMPI",
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: Some("OMPI_COMM_WORLD_LOCAL_RANK"),
+        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+    },
+    Family {
+        launcher: "MPICH/Hydra",
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: Some("MPI_LOCALRANKID"),
+        local_size: Some("MPI_LOCALNRANKS"),
+    },
+"""
+SLURM = """    Family {
+        launcher: "Slurm",
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: Some("SLURM_LOCALID"),
+        // Slurm writes tasks per node as "4(x2)": the local rank alone tells a second host.
+        local_size: None,
+    },
+"""
+
 # (name, file, pattern, replacement, cargo test arguments, features)
 # The arguments name one test target and a filter; `--exact` is added when the filter is a full
 # test path. Patterns are literal text.
@@ -53,29 +79,9 @@ MUTATIONS = [
     (
         "slurm-before-openmpi",
         "src/shmem/job_env.rs",
-        """    Family {
-        launcher: "OpenMPI",
-        rank: "OMPI_COMM_WORLD_RANK",
-        size: "OMPI_COMM_WORLD_SIZE",
-        local_rank: Some("OMPI_COMM_WORLD_LOCAL_RANK"),
-        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
-    },
-""",
-        """    Family {
-        launcher: "Slurm",
-        rank: "SLURM_PROCID",
-        size: "SLURM_NTASKS",
-        local_rank: Some("SLURM_LOCALID"),
-        local_size: None,
-    },
-    Family {
-        launcher: "OpenMPI",
-        rank: "OMPI_COMM_WORLD_RANK",
-        size: "OMPI_COMM_WORLD_SIZE",
-        local_rank: Some("OMPI_COMM_WORLD_LOCAL_RANK"),
-        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
-    },
-""",
+        # The Slurm entry of FAMILIES moved up, before OpenMPI's.
+        OPENMPI_MPICH + SLURM,
+        SLURM + OPENMPI_MPICH,
         ["--lib", "shmem::job_env::launcher_precedence::openmpi_wins_over_slurm_when_both_are_set"],
         None,
     ),
@@ -212,6 +218,16 @@ def tests_ran(text):
     return sum(int(n) for n in re.findall(r"running (\d+) tests?", text))
 
 
+def why(text):
+    """The first failure message of a test run, on one line."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "panicked at" in line:
+            rest = " ".join(l.strip() for l in lines[i + 1 : i + 3] if l.strip())
+            return rest[:150]
+    return ""
+
+
 def feature_missing(features):
     if features == "mpi":
         return None if shutil.which("mpicc") and shutil.which("mpirun") else "needs mpicc and mpirun"
@@ -245,6 +261,7 @@ def main():
     # units are reused (the dependencies are built once, as usual).
     env.setdefault("CARGO_INCREMENTAL", "1")
     scratch = tempfile.mkdtemp(prefix="dist-tensor-mutate-")
+    started = time.time()
     rows = []
     try:
         copy_tree(repo, scratch)
@@ -273,10 +290,11 @@ def main():
                 build = build[: build.index("--")] + ["--no-run"]
                 code, text, _ = run(build, scratch, env, opts.timeout)
                 if code != 0:
-                    result, secs = "no build", 0.0
+                    result, secs, reason = "no build", 0.0, ""
                     print(text[-2000:])
                 else:
                     code, text, secs = run(cargo_args(test, features), scratch, env, opts.timeout)
+                    reason = why(text)
                     if code is None:
                         result = "caught (timed out)"
                     elif code != 0:
@@ -286,7 +304,7 @@ def main():
             finally:
                 open(path, "w").write(original)
             rows.append((name, file, test, result, secs))
-            print(f"{name}: {result} ({secs:.0f} s)", flush=True)
+            print(f"{name}: {result} ({secs:.0f} s) {reason}", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print()
@@ -296,7 +314,8 @@ def main():
         print(f"| {name:36} | {file:26} | {' '.join(test):70} | {result} |")
     ran = [r for r in rows if not r[3].startswith("not run")]
     caught = [r for r in ran if r[3].startswith("caught")]
-    print(f"\ncaught {len(caught)} of {len(ran)} run ({len(rows) - len(ran)} not run)")
+    print(f"\ncaught {len(caught)} of {len(ran)} run ({len(rows) - len(ran)} not run)", end="")
+    print(f" in {(time.time() - started) / 60:.0f} minutes")
     return 0 if len(caught) == len(ran) else 1
 
 
