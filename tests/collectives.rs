@@ -2,9 +2,12 @@
 //! fewer than the ranks, and uneven splits.
 
 use dist_tensor::collectives::{self, ReduceOp};
-use dist_tensor::tensor::array_split;
 use dist_tensor::{Element, Error, Tensor, World};
 use half::{bf16, f16};
+
+mod common;
+
+use common::array_split;
 
 /// Rank `r`'s input for case `case`, of `len` elements: seeded, never zeros.
 fn input<T: Element>(case: u64, r: usize, len: usize) -> Vec<T> {

@@ -11,13 +11,15 @@
 //! with `scale = sum_p |a_p| |b_p|` and `tol = u_T (half types) + (t + 1) eps_acc`, `t` the number
 //! of terms summed (`K`, plus the world size for a reduce-scatter).
 
-use std::ops::Range;
 use std::time::Duration;
 
-use dist_tensor::tensor::split_offsets;
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Result, Split, Tensor, World};
 use half::bf16;
-use ndarray::{ArrayD, Axis, IxDyn, Slice};
+use ndarray::{ArrayD, IxDyn};
+
+mod common;
+
+use common::{assert_none, bits_equal, dyadic, f64s, slice, tolerance_rounded as tolerance};
 
 // ---- helpers --------------------------------------------------------------------------------
 
@@ -25,28 +27,14 @@ fn run<R: Send>(n: usize, f: impl Fn(&Rank<'_>) -> Result<R> + Sync) -> Vec<R> {
     World::threads(n).expect("a world").run(f).expect("the run succeeds")
 }
 
-/// `t[.., range, ..]` along `dim`, as a new tensor.
-fn slice<T: Element>(t: &Tensor<T>, dim: usize, range: Range<usize>) -> Tensor<T> {
-    Tensor::from_array(t.view().slice_axis(Axis(dim), Slice::from(range)).to_owned())
-}
-
 /// Rank `r`'s piece of `t` along `dim` for the split `sizes`.
 fn piece<T: Element>(t: &Tensor<T>, dim: usize, sizes: &[usize], r: usize) -> Tensor<T> {
-    let at = split_offsets(sizes);
-    slice(t, dim, at[r]..at[r + 1])
-}
-
-fn bits_equal<T: Element>(a: &Tensor<T>, b: &Tensor<T>) -> bool {
-    a.shape() == b.shape()
-        && a.as_slice()
-            .iter()
-            .zip(b.as_slice())
-            .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits())
+    slice(t, dim, common::ranges(sizes)[r].clone())
 }
 
 /// A split that is not the even one: reversed, with rank 1 (when there is one) empty.
 fn uneven(len: usize, n: usize) -> Vec<usize> {
-    let mut sizes = Split::Even.sizes(len, n).unwrap();
+    let mut sizes = common::array_split(len, n);
     sizes.reverse();
     if n > 1 {
         sizes[0] += sizes[1];
@@ -55,25 +43,13 @@ fn uneven(len: usize, n: usize) -> Vec<usize> {
     sizes
 }
 
-/// Multiples of 1/4 in [-4, 4], never zero: sums of up to 8 are exact in every type.
-fn dyadic<T: Element>(shape: &[usize], seed: u64) -> Tensor<T> {
-    Tensor::<f64>::random(shape, seed).map(|x| {
-        let q = (x * 16.0).round() / 4.0;
-        T::from_f64(if q == 0.0 { 0.25 } else { q })
-    })
-}
-
-fn f64s<T: Element>(t: &Tensor<T>) -> ArrayD<f64> {
-    t.view().mapv(|v| v.to_f64())
-}
-
-/// The relative tolerance for a sum of `terms` products in `T`, with `roundings` final roundings
-/// to a half type.
-fn tolerance<T: Element>(terms: usize, roundings: f64) -> f64 {
-    let acc = <T::Acc as Element>::EPSILON;
-    let last =
-        if T::DTYPE == <T::Acc as Element>::DTYPE { 0.0 } else { roundings * T::EPSILON / 2.0 };
-    last + (terms as f64 + 1.0) * acc
+/// The sizes a split must give, worked out here (not by `Split::sizes`, which is under test).
+fn expected_sizes(split: &Split, len: usize, n: usize) -> Vec<usize> {
+    match split {
+        Split::Even => common::array_split(len, n),
+        Split::Units(unit) => common::array_split(len / unit, n).iter().map(|u| u * unit).collect(),
+        Split::Sizes(sizes) => sizes.clone(),
+    }
 }
 
 /// `[..., K] @ [K, N]` in f64 and its scale `|x| @ |w|`.
@@ -115,10 +91,6 @@ fn check_close<T: Element>(
             want.iter().nth(i).unwrap()
         )
     })
-}
-
-fn assert_none(fails: Vec<String>) {
-    assert!(fails.is_empty(), "{} failures:\n{}", fails.len(), fails.join("\n"));
 }
 
 // ---- local-only updates ---------------------------------------------------------------------
@@ -343,7 +315,7 @@ fn check_splits<T: Element>(n: usize) -> Vec<String> {
         let sources =
             [Placement::Shard(0), Placement::Shard(1), Placement::Replicate, Placement::Partial];
         for (dim, split) in &targets {
-            let sizes = split.sizes(global.shape()[*dim], n)?;
+            let sizes = expected_sizes(split, global.shape()[*dim], n);
             let want = piece(&global, *dim, &sizes, me);
             let x = DistTensor::from_global_split(rank, &global, *dim, split.clone())?;
             if x.placement() != Placement::Shard(*dim)
@@ -421,6 +393,69 @@ fn splits_in_units_and_sizes_from_every_placement() {
     assert_none(fails);
 }
 
+/// `Split::sizes` against tables written by hand (numpy.array_split of the length, or of the
+/// units): none of these expectations is computed.
+#[test]
+fn split_sizes_match_hand_written_tables() {
+    let table: &[(Split, usize, usize, &[usize])] = &[
+        (Split::Even, 5, 4, &[2, 1, 1, 1]),
+        (Split::Even, 2, 4, &[1, 1, 0, 0]),
+        (Split::Even, 0, 3, &[0, 0, 0]),
+        (Split::Even, 7, 1, &[7]),
+        (Split::Even, 64, 3, &[22, 21, 21]),
+        (Split::Even, 13, 8, &[2, 2, 2, 2, 2, 1, 1, 1]),
+        (Split::Even, 12, 5, &[3, 3, 2, 2, 2]),
+        // 5 heads of one column on 4 ranks.
+        (Split::Units(1), 5, 4, &[2, 1, 1, 1]),
+        // 5 heads of 4 columns on 4 ranks.
+        (Split::Units(4), 20, 4, &[8, 4, 4, 4]),
+        // 6 units of 2 on 4 ranks.
+        (Split::Units(2), 12, 4, &[4, 4, 2, 2]),
+        (Split::Units(8), 64, 3, &[24, 24, 16]),
+        (Split::Units(3), 9, 4, &[3, 3, 3, 0]),
+        (Split::Units(4), 12, 5, &[4, 4, 4, 0, 0]),
+        (Split::Units(5), 35, 3, &[15, 10, 10]),
+        (Split::Units(4), 0, 2, &[0, 0]),
+        (Split::Sizes(vec![10, 6]), 16, 2, &[10, 6]),
+        (Split::Sizes(vec![0, 5, 0]), 5, 3, &[0, 5, 0]),
+        (Split::Sizes(vec![3]), 3, 1, &[3]),
+    ];
+    for (split, len, world, want) in table {
+        assert_eq!(split.sizes(*len, *world).unwrap(), *want, "{split:?}.sizes({len}, {world})");
+    }
+}
+
+/// `Split::Units` cuts the units as numpy.array_split does (the first ranks one more), not as
+/// `torch.chunk` (ceil-sized pieces, the last ones short or empty): the two agree on most
+/// small cases, not on these.
+#[test]
+fn split_units_cut_as_array_split_not_as_chunk() {
+    // (unit, len, world), then array_split's and torch.chunk's cut.
+    type Case = ((usize, usize, usize), &'static [usize], &'static [usize]);
+    let table: &[Case] = &[
+        ((4, 20, 4), &[8, 4, 4, 4], &[8, 8, 4, 0]),
+        ((2, 12, 4), &[4, 4, 2, 2], &[4, 4, 4, 0]),
+        ((1, 5, 4), &[2, 1, 1, 1], &[2, 2, 1, 0]),
+        ((3, 30, 4), &[9, 9, 6, 6], &[9, 9, 9, 3]),
+    ];
+    for &((unit, len, world), want, chunk) in table {
+        let got = Split::Units(unit).sizes(len, world).unwrap();
+        assert_eq!(got, want, "Units({unit}).sizes({len}, {world})");
+        assert_ne!(got, chunk, "Units({unit}).sizes({len}, {world}) cut as torch.chunk");
+    }
+    // And a tensor split so puts those columns on those ranks: 5 heads of 4 columns on 4 ranks.
+    let global = dyadic::<f32>(&[3, 20], 9);
+    let locals = run(4, |rank| {
+        let x = DistTensor::from_global_split(rank, &global, 1, Split::Units(4))?;
+        Ok((x.shard_sizes().to_vec(), x.local().clone()))
+    });
+    for (r, (sizes, local)) in locals.iter().enumerate() {
+        assert_eq!(sizes, &[8, 4, 4, 4]);
+        let cols = [0..8, 8..12, 12..16, 16..20][r].clone();
+        assert!(bits_equal(local, &slice(&global, 1, cols)), "rank {r}'s columns");
+    }
+}
+
 // ---- matmul ops on [..., K] -----------------------------------------------------------------
 
 /// `x` of `shape` sharded on `dim` (evenly, or as `uneven`), through all_gather_matmul with a
@@ -448,7 +483,7 @@ fn check_nd_block<T: Element>(
     let outs = run(n, |rank| {
         let mut fails = Vec::new();
         let sizes =
-            if uneven_split { uneven(shape[dim], n) } else { Split::Even.sizes(shape[dim], n)? };
+            if uneven_split { uneven(shape[dim], n) } else { common::array_split(shape[dim], n) };
         let xs = DistTensor::from_global_split(rank, &x, dim, sizes.clone())?;
         let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
         let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
@@ -565,7 +600,7 @@ fn a_partial_tensor_of_leading_dimensions_reduce_scatters() {
             let p = DistTensor::from_global(rank, &x, Placement::Partial)?;
             let y = p.matmul_reduce_scatter(&w)?; // no remembered split: dimension 0, evenly
             assert_eq!(y.placement(), Placement::Shard(0));
-            assert_eq!(y.shard_sizes(), Split::Even.sizes(2, n)?.as_slice());
+            assert_eq!(y.shard_sizes(), common::array_split(2, n).as_slice());
             y.to_global()
         });
         assert_none(

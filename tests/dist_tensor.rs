@@ -14,18 +14,14 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use dist_tensor::tensor::{array_split, split_offsets};
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Result, Tensor, World};
 use half::{bf16, f16};
-use ndarray::{Axis, Slice};
+
+mod common;
+
+use common::{array_split, dyadic, pieces, slice};
 
 // ---- helpers --------------------------------------------------------------------------------
-
-/// The ranges `numpy.array_split` gives `n` ranks of a length `len`.
-fn pieces(len: usize, n: usize) -> Vec<Range<usize>> {
-    let offsets = split_offsets(&array_split(len, n));
-    offsets.windows(2).map(|w| w[0]..w[1]).collect()
-}
 
 /// An uneven split that is not `array_split`: reversed (the last ranks get more), and rank 1
 /// (when there is one) gives everything to rank 0, so it is empty.
@@ -36,21 +32,8 @@ fn uneven_pieces(len: usize, n: usize) -> Vec<Range<usize>> {
         counts[0] += counts[1];
         counts[1] = 0;
     }
-    let offsets = split_offsets(&counts);
+    let offsets = common::offsets(&counts);
     offsets.windows(2).map(|w| w[0]..w[1]).collect()
-}
-
-/// `t[.., range, ..]` along `dim`, as a new tensor.
-fn slice<T: Element>(t: &Tensor<T>, dim: usize, range: Range<usize>) -> Tensor<T> {
-    Tensor::from_array(t.view().slice_axis(Axis(dim), Slice::from(range)).to_owned())
-}
-
-/// A tensor of multiples of 1/4 in [-4, 4], never zero, seeded.
-fn dyadic<T: Element>(shape: &[usize], seed: u64) -> Tensor<T> {
-    Tensor::from_array(Tensor::<f64>::random(shape, seed).view().mapv(|x| {
-        let q = (x * 16.0).round() / 4.0;
-        T::from_f64(if q == 0.0 { 0.25 } else { q })
-    }))
 }
 
 /// The exact sum of dyadic parts (as f64, then to `T`: exact, see the module docs).

@@ -35,25 +35,17 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use dist_tensor::tensor::{array_split, split_offsets};
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Result, Tensor, World};
 use half::{bf16, f16};
-use ndarray::{Array2, Axis, Ix2, Slice, concatenate, s};
+use ndarray::{Array2, Axis, Ix2, concatenate, s};
+
+mod common;
+
+use common::{array_split, pieces, slice, tolerance};
 
 const WORLDS: [usize; 5] = [1, 2, 3, 4, 8];
 
 // ---- helpers --------------------------------------------------------------------------------
-
-/// The ranges `numpy.array_split` gives `n` ranks of a length `len`.
-fn pieces(len: usize, n: usize) -> Vec<Range<usize>> {
-    let offsets = split_offsets(&array_split(len, n));
-    offsets.windows(2).map(|w| w[0]..w[1]).collect()
-}
-
-/// `t[.., range, ..]` along `dim`, as a new tensor.
-fn slice<T: Element>(t: &Tensor<T>, dim: usize, range: Range<usize>) -> Tensor<T> {
-    Tensor::from_array(t.view().slice_axis(Axis(dim), Slice::from(range)).to_owned())
-}
 
 fn to_f64_2<T: Element>(t: &Tensor<T>) -> Array2<f64> {
     t.view().mapv(|v| v.to_f64()).into_dimensionality::<Ix2>().expect("a 2-D tensor")
@@ -85,14 +77,6 @@ fn diff<T: Element>(got: &Tensor<T>, want: &Tensor<T>) -> Option<String> {
         got.as_slice()[first],
         want.as_slice()[first]
     ))
-}
-
-/// The relative tolerance for a sum of `terms` products in `T` (see the module docs).
-fn tolerance<T: Element>(terms: usize) -> f64 {
-    let acc_eps = <T::Acc as Element>::EPSILON;
-    let final_rounding =
-        if T::DTYPE == <T::Acc as Element>::DTYPE { 0.0 } else { T::EPSILON / 2.0 };
-    final_rounding + (terms as f64 + 1.0) * acc_eps
 }
 
 /// The block of k-terms a buggy kernel is assumed to drop: 32 around the middle, or all of a
@@ -296,7 +280,7 @@ fn check_all_gather_matmul_uneven_long_shards<T: Element>(n: usize) {
     let counts: Vec<usize> = (0..n)
         .map(|r| if r == 1 { 0 } else { SHARD_BY_SHARD_ROWS + [44, 0, 1, 7, 130][r % 5] })
         .collect();
-    let offsets = split_offsets(&counts);
+    let offsets = common::offsets(&counts);
     let (m, k, widths) = (offsets[n], 301, [37, 3]);
     let x = Tensor::<T>::random(&[m, k], 41);
     let ws: Vec<Tensor<T>> =
@@ -967,7 +951,7 @@ fn check_all_to_all_3d<T: Element>(n: usize) {
                         counts[0] += counts[1];
                         counts[1] = 0;
                     }
-                    let offsets = split_offsets(&counts);
+                    let offsets = common::offsets(&counts);
                     let uneven = offsets[r]..offsets[r + 1];
                     for (kind, range) in [("array_split", pieces(len, n)[r].clone()), ("uneven", uneven)] {
                         let x = DistTensor::from_local(rank, slice(global, gather, range), Placement::Shard(gather))?;
@@ -1026,7 +1010,7 @@ fn fused_products_over_many_calls_with_new_data_each_time() {
     let world = World::threads(n).unwrap();
     let mut fails = Vec::new();
     for counts in [[300, 0, 599], [3, 0, 5]] {
-        let offsets = split_offsets(&counts);
+        let offsets = common::offsets(&counts);
         let m = offsets[n];
         let cases: Vec<_> = (0..CALLS)
             .map(|call| {

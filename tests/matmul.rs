@@ -21,6 +21,10 @@ use dist_tensor::{DType, Element, Error, Tensor};
 use half::{bf16, f16};
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, Ix2, s};
 
+mod common;
+
+use common::tolerance;
+
 /// The shapes `(m, k, n)` every test runs: odd and prime sizes, plus k = 0, m = 0 and n = 0.
 const SHAPES: [(usize, usize, usize); 7] =
     [(1, 1, 1), (7, 13, 5), (64, 64, 64), (257, 129, 65), (6, 0, 4), (0, 7, 4), (5, 3, 0)];
@@ -105,14 +109,6 @@ fn reference<T: Element>(
         }
     }
     (want, scale)
-}
-
-/// The relative tolerance for a product with inner dimension `k` in element type `T`.
-fn tolerance<T: Element>(k: usize) -> f64 {
-    let acc_eps = <T::Acc as Element>::EPSILON;
-    let final_rounding =
-        if T::DTYPE == <T::Acc as Element>::DTYPE { 0.0 } else { T::EPSILON / 2.0 };
-    final_rounding + (k as f64 + 1.0) * acc_eps
 }
 
 /// Asserts `got` is within `tol * scale` of `want`, entry by entry.

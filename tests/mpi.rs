@@ -19,8 +19,13 @@ use dist_tensor::shmem::job_env::{RANKS_PER_NODE_ENV, THROTTLE_BANDWIDTH_ENV, TH
 use dist_tensor::shmem::{
     GlobalPtr, SignalOp, WaitCmp, WaitSem, consume_token, symm_at, try_symm_at,
 };
-use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Tensor, World, fused};
+use dist_tensor::{DistTensor, Error, Placement, Rank, Tensor, World, fused};
 use half::{bf16, f16};
+
+mod common;
+
+use common::checks::{Checks, summed, ulysses_input, widen};
+use common::{digest, seeded};
 
 /// mpirun is stopped past this: a hang fails the test.
 const JOB_TIMEOUT: Duration = Duration::from_secs(240);
@@ -170,22 +175,6 @@ fn mpirun(name: &str, n: usize, shape: Shape, env: &[(&str, &str)], extra: &[&st
 
 // ---- the same numbers as threads ------------------------------------------------------------
 
-fn digest<T: Element>(values: &[T]) -> String {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for v in values {
-        for b in v.to_f64().to_bits().to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}/{}", values.len())
-}
-
-fn seeded<T: Element>(rank: usize, len: usize, salt: usize) -> Vec<T> {
-    (0..len)
-        .map(|i| T::from_f64((((rank * 131 + i * 17 + salt) % 97) as f64 - 48.0) / 7.0))
-        .collect()
-}
-
 /// Names of results whose sum order depends on the world's shape (matmul_reduce_scatter).
 const SHAPE_ORDERED: [&str; 4] = ["rs_fused", "rs_fused_long", "rs_fused_bf16", "mlp"];
 
@@ -203,9 +192,8 @@ fn rs_error(rank: &Rank<'_>, got: &[f64], (m, k, n): (usize, usize, usize)) -> f
             }
         }
     }
-    let counts = dist_tensor::tensor::array_split(m, world);
-    let start: usize = counts[..rank.rank()].iter().sum();
-    let mine = &want[start * n..(start + counts[rank.rank()]) * n];
+    let rows = common::pieces(m, world)[rank.rank()].clone();
+    let mine = &want[rows.start * n..rows.end * n];
     let scale = want.iter().fold(1.0f64, |a, v| a.max(v.abs()));
     mine.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale
 }
@@ -215,26 +203,67 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     let (me, n) = (rank.rank(), rank.num_ranks());
     let mut out: Vec<(String, String)> = Vec::new();
     let mut put = |name: &str, d: String| out.push((name.to_string(), d));
+    // Every result against an f64 reference too (the threads world could share a bug).
+    let mut check = Checks::default();
+    let sum_tol = |eps: f64| (n as f64 + 1.0) * eps;
+    let f32_eps = f64::from(f32::EPSILON);
     // Ranks of other nodes have no pointer here; the threads' world says what one node gives.
     let local: String = (0..n).map(|p| if rank.is_local(p) { 'L' } else { '-' }).collect();
     put("nodes", format!("{}:{local}", rank.num_nodes()));
     let x: Vec<f32> = seeded(me, 5 + 3 * me, 1);
-    put("all_gather", digest(&collectives::all_gather(rank, &x)?));
+    let got = collectives::all_gather(rank, &x)?;
+    let want = (0..n).flat_map(|r| widen(&seeded::<f32>(r, 5 + 3 * r, 1))).collect();
+    check.exact("all_gather", &got, want);
+    put("all_gather", digest(&got));
     let same: Vec<f32> = seeded(me, 37, 2);
-    put("reduce_scatter", digest(&collectives::reduce_scatter(rank, &same, ReduceOp::Sum)?));
-    put("reduce_mean", digest(&collectives::reduce_scatter(rank, &same, ReduceOp::Mean)?));
-    put("all_reduce", digest(&collectives::all_reduce(rank, &same)?));
+    let got = collectives::reduce_scatter(rank, &same, ReduceOp::Sum)?;
+    check.close("reduce_scatter", &got, summed::<f32>(n, 37, 2, Some(me)), sum_tol(f32_eps));
+    put("reduce_scatter", digest(&got));
+    let got = collectives::reduce_scatter(rank, &same, ReduceOp::Mean)?;
+    let mean = summed::<f32>(n, 37, 2, Some(me)).map(|v| v.iter().map(|x| x / n as f64).collect());
+    check.close("reduce_mean", &got, mean, sum_tol(f32_eps) + 1e-7);
+    put("reduce_mean", digest(&got));
+    let got = collectives::all_reduce(rank, &same)?;
+    check.close("all_reduce", &got, summed::<f32>(n, 37, 2, None), sum_tol(f32_eps));
+    put("all_reduce", digest(&got));
     let even: Vec<f32> = seeded(me, 3 * n, 3);
-    put("all_to_all", digest(&collectives::all_to_all(rank, &even)?));
-    let counts: Vec<usize> = (0..n).map(|r| (r + me) % 3).collect();
+    let got = collectives::all_to_all(rank, &even)?;
+    let want = (0..n).flat_map(|r| widen(&seeded::<f32>(r, 3 * n, 3)[3 * me..3 * me + 3]));
+    check.exact("all_to_all", &got, want.collect());
+    put("all_to_all", digest(&got));
+    let counts_of = |r: usize| -> Vec<usize> { (0..n).map(|p| (p + r) % 3).collect() };
+    let counts = counts_of(me);
     let v: Vec<f64> = seeded(me, counts.iter().sum(), 4);
-    put("all_to_all_v", digest(&collectives::all_to_all_v(rank, &v, &counts)?));
+    let want_v: Vec<f64> = (0..n)
+        .flat_map(|r| {
+            let c = counts_of(r);
+            let from: usize = c[..me].iter().sum();
+            seeded::<f64>(r, c.iter().sum(), 4)[from..from + c[me]].to_vec()
+        })
+        .collect();
+    let got = collectives::all_to_all_v(rank, &v, &counts)?;
+    check.exact("all_to_all_v", &got, want_v.clone());
+    put("all_to_all_v", digest(&got));
     let pushed = collectives::all_to_all_v_tensor(rank, &v, &counts)?;
+    check.exact("all_to_all_v_tensor", pushed.as_slice(), want_v);
     put("all_to_all_v_tensor", digest(pushed.as_slice()));
-    put("broadcast", digest(&collectives::broadcast(rank, &seeded::<f64>(me, 11, 5), n - 1)?));
-    put("all_reduce_f64", digest(&collectives::all_reduce(rank, &seeded::<f64>(me, 23, 6))?));
-    put("all_gather_bf16", digest(&collectives::all_gather(rank, &seeded::<bf16>(me, 9, 7))?));
-    put("all_reduce_f16", digest(&collectives::all_reduce(rank, &seeded::<f16>(me, 19, 8))?));
+    let got = collectives::broadcast(rank, &seeded::<f64>(me, 11, 5), n - 1)?;
+    check.exact("broadcast", &got, seeded(n - 1, 11, 5));
+    put("broadcast", digest(&got));
+    let got = collectives::all_reduce(rank, &seeded::<f64>(me, 23, 6))?;
+    check.close("all_reduce_f64", &got, summed::<f64>(n, 23, 6, None), sum_tol(f64::EPSILON));
+    put("all_reduce_f64", digest(&got));
+    let got = collectives::all_gather(rank, &seeded::<bf16>(me, 9, 7))?;
+    check.exact(
+        "all_gather_bf16",
+        &got,
+        (0..n).flat_map(|r| widen(&seeded::<bf16>(r, 9, 7))).collect(),
+    );
+    put("all_gather_bf16", digest(&got));
+    let got = collectives::all_reduce(rank, &seeded::<f16>(me, 19, 8))?;
+    let half_tol = f64::from(f16::EPSILON) / 2.0 + sum_tol(f32_eps);
+    check.close("all_reduce_f16", &got, summed::<f16>(n, 19, 8, None), half_tol);
+    put("all_reduce_f16", digest(&got));
     let cols: Vec<f32> = seeded(me, 4 * (2 + me), 14);
     put("all_gather_cols", digest(&collectives::all_gather_cols(rank, &cols, 4)?));
     let rs_counts: Vec<usize> = (0..n).map(|r| 1 + r % 2).collect();
@@ -242,13 +271,19 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     let rs = collectives::reduce_scatter_cols(rank, &wide, 3, &rs_counts, ReduceOp::Sum)?;
     put("reduce_scatter_cols", digest(&rs));
     // Fused ops, f32 and bf16, uneven rows (and rows long enough for tiles per shard).
-    for rows in [13 + me, 300 + 7 * me] {
+    for (base, step) in [(13, 1), (300, 7)] {
+        let rows_of = |r: usize| base + step * r;
+        let rows = rows_of(me);
         let x = Tensor::from_shape_vec(&[rows, 64], seeded::<f32>(me, rows * 64, 9))?;
         let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;
         let ag = fused::all_gather_matmul(rank, x.view2("x")?, &[w.view2("w")?])?;
-        put("ag_fused", digest(ag.outputs[0].as_slice().expect("standard")));
+        let got = ag.outputs[0].as_slice().expect("standard");
+        check.gathered_product::<f32>("ag_fused", got, (me, n), rows_of);
+        put("ag_fused", digest(got));
         let ag = fused::all_gather_matmul_unfused(rank, x.view2("x")?, &[w.view2("w")?])?;
-        put("ag_unfused", digest(ag.outputs[0].as_slice().expect("standard")));
+        let got = ag.outputs[0].as_slice().expect("standard");
+        check.gathered_product::<f32>("ag_unfused", got, (me, n), rows_of);
+        put("ag_unfused", digest(got));
         // MPI_Allgatherv, then the same local product: the same bits.
         let same = !World::launched() || {
             let mpi = fused::all_gather_matmul_unfused_mpi(rank, x.view2("x")?, &[w.view2("w")?])?;
@@ -258,6 +293,8 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
         // The gathered input kept beside the product: the same product, and the gathered rows.
         let kept = fused::all_gather_matmul_keep_input(rank, x.view2("x")?, &[w.view2("w")?])?;
         let gathered = kept.gathered.as_ref().expect("kept");
+        let want = (0..n).flat_map(|r| widen(&seeded::<f32>(r, rows_of(r) * 64, 9))).collect();
+        check.exact("ag_keep_gathered", gathered.as_slice().expect("standard"), want);
         put("ag_keep_gathered", digest(gathered.as_slice().expect("standard")));
         put("ag_keep_same", (kept.outputs == ag.outputs).to_string());
     }
@@ -265,7 +302,9 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;
     let (xb, wb) = (x.cast::<bf16>(), w.cast::<bf16>());
     let ag = fused::all_gather_matmul(rank, xb.view2("x")?, &[wb.view2("w")?])?;
-    put("ag_fused_bf16", digest(ag.outputs[0].as_slice().expect("standard")));
+    let got = ag.outputs[0].as_slice().expect("standard");
+    check.gathered_product::<bf16>("ag_fused_bf16", got, (me, n), |r| 13 + r);
+    put("ag_fused_bf16", digest(got));
     for (name, m) in [("rs_fused", 50), ("rs_fused_long", 600)] {
         let (k, nn) = (16, 20);
         let h = Tensor::from_shape_vec(&[m, k], seeded::<f32>(me, m * k, 11))?;
@@ -276,7 +315,9 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
         put(&format!("{name}_close"), (err < 1e-5).to_string());
         put(name, digest(rs.as_slice().expect("standard")));
         let rs = fused::matmul_reduce_scatter_unfused(rank, h.view2("h")?, w2.view2("w")?)?;
-        put("rs_unfused", digest(rs.as_slice().expect("standard")));
+        let got = rs.as_slice().expect("standard");
+        check.reduce_scattered_product::<f32>("rs_unfused", got, (me, n), (m, k, nn));
+        put("rs_unfused", digest(got));
         // MPI_Reduce_scatter sums in MPI's own order: close to the reference.
         let close = !World::launched() || {
             let mpi =
@@ -296,9 +337,20 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     let s_r = 3 + me % 2;
     let q = Tensor::from_shape_vec(&[2, s_r, 7, 8], seeded::<f32>(me, 2 * s_r * 7 * 8, 13))?;
     let heads = fused::all_to_all(rank, &q, 2, 1)?;
+    let shape = |r: usize| [2, 3 + r % 2, 7, 8];
+    check.heads_all_to_all("ulysses", heads.output.as_slice(), (me, n), shape, 13);
     put("ulysses", digest(heads.output.as_slice()));
-    put("ulysses_back", digest(fused::all_to_all(rank, &heads.output, 1, 2)?.output.as_slice()));
+    let back = fused::all_to_all(rank, &heads.output, 1, 2)?.output;
+    // Back to the sequence, now split as numpy.array_split (not as the input was).
+    let inputs: Vec<_> = (0..n).map(|r| ulysses_input(r, shape(r), 13)).collect();
+    let views: Vec<_> = inputs.iter().map(|x| x.view()).collect();
+    let whole = ndarray::concatenate(ndarray::Axis(1), &views).unwrap();
+    let mine = common::pieces(whole.shape()[1], n)[me].clone();
+    let want = whole.slice_axis(ndarray::Axis(1), ndarray::Slice::from(mine));
+    check.exact("ulysses_back", back.as_slice(), want.iter().copied().collect());
+    put("ulysses_back", digest(back.as_slice()));
     let unfused = fused::all_to_all_unfused(rank, &q, 2, 1)?;
+    check.heads_all_to_all("ulysses_unfused", unfused.output.as_slice(), (me, n), shape, 13);
     put("ulysses_unfused", digest(unfused.output.as_slice()));
     let same = !World::launched() || fused::all_to_all_unfused_mpi(rank, &q, 2, 1)? == unfused;
     put("ulysses_unfused_mpi_same", same.to_string());
@@ -307,6 +359,8 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     let s_r = 9000 + 37 * me;
     let q = Tensor::from_shape_vec(&[1, s_r, 5, 16], seeded::<f32>(me, s_r * 80, 14))?;
     let heads = fused::all_to_all(rank, &q, 2, 1)?;
+    let shape = |r: usize| [1, 9000 + 37 * r, 5, 16];
+    check.heads_all_to_all("ulysses_large", heads.output.as_slice(), (me, n), shape, 14);
     put("ulysses_large", digest(heads.output.as_slice()));
     put("ulysses_large_same", (heads == fused::all_to_all_unfused(rank, &q, 2, 1)?).to_string());
     // The DistTensor layer: an MLP block end to end.
@@ -317,7 +371,11 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
     let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
     let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
-    put("mlp", digest(y.to_global()?.as_slice()));
+    let y = y.to_global()?;
+    check.mlp_block("mlp", &y, [&x, &w1, &w2], n);
+    put("mlp", digest(y.as_slice()));
+    // What the references found wrong (nothing when all is well); no `;` in it (see `encode`).
+    put("reference", check.fails.join(" / "));
     Ok(out)
 }
 
@@ -362,6 +420,11 @@ fn battery_matches_threads(name: &str, n: usize, shape: Shape) {
             assert_eq!(name_got, name_want);
             if SHAPE_ORDERED.contains(&name_got.as_str()) && !shape.same_sum_order(n) {
                 continue; // compared with the f64 reference (`*_close`) and run to run
+            }
+            if name_got == "reference" {
+                assert_eq!(want, "", "threads, {n} ranks, rank {r}: against the f64 references");
+                assert_eq!(got, "", "{shape:?}, {n} ranks, rank {r}: against the f64 references");
+                continue;
             }
             if name_got == "nodes" {
                 assert_eq!(got, &expected_nodes(shape, n, r), "rank {r}");

@@ -21,12 +21,9 @@ use dist_tensor::{DistTensor, Element, MatmulOptions, Placement, Result, Tensor,
 use half::{bf16, f16};
 use ndarray::{Array2, Ix2, s};
 
-/// The bound on `|got - want| / scale` for sums of `terms` products.
-fn tolerance<T: Element>(terms: usize) -> f64 {
-    let acc_eps = <T::Acc as Element>::EPSILON;
-    let round = if T::DTYPE == <T::Acc as Element>::DTYPE { 0.0 } else { T::EPSILON / 2.0 };
-    round + (terms + 1) as f64 * acc_eps
-}
+mod common;
+
+use common::tolerance;
 
 fn f64_2<T: Element>(t: &Tensor<T>) -> Array2<f64> {
     t.view().mapv(|v| v.to_f64()).into_dimensionality::<Ix2>().expect("2-D")

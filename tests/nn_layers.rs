@@ -3,12 +3,13 @@
 //!
 //! - `ColumnParallelLinear`, `RowParallelLinear` and `ParallelMlp`: output, input gradient and
 //!   every parameter gradient (the shards gathered back into whole weights) against the same
-//!   layer written with plain `Tensor` math on one rank in f64, at worlds 1 to 4, fused and
+//!   layer written with ndarray and its own activations and derivatives in f64
+//!   (`tests/common/reference.rs`: no library math), at worlds 1 to 4, fused and
 //!   unfused, in f64, f32 and bf16; shapes with rows not divisible by the world, fewer rows than
 //!   ranks (ranks with none), odd widths, `[B, S, E]` sharded on the sequence.
 //! - `UlyssesAttention` and `UlyssesSelfAttention`: output against attention written with plain
-//!   `Tensor` math (as example 07 does), and gradients against central finite differences of
-//!   the distributed forward pass in f64; heads not divisible by the world (and fewer heads than
+//!   loops (`tests/common/reference.rs`), and gradients against central finite differences of
+//!   that reference or of the distributed forward pass in f64; heads not divisible by the world (and fewer heads than
 //!   ranks), causal and not.
 //!
 //! # Tolerance
@@ -20,23 +21,20 @@
 //! differences use a step of `1e-5` in f64: their own error is about `1e-9` here, so they are
 //! compared with `1e-6` of the largest gradient.
 
+mod common;
+
+use common::f64s;
+use common::reference::{self, rel_err};
 use dist_tensor::nn::{
     Activation, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, UlyssesAttention,
     UlyssesSelfAttention,
 };
 use dist_tensor::{DistTensor, Element, Placement, Rank, Result, Split, Tensor, World};
 use half::bf16;
-use ndarray::Array2;
+use ndarray::ArrayD;
 
-/// The largest `|a - b|` relative to the largest `|b|`.
-fn rel_err(a: &Tensor<f64>, b: &Tensor<f64>) -> f64 {
-    assert_eq!(a.shape(), b.shape(), "shapes");
-    let size = b.as_slice().iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    let diff = a.as_slice().iter().zip(b.as_slice()).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
-    diff / size.max(f64::MIN_POSITIVE)
-}
-
-fn tolerance<T: Element>() -> f64 {
+/// The bound on [`rel_err`] for results in `T` (see the module docs).
+fn layer_tolerance<T: Element>() -> f64 {
     match T::DTYPE {
         dist_tensor::DType::F64 => 1e-10,
         dist_tensor::DType::F32 => 1e-5,
@@ -44,8 +42,8 @@ fn tolerance<T: Element>() -> f64 {
     }
 }
 
-fn assert_close(what: &str, got: &Tensor<f64>, want: &Tensor<f64>, tol: f64) {
-    let err = rel_err(got, want);
+fn assert_close(what: &str, got: &Tensor<f64>, want: &ArrayD<f64>, tol: f64) {
+    let err = rel_err(&f64s(got), want);
     assert!(err <= tol, "{what}: relative error {err:.2e} above {tol:.0e}");
 }
 
@@ -56,31 +54,6 @@ fn gather<T: Element>(
     placement: Placement,
 ) -> Result<Tensor<f64>> {
     Ok(DistTensor::from_local(rank, part.clone(), placement)?.to_global()?.cast())
-}
-
-/// `t: [..., n]` as `[rows, n]` in f64.
-fn rows(t: &Tensor<f64>) -> Tensor<f64> {
-    let n = *t.shape().last().unwrap();
-    t.reshape(&[t.len() / n.max(1), n]).unwrap()
-}
-
-fn t2(t: &Tensor<f64>) -> Tensor<f64> {
-    t.transpose(0, 1).unwrap()
-}
-
-/// A linear layer on one rank in f64: output, input gradient, weight and bias gradients.
-fn linear_reference(
-    x: &Tensor<f64>,
-    w: &Tensor<f64>,
-    b: &Tensor<f64>,
-    dy: &Tensor<f64>,
-) -> [Tensor<f64>; 4] {
-    let (xr, dyr) = (rows(x), rows(dy));
-    let mut y_shape = x.shape().to_vec();
-    *y_shape.last_mut().unwrap() = w.shape()[1];
-    let y = (&xr.matmul(w).unwrap() + b).reshape(&y_shape).unwrap();
-    let dx = dyr.matmul(&t2(w)).unwrap().reshape(x.shape()).unwrap();
-    [y, dx, t2(&xr).matmul(&dyr).unwrap(), dyr.sum_axis(0).unwrap()]
 }
 
 struct LinearCase {
@@ -115,12 +88,7 @@ fn column_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Resu
             gather(rank, &db, Placement::Shard(0))?,
         ])
     })?;
-    let want = linear_reference(
-        &x.cast::<T>().cast(),
-        &w.cast::<T>().cast(),
-        &b.cast::<T>().cast(),
-        &dy.cast::<T>().cast(),
-    );
+    let want = reference::linear(&f64s(&xt), &f64s(&wt), &f64s(&bt), &f64s(&dyt));
     for (r, got) in outs.iter().enumerate() {
         for (i, name) in
             ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate()
@@ -130,7 +98,7 @@ fn column_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Resu
                 T::DTYPE,
                 case.x_shape
             );
-            assert_close(&what, &got[i], &want[i], tolerance::<T>());
+            assert_close(&what, &got[i], &want[i], layer_tolerance::<T>());
         }
     }
     Ok(())
@@ -164,12 +132,7 @@ fn row_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<
             db.cast(), // replicated: every rank's own, each must be right
         ])
     })?;
-    let want = linear_reference(
-        &h.cast::<T>().cast(),
-        &w.cast::<T>().cast(),
-        &b.cast::<T>().cast(),
-        &dy.cast::<T>().cast(),
-    );
+    let want = reference::linear(&f64s(&ht), &f64s(&wt), &f64s(&bt), &f64s(&dyt));
     for (r, got) in outs.iter().enumerate() {
         for (i, name) in
             ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate()
@@ -179,7 +142,7 @@ fn row_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<
                 T::DTYPE,
                 case.x_shape
             );
-            assert_close(&what, &got[i], &want[i], tolerance::<T>());
+            assert_close(&what, &got[i], &want[i], layer_tolerance::<T>());
         }
     }
     // The replicated bias gradient is bitwise the same on every rank.
@@ -224,30 +187,6 @@ fn linear_layers_bf16() -> Result<()> {
     linear_layers::<bf16>()
 }
 
-/// The MLP on one rank in f64: output, input gradient, and the gradients of W1, b1, W2, b2.
-fn mlp_reference(
-    x: &Tensor<f64>,
-    w: &[Tensor<f64>; 4],
-    act: Activation,
-    dy: &Tensor<f64>,
-) -> [Tensor<f64>; 6] {
-    let (xr, dyr) = (rows(x), rows(dy));
-    let h = &xr.matmul(&w[0]).unwrap() + &w[1];
-    let a = act.forward(&h);
-    let y = &a.matmul(&w[2]).unwrap() + &w[3];
-    let da = dyr.matmul(&t2(&w[2])).unwrap();
-    let dh = act.backward(&h, &da).unwrap();
-    let dx = dh.matmul(&t2(&w[0])).unwrap();
-    [
-        y.reshape(dy.shape()).unwrap(),
-        dx.reshape(x.shape()).unwrap(),
-        t2(&xr).matmul(&dh).unwrap(),
-        dh.sum_axis(0).unwrap(),
-        t2(&a).matmul(&dyr).unwrap(),
-        dyr.sum_axis(0).unwrap(),
-    ]
-}
-
 fn mlp_case<T: Element>(
     world: usize,
     x_shape: &[usize],
@@ -287,14 +226,14 @@ fn mlp_case<T: Element>(
             whole,
         ))
     })?;
-    let want = mlp_reference(&xt.cast(), &outs[0].1, act, &dyt.cast());
+    let want = reference::mlp(&f64s(&xt), &outs[0].1.each_ref().map(f64s), act, &f64s(&dyt));
     let names =
         ["output", "input gradient", "W1 gradient", "b1 gradient", "W2 gradient", "b2 gradient"];
     for (r, (got, _)) in outs.iter().enumerate() {
         for (i, name) in names.iter().enumerate() {
             let what =
                 format!("{} mlp {act:?} world {world} {x_shape:?} rank {r}: {name}", T::DTYPE);
-            assert_close(&what, &got[i], &want[i], tolerance::<T>());
+            assert_close(&what, &got[i], &want[i], layer_tolerance::<T>());
         }
     }
     Ok(())
@@ -381,30 +320,6 @@ fn mlp_gradients_match_finite_differences() -> Result<()> {
     Ok(())
 }
 
-/// Attention of `[B, S, H, D]` tensors on one rank, with plain `Tensor` math (as example 07).
-fn attention_reference(
-    q: &Tensor<f64>,
-    k: &Tensor<f64>,
-    v: &Tensor<f64>,
-    causal: bool,
-) -> Tensor<f64> {
-    let (s, d) = (q.shape()[1], q.shape()[3]);
-    let mask = Tensor::from(Array2::from_shape_fn((s, s), |(i, j)| {
-        if causal && j > i { f64::NEG_INFINITY } else { 0.0 }
-    }));
-    let scores =
-        q.permute(&[0, 2, 1, 3]).unwrap().matmul(&k.permute(&[0, 2, 3, 1]).unwrap()).unwrap()
-            * (1.0 / (d as f64).sqrt())
-            + &mask;
-    scores
-        .softmax(3)
-        .unwrap()
-        .matmul(&v.permute(&[0, 2, 1, 3]).unwrap())
-        .unwrap()
-        .permute(&[0, 2, 1, 3])
-        .unwrap()
-}
-
 fn ulysses_case<T: Element>(world: usize, shape: [usize; 4], causal: bool) -> Result<()> {
     let [q, k, v] = [31, 32, 33].map(|seed| Tensor::<f64>::random(&shape, seed));
     let dout = Tensor::<f64>::random(&shape, 34);
@@ -419,19 +334,19 @@ fn ulysses_case<T: Element>(world: usize, shape: [usize; 4], causal: bool) -> Re
         let (dq, dk, dv) = attention.backward(saved, &ds)?;
         Ok([out, dq, dk, dv].map(|t| t.to_global().map(|t| t.cast::<f64>())))
     })?;
-    let want = attention_reference(&qt.cast(), &kt.cast(), &vt.cast(), causal);
+    let want = reference::attention(&f64s(&qt), &f64s(&kt), &f64s(&vt), causal);
     for (r, got) in outs.into_iter().enumerate() {
         let [out, dq, dk, dv] = got;
         assert_close(
             &format!("{} ulysses world {world} {shape:?} rank {r}", T::DTYPE),
             &out?,
             &want,
-            tolerance::<T>(),
+            layer_tolerance::<T>(),
         );
         if T::DTYPE == dist_tensor::DType::F64 {
             // The gradients, by central differences of the one-rank reference.
             let l = |q: &Tensor<f64>, k: &Tensor<f64>, v: &Tensor<f64>| {
-                (&attention_reference(q, k, v, causal) * &dout).sum()
+                (reference::attention(&f64s(q), &f64s(k), &f64s(v), causal) * f64s(&dout)).sum()
             };
             let h = 1e-5;
             let (dq, dk, dv) = (dq?, dk?, dv?);
@@ -464,8 +379,8 @@ fn ulysses_case<T: Element>(world: usize, shape: [usize; 4], causal: bool) -> Re
                 assert_close(
                     &format!("{} ulysses gradient world {world}", T::DTYPE),
                     got,
-                    want,
-                    tolerance::<T>(),
+                    &f64s(want),
+                    layer_tolerance::<T>(),
                 );
             }
         }

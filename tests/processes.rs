@@ -10,8 +10,13 @@ use std::time::{Duration, Instant};
 use dist_tensor::collectives::{self, ReduceOp};
 use dist_tensor::shmem::RankExit;
 use dist_tensor::shmem::job_env::{JOIN_TIMEOUT_ENV, RANK_ENV, WORLD_SIZE_ENV};
-use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Tensor, World, fused};
+use dist_tensor::{DistTensor, Error, Placement, Rank, Tensor, World, fused};
 use half::{bf16, f16};
+
+mod common;
+
+use common::checks::{Checks, summed, widen};
+use common::{digest, seeded};
 
 /// Every child is killed past this: a hang fails the test.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -87,67 +92,114 @@ fn result(exit: &RankExit) -> String {
 
 // ---- the same numbers as threads ------------------------------------------------------------
 
-/// A digest of a result's bits.
-fn digest<T: Element>(values: &[T]) -> String {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for v in values {
-        for b in v.to_f64().to_bits().to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}/{}", values.len())
-}
-
-fn seeded<T: Element>(rank: usize, len: usize, salt: usize) -> Vec<T> {
-    (0..len)
-        .map(|i| T::from_f64((((rank * 131 + i * 17 + salt) % 97) as f64 - 48.0) / 7.0))
-        .collect()
-}
-
 /// Every collective and fused op, in several element types and odd sizes: one digest per
-/// result, in order.
+/// result, in order, then `|` and what [`Checks`] found wrong against the f64 references
+/// (nothing when all is well).
 fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     let (me, n) = (rank.rank(), rank.num_ranks());
     let mut out = Vec::new();
+    let mut check = Checks::default();
+    // Sums of n values of sevenths in the accumulator (f32 for every type but f64), rounded once.
+    let sum_tol = |eps: f64| (n as f64 + 1.0) * eps;
     // Collectives: uneven lengths where allowed.
     let x: Vec<f32> = seeded(me, 5 + 3 * me, 1);
-    out.push(digest(&collectives::all_gather(rank, &x)?));
+    let got = collectives::all_gather(rank, &x)?;
+    check.exact(
+        "all_gather",
+        &got,
+        (0..n).flat_map(|r| widen(&seeded::<f32>(r, 5 + 3 * r, 1))).collect(),
+    );
+    out.push(digest(&got));
     let same: Vec<f32> = seeded(me, 37, 2);
-    out.push(digest(&collectives::reduce_scatter(rank, &same, ReduceOp::Sum)?));
-    out.push(digest(&collectives::reduce_scatter(rank, &same, ReduceOp::Mean)?));
-    out.push(digest(&collectives::all_reduce(rank, &same)?));
+    let got = collectives::reduce_scatter(rank, &same, ReduceOp::Sum)?;
+    check.close(
+        "reduce_scatter",
+        &got,
+        summed::<f32>(n, 37, 2, Some(me)),
+        sum_tol(f32::EPSILON.into()),
+    );
+    out.push(digest(&got));
+    let got = collectives::reduce_scatter(rank, &same, ReduceOp::Mean)?;
+    let [sum, scale] = summed::<f32>(n, 37, 2, Some(me));
+    let mean = [sum, scale].map(|v| v.iter().map(|x| x / n as f64).collect());
+    check.close("reduce_scatter mean", &got, mean, sum_tol(f32::EPSILON.into()) + 1e-7);
+    out.push(digest(&got));
+    let got = collectives::all_reduce(rank, &same)?;
+    check.close("all_reduce", &got, summed::<f32>(n, 37, 2, None), sum_tol(f32::EPSILON.into()));
+    out.push(digest(&got));
     let even: Vec<f32> = seeded(me, 3 * n, 3);
-    out.push(digest(&collectives::all_to_all(rank, &even)?));
-    let counts: Vec<usize> = (0..n).map(|r| (r + me) % 3).collect();
+    let got = collectives::all_to_all(rank, &even)?;
+    let want =
+        (0..n).flat_map(|r| widen(&seeded::<f32>(r, 3 * n, 3)[3 * me..3 * me + 3])).collect();
+    check.exact("all_to_all", &got, want);
+    out.push(digest(&got));
+    let counts_of = |r: usize| -> Vec<usize> { (0..n).map(|p| (p + r) % 3).collect() };
+    let counts = counts_of(me);
     let v: Vec<f64> = seeded(me, counts.iter().sum(), 4);
-    out.push(digest(&collectives::all_to_all_v(rank, &v, &counts)?));
-    out.push(digest(&collectives::broadcast(rank, &seeded::<f64>(me, 11, 5), n - 1)?));
-    out.push(digest(&collectives::all_reduce(rank, &seeded::<f64>(me, 23, 6))?));
-    out.push(digest(&collectives::all_gather(rank, &seeded::<bf16>(me, 9, 7))?));
-    out.push(digest(&collectives::all_reduce(rank, &seeded::<f16>(me, 19, 8))?));
+    let got = collectives::all_to_all_v(rank, &v, &counts)?;
+    let want = (0..n)
+        .flat_map(|r| {
+            let c = counts_of(r);
+            let from: usize = c[..me].iter().sum();
+            seeded::<f64>(r, c.iter().sum(), 4)[from..from + c[me]].to_vec()
+        })
+        .collect();
+    check.exact("all_to_all_v", &got, want);
+    out.push(digest(&got));
+    let got = collectives::broadcast(rank, &seeded::<f64>(me, 11, 5), n - 1)?;
+    check.exact("broadcast", &got, seeded(n - 1, 11, 5));
+    out.push(digest(&got));
+    let got = collectives::all_reduce(rank, &seeded::<f64>(me, 23, 6))?;
+    check.close("all_reduce f64", &got, summed::<f64>(n, 23, 6, None), sum_tol(f64::EPSILON));
+    out.push(digest(&got));
+    let got = collectives::all_gather(rank, &seeded::<bf16>(me, 9, 7))?;
+    check.exact(
+        "all_gather bf16",
+        &got,
+        (0..n).flat_map(|r| widen(&seeded::<bf16>(r, 9, 7))).collect(),
+    );
+    out.push(digest(&got));
+    let got = collectives::all_reduce(rank, &seeded::<f16>(me, 19, 8))?;
+    let half_tol = f64::from(f16::EPSILON) / 2.0 + sum_tol(f32::EPSILON.into());
+    check.close("all_reduce f16", &got, summed::<f16>(n, 19, 8, None), half_tol);
+    out.push(digest(&got));
     // Fused ops, f32 and bf16, uneven rows.
     let x = Tensor::from_shape_vec(&[13 + me, 64], seeded::<f32>(me, (13 + me) * 64, 9))?;
     let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;
     let ag = fused::all_gather_matmul(rank, x.view2("x")?, &[w.view2("w")?])?;
-    out.push(digest(ag.outputs[0].as_slice().expect("standard")));
+    let got = ag.outputs[0].as_slice().expect("standard");
+    check.gathered_product::<f32>("all_gather_matmul", got, (me, n), |r| 13 + r);
+    out.push(digest(got));
     let ag = fused::all_gather_matmul_unfused(rank, x.view2("x")?, &[w.view2("w")?])?;
-    out.push(digest(ag.outputs[0].as_slice().expect("standard")));
+    let got = ag.outputs[0].as_slice().expect("standard");
+    check.gathered_product::<f32>("all_gather_matmul_unfused", got, (me, n), |r| 13 + r);
+    out.push(digest(got));
     let xb = x.cast::<bf16>();
     let wb = w.cast::<bf16>();
     let ag = fused::all_gather_matmul(rank, xb.view2("x")?, &[wb.view2("w")?])?;
-    out.push(digest(ag.outputs[0].as_slice().expect("standard")));
+    let got = ag.outputs[0].as_slice().expect("standard");
+    check.gathered_product::<bf16>("all_gather_matmul bf16", got, (me, n), |r| 13 + r);
+    out.push(digest(got));
     let h = Tensor::from_shape_vec(&[50, 16], seeded::<f32>(me, 50 * 16, 11))?;
     let w2 = Tensor::from_shape_vec(&[16, 20], seeded::<f32>(me, 16 * 20, 12))?;
     let rs = fused::matmul_reduce_scatter(rank, h.view2("h")?, w2.view2("w")?)?;
-    out.push(digest(rs.as_slice().expect("standard")));
+    let got = rs.as_slice().expect("standard");
+    check.reduce_scattered_product("matmul_reduce_scatter", got, (me, n), (50, 16, 20));
+    out.push(digest(got));
     let rs = fused::matmul_reduce_scatter_unfused(rank, h.view2("h")?, w2.view2("w")?)?;
-    out.push(digest(rs.as_slice().expect("standard")));
+    let got = rs.as_slice().expect("standard");
+    check.reduce_scattered_product("matmul_reduce_scatter_unfused", got, (me, n), (50, 16, 20));
+    out.push(digest(got));
     // Ulysses all_to_all: [B, s_r, H, D] -> [B, S, h_r, D] and back; S and H not divisible.
     let s_r = 3 + me % 2;
     let q = Tensor::from_shape_vec(&[2, s_r, 7, 8], seeded::<f32>(me, 2 * s_r * 7 * 8, 13))?;
+    let shape = |r: usize| [2, 3 + r % 2, 7, 8];
     let heads = fused::all_to_all(rank, &q, 2, 1)?;
+    check.heads_all_to_all("ulysses all_to_all", heads.output.as_slice(), (me, n), shape, 13);
     out.push(digest(heads.output.as_slice()));
-    out.push(digest(fused::all_to_all_unfused(rank, &q, 2, 1)?.output.as_slice()));
+    let got = fused::all_to_all_unfused(rank, &q, 2, 1)?.output;
+    check.heads_all_to_all("ulysses all_to_all_unfused", got.as_slice(), (me, n), shape, 13);
+    out.push(digest(got.as_slice()));
     // The DistTensor layer: an MLP block end to end.
     let x = Tensor::<f32>::random(&[29, 16], 1);
     let w1 = Tensor::<f32>::random(&[16, 40], 2);
@@ -156,8 +208,15 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
     let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
     let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
-    out.push(digest(y.to_global()?.as_slice()));
-    Ok(out.join(","))
+    let y = y.to_global()?;
+    check.mlp_block("mlp block", &y, [&x, &w1, &w2], n);
+    out.push(digest(y.as_slice()));
+    Ok(format!("{}|{}", out.join(","), check.fails.join("; ")))
+}
+
+/// The references' verdict in a [`battery`] result: what they found wrong, if anything.
+fn reference_failures(result: &str) -> &str {
+    result.rsplit_once('|').map_or("no verdict", |(_, fails)| fails)
 }
 
 #[test]
@@ -167,6 +226,9 @@ fn collectives_and_fused_ops_as_processes_give_the_same_bits_as_threads_at_world
     }
     for n in 1..=4 {
         let threads = World::threads(n).unwrap().run(battery).unwrap();
+        for (r, t) in threads.iter().enumerate() {
+            assert_eq!(reference_failures(t), "", "threads world {n}, rank {r}");
+        }
         let exits = job(
             "collectives_and_fused_ops_as_processes_give_the_same_bits_as_threads_at_worlds_1_to_4",
             n,
@@ -174,7 +236,9 @@ fn collectives_and_fused_ops_as_processes_give_the_same_bits_as_threads_at_world
         );
         for exit in &exits {
             assert!(exit.success(), "world {n}, rank {}: {}", exit.rank, exit.stderr_text());
-            assert_eq!(result(exit), threads[exit.rank], "world {n}, rank {}", exit.rank);
+            let got = result(exit);
+            assert_eq!(reference_failures(&got), "", "world {n}, rank {}", exit.rank);
+            assert_eq!(got, threads[exit.rank], "world {n}, rank {}", exit.rank);
         }
     }
 }
@@ -194,25 +258,43 @@ fn held_outputs(rank: &Rank<'_>) -> dist_tensor::Result<(Tensor<f32>, Tensor<f32
     Ok((first, last))
 }
 
+/// What is wrong with rank `me`'s held outputs of [`held_outputs`] against the all_to_all
+/// written out in f64 (`first` from the inputs of salt 1, `last` of salt 6), if anything.
+fn held_failures(me: usize, n: usize, (first, last): &(Tensor<f32>, Tensor<f32>)) -> String {
+    let mut check = Checks::default();
+    for (what, got, salt) in [("first", first, 1), ("last", last, 6)] {
+        check.heads_all_to_all(what, got.as_slice(), (me, n), |r| [2, 3 + r, 5, 4], salt);
+    }
+    check.fails.join("; ")
+}
+
 #[test]
 fn held_outputs_keep_their_values_and_outlive_the_world_as_processes() {
     let digests = |(first, last): &(Tensor<f32>, Tensor<f32>)| {
         format!("{} {}", digest(first.as_slice()), digest(last.as_slice()))
     };
     if in_rank(|world| {
+        let (me, n) = (world.ranks_here().start, world.num_ranks());
         let mine = world.run(held_outputs)?.remove(0);
         drop(world);
-        Ok(digests(&mine))
+        // Checked after the world is gone: the held blocks must have outlived it.
+        Ok(format!("{}|{}", digests(&mine), held_failures(me, n, &mine)))
     }) {
         return;
     }
     for n in [2, 3] {
         let threads = World::threads(n).unwrap().run(held_outputs).unwrap();
+        for (r, t) in threads.iter().enumerate() {
+            assert_eq!(held_failures(r, n, t), "", "threads world {n}, rank {r}");
+        }
         let exits =
             job("held_outputs_keep_their_values_and_outlive_the_world_as_processes", n, &[]);
         for exit in &exits {
             assert!(exit.success(), "world {n}, rank {}: {}", exit.rank, exit.stderr_text());
-            assert_eq!(result(exit), digests(&threads[exit.rank]), "world {n}, rank {}", exit.rank);
+            let got = result(exit);
+            assert_eq!(reference_failures(&got), "", "world {n}, rank {}", exit.rank);
+            let want = format!("{}|", digests(&threads[exit.rank]));
+            assert_eq!(got, want, "world {n}, rank {}", exit.rank);
         }
     }
 }

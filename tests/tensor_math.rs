@@ -17,15 +17,15 @@ use dist_tensor::{Element, Error, Tensor};
 use half::{bf16, f16};
 use ndarray::{ArrayD, Axis, IxDyn, Zip};
 
+mod common;
+
+use common::{assert_none, f64s};
+
 // ---- helpers --------------------------------------------------------------------------------
 
 /// Random values in [-1, 1), never zero, rounded to `T`.
 fn random<T: Element>(shape: &[usize], seed: u64) -> Tensor<T> {
     Tensor::<T>::random(shape, seed)
-}
-
-fn f64s<T: Element>(t: &Tensor<T>) -> ArrayD<f64> {
-    t.view().mapv(|v| v.to_f64())
 }
 
 /// The final rounding to `T` (half types only) plus `c` roundings in the accumulator type.
@@ -73,10 +73,6 @@ fn close<T: Element>(
             s.iter().nth(i).unwrap()
         )],
     }
-}
-
-fn assert_none(fails: Vec<String>) {
-    assert!(fails.is_empty(), "{} failures:\n{}", fails.len(), fails.join("\n"));
 }
 
 /// Pairs of shapes that broadcast, of every kind.

@@ -457,3 +457,75 @@ mod tests {
         assert!(hosts.contains("several hosts"), "{hosts}");
     }
 }
+
+/// Which launcher wins when several have set their variables (a Slurm allocation running
+/// mpirun sets Slurm's and OpenMPI's; torchrun under srun sets Slurm's and torchrun's): the
+/// first of ours, OpenMPI, MPICH/Hydra, Slurm, torchrun. The local rank and size, and whether
+/// MPI's communicator is used, come from the winner, so each case gives each launcher other
+/// local values.
+#[cfg(test)]
+mod launcher_precedence {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn read(vars: &[(&str, &str)]) -> Result<JobEnv> {
+        let mut map: HashMap<String, String> =
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        map.insert(JOB_ID_ENV.to_string(), "j".to_string());
+        JobEnv::read_spanning(&|name| map.get(name).cloned())
+    }
+
+    /// Rank 2 of 4 as each launcher says it, with a local rank and size of its own.
+    const OURS: [(&str, &str); 4] = [
+        (RANK_ENV, "2"),
+        (WORLD_SIZE_ENV, "4"),
+        (LOCAL_RANK_ENV, "2"),
+        (LOCAL_WORLD_SIZE_ENV, "4"),
+    ];
+    const OPENMPI: [(&str, &str); 4] = [
+        ("OMPI_COMM_WORLD_RANK", "2"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+    ];
+    const MPICH: [(&str, &str); 4] =
+        [("PMI_RANK", "2"), ("PMI_SIZE", "4"), ("MPI_LOCALRANKID", "1"), ("MPI_LOCALNRANKS", "3")];
+    const SLURM: [(&str, &str); 3] =
+        [("SLURM_PROCID", "2"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1")];
+    const TORCHRUN: [(&str, &str); 4] =
+        [("RANK", "2"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
+
+    /// (launcher, local rank, local world size, by MPI) that `vars` gives.
+    fn winner(vars: &[&[(&'static str, &'static str)]]) -> (&'static str, usize, usize, bool) {
+        let all: Vec<(&str, &str)> = vars.iter().flat_map(|v| v.iter().copied()).collect();
+        let env = read(&all).unwrap();
+        assert_eq!((env.rank, env.world_size), (2, 4));
+        (env.launcher, env.local_rank, env.local_world_size, env.by_mpi())
+    }
+
+    #[test]
+    fn openmpi_wins_over_slurm_when_both_are_set() {
+        assert_eq!(winner(&[&SLURM, &OPENMPI]), ("OpenMPI", 0, 2, true));
+        assert_eq!(winner(&[&OPENMPI, &SLURM]), ("OpenMPI", 0, 2, true));
+    }
+
+    #[test]
+    fn each_pair_of_launchers_takes_the_earlier_one() {
+        assert_eq!(winner(&[&SLURM, &MPICH]), ("MPICH/Hydra", 1, 3, true));
+        assert_eq!(winner(&[&TORCHRUN, &SLURM]), ("Slurm", 1, 4, false));
+        assert_eq!(winner(&[&MPICH, &OPENMPI]), ("OpenMPI", 0, 2, true));
+        assert_eq!(winner(&[&TORCHRUN, &OPENMPI]), ("OpenMPI", 0, 2, true));
+        assert_eq!(winner(&[&TORCHRUN, &OURS]), ("dist-tensor", 2, 4, false));
+        // Alone, each gives its own local values.
+        assert_eq!(winner(&[&SLURM]), ("Slurm", 1, 4, false));
+        assert_eq!(winner(&[&TORCHRUN]), ("torchrun", 0, 1, false));
+    }
+
+    #[test]
+    fn three_launchers_at_once_take_the_earliest() {
+        assert_eq!(winner(&[&SLURM, &OPENMPI, &OURS]), ("dist-tensor", 2, 4, false));
+        assert_eq!(winner(&[&TORCHRUN, &SLURM, &OPENMPI]), ("OpenMPI", 0, 2, true));
+        assert_eq!(winner(&[&TORCHRUN, &SLURM, &MPICH]), ("MPICH/Hydra", 1, 3, true));
+        assert_eq!(winner(&[&TORCHRUN, &SLURM, &MPICH, &OPENMPI, &OURS]).0, "dist-tensor");
+    }
+}
