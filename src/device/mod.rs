@@ -4,7 +4,6 @@
 //! who it is through [`Program`] and works on tiles with the operations in [`tile`].
 
 pub mod ascend;
-mod backend;
 pub mod cuda;
 pub mod host;
 mod kind;
@@ -13,7 +12,6 @@ mod program;
 pub mod tile;
 mod topology;
 
-pub(crate) use backend::Backend;
 pub use kind::{Device, NPU_OPS};
 pub use launch::launch;
 pub use program::Program;

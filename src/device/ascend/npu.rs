@@ -355,9 +355,9 @@ pub(crate) fn check_dtype<T: Element>(op: &'static str) -> Option<String> {
 impl<'w> Rank<'w> {
     /// This rank's NPU, when the world runs on Ascend NPUs; `None` on a host world.
     pub(crate) fn ascend(&self) -> Option<AscendRank<'_>> {
-        match self.backend() {
-            crate::device::Backend::Ascend(world) => Some(AscendRank { world, rank: self }),
-            crate::device::Backend::Host => None,
+        match self.device_world() {
+            crate::shmem::DeviceWorld::Ascend(world) => Some(AscendRank { world, rank: self }),
+            _ => None,
         }
     }
 }

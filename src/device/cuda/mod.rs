@@ -236,3 +236,13 @@ impl crate::World {
 
 /// Environment variable that overrides the capacity of each GPU's symmetric heap, in bytes.
 pub const GPU_HEAP_BYTES_ENV: &str = "DIST_TENSOR_GPU_HEAP_BYTES";
+
+impl<'w> crate::Rank<'w> {
+    /// The GPUs of this rank's world, when it runs on GPUs; `None` otherwise.
+    pub(crate) fn cuda_world(&self) -> Option<&'w CudaWorld> {
+        match self.device_world() {
+            crate::shmem::DeviceWorld::Cuda(gpus) => Some(gpus),
+            _ => None,
+        }
+    }
+}
