@@ -4,6 +4,7 @@
 //! who it is through [`Program`] and works on tiles with the operations in [`tile`].
 
 pub mod ascend;
+pub mod capability;
 pub mod cuda;
 pub mod host;
 mod kind;
