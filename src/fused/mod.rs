@@ -5,7 +5,6 @@
 pub(crate) mod all_gather_matmul;
 pub(crate) mod all_to_all;
 pub(crate) mod matmul_reduce_scatter;
-mod matmul_reduce_scatter_nodes;
 pub(crate) mod operand;
 mod path;
 mod plan;

@@ -24,14 +24,14 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use super::matmul_reduce_scatter::{MmRsWorkspace, OP};
-use super::plan::{
-    AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
-    scratch,
-};
+use super::{MmRsWorkspace, OP};
 use crate::Result;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, Program, launch};
+use crate::fused::plan::{
+    AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
+    scratch,
+};
 use crate::shmem::{
     GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalOp, SymmBuf, Token, WaitCmp, WaitSem,
     consume_token, symm_at,

@@ -10,7 +10,9 @@
 //! 0, 1, 2, ..., rounding once: the same bits on every run, whatever the timing.
 //!
 //! Across nodes (a world joined by MPI) it reduces inside each node first, then across nodes (see
-//! `matmul_reduce_scatter_nodes`); the order of the sum then depends on the world's shape.
+//! `nodes`); the order of the sum then depends on the world's shape.
+
+mod nodes;
 
 use ndarray::{Array2, ArrayView2};
 
@@ -216,7 +218,7 @@ pub(crate) fn run<'a, T: Element>(
             } else {
                 rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
                     if rank.num_nodes() > 1 {
-                        super::matmul_reduce_scatter_nodes::run(rank, ws, &rows, n, x, w)
+                        nodes::run(rank, ws, &rows, n, x, w)
                     } else {
                         run_fused(rank, ws, &rows, n, x, w)
                     }
