@@ -24,8 +24,8 @@ const SHAPES: [(usize, usize); 3] = [(2, 1), (4, 1), (4, 2)];
 /// The fabric the projection models.
 const FABRIC_ALPHA_US: f64 = 3.0;
 const FABRIC_GB_S: f64 = 25.0;
-/// What each fused op puts to another node at once, in f32 (256 Ki elements: `REMOTE_CHUNK_ELEMS`
-/// of all_gather_matmul and all_to_all, `NODE_CHUNK_ELEMS` of matmul_reduce_scatter).
+/// What each fused op puts to another node at once, in f32 (256 Ki elements: the library's
+/// `REMOTE_CHUNK_ELEMS`, one for every op).
 const NODE_CHUNK_BYTES: usize = 256 * 1024 * 4;
 
 /// Runs this program under mpirun in every shape; rank 0 of each prints its tables.

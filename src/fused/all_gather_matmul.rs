@@ -55,10 +55,6 @@ const MPI_OP: &str = "all_gather_matmul_unfused_mpi";
 pub const MAX_WEIGHTS: usize = 16;
 /// Elements the communication part moves per chunk.
 const PUSH_CHUNK_ELEMS: usize = 64 * 1024;
-/// Elements the communication part puts per chunk to another node: each put is a message
-/// through the proxies and MPI, whose cost per message is tens of microseconds (measured over
-/// loopback TCP), so chunks across nodes are larger.
-const REMOTE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// The products of an all_gather_matmul: one `[M, n_i]` array per weight, and how the rows were
 /// sharded (`row_counts[r]` rows came from rank `r`).
@@ -499,7 +495,7 @@ fn run_fused<T: Element>(
         rows,
         k,
         local: super::plan::row_chunks(k, PUSH_CHUNK_ELEMS),
-        remote: super::plan::row_chunks(k, REMOTE_CHUNK_ELEMS),
+        remote: super::plan::row_chunks(k, super::plan::REMOTE_CHUNK_ELEMS),
     };
     // The counts before this call: a forwarded chunk `c` of shard `s` has arrived once
     // `arrived[s]` passes `before[s] + c`.

@@ -47,10 +47,6 @@ const MPI_OP: &str = "all_to_all_unfused_mpi";
 pub const MAX_DIMS: usize = 8;
 /// Elements per copy task.
 const CHUNK_ELEMS: usize = 64 * 1024;
-/// Elements per task whose blocks go to a peer of another node (a world joined by MPI): each is
-/// one put through the proxies and MPI, whose cost per message is tens of microseconds (measured
-/// over loopback TCP, see `perf_report --mpi`), so these tasks are larger.
-const REMOTE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// The result of an all_to_all: this rank's new shard, and how both dimensions are split.
 #[derive(Debug, Clone, PartialEq)]
@@ -548,8 +544,11 @@ fn run_fused<T: Element>(
     // Tasks: (peer i, a, b, row block), peers rotated; the same plan on every rank.
     let plan = |src: usize, dst: usize| {
         let block = layout.block(src, dst, 0, 0);
-        let chunk =
-            if rank.node_of(src) == rank.node_of(dst) { CHUNK_ELEMS } else { REMOTE_CHUNK_ELEMS };
+        let chunk = if rank.node_of(src) == rank.node_of(dst) {
+            CHUNK_ELEMS
+        } else {
+            super::plan::REMOTE_CHUNK_ELEMS
+        };
         let rows_per_task = row_chunks(block.cols, chunk);
         let per_ab = if block.cols == 0 { 0 } else { block.rows.div_ceil(rows_per_task) };
         (rows_per_task, per_ab)
