@@ -1,4 +1,4 @@
-//! The GPU performance report: for each row of the anchor table (`design/cuda.md`), bf16, a world
+//! The GPU performance report: for each row of the anchor table (the shapes below), bf16, a world
 //! of two GPUs: our fused op, our unfused baseline (NCCL, then cuBLASLt) and the one-GPU ceiling
 //! (the local GEMM of the same per-GPU work; for the all_to_all, a device copy of the shard),
 //! milliseconds, medians of CUDA-event timings after warm-up, each timed iteration started after
@@ -15,7 +15,11 @@
 //! of the all_to_all. Without two GPUs it says why and exits successfully.
 
 use dist_tensor::device::cuda::{self, Timer};
-use dist_tensor::{DistTensor, Placement, Rank, Result, Tensor, World};
+#[path = "common/stats.rs"]
+mod stats;
+
+use dist_tensor::fused::AgPath;
+use dist_tensor::{DistTensor, MatmulOptions, Placement, Rank, Result, Tensor, World};
 use half::bf16;
 
 struct Settings {
@@ -55,10 +59,9 @@ fn time<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>) -> 
         t.stop(rank)?;
     }
     cuda::synchronize(rank)?;
-    let mut ms: Vec<f64> =
+    let ms: Vec<f64> =
         timers.iter().map(|t| t.elapsed_ms().map(f64::from)).collect::<Result<_>>()?;
-    ms.sort_by(f64::total_cmp);
-    Ok(ms[ms.len() / 2])
+    Ok(stats::median(ms))
 }
 
 /// The slowest rank's median, for each measurement.
@@ -69,7 +72,7 @@ fn slowest(per_rank: Vec<Vec<f64>>) -> Vec<f64> {
 struct Row {
     op: &'static str,
     shape: String,
-    path: &'static str,
+    path: String,
     fused: f64,
     unfused: f64,
     ceiling: f64,
@@ -94,7 +97,7 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
     let p = world.num_ranks();
     let rows = m / p;
     let path = cuda::all_gather_matmul_path(&vec![rows; p]);
-    let other = if path == "gather" { "overlap" } else { "gather" };
+    let other = if path == AgPath::Gather { AgPath::Overlap } else { AgPath::Gather };
     let times = world.run(|rank| {
         let seed = 10 * rank.rank() as u64;
         let x = DistTensor::from_local(
@@ -114,16 +117,9 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
         ];
         if s.stages {
             t.push(time(rank, s, || x.local().matmul(&w))?);
-            // Every rank sets the same path between the same two barriers.
-            cuda::barrier(rank)?;
-            cuda::synchronize(rank)?;
-            cuda::force_all_gather_matmul_path(Some(other))?;
-            cuda::barrier(rank)?;
-            let forced = time(rank, s, || x.all_gather_matmul(&w));
-            cuda::barrier(rank)?;
-            cuda::synchronize(rank)?;
-            cuda::force_all_gather_matmul_path(None)?;
-            t.push(forced?);
+            // The other path, through the call's options (every rank asks for the same).
+            let opts = MatmulOptions::new().all_gather_matmul_path(other);
+            t.push(time(rank, s, || x.all_gather_matmul_with(&[&w], &opts))?);
         }
         Ok(t)
     })?;
@@ -131,7 +127,7 @@ fn all_gather_matmul_row(world: &World, s: &Settings, m: usize, k: usize, n: usi
     Ok(Row {
         op: "all_gather_matmul",
         shape: format!("M={m} K={k} N_local={n}"),
-        path,
+        path: path.to_string(),
         fused: t[0],
         unfused: t[1],
         ceiling: t[2],
@@ -183,7 +179,7 @@ fn matmul_reduce_scatter_row(
     Ok(Row {
         op: "matmul_reduce_scatter",
         shape: format!("M={m} K_local={k} N={n}"),
-        path: cuda::matmul_reduce_scatter_path(&vec![m / p; p]),
+        path: cuda::matmul_reduce_scatter_path(&vec![m / p; p]).to_string(),
         fused: t[0],
         unfused: t[1],
         ceiling: t[2],
@@ -221,7 +217,7 @@ fn all_to_all_row(
     Ok(Row {
         op: "Ulysses all_to_all",
         shape: format!("B={b} S={seq} H={h} D={d}"),
-        path: "pull kernel",
+        path: "pull kernel".to_string(),
         fused: t[0],
         unfused: t[1],
         ceiling: t[2],

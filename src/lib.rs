@@ -8,6 +8,12 @@
 //! each a tile kernel in the programming model of Triton-distributed for Ascend NPUs. Where no NPU
 //! is present (the default), the same kernels run on a host simulation of the NPU.
 //!
+//! *The seed*, in these docs, is the programming model this crate follows: Triton-distributed
+//! for Ascend NPUs as its single-operator development guide writes it (tile kernels over
+//! symmetric memory, `symm_at`, `notify` / `wait` with tokens, grid-stride task loops, masks
+//! instead of padding, core counts from the topology). "As in the seed" means "as that model
+//! does".
+//!
 //! # The model in a page
 //!
 //! **Ranks.** A [`World`] is a set of ranks; [`World::run`] runs a closure once per rank, each on
@@ -83,6 +89,15 @@
 //! **Devices.** A [`Device`] says where a tensor lives and its ops run: the host (the default),
 //! an NVIDIA GPU (feature `cuda`: [`Tensor::to_device`], [`World::cuda`]) or an Ascend NPU.
 //!
+//! **One backend per world.** Where a world runs is set once, when it is made (threads,
+//! processes and MPI ranks: the host simulation; [`World::cuda`]: GPUs; [`World::ascend`]: NPUs),
+//! and [`Rank::device`] reads it. Every public collective and fused op chooses its backend in one
+//! function, from the world, never from where one tensor happens to be: it checks the
+//! [capability table](device::capability) (op x backend x element type x feature), agrees with
+//! the other ranks through the one exchange (the same in every world), moves its inputs to the
+//! world's device once, and takes one `match` on the backend. [`DistTensor`] and [`nn`] name no
+//! backend.
+//!
 //! **Ascend.** [`World::ascend`] runs one rank per NPU: the fused ops and collectives run as tile
 //! kernels written in Ascend C (one beside each host kernel), compiled at run time by CANN's
 //! `aclrtc` and launched on Ascend SHMEM's symmetric heap; CANN is opened at run time (no
@@ -97,11 +112,11 @@
 //! | [`checkpoint`] | save and load sharded tensors and training state (safetensors files, an index), resharded on load; published weights into a sharded layout |
 //! | [`autograd`] | reverse-mode autograd: [`Var`](autograd::Var) over [`Tensor`], [`DVar`](autograd::DVar) over [`DistTensor`] with the fused ops' duals, `gradcheck`, modules, the layers of a GPT |
 //! | [`nn`] | layers that train: column- and row-parallel linear, MLP, Ulysses attention, each with its backward pass; optimizers |
-//! | [`dist`] | [`DistTensor`], [`Placement`]: validate, choose a kernel, never touch raw memory |
-//! | [`fused`] | one file per fused op, with its unfused baseline |
-//! | [`collectives`] | all_gather, reduce_scatter, all_reduce, all_to_all, broadcast, as tile kernels |
-//! | [`device`] | topologies, launches, programs, tile operations; `host` and `ascend` backends |
-//! | [`shmem`] | the world, ranks, the symmetric heap, signals, tokens, barriers |
+//! | [`dist`] | [`DistTensor`], [`Placement`]: validate, lay out, never name a backend |
+//! | [`fused`] | one file per fused op, with its unfused baseline; each op's one backend `match` |
+//! | [`collectives`] | all_gather, reduce_scatter, all_reduce, all_to_all, broadcast; each one backend `match` |
+//! | [`device`] | the backends (`host`, `cuda`, `ascend`), the capability table, topologies, launches, tile operations |
+//! | [`shmem`] | the world (and where it runs), ranks, the symmetric heap, signals, tokens, the one exchange |
 //! | [`tensor`] | [`Tensor`], [`Element`] (f32, f64, f16, bf16), local matmul through `gemm`, local math |
 //!
 //! # Features

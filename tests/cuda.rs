@@ -9,17 +9,11 @@
 use std::time::{Duration, Instant};
 
 use dist_tensor::device::cuda;
-use dist_tensor::{Device, DistTensor, Element, Error, Placement, Rank, Tensor, World};
+use dist_tensor::fused::{AgPath, RsPath};
+use dist_tensor::{
+    Device, DistTensor, Element, Error, MatmulOptions, Placement, Rank, Tensor, World,
+};
 use half::{bf16, f16};
-
-/// The paths of the fused ops can be forced, process-wide: the test that forces them holds this
-/// for writing, the other tests of the fused ops for reading (the ranks of a world that see
-/// different paths fail the op).
-static PATHS: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn paths_fixed() -> std::sync::RwLockReadGuard<'static, ()> {
-    PATHS.read().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A world of `n` GPUs, or `None` after printing why there is none.
 fn gpus(test: &str, n: usize) -> Option<World> {
@@ -146,6 +140,28 @@ fn all_gather_matmul_case<T: Element>(
     widths: &[usize],
     fused: bool,
 ) {
+    all_gather_matmul_case_with::<T>(world, rows, k, widths, fused, None)
+}
+
+/// The fused op on `path`, asked for through the call's options.
+fn all_gather_matmul_case_on<T: Element>(
+    world: &World,
+    rows: &[usize],
+    k: usize,
+    widths: &[usize],
+    path: Option<AgPath>,
+) {
+    all_gather_matmul_case_with::<T>(world, rows, k, widths, true, path)
+}
+
+fn all_gather_matmul_case_with<T: Element>(
+    world: &World,
+    rows: &[usize],
+    k: usize,
+    widths: &[usize],
+    fused: bool,
+    path: Option<AgPath>,
+) {
     let m: usize = rows.iter().sum();
     let x = Tensor::<T>::random(&[m, k], 11);
     let ws: Vec<Tensor<T>> =
@@ -165,7 +181,12 @@ fn all_gather_matmul_case<T: Element>(
                 .map(|w| DistTensor::from_global(rank, w, Placement::Shard(1)))
                 .collect::<Result<_, _>>()?;
             let locals: Vec<&Tensor<T>> = shards.iter().map(|s| s.local()).collect();
-            let hs = if fused {
+            let hs = if let Some(path) = path {
+                xd.all_gather_matmul_with(
+                    &locals,
+                    &MatmulOptions::new().all_gather_matmul_path(path),
+                )?
+            } else if fused {
                 xd.all_gather_matmul_many(&locals)?
             } else {
                 locals
@@ -187,7 +208,6 @@ fn all_gather_matmul_case<T: Element>(
 
 fn all_gather_matmul_all<T: Element>(n: usize) {
     let Some(world) = gpus("all_gather_matmul", n) else { return };
-    let _paths = paths_fixed();
     for rows in row_cases(n) {
         for k in [1, 5, 64] {
             all_gather_matmul_case::<T>(&world, &rows, k, &[3], true);
@@ -197,7 +217,10 @@ fn all_gather_matmul_all<T: Element>(n: usize) {
     }
     // The overlap path: at least 1024 rows on a rank.
     let big: Vec<usize> = (0..n).map(|r| 1024 + 3 * r + 1).collect();
-    assert_eq!(cuda::all_gather_matmul_path(&big), if n == 1 { "local" } else { "overlap" });
+    assert_eq!(
+        cuda::all_gather_matmul_path(&big),
+        if n == 1 { AgPath::Local } else { AgPath::Overlap }
+    );
     all_gather_matmul_case::<T>(&world, &big, 40, &[24, 8], true);
     all_gather_matmul_case::<T>(&world, &big, 40, &[24], true); // a second call reuses the buffers
 }
@@ -219,6 +242,28 @@ fn matmul_reduce_scatter_case<T: Element>(
     big_n: usize,
     fused: bool,
 ) -> Vec<Tensor<T>> {
+    matmul_reduce_scatter_case_with::<T>(world, m, ks, big_n, fused, None)
+}
+
+/// The fused op on `path`, asked for through the call's options.
+fn matmul_reduce_scatter_case_on<T: Element>(
+    world: &World,
+    m: usize,
+    ks: &[usize],
+    big_n: usize,
+    path: Option<RsPath>,
+) -> Vec<Tensor<T>> {
+    matmul_reduce_scatter_case_with::<T>(world, m, ks, big_n, true, path)
+}
+
+fn matmul_reduce_scatter_case_with<T: Element>(
+    world: &World,
+    m: usize,
+    ks: &[usize],
+    big_n: usize,
+    fused: bool,
+    path: Option<RsPath>,
+) -> Vec<Tensor<T>> {
     let k: usize = ks.iter().sum();
     let h = Tensor::<T>::random(&[m, k], 31);
     let w = Tensor::<T>::random(&[k, big_n], 32);
@@ -234,7 +279,12 @@ fn matmul_reduce_scatter_case<T: Element>(
             );
             let hd = DistTensor::from_local(rank, hl, Placement::Shard(1))?;
             let wl = wl.to_rank(rank)?;
-            let y = if fused {
+            let y = if let Some(path) = path {
+                hd.matmul_reduce_scatter_with(
+                    &wl,
+                    &MatmulOptions::new().matmul_reduce_scatter_path(path),
+                )?
+            } else if fused {
                 hd.matmul_reduce_scatter(&wl)?
             } else {
                 hd.matmul_reduce_scatter_unfused(&wl)?
@@ -256,7 +306,6 @@ fn matmul_reduce_scatter_case<T: Element>(
 
 fn matmul_reduce_scatter_all<T: Element>(n: usize) {
     let Some(world) = gpus("matmul_reduce_scatter", n) else { return };
-    let _paths = paths_fixed();
     let k_cases: Vec<Vec<usize>> = if n == 1 {
         vec![vec![1], vec![9]]
     } else {
@@ -288,42 +337,27 @@ fn matmul_reduce_scatter_matches_f64_worlds_1_and_2() {
     }
 }
 
-/// Puts the forced paths back to the choice by shape when dropped (also when a check fails).
-struct ForcedPaths;
-
-impl Drop for ForcedPaths {
-    fn drop(&mut self) {
-        cuda::force_all_gather_matmul_path(None).unwrap();
-        cuda::force_matmul_reduce_scatter_path(None).unwrap();
-    }
-}
-
 #[test]
 fn every_path_of_the_fused_ops_matches_f64_on_two_gpus() {
     let Some(world) = gpus("forced paths", 2) else { return };
-    let _paths = PATHS.write().unwrap_or_else(|p| p.into_inner());
-    let _reset = ForcedPaths;
     // Few rows, uneven, empty, and the overlap path's sizes (at least 1024 rows on a rank).
     let ag_rows: [&[usize]; 4] = [&[3, 4], &[0, 5], &[1029, 1024], &[7, 1030]];
-    for path in ["gather", "overlap"] {
-        cuda::force_all_gather_matmul_path(Some(path)).unwrap();
+    for path in [AgPath::Gather, AgPath::Overlap] {
         // Twice: the second call reuses the buffers (the gather path's other half).
         for _ in 0..2 {
             for rows in ag_rows {
-                all_gather_matmul_case::<bf16>(&world, rows, 40, &[24, 8], true);
-                all_gather_matmul_case::<f32>(&world, rows, 17, &[5], true);
+                all_gather_matmul_case_on::<bf16>(&world, rows, 40, &[24, 8], Some(path));
+                all_gather_matmul_case_on::<f32>(&world, rows, 17, &[5], Some(path));
             }
         }
     }
-    cuda::force_all_gather_matmul_path(None).unwrap();
     // matmul_reduce_scatter: each path twice (the same bits).
     for (m, ks) in [(7, [4, 7]), (1, [0, 6]), (2 * 1024 + 3, [16, 21])] {
-        for path in ["single", "chunked"] {
-            cuda::force_matmul_reduce_scatter_path(Some(path)).unwrap();
-            let first = matmul_reduce_scatter_case::<bf16>(&world, m, &ks, 40, true);
-            let second = matmul_reduce_scatter_case::<bf16>(&world, m, &ks, 40, true);
+        for path in [RsPath::Single, RsPath::Chunked] {
+            let first = matmul_reduce_scatter_case_on::<bf16>(&world, m, &ks, 40, Some(path));
+            let second = matmul_reduce_scatter_case_on::<bf16>(&world, m, &ks, 40, Some(path));
             assert_eq!(first, second, "{path}: not bitwise reproducible (m {m})");
-            matmul_reduce_scatter_case::<f32>(&world, m, &ks, 13, true);
+            matmul_reduce_scatter_case_on::<f32>(&world, m, &ks, 13, Some(path));
         }
     }
 }
@@ -464,7 +498,6 @@ fn a_rank_that_errors_ends_the_other_ranks_kernels() {
 #[test]
 fn a_rank_that_panics_ends_the_other_ranks_kernels() {
     let Some(world) = gpus("fault: panic", 2) else { return };
-    let _paths = paths_fixed();
     let w = Tensor::<bf16>::random(&[32, 16], 3);
     let start = Instant::now();
     let err = world

@@ -25,9 +25,11 @@ pub fn timed(rank: &Rank<'_>, iters: u64, mut op: impl FnMut() -> Result<()>) ->
     Ok(start.elapsed())
 }
 
-pub fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |t| t.get())
-}
+/// The statistics the reports use too (medians, quartiles, pairs, load, cores).
+#[path = "../../examples/common/stats.rs"]
+pub mod stats;
+
+pub use stats::cores;
 
 /// The `gemm` crate on `[m, k] x [k, n]` f32 with every core into a reused output, `iters` times.
 pub fn gemm_f32(m: usize, k: usize, n: usize, iters: u64) -> Duration {

@@ -351,11 +351,3 @@ fn copy_on(threads: usize, src: &[u8], dst: &mut [u8], streaming: bool) -> f64 {
     black_box(dst);
     len as f64 / seconds
 }
-
-/// The 1-minute load average (`/proc/loadavg`): how busy the machine was with other work.
-pub fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "not listed".to_string())
-}

@@ -19,6 +19,7 @@
 //! medians, and the quartiles of the pair-by-pair ratios.
 
 mod machine;
+#[path = "../common/stats.rs"]
 mod measure;
 mod mpi;
 
@@ -303,7 +304,7 @@ fn main() -> Result<()> {
         return mpi::main(std::env::args().any(|a| a == "--quick"));
     }
     let Args { reps, runs, only, processes, row } = args();
-    let load_before = machine::load_average();
+    let load_before = measure::load_1min();
     let cases: Vec<Case> = cases()
         .into_iter()
         .filter(|c| {
@@ -364,8 +365,8 @@ fn main() -> Result<()> {
     println!("CPU: {}", cpu.describe());
     println!(
         "load average (1 min, {} cores): {load_before} before the report, {} after",
-        machine::cores(),
-        machine::load_average()
+        measure::cores(),
+        measure::load_1min()
     );
     println!("{} (medians of {} measurements, one before each row)", l.describe(), limits.len());
     println!(

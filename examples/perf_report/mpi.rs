@@ -1,7 +1,8 @@
 //! `perf_report --mpi`: the fused ops across nodes beside the unfused baselines a user of MPI
 //! writes (`MPI_Allgatherv` then the local GEMM, the local GEMM then `MPI_Reduce_scatter`, a
-//! permute, `MPI_Alltoallv` and a permute back), with the transport measured per path, the model
-//! of `design/processes-and-hosts.md` fitted to it, and a projection to a faster fabric.
+//! permute, `MPI_Alltoallv` and a permute back), with the transport measured per path, a model of
+//! each op's time (latency plus bytes over bandwidth per step) fitted to it, and a projection to
+//! a faster fabric.
 //!
 //! Started plainly (`perf_report --mpi`), it runs itself under mpirun in three shapes of fake nodes on this host (every
 //! process its own node, 2 and 4 nodes; 2 nodes of 2 ranks), with `--mca btl self,tcp` so every
@@ -16,25 +17,16 @@ use dist_tensor::shmem::{GlobalPtr, SignalOp, WaitCmp, WaitSem};
 use dist_tensor::tensor::matmul;
 use dist_tensor::{DistTensor, Error, Placement, Rank, Result, Tensor, World, fused};
 
+use super::measure::{self, load, median};
+
 /// The shapes run: processes, ranks per node.
 const SHAPES: [(usize, usize); 3] = [(2, 1), (4, 1), (4, 2)];
 /// The fabric the projection models.
 const FABRIC_ALPHA_US: f64 = 3.0;
 const FABRIC_GB_S: f64 = 25.0;
-/// What each fused op puts to another node at once, in f32 (256 Ki elements: `REMOTE_CHUNK_ELEMS`
-/// of all_gather_matmul and all_to_all, `NODE_CHUNK_ELEMS` of matmul_reduce_scatter).
+/// What each fused op puts to another node at once, in f32 (256 Ki elements: the library's
+/// `REMOTE_CHUNK_ELEMS`, one for every op).
 const NODE_CHUNK_BYTES: usize = 256 * 1024 * 4;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
 
 /// Runs this program under mpirun in every shape; rank 0 of each prints its tables.
 pub fn main(quick: bool) -> Result<()> {
@@ -204,27 +196,12 @@ fn model(
 fn pairs(
     rank: &Rank<'_>,
     reps: usize,
-    mut fused: impl FnMut() -> Result<()>,
-    mut mpi: impl FnMut() -> Result<()>,
+    fused: impl FnMut() -> Result<()>,
+    mpi: impl FnMut() -> Result<()>,
 ) -> Result<(f64, f64, f64)> {
-    let timed = |op: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-        let _ = rank.barrier_all()?;
-        let start = Instant::now();
-        op()?;
-        let _ = rank.barrier_all()?;
-        Ok(start.elapsed().as_secs_f64())
-    };
-    timed(&mut fused)?;
-    timed(&mut mpi)?;
-    let (mut f, mut u, mut r) = (vec![], vec![], vec![]);
-    for _ in 0..reps {
-        let tf = timed(&mut fused)?;
-        let tu = timed(&mut mpi)?;
-        f.push(tf);
-        u.push(tu);
-        r.push(tf / tu);
-    }
-    Ok((median(f), median(u), median(r)))
+    let pairs = measure::pairs(rank, reps, fused, mpi)?;
+    let each = |f: fn(&measure::Pair) -> f64| median(pairs.iter().map(f).collect());
+    Ok((each(|p| p.fused), each(|p| p.unfused), each(measure::Pair::ratio)))
 }
 
 /// Median time of `op` run by every rank at once (as the ops' local work is), from barrier to
@@ -232,11 +209,7 @@ fn pairs(
 fn together(rank: &Rank<'_>, reps: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
     let mut t = Vec::new();
     for _ in 0..reps + 1 {
-        let _ = rank.barrier_all()?;
-        let start = Instant::now();
-        op()?;
-        let _ = rank.barrier_all()?;
-        t.push(start.elapsed().as_secs_f64());
+        t.push(measure::together(rank, &mut op)?);
     }
     Ok(median(t[1..].to_vec()))
 }

@@ -3,9 +3,11 @@
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
-use crate::device::{LaunchMode, ascend, launch, tile};
-use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
-use crate::tensor::split_offsets;
+use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
+use crate::fused::all_gather_matmul::device_data;
+use crate::fused::operand::to_world_device;
+use crate::shmem::{DeviceWorld, GlobalPtr, GlobalPtrMut, Rank};
+use crate::tensor::{Tensor, split_offsets};
 use crate::{Element, Result};
 
 /// Concatenates every rank's `local` in rank order. Lengths may differ between ranks, and may be
@@ -120,7 +122,7 @@ pub(crate) fn gather<T: Element>(
         }
         _ => None,
     };
-    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
+    let problem = problem.or_else(|| capability::dtype_problem(op, rank.backend(), T::DTYPE));
     let words = [rows as u64, local.len() as u64, out.len_word()];
     let all = exchange_checked::<T>(rank, op, &words, problem, &[])?;
     all.agree(op, 0, "rows")?;
@@ -130,9 +132,22 @@ pub(crate) fn gather<T: Element>(
         let col_offsets = split_offsets(&cols);
         let total_cols = col_offsets[n];
         check_outputs(op, &all, 2, |_| rows * total_cols)?;
-        if let Some(npu) = rank.ascend() {
-            let gathered = ascend::launch::all_gather(&npu, local, rows, &cols)
-                .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let gathered = match rank.device_world() {
+            DeviceWorld::Host => None,
+            DeviceWorld::Ascend(world) => {
+                let npu = ascend::AscendRank { world, rank };
+                Some(ascend::launch::all_gather(&npu, local, rows, &cols))
+            }
+            DeviceWorld::Cuda(gpus) => Some((|| {
+                // The block moves to this rank's GPU and back: the gather runs there.
+                let block = Tensor::from_shape_vec(&[rows, cols[me]], local.to_vec())?;
+                let block = to_world_device(rank, block)?;
+                let whole = cuda::all_gather(gpus, rank, device_data(&block), 1, &cols)?;
+                Ok(Tensor::from_device_storage(whole).to_host()?.as_slice().to_vec())
+            })()),
+        };
+        if let Some(gathered) = gathered {
+            let gathered = gathered.inspect_err(|e| rank.fail_after_agreeing(e))?;
             return out.fill(op, gathered.len(), |out| {
                 out.copy_from_slice(&gathered);
                 Ok(())

@@ -9,10 +9,10 @@
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
-use crate::device::{LaunchMode, ascend, launch, tile};
+use crate::device::{LaunchMode, ascend, capability, launch, tile};
 use crate::shmem::{
-    GlobalPtr, GlobalPtrMut, MAX_WORDS, NotifySem, Rank, Scope, SignalBuf, SignalOp, WaitCmp,
-    WaitSem, Workspace, symm_at,
+    DeviceWorld, GlobalPtr, GlobalPtrMut, MAX_WORDS, NotifySem, Rank, Scope, SignalBuf, SignalOp,
+    WaitCmp, WaitSem, Workspace, symm_at,
 };
 use crate::tensor::split_offsets;
 use crate::{Element, Result, Tensor};
@@ -132,7 +132,7 @@ pub fn all_to_all_v_tensor<T: Element>(
     const OP: &str = "all_to_all_v_tensor";
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = counts_problem(rank, input, send_counts)
-        .or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
+        .or_else(|| capability::dtype_problem("all_to_all_v", rank.backend(), T::DTYPE));
     // Every rank's counts for every rank, where they fit in the exchange (else no push).
     let push = n + 2 <= MAX_WORDS;
     let mut words = vec![input.len() as u64, rank.free_output_blocks()];
@@ -151,7 +151,7 @@ pub fn all_to_all_v_tensor<T: Element>(
     };
     // Across nodes (a world joined by MPI) peers of other nodes have no block to copy into
     // here: the pull kernel puts to them.
-    if rank.ascend().is_some() || !push || rank.num_nodes() > 1 {
+    if !matches!(rank.device_world(), DeviceWorld::Host) || !push || rank.num_nodes() > 1 {
         return pulled();
     }
     // counts[s][d]: what rank s sends rank d.
@@ -288,7 +288,8 @@ fn exchange_and_send<T: Element>(
     let n = rank.num_ranks();
     let words = [input.len() as u64, out.len_word()];
     let personal = personal_words(send_counts, n);
-    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
+    let problem =
+        problem.or_else(|| capability::dtype_problem("all_to_all_v", rank.backend(), T::DTYPE));
     let all = exchange_checked::<T>(rank, OP, &words, problem, &personal)?;
     // What rank p sends me, and where in p's input it starts.
     let recv: Vec<usize> = (0..n).map(|p| all.personal(p)[0] as usize).collect();
@@ -317,13 +318,19 @@ fn pull<T: Element>(
     let (me, n) = (rank.rank(), rank.num_ranks());
     let longest = input_lens.iter().copied().max().unwrap_or(0);
     let recv_offsets = split_offsets(recv);
-    if let Some(npu) = rank.ascend() {
-        let got = ascend::launch::all_to_all_v(&npu, input, recv, send_start, longest)
-            .inspect_err(|e| rank.fail_after_agreeing(e))?;
-        return out.fill(OP, got.len(), |out| {
-            out.copy_from_slice(&got);
-            Ok(())
-        });
+    match rank.device_world() {
+        DeviceWorld::Host => {}
+        DeviceWorld::Ascend(world) => {
+            let npu = ascend::AscendRank { world, rank };
+            let got = ascend::launch::all_to_all_v(&npu, input, recv, send_start, longest)
+                .inspect_err(|e| rank.fail_after_agreeing(e))?;
+            return out.fill(OP, got.len(), |out| {
+                out.copy_from_slice(&got);
+                Ok(())
+            });
+        }
+        // Refused in the exchange above (the capability table has no GPU kernel for it).
+        DeviceWorld::Cuda(_) => capability::check("all_to_all_v", rank.backend(), T::DTYPE, &[])?,
     }
     // Ranks of other nodes put what they send this rank into its mirror, each at the offset of
     // its input among all inputs (every rank knows the input lengths, not what others send each

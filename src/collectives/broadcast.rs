@@ -3,9 +3,10 @@
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
-use crate::device::{LaunchMode, ascend, launch, tile};
-use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
-use crate::{Element, Result};
+use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
+use crate::fused::operand::to_world_device;
+use crate::shmem::{DeviceWorld, GlobalPtr, GlobalPtrMut, Rank};
+use crate::{Element, Result, Tensor};
 
 /// Every rank gets a copy of `root`'s `data`; the other ranks' `data` is not read (pass `&[]`).
 ///
@@ -64,16 +65,29 @@ fn cast<T: Element>(
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = (root >= n)
         .then(|| format!("root {root} is outside a world of {n} ranks"))
-        .or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(OP)));
+        .or_else(|| capability::dtype_problem(OP, rank.backend(), T::DTYPE));
     let words = [root as u64, data.len() as u64, out.len_word()];
     let all = exchange_checked::<T>(rank, OP, &words, problem, &[])?;
     all.agree(OP, 0, "root")?;
     with_workspace::<T, _>(rank, |ws| {
         let len = all[root][1] as usize;
         check_outputs(OP, &all, 2, |_| len)?;
-        if let Some(npu) = rank.ascend() {
-            let got = ascend::launch::broadcast(&npu, data, root, len)
-                .inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let got = match rank.device_world() {
+            DeviceWorld::Host => None,
+            DeviceWorld::Ascend(world) => {
+                let npu = ascend::AscendRank { world, rank };
+                Some(ascend::launch::broadcast(&npu, data, root, len))
+            }
+            DeviceWorld::Cuda(_) => Some((|| {
+                // The root's data moves to its GPU, and every rank's copy comes back from its own.
+                let mine = if me == root { data.to_vec() } else { vec![T::zero(); len] };
+                let mine = to_world_device(rank, Tensor::from_shape_vec(&[len], mine)?)?;
+                let got = cuda::broadcast(rank, &mine, root)?.to_host()?;
+                Ok(got.as_slice().to_vec())
+            })()),
+        };
+        if let Some(got) = got {
+            let got = got.inspect_err(|e| rank.fail_after_agreeing(e))?;
             return out.fill(OP, len, |out| {
                 out.copy_from_slice(&got);
                 Ok(())

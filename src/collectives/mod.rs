@@ -18,6 +18,7 @@ mod all_reduce;
 mod all_to_all;
 mod broadcast;
 mod reduce_scatter;
+mod tensor;
 mod workspace;
 
 pub use all_gather::{all_gather, all_gather_cols, all_gather_cols_into, all_gather_into};
@@ -27,3 +28,5 @@ pub use broadcast::{broadcast, broadcast_into};
 pub use reduce_scatter::{
     ReduceOp, reduce_scatter, reduce_scatter_cols, reduce_scatter_cols_into, reduce_scatter_into,
 };
+pub use tensor::all_reduce_tensor;
+pub(crate) use tensor::{all_gather_along, reduce_scatter_along, slice_along};

@@ -4,9 +4,11 @@ use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::tile::{self, Tile};
-use crate::device::{LaunchMode, ascend, launch};
-use crate::shmem::{GlobalPtr, GlobalPtrMut, MAX_WORDS, Rank, digest};
-use crate::tensor::{array_split, split_offsets};
+use crate::device::{LaunchMode, ascend, capability, cuda, launch};
+use crate::fused::all_gather_matmul::device_data;
+use crate::fused::operand::to_world_device;
+use crate::shmem::{DeviceWorld, GlobalPtr, GlobalPtrMut, MAX_WORDS, Rank, digest};
+use crate::tensor::{Tensor, array_split, split_offsets};
 use crate::{Element, Result};
 
 /// Elements per reduction task: each program holds one tile per rank, so these are smaller than
@@ -137,6 +139,35 @@ pub fn reduce_scatter_cols<T: Element>(
 }
 
 /// The reduce_scatter, for the call `name` (see `all_gather::gather`).
+/// The reduction on a CUDA world's GPUs: the input moves to this rank's GPU, is summed there in
+/// rank order over every rank, and this rank's columns come back.
+fn on_gpus<T: Element>(
+    gpus: &cuda::CudaWorld,
+    rank: &Rank<'_>,
+    input: &[T],
+    rows: usize,
+    counts: &[usize],
+    op: ReduceOp,
+) -> Result<Vec<T>> {
+    let me = rank.rank();
+    let total: usize = counts.iter().sum();
+    let block = Tensor::from_shape_vec(&[rows, total], input.to_vec())?;
+    let block = to_world_device(rank, block)?;
+    let sum = cuda::reduce_sum(gpus, rank, device_data(&block), None)?;
+    let sum = Tensor::from_device_storage(sum).to_host()?;
+    let start = split_offsets(counts)[me];
+    let scale = 1.0 / rank.num_ranks() as f64;
+    let mut mine = Vec::with_capacity(rows * counts[me]);
+    for row in sum.as_slice().chunks(total.max(1)).take(rows) {
+        let cols = &row[start..start + counts[me]];
+        match op {
+            ReduceOp::Sum => mine.extend_from_slice(cols),
+            ReduceOp::Mean => mine.extend(cols.iter().map(|&v| T::from_f64(v.to_f64() * scale))),
+        }
+    }
+    Ok(mine)
+}
+
 pub(crate) fn reduce<T: Element>(
     name: &'static str,
     rank: &Rank<'_>,
@@ -153,7 +184,7 @@ pub(crate) fn reduce<T: Element>(
     } else if total.and_then(|t| rows.checked_mul(t)) != Some(input.len()) {
         Some(format!("{} elements are not {rows} rows of {total:?}", input.len()))
     } else {
-        rank.ascend().and_then(|_| ascend::check_dtype::<T>(name))
+        capability::dtype_problem(name, rank.backend(), T::DTYPE)
     };
     let total = total.unwrap_or(0);
     // The counts must be the same on every rank: each sends a digest, and the counts themselves
@@ -180,9 +211,16 @@ pub(crate) fn reduce<T: Element>(
     }
     all.agree(name, 3, "digest of the split counts")?;
     check_outputs(name, &all, 4, |r| rows * counts[r])?;
-    if let Some(npu) = rank.ascend() {
-        let mine = ascend::launch::reduce_scatter(&npu, input, rows, counts, op == ReduceOp::Mean)
-            .inspect_err(|e| rank.fail_after_agreeing(e))?;
+    let mine = match rank.device_world() {
+        DeviceWorld::Host => None,
+        DeviceWorld::Ascend(world) => {
+            let npu = ascend::AscendRank { world, rank };
+            Some(ascend::launch::reduce_scatter(&npu, input, rows, counts, op == ReduceOp::Mean))
+        }
+        DeviceWorld::Cuda(gpus) => Some(on_gpus(gpus, rank, input, rows, counts, op)),
+    };
+    if let Some(mine) = mine {
+        let mine = mine.inspect_err(|e| rank.fail_after_agreeing(e))?;
         return out.fill(name, mine.len(), |out| {
             out.copy_from_slice(&mine);
             Ok(())

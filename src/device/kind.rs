@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use super::Topology;
 use super::ascend::Ascend;
+use super::capability::{self, Backend};
+use crate::tensor::DType;
 use crate::{Error, Result};
 
 /// A device to run on: the host simulation of an NPU (the default) or Ascend NPU `n` (an index
@@ -105,15 +107,12 @@ impl Device {
     pub fn ensure_supported(&self, op: &'static str) -> Result<()> {
         match *self {
             Device::Host | Device::Cuda(_) => Ok(()),
-            Device::Ascend(_) if NPU_OPS.contains(&op) => Ok(()),
-            Device::Ascend(_) => Err(Error::DeviceUnavailable {
-                op,
-                device: self.to_string(),
-                reason: format!(
-                    "{op} has no NPU kernel; the ops with one are {}; run {op} on a host world",
-                    NPU_OPS.join(", ")
-                ),
-            }),
+            Device::Ascend(_) => match capability::refusal(op, Backend::Ascend, DType::F32, &[]) {
+                None => Ok(()),
+                Some(reason) => {
+                    Err(Error::DeviceUnavailable { op, device: self.to_string(), reason })
+                }
+            },
         }
     }
 }

@@ -4,17 +4,14 @@
 //! who it is through [`Program`] and works on tiles with the operations in [`tile`].
 
 pub mod ascend;
-mod backend;
+pub mod capability;
 pub mod cuda;
 pub mod host;
 mod kind;
-mod launch;
-mod program;
-pub mod tile;
 mod topology;
 
-pub(crate) use backend::Backend;
+pub use host::launch::launch;
+pub use host::program::Program;
+pub use host::tile;
 pub use kind::{Device, NPU_OPS};
-pub use launch::launch;
-pub use program::Program;
 pub use topology::{LaunchMode, Topology};

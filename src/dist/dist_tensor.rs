@@ -4,6 +4,8 @@ use ndarray::{ArrayViewD, Axis, Slice};
 
 use super::{Placement, Split};
 use crate::collectives;
+use crate::device::Device;
+use crate::fused::operand::to_world_device;
 use crate::shmem::{Rank, WordExchange, Workspace, check_agree};
 use crate::tensor::{Element, Tensor, array_split, split_offsets};
 use crate::{Error, Result};
@@ -172,7 +174,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
             }
             None => Vec::new(),
         };
-        let local = super::on_gpu::place(rank, local)?;
+        let local = to_world_device(rank, local)?;
         Ok(DistTensor::new(rank, local, placement, global_shape, splits))
     }
 
@@ -210,10 +212,10 @@ impl<'r, T: Element> DistTensor<'r, T> {
         global: &Tensor<T>,
         placement: Placement,
     ) -> Result<Self> {
-        if rank.cuda_world().is_some() {
-            // A GPU world: split on the host, then each part goes to its rank's GPU.
+        if global.device() != Device::Host || rank.tensor_device() != Device::Host {
+            // Split on the host; each part then goes where the world keeps its tensors.
             let host = DistTensor::from_global_host(rank, &global.to_host()?, placement)?;
-            let local = super::on_gpu::place(rank, host.local)?;
+            let local = to_world_device(rank, host.local)?;
             return Ok(DistTensor { local, ..host });
         }
         Self::from_global_host(rank, global, placement)
@@ -295,7 +297,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
         } else {
             global
         };
-        let local = super::on_gpu::place(rank, shard_of(global.view(), dim, &splits, rank.rank()))?;
+        let local = to_world_device(rank, shard_of(global.view(), dim, &splits, rank.rank()))?;
         Ok(DistTensor::new(rank, local, Placement::Shard(dim), shape, splits))
     }
 
@@ -316,20 +318,16 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn to_global(&self) -> Result<Tensor<T>> {
-        if let Some(world) = self.gpus() {
-            return self.gpu_to_global(world);
-        }
         match self.placement {
-            Placement::Shard(d) => {
-                let rows: usize = self.global_shape[..d].iter().product();
-                let data = collectives::all_gather_cols(self.rank, self.local.as_slice(), rows)?;
-                Tensor::from_shape_vec(&self.global_shape, data)
-            }
+            Placement::Shard(d) => collectives::all_gather_along(
+                self.rank,
+                &self.local,
+                d,
+                &self.splits,
+                &self.global_shape,
+            ),
             Placement::Replicate => Ok(self.local.clone()),
-            Placement::Partial => {
-                let data = collectives::all_reduce(self.rank, self.local.as_slice())?;
-                Tensor::from_shape_vec(&self.global_shape, data)
-            }
+            Placement::Partial => collectives::all_reduce_tensor(self.rank, &self.local),
         }
     }
 

@@ -198,7 +198,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// ```
     pub fn cast<U: Element>(&self) -> Result<DistTensor<'r, U>> {
         let local = if self.local.device_storage().is_some() {
-            super::on_gpu::place(self.rank, self.local.to_host()?.cast())?
+            crate::fused::operand::to_world_device(self.rank, self.local.to_host()?.cast())?
         } else {
             self.local.cast()
         };

@@ -13,8 +13,9 @@ use ndarray::{Array2, ArrayView2, Axis, Slice};
 
 use super::dist_tensor::RowSplit;
 use super::{DistTensor, Placement, Split};
-use crate::fused::all_gather_matmul::all_gather_matmul_checked;
-use crate::fused::matmul_reduce_scatter::matmul_reduce_scatter_checked;
+use crate::device::capability::{self, Feature};
+use crate::fused::operand::Operand;
+use crate::fused::{AgPath, RsPath, all_gather_matmul, matmul_reduce_scatter};
 use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};
 
@@ -39,6 +40,8 @@ pub struct MatmulOptions {
     transpose_weights: bool,
     unfused: bool,
     output_split: Option<(usize, Split)>,
+    ag_path: Option<AgPath>,
+    rs_path: Option<RsPath>,
 }
 
 impl MatmulOptions {
@@ -122,41 +125,64 @@ impl MatmulOptions {
         self.output_split = Some((dim, split.into()));
         self
     }
+
+    /// The path `all_gather_matmul` takes on a device backend whose kernels have several (see
+    /// [`AgPath`]), instead of the one its shape chooses: for measuring both paths on one shape
+    /// and testing each. Every rank must ask for the same; the host and NPU kernels have one
+    /// path and take no notice.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::MatmulOptions;
+    /// use dist_tensor::fused::AgPath;
+    /// let opts = MatmulOptions::new().all_gather_matmul_path(AgPath::Overlap);
+    /// assert_ne!(opts, MatmulOptions::new());
+    /// ```
+    pub fn all_gather_matmul_path(mut self, path: AgPath) -> Self {
+        self.ag_path = Some(path);
+        self
+    }
+
+    /// The path `matmul_reduce_scatter` takes on a device backend whose kernels have several
+    /// (see [`RsPath`]), as [`MatmulOptions::all_gather_matmul_path`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::MatmulOptions;
+    /// use dist_tensor::fused::RsPath;
+    /// let opts = MatmulOptions::new().matmul_reduce_scatter_path(RsPath::Chunked);
+    /// assert_ne!(opts, MatmulOptions::new());
+    /// ```
+    pub fn matmul_reduce_scatter_path(mut self, path: RsPath) -> Self {
+        self.rs_path = Some(path);
+        self
+    }
 }
 
-/// Weights as 2-D views (transposed in place when asked), and what is wrong with them on this
-/// rank: a weight that is not 2-D becomes an empty view, and its real shape travels with the
-/// fused op's shape exchange, so that every rank fails together instead of this one failing
-/// alone while its peers wait.
-fn weight_views<'a, T: Element>(
+/// Weights as operands (read transposed when asked), and what is wrong with them on this rank: a
+/// weight that is not 2-D becomes an empty view, and its real shape travels with the fused op's
+/// shape exchange, so that every rank fails together instead of this one failing alone while its
+/// peers wait. Only shapes are read here: the weights may live on any device.
+fn weight_operands<'a, T: Element>(
     ws: &[&'a Tensor<T>],
     transpose: bool,
-) -> (Vec<ArrayView2<'a, T>>, Option<String>) {
+) -> (Vec<Operand<'a, T>>, Option<String>) {
     let mut problem = None;
-    let views = ws
+    let operands = ws
         .iter()
         .enumerate()
-        .map(|(i, w)| match w.view2("weight") {
-            Ok(view) if transpose => view.reversed_axes(),
-            Ok(view) => view,
-            Err(_) => {
+        .map(|(i, w)| {
+            if w.ndim() == 2 {
+                Operand::Tensor(w, transpose)
+            } else {
                 problem.get_or_insert_with(|| {
                     format!("weight {i} has shape {:?}; weights are 2-D matrices", w.shape())
                 });
-                ArrayView2::from_shape((0, 0), &[]).expect("empty")
+                Operand::View(ArrayView2::from_shape((0, 0), &[]).expect("empty"))
             }
         })
         .collect();
-    (views, problem)
-}
-
-/// The error for an option a GPU world does not have yet.
-fn gpu_lacks(op: &'static str, what: &str) -> Error {
-    Error::DeviceUnavailable {
-        op,
-        device: "cuda".to_string(),
-        reason: format!("{what} runs on the host and Ascend worlds only"),
-    }
+    (operands, problem)
 }
 
 /// How the leading dimensions `lead` of a `[..., K]` tensor, sharded on `lead[dim]` as `sizes`,
@@ -181,10 +207,14 @@ impl Rows {
 
     /// Rank-major rows (every rank's rows in turn, as the gather delivers them) in row-major
     /// order of the whole tensor.
-    fn to_global_order<T: Element>(&self, by_rank: Array2<T>) -> Result<Array2<T>> {
+    fn to_global_order<T: Element>(&self, by_rank: Tensor<T>) -> Result<Tensor<T>> {
         if self.outer <= 1 {
             return Ok(by_rank); // already in order (or empty)
         }
+        // More than one outer block: an N-D input, computed on the host (the capability table
+        // refuses it elsewhere).
+        let by_rank: Array2<T> =
+            by_rank.into_array().into_dimensionality().expect("a product is 2-D");
         let (m, n) = by_rank.dim();
         let run = m / self.outer; // rows of one outer block, all ranks
         // Every row is written below.
@@ -202,7 +232,7 @@ impl Rows {
             }
         }
         pool::give(by_rank.into_raw_vec_and_offset().0);
-        Ok(out)
+        Ok(Tensor::from_array(out.into_dyn()))
     }
 
     /// The inverse of [`Rows::to_global_order`]: row-major rows grouped by the rank that keeps
@@ -228,21 +258,10 @@ impl Rows {
     }
 }
 
-/// The error for a tensor of more than 2 dimensions in a GPU world.
-fn gpu_takes_2d(op: &'static str, placement: Placement, ndim: usize) -> Error {
-    Error::UnsupportedPlacement {
-        op,
-        placement: format!("{placement} of a {ndim}-D tensor on GPUs"),
-        expected: "a 2-D tensor: on GPUs the matmul ops take [M, K] (DistTensor::reshape first)"
-            .to_string(),
-    }
-}
-
-/// `x`'s part as `[rows, last]`, without a copy.
-fn as_rows<T: Element>(t: &Tensor<T>) -> ArrayView2<'_, T> {
-    let last = *t.shape().last().expect("at least 2-D");
-    let rows = t.shape()[..t.ndim() - 1].iter().product();
-    ArrayView2::from_shape((rows, last), t.as_slice()).expect("a tensor is contiguous")
+/// `t` with `shape` (the same elements): as it is when it has that shape already, which keeps a
+/// device tensor where it is.
+fn reshaped<T: Element>(t: Tensor<T>, shape: &[usize]) -> Result<Tensor<T>> {
+    if t.shape() == shape { Ok(t) } else { t.reshape(shape) }
 }
 
 impl<'r, T: Element> DistTensor<'r, T> {
@@ -427,20 +446,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
         };
         let lead = &self.global_shape[..ndim - 1];
         let rows = Rows::new(lead, d, self.splits.clone());
-        if let Some(world) = self.gpus() {
-            if ndim != 2 {
-                return Err(gpu_takes_2d(OP, self.placement, ndim));
-            }
-            if opts.transpose_weights || keep_input {
-                return Err(gpu_lacks(OP, "reading weights transposed or keeping the input"));
-            }
-            let rows_from = RowSplit { dim: 0, sizes: self.splits.clone() };
-            let outs = self.gpu_gather_products(world, ws, fused)?;
-            let outs =
-                outs.into_iter().map(|t| t.with_rows_from(Some(rows_from.clone()))).collect();
-            return Ok((outs, None));
-        }
-        let (views, mut problem) = weight_views(ws, opts.transpose_weights);
+        let (weights, mut problem) = weight_operands(ws, opts.transpose_weights);
         if let Some((dim, split)) = &opts.output_split {
             problem.get_or_insert_with(|| {
                 format!(
@@ -449,19 +455,20 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 )
             });
         }
-        let out = all_gather_matmul_checked(
+        let x = Operand::from(&self.local);
+        let out = all_gather_matmul::run(
             self.rank,
-            as_rows(&self.local),
-            &views,
+            x,
+            &weights,
             problem,
             fused,
             keep_input,
+            opts.ag_path,
         )?;
         let rows_from = RowSplit { dim: d, sizes: self.splits.clone() };
         let input = match out.gathered {
             Some(gathered) => {
-                let gathered = rows.to_global_order(gathered)?;
-                let local = Tensor::from_array(gathered.into_dyn()).reshape(&self.global_shape)?;
+                let local = rows.to_global_order(gathered)?.reshape(&self.global_shape)?;
                 let global = self.global_shape.clone();
                 Some(DistTensor::new(self.rank, local, Placement::Replicate, global, Vec::new()))
             }
@@ -474,9 +481,9 @@ impl<'r, T: Element> DistTensor<'r, T> {
             .map(|(product, cols)| {
                 let product = rows.to_global_order(product)?;
                 let (mut local_shape, mut global) = (lead.to_vec(), lead.to_vec());
-                local_shape.push(product.ncols());
+                local_shape.push(product.shape()[1]);
                 global.push(cols.iter().sum());
-                let local = Tensor::from_array(product.into_dyn()).reshape(&local_shape)?;
+                let local = reshaped(product, &local_shape)?;
                 Ok(DistTensor::new(self.rank, local, Placement::Shard(ndim - 1), global, cols)
                     .with_rows_from(Some(rows_from.clone())))
             })
@@ -654,31 +661,26 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 _ => (0, array_split(lead[0], n)),
             },
         };
-        if let Some(world) = self.gpus() {
-            if ndim != 2 {
-                return Err(gpu_takes_2d(OP, self.placement, ndim));
-            }
-            if opts.transpose_weights {
-                return Err(gpu_lacks(OP, "reading the weight transposed"));
-            }
-            return self.gpu_reduce_product(world, w, fused, sizes);
-        }
         let rows = Rows::new(lead, dim, sizes);
         let grouped;
         let x = if rows.outer == 1 {
-            as_rows(&self.local)
+            Operand::from(&self.local)
         } else {
-            grouped = rows.to_rank_order(as_rows(&self.local))?;
-            grouped.view()
+            // Rows grouped by the rank that keeps them: a host copy, so the table is asked
+            // first whether this world takes an N-D input at all.
+            capability::check_features(OP, self.rank.backend(), &[Feature::NdInput])?;
+            grouped = rows.to_rank_order(Operand::from(&self.local).view(OP)?)?;
+            Operand::View(grouped.view())
         };
-        let (mut views, problem) = weight_views(&[w], opts.transpose_weights);
-        let (product, counts) = matmul_reduce_scatter_checked(
+        let (mut weights, problem) = weight_operands(&[w], opts.transpose_weights);
+        let (product, counts) = matmul_reduce_scatter::run(
             self.rank,
             x,
-            views.remove(0),
+            weights.remove(0),
             rows.of(me),
             problem,
             fused,
+            opts.rs_path,
         )?;
         if let Some(r) = (0..n).find(|&r| counts[r] != rows.of(r)) {
             return Err(Error::RanksDisagree {
@@ -692,11 +694,12 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 value_b: format!("{} output rows of its own", counts[r]),
             });
         }
+        let cols = product.shape()[1];
         let (mut local_shape, mut global) = (lead.to_vec(), lead.to_vec());
         local_shape[dim] = rows.sizes[me];
-        local_shape.push(product.ncols());
-        global.push(product.ncols());
-        let local = Tensor::from_array(product.into_dyn()).reshape(&local_shape)?;
+        local_shape.push(cols);
+        global.push(cols);
+        let local = reshaped(product, &local_shape)?;
         Ok(DistTensor::new(self.rank, local, Placement::Shard(dim), global, rows.sizes))
     }
 }

@@ -5,7 +5,6 @@ mod dist_tensor;
 mod layout;
 mod local;
 mod matmul_ops;
-mod on_gpu;
 mod placement;
 mod redistribute;
 mod sequence;

@@ -5,7 +5,9 @@ use ndarray::{ArrayD, Axis, IxDyn, Slice};
 use super::dist_tensor::shard_of;
 use super::{DistTensor, Placement, Split};
 use crate::collectives::{self, ReduceOp};
+use crate::device::capability::{self, Feature};
 use crate::fused;
+use crate::fused::operand::to_world_device;
 use crate::tensor::{Element, Tensor, array_split, split_offsets};
 use crate::{Error, Result};
 
@@ -42,14 +44,6 @@ impl<'r, T: Element> DistTensor<'r, T> {
         {
             return Err(Error::DimOutOfRange { op: "DistTensor::redistribute", dim: d, ndim });
         }
-        match self.gpus() {
-            Some(world) => self.gpu_redistribute(world, to),
-            None => self.host_redistribute(to),
-        }
-    }
-
-    /// `redistribute` with this rank's part on the host.
-    pub(crate) fn host_redistribute(&self, to: Placement) -> Result<Self> {
         let (rank, shape) = (self.rank, self.global_shape.clone());
         let (me, n) = (rank.rank(), rank.num_ranks());
         match (self.placement, to) {
@@ -62,37 +56,32 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 Ok(DistTensor::new(rank, self.to_global()?, to, shape, vec![]))
             }
             (Placement::Shard(i), Placement::Partial) => {
+                // Local: the shard in place, zeros around it (built on the host, then where the
+                // world keeps its tensors: a change of representation, not a hot path).
                 let mut whole = ArrayD::from_elem(IxDyn(&shape), T::zero());
                 let start = split_offsets(&self.splits)[me];
                 whole
                     .slice_axis_mut(Axis(i), Slice::from(start..start + self.splits[me]))
-                    .assign(&self.local.view());
-                Ok(DistTensor::new(rank, Tensor::from_array(whole), to, shape, vec![]))
+                    .assign(&self.local.to_host()?.view());
+                let local = to_world_device(rank, Tensor::from_array(whole))?;
+                Ok(DistTensor::new(rank, local, to, shape, vec![]))
             }
             (Placement::Replicate, Placement::Shard(j)) => {
                 let splits = array_split(shape[j], n);
-                let local = shard_of(self.local.view(), j, &splits, me);
+                let local = collectives::slice_along(rank, &self.local, j, &splits)?;
                 Ok(DistTensor::new(rank, local, to, shape, splits))
             }
             (Placement::Replicate, Placement::Partial) => {
-                let local = if me == 0 { self.local.clone() } else { Tensor::zeros(&shape) };
+                let local = if me == 0 {
+                    self.local.clone()
+                } else {
+                    to_world_device(rank, Tensor::zeros(&shape))?
+                };
                 Ok(DistTensor::new(rank, local, to, shape, vec![]))
             }
             (Placement::Partial, Placement::Shard(j)) => {
                 let splits = array_split(shape[j], n);
-                let rows: usize = shape[..j].iter().product();
-                let inner: usize = shape[j + 1..].iter().product();
-                let counts: Vec<usize> = splits.iter().map(|&s| s * inner).collect();
-                let data = collectives::reduce_scatter_cols(
-                    rank,
-                    self.local.as_slice(),
-                    rows,
-                    &counts,
-                    ReduceOp::Sum,
-                )?;
-                let mut local_shape = shape.clone();
-                local_shape[j] = splits[me];
-                let local = Tensor::from_shape_vec(&local_shape, data)?;
+                let local = collectives::reduce_scatter_along(rank, &self.local, j, &shape)?;
                 Ok(DistTensor::new(rank, local, to, shape, splits))
             }
             (Placement::Partial, Placement::Replicate) => {
@@ -137,22 +126,16 @@ impl<'r, T: Element> DistTensor<'r, T> {
         let (rank, len) = (self.rank, self.global_shape[dim]);
         let (me, n) = (rank.rank(), rank.num_ranks());
         let sizes = split.into().sizes_for(OP, me, len, n)?;
-        if self.gpus().is_some() {
-            // On GPUs: what `redistribute` does, which cuts evenly.
-            let already = self.placement == Placement::Shard(dim) && self.splits == sizes;
-            if already || (self.placement != Placement::Shard(dim) && sizes == array_split(len, n))
-            {
-                return self.redistribute(Placement::Shard(dim));
-            }
-            return Err(Error::DeviceUnavailable {
-                op: OP,
-                device: rank.device().to_string(),
-                reason: format!(
-                    "re-splitting to {sizes:?} is not implemented on GPUs yet (only the even \
-                     split from another placement)"
-                ),
-            });
+        let already = self.placement == Placement::Shard(dim) && self.splits == sizes;
+        if already {
+            return Ok(self.clone());
         }
+        if self.placement != Placement::Shard(dim) && sizes == array_split(len, n) {
+            // The even split from another placement: what `redistribute` does.
+            return self.redistribute(Placement::Shard(dim));
+        }
+        // Any other split is cut from this rank's part on the host.
+        capability::check_features("redistribute_split", rank.backend(), &[Feature::UnevenSplit])?;
         match self.placement {
             Placement::Shard(d) if d == dim => {
                 if self.splits == sizes {

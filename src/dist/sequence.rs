@@ -1,8 +1,8 @@
 //! The sequence-parallel exchange of a [`DistTensor`]: `all_to_all`.
 
 use super::{DistTensor, Placement};
-use crate::fused::{self, AllToAllOutput};
-use crate::tensor::{Element, Tensor};
+use crate::fused;
+use crate::tensor::Element;
 use crate::{Error, Result};
 
 impl<'r, T: Element> DistTensor<'r, T> {
@@ -33,7 +33,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn all_to_all(&self, scatter_dim: usize, gather_dim: usize) -> Result<Self> {
-        self.reshard(scatter_dim, gather_dim, true, fused::all_to_all)
+        self.reshard(scatter_dim, gather_dim, true)
     }
 
     /// The unfused baseline of [`DistTensor::all_to_all`]: permute, all_to_all, permute.
@@ -54,16 +54,10 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn all_to_all_unfused(&self, scatter_dim: usize, gather_dim: usize) -> Result<Self> {
-        self.reshard(scatter_dim, gather_dim, false, fused::all_to_all_unfused)
+        self.reshard(scatter_dim, gather_dim, false)
     }
 
-    fn reshard(
-        &self,
-        scatter_dim: usize,
-        gather_dim: usize,
-        fused: bool,
-        op: impl FnOnce(&crate::Rank<'_>, &Tensor<T>, usize, usize) -> Result<AllToAllOutput<T>>,
-    ) -> Result<Self> {
+    fn reshard(&self, scatter_dim: usize, gather_dim: usize, fused: bool) -> Result<Self> {
         const OP: &str = "all_to_all";
         let ndim = self.global_shape.len();
         for dim in [scatter_dim, gather_dim] {
@@ -85,10 +79,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 reason: format!("scatter and gather dimension are both {scatter_dim}"),
             });
         }
-        if let Some(world) = self.gpus() {
-            return self.gpu_all_to_all(world, scatter_dim, gather_dim, fused);
-        }
-        let out = op(self.rank, &self.local, scatter_dim, gather_dim)?;
+        let out = fused::all_to_all::run(self.rank, &self.local, scatter_dim, gather_dim, fused)?;
         Ok(DistTensor::new(
             self.rank,
             out.output,

@@ -28,6 +28,8 @@
 
 use ndarray::{Array2, ArrayView2};
 
+use super::AgPath;
+use super::operand::Operand;
 use super::plan::scratch;
 use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, WeightData, compute_lanes,
@@ -35,13 +37,15 @@ use super::plan::{
 };
 use crate::collectives;
 use crate::device::ascend;
+use crate::device::capability::{self, Feature};
 use crate::device::tile::{self, Tile};
+use crate::device::{Device, cuda};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
-    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
-    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
+    Call, DeviceWorld, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp,
+    SymmBuf, Token, WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
-use crate::tensor::{Element, matmul_into, pool};
+use crate::tensor::{Element, Tensor, matmul_into, pool};
 use crate::{Error, Result};
 
 const OP: &str = "all_gather_matmul";
@@ -51,10 +55,6 @@ const MPI_OP: &str = "all_gather_matmul_unfused_mpi";
 pub const MAX_WEIGHTS: usize = 16;
 /// Elements the communication part moves per chunk.
 const PUSH_CHUNK_ELEMS: usize = 64 * 1024;
-/// Elements the communication part puts per chunk to another node: each put is a message
-/// through the proxies and MPI, whose cost per message is tens of microseconds (measured over
-/// loopback TCP), so chunks across nodes are larger.
-const REMOTE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// The products of an all_gather_matmul: one `[M, n_i]` array per weight, and how the rows were
 /// sharded (`row_counts[r]` rows came from rank `r`).
@@ -70,6 +70,9 @@ pub struct AgMatmulOutput<T> {
     /// The gathered input `[M, K]`, every rank's rows in rank order: only from
     /// [`all_gather_matmul_keep_input`] (what a backward pass needs, without a second gather).
     pub gathered: Option<Array2<T>>,
+    /// The device the products were computed on: the host in a host world, each rank's NPU or
+    /// GPU in a device world (the outputs are copied to the host for this API).
+    pub device: Device,
 }
 
 struct AgMatmulWorkspace<T: Element> {
@@ -114,20 +117,22 @@ struct Agreed {
 fn agree<T: Element>(
     op: &'static str,
     rank: &Rank<'_>,
-    x: &ArrayView2<T>,
-    weights: &[ArrayView2<T>],
+    (rows, cols): (usize, usize),
+    weights: &[Operand<'_, T>],
     problem: Option<String>,
+    path: u64,
 ) -> Result<Agreed> {
-    let problem = problem
-        .or_else(|| {
-            (weights.len() > MAX_WEIGHTS || weights.is_empty())
-                .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()))
-        })
-        .or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
-    let mut words = vec![x.nrows() as u64, x.ncols() as u64, weights.len() as u64];
+    let problem = problem.or_else(|| {
+        (weights.len() > MAX_WEIGHTS || weights.is_empty())
+            .then(|| format!("{} weights; one call takes 1 to {MAX_WEIGHTS}", weights.len()))
+    });
+    let mut words = vec![rows as u64, cols as u64, weights.len() as u64];
     for w in weights.iter().take(MAX_WEIGHTS) {
-        words.extend([w.nrows() as u64, w.ncols() as u64]);
+        let (k, n) = w.dim();
+        words.extend([k as u64, n as u64]);
     }
+    // Last: the path the call's options ask for (0: by shape), the same on every rank.
+    words.push(path);
     let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     for (r, w) in all.iter().enumerate() {
         let (m, k) = (w[0] as usize, w[1] as usize);
@@ -145,6 +150,7 @@ fn agree<T: Element>(
     }
     let k = all.agree(OP, 1, "K (columns of x)")? as usize;
     all.agree(OP, 2, "number of weights")?;
+    all.agree(OP, words.len() - 1, "path asked for")?;
     let col_counts =
         (0..weights.len()).map(|i| all.iter().map(|w| w[4 + 2 * i] as usize).collect()).collect();
     Ok(Agreed { rows: Shards::new(all.iter().map(|w| w[0] as usize).collect()), k, col_counts })
@@ -184,7 +190,7 @@ pub fn all_gather_matmul<T: Element>(
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
 ) -> Result<AgMatmulOutput<T>> {
-    all_gather_matmul_checked(rank, x, weights, None, true, false)
+    public(rank, x, weights, true, false)
 }
 
 /// [`all_gather_matmul`] that also hands back the gathered input `[M, K]`
@@ -218,43 +224,155 @@ pub fn all_gather_matmul_keep_input<T: Element>(
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
 ) -> Result<AgMatmulOutput<T>> {
-    all_gather_matmul_checked(rank, x, weights, None, true, true)
+    public(rank, x, weights, true, true)
 }
 
-/// [`all_gather_matmul`] (or its unfused baseline) with a problem this rank found in its inputs
-/// before the call: the problem travels with the shape exchange, so every rank fails together.
-/// With `keep_input`, the output also holds the gathered input.
-pub(crate) fn all_gather_matmul_checked<T: Element>(
+/// The products of [`run`], as tensors where the world computes (its GPU in a CUDA world).
+pub(crate) struct AgProducts<T: Element> {
+    /// One product per weight, `[M, n_i]`, rows in rank order.
+    pub(crate) outputs: Vec<Tensor<T>>,
+    pub(crate) row_counts: Vec<usize>,
+    pub(crate) col_counts: Vec<Vec<usize>>,
+    /// The gathered input `[M, K]`, when kept.
+    pub(crate) gathered: Option<Tensor<T>>,
+}
+
+impl<T: Element> AgProducts<T> {
+    fn from_host(out: AgMatmulOutput<T>) -> Self {
+        let tensor = |a: Array2<T>| Tensor::from_array(a.into_dyn());
+        AgProducts {
+            outputs: out.outputs.into_iter().map(tensor).collect(),
+            row_counts: out.row_counts,
+            col_counts: out.col_counts,
+            gathered: out.gathered.map(tensor),
+        }
+    }
+
+    /// The public output: host arrays, and the device the products were computed on.
+    fn into_output(self, device: Device) -> Result<AgMatmulOutput<T>> {
+        let array = |t: Tensor<T>| -> Result<Array2<T>> {
+            let host = if t.device_storage().is_some() { t.to_host()? } else { t };
+            Ok(host.into_array().into_dimensionality().expect("a product is 2-D"))
+        };
+        Ok(AgMatmulOutput {
+            outputs: self.outputs.into_iter().map(array).collect::<Result<_>>()?,
+            row_counts: self.row_counts,
+            col_counts: self.col_counts,
+            gathered: self.gathered.map(array).transpose()?,
+            device,
+        })
+    }
+}
+
+/// The public entry's tail: [`run`], then host arrays.
+fn public<T: Element>(
     rank: &Rank<'_>,
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
-    problem: Option<String>,
     fused: bool,
     keep_input: bool,
 ) -> Result<AgMatmulOutput<T>> {
-    if keep_input && rank.ascend().is_some() {
-        // Every rank of the world is on an NPU: they all return here, before any exchange.
-        return Err(Error::DeviceUnavailable {
-            op: OP,
-            device: "ascend".to_string(),
-            reason: "the NPU kernels do not hand back the gathered input (keep_input)".to_string(),
-        });
+    let ws: Vec<Operand<'_, T>> = weights.iter().map(|&w| w.into()).collect();
+    run(rank, x.into(), &ws, None, fused, keep_input, None)?.into_output(rank.device())
+}
+
+/// `all_gather_matmul` (or its unfused baseline) on any world: the one place it chooses its
+/// backend. In turn: the capability table (the features asked for, before any exchange; the
+/// element type travels in the agreement exchange with `problem`, a problem this rank found in
+/// its inputs, so that every rank fails together), the agreement exchange, then one `match` on
+/// the world's backend; inputs move to the world's device once, here. With `keep_input`, the
+/// output also holds the gathered input.
+pub(crate) fn run<'a, T: Element>(
+    rank: &Rank<'_>,
+    x: Operand<'a, T>,
+    weights: &[Operand<'a, T>],
+    problem: Option<String>,
+    fused: bool,
+    keep_input: bool,
+    path: Option<AgPath>,
+) -> Result<AgProducts<T>> {
+    let op = if fused { OP } else { UNFUSED_OP };
+    let backend = rank.backend();
+    let mut features = Vec::new();
+    if x.ndim() > 2 {
+        features.push(Feature::NdInput);
     }
-    if !fused {
-        return unfused(rank, x, weights, problem, keep_input);
+    if weights.iter().any(Operand::transposed) {
+        features.push(Feature::TransposedWeight);
     }
-    let agreed = agree(OP, rank, &x, weights, problem)?;
-    if let Some(npu) = rank.ascend() {
-        let (rows, k) = (agreed.rows.counts(), agreed.k);
-        let outputs = ascend::launch::all_gather_matmul(&npu, rows, k, x, weights)
-            .inspect_err(|e| rank.fail_after_agreeing(e))?;
-        let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
-        return Ok(AgMatmulOutput { outputs, row_counts, col_counts, gathered: None });
+    if keep_input {
+        features.push(Feature::KeptInput);
     }
-    rank.with_workspace(AgMatmulWorkspace::<T>::new, |ws| {
-        run_fused(rank, ws, &agreed, x, weights, keep_input)
-    })
-    .inspect_err(|e| rank.fail_after_agreeing(e))
+    capability::check_features(OP, backend, &features)?;
+    let problem = problem.or_else(|| capability::dtype_problem(OP, backend, T::DTYPE));
+    // Its own name in the exchange for the unfused baseline: a rank in the fused op and one in
+    // the unfused one would otherwise agree on the shapes and then wait for each other in
+    // different protocols.
+    let agreed = agree(op, rank, x.dim(), weights, problem, AgPath::word(path))?;
+    let ran = match rank.device_world() {
+        DeviceWorld::Host => {
+            let (x, ws) = host_views(x, weights)?;
+            let out = if fused {
+                rank.with_workspace(AgMatmulWorkspace::<T>::new, |work| {
+                    run_fused(rank, work, &agreed, x, &ws, keep_input)
+                })
+            } else {
+                let x = x.as_standard_layout();
+                collectives::all_gather(rank, x.as_slice().expect("standard layout"))
+                    .and_then(|gathered| products(op, rank, gathered, agreed, &ws, keep_input))
+            };
+            out.map(AgProducts::from_host)
+        }
+        DeviceWorld::Ascend(world) => {
+            let npu = ascend::AscendRank { world, rank };
+            let (x, ws) = host_views(x, weights)?;
+            let (rows, k) = (agreed.rows.counts(), agreed.k);
+            let outputs = if fused {
+                ascend::launch::all_gather_matmul(&npu, rows, k, x, &ws)
+            } else {
+                ascend::launch::all_gather_matmul_unfused(&npu, rows, k, x, &ws)
+            };
+            outputs.map(|outputs| {
+                let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
+                AgProducts::from_host(AgMatmulOutput {
+                    outputs,
+                    row_counts,
+                    col_counts,
+                    gathered: None,
+                    device: rank.device(),
+                })
+            })
+        }
+        DeviceWorld::Cuda(gpus) => {
+            let x = x.on_device(rank)?;
+            let ws: Vec<Tensor<T>> =
+                weights.iter().map(|w| w.on_device(rank)).collect::<Result<_>>()?;
+            let storages: Vec<_> = ws.iter().map(device_data).collect();
+            let rows = agreed.rows.counts();
+            cuda::all_gather_matmul(gpus, rank, device_data(&x), rows, &storages, fused, path).map(
+                |outs| AgProducts {
+                    outputs: outs.into_iter().map(Tensor::from_device_storage).collect(),
+                    row_counts: rows.to_vec(),
+                    col_counts: agreed.col_counts,
+                    gathered: None,
+                },
+            )
+        }
+    };
+    ran.inspect_err(|e| rank.fail_after_agreeing(e))
+}
+
+/// The host views of the operands (no copy).
+fn host_views<'a, T: Element>(
+    x: Operand<'a, T>,
+    weights: &[Operand<'a, T>],
+) -> Result<(ArrayView2<'a, T>, Vec<ArrayView2<'a, T>>)> {
+    Ok((x.view(OP)?, weights.iter().map(|w| w.view(OP)).collect::<Result<_>>()?))
+}
+
+/// The device data of a tensor the op moved to its world's device.
+pub(crate) fn device_data<T: Element>(t: &Tensor<T>) -> &cuda::DeviceStorage<T> {
+    t.device_storage().expect("moved to the world's device at the op's entry")
 }
 
 /// The unfused baseline: [`collectives::all_gather`] of the rows, then one local product per
@@ -287,29 +405,7 @@ pub fn all_gather_matmul_unfused<T: Element>(
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
 ) -> Result<AgMatmulOutput<T>> {
-    unfused(rank, x, weights, None, false)
-}
-
-fn unfused<T: Element>(
-    rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    weights: &[ArrayView2<T>],
-    problem: Option<String>,
-    keep_input: bool,
-) -> Result<AgMatmulOutput<T>> {
-    // Its own name in the exchange: a rank in the fused op and one in the unfused one would
-    // otherwise agree on the shapes and then wait for each other in different protocols.
-    let agreed = agree(UNFUSED_OP, rank, &x, weights, problem)?;
-    if let Some(npu) = rank.ascend() {
-        let (rows, k) = (agreed.rows.counts(), agreed.k);
-        let outputs = ascend::launch::all_gather_matmul_unfused(&npu, rows, k, x, weights)
-            .inspect_err(|e| rank.fail_after_agreeing(e))?;
-        let (row_counts, col_counts) = (rows.to_vec(), agreed.col_counts);
-        return Ok(AgMatmulOutput { outputs, row_counts, col_counts, gathered: None });
-    }
-    let x = x.as_standard_layout();
-    let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
-    products(UNFUSED_OP, rank, gathered, agreed, weights, keep_input)
+    public(rank, x, weights, false, false)
 }
 
 /// The unfused baseline as a user of MPI writes it: `MPI_Allgatherv` of the rows (run by the
@@ -337,7 +433,8 @@ pub fn all_gather_matmul_unfused_mpi<T: Element>(
     x: ArrayView2<T>,
     weights: &[ArrayView2<T>],
 ) -> Result<AgMatmulOutput<T>> {
-    let agreed = agree(MPI_OP, rank, &x, weights, None)?;
+    let ws: Vec<Operand<'_, T>> = weights.iter().map(|&w| w.into()).collect();
+    let agreed = agree(MPI_OP, rank, x.dim(), &ws, None, 0)?;
     let x = x.as_standard_layout();
     let counts: Vec<usize> = agreed.rows.counts().iter().map(|&m| m * agreed.k).collect();
     let mine = x.as_slice().expect("standard layout").to_vec();
@@ -374,6 +471,7 @@ fn products<T: Element>(
         row_counts: agreed.rows.counts().to_vec(),
         col_counts: agreed.col_counts,
         gathered,
+        device: rank.device(),
     })
 }
 
@@ -397,7 +495,7 @@ fn run_fused<T: Element>(
         rows,
         k,
         local: super::plan::row_chunks(k, PUSH_CHUNK_ELEMS),
-        remote: super::plan::row_chunks(k, REMOTE_CHUNK_ELEMS),
+        remote: super::plan::row_chunks(k, super::plan::REMOTE_CHUNK_ELEMS),
     };
     // The counts before this call: a forwarded chunk `c` of shard `s` has arrived once
     // `arrived[s]` passes `before[s] + c`.
@@ -549,6 +647,7 @@ fn run_fused<T: Element>(
         row_counts: rows.counts().to_vec(),
         col_counts: agreed.col_counts.clone(),
         gathered: kept,
+        device: rank.device(),
     })
 }
 

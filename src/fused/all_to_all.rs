@@ -26,13 +26,16 @@
 //! streams past the cache: nothing here reads the blocks again before they would be evicted
 //! anyway.
 
+use super::all_gather_matmul::device_data;
+use super::operand::to_world_device;
 use super::plan::row_chunks;
 use crate::collectives;
-use crate::device::ascend;
+use crate::device::capability;
 use crate::device::{LaunchMode, launch, tile};
+use crate::device::{ascend, cuda};
 use crate::shmem::{
-    Call, GlobalPtr, GlobalPtrMut, NotifySem, OutputBlock, Rank, Scope, SignalBuf, SignalOp,
-    SymmBuf, Token, WaitCmp, WaitSem, Workspace, consume_token, symm_at,
+    Call, DeviceWorld, GlobalPtr, GlobalPtrMut, NotifySem, OutputBlock, Rank, Scope, SignalBuf,
+    SignalOp, SymmBuf, Token, WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};
@@ -44,10 +47,6 @@ const MPI_OP: &str = "all_to_all_unfused_mpi";
 pub const MAX_DIMS: usize = 8;
 /// Elements per copy task.
 const CHUNK_ELEMS: usize = 64 * 1024;
-/// Elements per task whose blocks go to a peer of another node (a world joined by MPI): each is
-/// one put through the proxies and MPI, whose cost per message is tens of microseconds (measured
-/// over loopback TCP, see `perf_report --mpi`), so these tasks are larger.
-const REMOTE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// The result of an all_to_all: this rank's new shard, and how both dimensions are split.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,7 +174,7 @@ fn agree<T: Element>(
     } else if scatter_dim == gather_dim {
         Some(format!("scatter and gather dimension are both {scatter_dim}"))
     } else {
-        rank.ascend().and_then(|_| ascend::check_dtype::<T>(op))
+        capability::dtype_problem(OP, rank.backend(), T::DTYPE)
     };
     let free = rank.free_output_blocks();
     let mut words = vec![ndim as u64, scatter_dim as u64, gather_dim as u64, free];
@@ -242,16 +241,54 @@ pub fn all_to_all<T: Element>(
     scatter_dim: usize,
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
-    let layout = agree::<T>(OP, rank, x.shape(), scatter_dim, gather_dim)
+    run(rank, x, scatter_dim, gather_dim, true)
+}
+
+/// `all_to_all` (or its unfused baseline) on any world: the one place it chooses its backend.
+/// The agreement exchange (which carries the capability table's answer for the element type, so
+/// that every rank fails together), then one `match` on the world's backend; the input moves to
+/// the world's device once, here.
+pub(crate) fn run<T: Element>(
+    rank: &Rank<'_>,
+    x: &Tensor<T>,
+    scatter_dim: usize,
+    gather_dim: usize,
+    fused: bool,
+) -> Result<AllToAllOutput<T>> {
+    // Its own name in the exchange for the unfused baseline, as in all_gather_matmul's.
+    let op = if fused { OP } else { UNFUSED_OP };
+    let layout = agree::<T>(op, rank, x.shape(), scatter_dim, gather_dim)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
-    if let Some(npu) = rank.ascend() {
-        return on_npu(&npu, &layout, x, scatter_dim, gather_dim)
-            .inspect_err(|e| rank.fail_after_agreeing(e));
-    }
-    rank.with_workspace(AllToAllWorkspace::<T>::new, |ws| {
-        run_fused(rank, ws, &layout, x, scatter_dim, gather_dim)
-    })
-    .inspect_err(|e| rank.fail_after_agreeing(e))
+    let all_to_all_v = |send: Vec<T>, counts: &[usize], _: &[usize]| {
+        let received = collectives::all_to_all_v_tensor(rank, &send, counts);
+        pool::give(send);
+        received
+    };
+    let ran = match rank.device_world() {
+        DeviceWorld::Host if fused => rank.with_workspace(AllToAllWorkspace::<T>::new, |ws| {
+            run_fused(rank, ws, &layout, x, scatter_dim, gather_dim)
+        }),
+        DeviceWorld::Ascend(world) if fused => {
+            let npu = ascend::AscendRank { world, rank };
+            on_npu(&npu, &layout, x, scatter_dim, gather_dim)
+        }
+        DeviceWorld::Host | DeviceWorld::Ascend(_) => {
+            unfused_after(op, rank, &layout, x, scatter_dim, gather_dim, all_to_all_v)
+        }
+        DeviceWorld::Cuda(gpus) => {
+            let on_device = to_world_device(rank, x.clone())?;
+            let data = device_data(&on_device);
+            let gathers = &layout.gathers;
+            cuda::all_to_all(gpus, rank, data, scatter_dim, gather_dim, gathers, fused).map(|out| {
+                AllToAllOutput {
+                    output: Tensor::from_device_storage(out),
+                    gather_counts: layout.gathers.clone(),
+                    scatter_counts: layout.scatters.clone(),
+                }
+            })
+        }
+    };
+    ran.inspect_err(|e| rank.fail_after_agreeing(e))
 }
 
 /// Reports a bad dimension as [`Error::DimOutOfRange`] on the rank that passed it.
@@ -290,12 +327,7 @@ pub fn all_to_all_unfused<T: Element>(
     scatter_dim: usize,
     gather_dim: usize,
 ) -> Result<AllToAllOutput<T>> {
-    // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
-    unfused_with(UNFUSED_OP, rank, x, scatter_dim, gather_dim, |send, counts, _| {
-        let received = collectives::all_to_all_v_tensor(rank, &send, counts);
-        pool::give(send);
-        received
-    })
+    run(rank, x, scatter_dim, gather_dim, false)
 }
 
 /// The unfused baseline as a user of MPI writes it: pack each peer's piece contiguous (a blocked
@@ -343,8 +375,20 @@ pub(crate) fn unfused_with<T: Element>(
 ) -> Result<AllToAllOutput<T>> {
     let layout = agree::<T>(op, rank, x.shape(), scatter_dim, gather_dim)
         .map_err(|e| dims_error(e, x.shape(), scatter_dim, gather_dim))?;
+    unfused_after(op, rank, &layout, x, scatter_dim, gather_dim, exchange)
+}
+
+/// The unfused baseline after the agreement on `l`.
+fn unfused_after<T: Element>(
+    op: &'static str,
+    rank: &Rank<'_>,
+    l: &Layout,
+    x: &Tensor<T>,
+    scatter_dim: usize,
+    gather_dim: usize,
+    exchange: impl FnOnce(Vec<T>, &[usize], &[usize]) -> Result<Tensor<T>>,
+) -> Result<AllToAllOutput<T>> {
     let (me, n) = (rank.rank(), rank.num_ranks());
-    let l = &layout;
     let stream = x.len() * size_of::<T>() >= tile::STREAM_OUTPUT_BYTES;
     // The tensor as [A, X, Bm, Y, C]; the scatter dimension is X or Y, the gather one the other.
     // A piece is a range along X (one run of all the rest per a) or along Y (one run of that
@@ -438,8 +482,8 @@ pub(crate) fn unfused_with<T: Element>(
     drop(received);
     Ok(AllToAllOutput {
         output,
-        gather_counts: layout.gathers.clone(),
-        scatter_counts: layout.scatters.clone(),
+        gather_counts: l.gathers.clone(),
+        scatter_counts: l.scatters.clone(),
     })
 }
 
@@ -500,8 +544,11 @@ fn run_fused<T: Element>(
     // Tasks: (peer i, a, b, row block), peers rotated; the same plan on every rank.
     let plan = |src: usize, dst: usize| {
         let block = layout.block(src, dst, 0, 0);
-        let chunk =
-            if rank.node_of(src) == rank.node_of(dst) { CHUNK_ELEMS } else { REMOTE_CHUNK_ELEMS };
+        let chunk = if rank.node_of(src) == rank.node_of(dst) {
+            CHUNK_ELEMS
+        } else {
+            super::plan::REMOTE_CHUNK_ELEMS
+        };
         let rows_per_task = row_chunks(block.cols, chunk);
         let per_ab = if block.cols == 0 { 0 } else { block.rows.div_ceil(rows_per_task) };
         (rows_per_task, per_ab)

@@ -3,9 +3,10 @@
 //! serves tests, benchmarks, and as a fallback.
 
 pub(crate) mod all_gather_matmul;
-mod all_to_all;
+pub(crate) mod all_to_all;
 pub(crate) mod matmul_reduce_scatter;
-mod matmul_reduce_scatter_nodes;
+pub(crate) mod operand;
+mod path;
 mod plan;
 
 pub use all_gather_matmul::{
@@ -18,3 +19,4 @@ pub use all_to_all::{
 pub use matmul_reduce_scatter::{
     matmul_reduce_scatter, matmul_reduce_scatter_unfused, matmul_reduce_scatter_unfused_mpi,
 };
+pub use path::{AgPath, RsPath};

@@ -11,6 +11,7 @@
 
 mod buffer;
 mod control;
+mod device_world;
 mod exchange;
 mod heap;
 pub mod job_env;
@@ -33,6 +34,7 @@ pub use buffer::{
     GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
     try_symm_at,
 };
+pub(crate) use device_world::DeviceWorld;
 pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
 #[cfg(test)]

@@ -35,9 +35,9 @@ impl<'w> Rank<'w> {
         Rank { world, rank }
     }
 
-    /// Where this rank's kernels run.
-    pub(crate) fn backend(&self) -> &'w crate::device::Backend {
-        &self.world.backend
+    /// Where this rank's world runs its kernels: what every op's dispatch matches on.
+    pub(crate) fn device_world(&self) -> &'w super::device_world::DeviceWorld {
+        &self.world.device
     }
 
     /// This rank's index, `0..num_ranks()`.
@@ -66,9 +66,10 @@ impl<'w> Rank<'w> {
         self.world.num_ranks()
     }
 
-    /// Where this rank's tensors live: [`Device::Cuda`](crate::Device::Cuda) with its GPU in a
-    /// world made by [`World::cuda`](crate::World::cuda), [`Device::Host`](crate::Device::Host)
-    /// otherwise.
+    /// Where this rank's tensors live and its ops run: [`Device::Cuda`](crate::Device::Cuda) with
+    /// its GPU in a world made by [`World::cuda`](crate::World::cuda),
+    /// [`Device::Ascend`](crate::Device::Ascend) with its NPU in one made by
+    /// [`World::ascend`](crate::World::ascend), [`Device::Host`](crate::Device::Host) otherwise.
     ///
     /// # Examples
     /// ```
@@ -78,17 +79,26 @@ impl<'w> Rank<'w> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn device(&self) -> crate::Device {
-        match &self.world.cuda {
-            Some(gpus) => {
-                crate::Device::Cuda(crate::device::cuda::ordinal_of(gpus, self.rank) as u32)
-            }
-            None => crate::Device::Host,
-        }
+        self.world.device.device_of(self.rank)
     }
 
-    /// The GPUs of this rank's world, if it is a GPU world.
-    pub(crate) fn cuda_world(&self) -> Option<&'w crate::device::cuda::CudaWorld> {
-        self.world.cuda.as_deref()
+    /// The kind of backend this rank's world runs its ops on (the capability table's column).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// use dist_tensor::device::capability::Backend;
+    /// assert_eq!(World::threads(2)?.run(|rank| Ok(rank.backend()))?, vec![Backend::Host; 2]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn backend(&self) -> crate::device::capability::Backend {
+        self.world.device.backend()
+    }
+
+    /// Where this rank's tensors live (its GPU in a CUDA world, the host otherwise): what the
+    /// ops move their inputs to, once, at their entry.
+    pub(crate) fn tensor_device(&self) -> crate::Device {
+        self.world.device.tensor_device(self.rank)
     }
 
     /// The topology of this rank's device.

@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::control::{Control, RankState};
+use super::device_world::DeviceWorld;
 use super::exchange::{CallCounter, reserved_bytes};
 use super::heap::{Heap, lock, segment_bytes};
 use super::mapping::Mapping;
 use super::rank::Rank;
 use super::sync::{Watch, deadline_after};
 use super::transport::Transport;
-use crate::device::{Backend, Topology};
+use crate::device::Topology;
 use crate::{Error, Result};
 
 /// Default capacity of each rank's heap segment. Address space only: untouched pages cost nothing.
@@ -49,11 +50,10 @@ pub(crate) struct WorldShared {
     pub(crate) local: Vec<RankLocal>,
     /// Looks at the world while a wait is blocked (a process world looks for dead peers).
     pub(crate) on_tick: Option<Box<OnTick>>,
-    /// Where the ranks' kernels run: the host simulation, or a device backend.
-    pub(crate) backend: Backend,
+    /// Where the ranks' kernels run: the host simulation, GPUs or NPUs. Set when the world is
+    /// made; every op's dispatch reads it (see `device_world`).
+    pub(crate) device: DeviceWorld,
     run_lock: Mutex<()>,
-    /// The GPUs of a world made by [`World::cuda`]: rank `r` runs on GPU `r` of it.
-    pub(crate) cuda: Option<Arc<crate::device::cuda::CudaWorld>>,
     /// Which ranks are on this node (reached by pointer), and the way to the others.
     pub(crate) transport: Transport,
 }
@@ -106,10 +106,7 @@ impl WorldShared {
         drop(own);
         let reason = err.to_string();
         self.control.fail(rank, &reason);
-        if let Some(gpus) = &self.cuda {
-            // Kernels on the GPUs wait on device signals, not on the control block: end them too.
-            crate::device::cuda::world_failed(gpus, rank, &reason);
-        }
+        self.device.failed(rank, &reason);
     }
 
     /// The rank's own error, typed, if it failed of its own in this process.
@@ -171,7 +168,7 @@ pub struct WorldBuilder {
     heap_capacity: Option<usize>,
     topology: Option<Topology>,
     wait_timeout: Option<Duration>,
-    backend: Backend,
+    device: DeviceWorld,
     cuda: Option<Vec<usize>>,
 }
 
@@ -253,8 +250,8 @@ impl WorldBuilder {
 
     /// Runs the ranks' kernels on a device backend instead of the host simulation (used by the
     /// device worlds' constructors, such as [`World::ascend`]).
-    pub(crate) fn backend(mut self, backend: Backend) -> Self {
-        self.backend = backend;
+    pub(crate) fn device_world(mut self, device: DeviceWorld) -> Self {
+        self.device = device;
         self
     }
 
@@ -310,10 +307,12 @@ impl WorldBuilder {
             })?;
         let topology = self.topology.unwrap_or_else(|| Topology::host_default(n));
         let mut shared = WorldShared::new(heap, Control::create(control, n), topology, &settings);
-        shared.backend = self.backend;
-        if let Some(devices) = &self.cuda {
-            shared.cuda = Some(crate::device::cuda::open_world(devices, settings.wait_timeout)?);
-        }
+        shared.device = match &self.cuda {
+            Some(devices) => {
+                DeviceWorld::Cuda(crate::device::cuda::open_world(devices, settings.wait_timeout)?)
+            }
+            None => self.device,
+        };
         Ok(World { shared: Arc::new(shared), here: None })
     }
 }
@@ -388,9 +387,8 @@ impl WorldShared {
             wait_timeout: settings.wait_timeout,
             local: (0..n).map(|_| RankLocal::default()).collect(),
             on_tick: None,
-            backend: Backend::Host,
+            device: DeviceWorld::Host,
             run_lock: Mutex::new(()),
-            cuda: None,
             transport: Transport::local(n),
         }
     }
@@ -666,7 +664,7 @@ impl World {
             heap_capacity: None,
             topology: None,
             wait_timeout: None,
-            backend: Backend::Host,
+            device: DeviceWorld::Host,
             cuda: None,
         }
     }
@@ -893,14 +891,10 @@ where
     F: Fn(&Rank<'_>) -> Result<R>,
 {
     let rank = Rank::new(shared, r);
-    // On a GPU world, a rank's part ends once its GPU work is done (no kernel outlives the run,
-    // and a failure on the GPU is the run's error).
+    // On a device world, a rank's part ends once its device work is done.
     let body = || {
         let value = f(&rank)?;
-        match &shared.cuda {
-            Some(gpus) => crate::device::cuda::finish_rank(gpus, r).map(|()| value),
-            None => Ok(value),
-        }
+        shared.device.finish_rank(r).map(|()| value)
     };
     let outcome = catch_unwind(AssertUnwindSafe(body));
     let err = match outcome {

@@ -302,7 +302,7 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn to_rank(&self, rank: &Rank<'_>) -> Result<Tensor<T>> {
-        self.to_device_in(rank.device(), rank.cuda_world().map(|w| (w, rank.rank())))
+        self.to_device_in(rank.tensor_device(), rank.cuda_world().map(|w| (w, rank.rank())))
     }
 
     pub(crate) fn to_device_in(

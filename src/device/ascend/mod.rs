@@ -142,7 +142,7 @@ pub mod vendor;
 pub(crate) mod world;
 
 pub use kernels::KernelSource;
-pub(crate) use npu::{AscendRank, check_dtype};
+pub(crate) use npu::AscendRank;
 pub use world::{
     AscendWorldBuilder, DEFAULT_DEVICE_HEAP_BYTES, NPU_ARCH_ENV, PathTaken, last_path, npu_arch,
 };

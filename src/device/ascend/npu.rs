@@ -344,20 +344,12 @@ impl NpuRank {
     }
 }
 
-/// The host-side check every op makes first: the element type has an NPU kernel.
-pub(crate) fn check_dtype<T: Element>(op: &'static str) -> Option<String> {
-    kernels::elem_type_name(op, T::DTYPE).err().map(|e| match e {
-        Error::DeviceUnavailable { reason, .. } => reason,
-        other => other.to_string(),
-    })
-}
-
 impl<'w> Rank<'w> {
     /// This rank's NPU, when the world runs on Ascend NPUs; `None` on a host world.
     pub(crate) fn ascend(&self) -> Option<AscendRank<'_>> {
-        match self.backend() {
-            crate::device::Backend::Ascend(world) => Some(AscendRank { world, rank: self }),
-            crate::device::Backend::Host => None,
+        match self.device_world() {
+            crate::shmem::DeviceWorld::Ascend(world) => Some(AscendRank { world, rank: self }),
+            _ => None,
         }
     }
 }

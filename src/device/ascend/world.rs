@@ -23,7 +23,7 @@ use super::kernels::{self, KernelCache};
 use super::npu::{Handle, NpuRank, RankState};
 use super::sys::{self, Acl, Hccl, Nnop, Rtc, Shmem};
 use super::{Ascend, AscendDevice, result};
-use crate::device::Backend;
+use crate::shmem::DeviceWorld;
 use crate::shmem::{Rank, World};
 use crate::{DType, Error, Result};
 
@@ -422,7 +422,7 @@ impl AscendWorldBuilder {
         let mut builder = World::builder(devices.len())
             .topology(topology)
             .heap_capacity(HOST_META_HEAP_BYTES)
-            .backend(Backend::Ascend(Arc::new(world)));
+            .device_world(DeviceWorld::Ascend(Arc::new(world)));
         if let Some(timeout) = self.wait_timeout {
             builder = builder.wait_timeout(timeout);
         }

@@ -10,6 +10,7 @@ use super::ops::{
 };
 use super::storage::Home;
 use super::world::GpuRank;
+use crate::fused::{AgPath, RsPath};
 use crate::shmem::Rank;
 use crate::tensor::Element;
 use crate::{Error, Result};
@@ -64,22 +65,23 @@ pub(crate) fn matmul<T: Element>(
     ag::matmul(a, b, a.home())
 }
 
-fn rank_of<'w>(world: &'w CudaWorld, rank: usize) -> Result<GpuRank<'w>> {
-    GpuRank::new(world, rank)
+fn rank_of<'w>(world: &'w CudaWorld, rank: &'w Rank<'w>) -> Result<GpuRank<'w>> {
+    GpuRank::of(world, rank)
 }
 
 /// `DistTensor::all_gather_matmul(_many)` (or `_unfused`) on GPUs.
 pub(crate) fn all_gather_matmul<T: Element>(
     world: &CudaWorld,
-    rank: usize,
+    rank: &Rank<'_>,
     x: &DeviceStorage<T>,
     splits: &[usize],
     ws: &[&DeviceStorage<T>],
     fused: bool,
+    path: Option<AgPath>,
 ) -> Result<Vec<DeviceStorage<T>>> {
     let g = rank_of(world, rank)?;
     if fused {
-        ag::all_gather_matmul(&g, x, splits, ws)
+        ag::all_gather_matmul(&g, x, splits, ws, path)
     } else {
         ag::all_gather_matmul_unfused(&g, x, splits, ws)
     }
@@ -88,15 +90,16 @@ pub(crate) fn all_gather_matmul<T: Element>(
 /// `DistTensor::matmul_reduce_scatter` (or `_unfused`) on GPUs.
 pub(crate) fn matmul_reduce_scatter<T: Element>(
     world: &CudaWorld,
-    rank: usize,
+    rank: &Rank<'_>,
     a: &DeviceStorage<T>,
     w: &DeviceStorage<T>,
     splits: &[usize],
     fused: bool,
+    path: Option<RsPath>,
 ) -> Result<DeviceStorage<T>> {
     let g = rank_of(world, rank)?;
     if fused {
-        rs::matmul_reduce_scatter(&g, a, w, splits)
+        rs::matmul_reduce_scatter(&g, a, w, splits, path)
     } else {
         rs::matmul_reduce_scatter_unfused(&g, a, w, splits)
     }
@@ -105,7 +108,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
 /// `DistTensor::all_to_all` (or `_unfused`) on GPUs.
 pub(crate) fn all_to_all<T: Element>(
     world: &CudaWorld,
-    rank: usize,
+    rank: &Rank<'_>,
     x: &DeviceStorage<T>,
     scatter: usize,
     gather: usize,
@@ -123,7 +126,7 @@ pub(crate) fn all_to_all<T: Element>(
 /// Concatenation of every rank's part along `dim`.
 pub(crate) fn all_gather<T: Element>(
     world: &CudaWorld,
-    rank: usize,
+    rank: &Rank<'_>,
     x: &DeviceStorage<T>,
     dim: usize,
     splits: &[usize],
@@ -134,7 +137,7 @@ pub(crate) fn all_gather<T: Element>(
 /// Rank-order sum of every rank's part: all of it, or this rank's `array_split` share of `dim`.
 pub(crate) fn reduce_sum<T: Element>(
     world: &CudaWorld,
-    rank: usize,
+    rank: &Rank<'_>,
     x: &DeviceStorage<T>,
     dim: Option<usize>,
 ) -> Result<DeviceStorage<T>> {
@@ -144,7 +147,7 @@ pub(crate) fn reduce_sum<T: Element>(
 /// Elements `[start, start + len)` of `dim`, on this rank's GPU.
 pub(crate) fn slice<T: Element>(
     world: &CudaWorld,
-    rank: usize,
+    rank: &Rank<'_>,
     x: &DeviceStorage<T>,
     dim: usize,
     start: usize,
@@ -153,19 +156,9 @@ pub(crate) fn slice<T: Element>(
     collectives::slice(&rank_of(world, rank)?, x, dim, start, len)
 }
 
-/// Every rank's `values` (a host exchange between the ranks' threads).
-pub(crate) fn exchange_counts(
-    world: &CudaWorld,
-    rank: usize,
-    values: &[usize],
-) -> Result<Vec<Vec<usize>>> {
-    let all = rank_of(world, rank)?.exchange(values.iter().map(|&v| v as u64).collect())?;
-    Ok(all.iter().map(|w| w.iter().map(|&v| v as usize).collect()).collect())
-}
-
 fn gpu_rank<'a>(rank: &'a Rank<'a>) -> Result<GpuRank<'a>> {
     match rank.cuda_world() {
-        Some(world) => GpuRank::new(world, rank.rank()),
+        Some(world) => GpuRank::of(world, rank),
         None => Err(Error::DeviceUnavailable {
             op: "device::cuda",
             device: "cuda".into(),

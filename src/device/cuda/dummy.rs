@@ -85,29 +85,31 @@ pub(crate) fn matmul<T: Element>(
 
 pub(crate) fn all_gather_matmul<T: Element>(
     world: &CudaWorld,
-    _rank: usize,
+    _rank: &Rank<'_>,
     _x: &DeviceStorage<T>,
     _splits: &[usize],
     _ws: &[&DeviceStorage<T>],
     _fused: bool,
+    _path: Option<crate::fused::AgPath>,
 ) -> Result<Vec<DeviceStorage<T>>> {
     match *world {}
 }
 
 pub(crate) fn matmul_reduce_scatter<T: Element>(
     world: &CudaWorld,
-    _rank: usize,
+    _rank: &Rank<'_>,
     _a: &DeviceStorage<T>,
     _w: &DeviceStorage<T>,
     _splits: &[usize],
     _fused: bool,
+    _path: Option<crate::fused::RsPath>,
 ) -> Result<DeviceStorage<T>> {
     match *world {}
 }
 
 pub(crate) fn all_to_all<T: Element>(
     world: &CudaWorld,
-    _rank: usize,
+    _rank: &Rank<'_>,
     _x: &DeviceStorage<T>,
     _scatter: usize,
     _gather: usize,
@@ -119,7 +121,7 @@ pub(crate) fn all_to_all<T: Element>(
 
 pub(crate) fn all_gather<T: Element>(
     world: &CudaWorld,
-    _rank: usize,
+    _rank: &Rank<'_>,
     _x: &DeviceStorage<T>,
     _dim: usize,
     _splits: &[usize],
@@ -129,7 +131,7 @@ pub(crate) fn all_gather<T: Element>(
 
 pub(crate) fn reduce_sum<T: Element>(
     world: &CudaWorld,
-    _rank: usize,
+    _rank: &Rank<'_>,
     _x: &DeviceStorage<T>,
     _dim: Option<usize>,
 ) -> Result<DeviceStorage<T>> {
@@ -138,20 +140,12 @@ pub(crate) fn reduce_sum<T: Element>(
 
 pub(crate) fn slice<T: Element>(
     world: &CudaWorld,
-    _rank: usize,
+    _rank: &Rank<'_>,
     _x: &DeviceStorage<T>,
     _dim: usize,
     _start: usize,
     _len: usize,
 ) -> Result<DeviceStorage<T>> {
-    match *world {}
-}
-
-pub(crate) fn exchange_counts(
-    world: &CudaWorld,
-    _rank: usize,
-    _values: &[usize],
-) -> Result<Vec<Vec<usize>>> {
     match *world {}
 }
 

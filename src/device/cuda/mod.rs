@@ -23,10 +23,14 @@
 //! - `blas`: GEMMs through cuBLASLt, plans cached per shape; `nccl`: the unfused baselines.
 //! - `ops`: the fused ops, their baselines and the collectives, one file each.
 //!
-//! Which path an op takes is a function of the shapes, public here ([`all_gather_matmul_path`],
-//! [`matmul_reduce_scatter_path`]) and printed by the `gpu_report` example.
+//! The ops are called from each op's one dispatch (`fused::*`, `collectives::*`), which has
+//! checked the capability table, agreed the arguments through the world's one exchange and moved
+//! the inputs to the rank's GPU; the collectives here agree their own words through that same
+//! exchange. Which path a fused op takes is a function of the shapes, public here
+//! ([`all_gather_matmul_path`], [`matmul_reduce_scatter_path`]) and printed by the `gpu_report`
+//! example, unless the call's options ask for one ([`AgPath`], [`RsPath`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::fused::{AgPath, RsPath};
 
 #[cfg(feature = "cuda")]
 mod api;
@@ -61,137 +65,50 @@ pub const AG_OVERLAP_MIN_ROWS: usize = 1024;
 /// Output rows per rank from which `matmul_reduce_scatter` computes a GEMM per destination.
 pub const RS_CHUNKED_MIN_ROWS: usize = 1024;
 
-/// The path `all_gather_matmul` takes on GPUs for row shards of these sizes:
-/// - `local`: one rank, one GEMM;
-/// - `gather`: fewer than [`AG_OVERLAP_MIN_ROWS`] rows on every rank (decoding): one kernel pushes
-///   every rank's rows to every rank, then one GEMM per weight over all rows reads it once;
-/// - `overlap`: copy engines push the rows while this rank's own rows are multiplied, then each
-///   peer's rows as they arrive.
+/// The path `all_gather_matmul` takes on GPUs for row shards of these sizes, unless the call's
+/// options ask for one ([`MatmulOptions::all_gather_matmul_path`](crate::MatmulOptions)):
+/// [`AgPath::Local`] for one rank; [`AgPath::Gather`] with fewer than [`AG_OVERLAP_MIN_ROWS`]
+/// rows on every rank (decoding); [`AgPath::Overlap`] otherwise.
 ///
 /// # Examples
 /// ```
 /// use dist_tensor::device::cuda::all_gather_matmul_path;
-/// assert_eq!(all_gather_matmul_path(&[128, 128]), "gather");
-/// assert_eq!(all_gather_matmul_path(&[4096, 4096]), "overlap");
-/// assert_eq!(all_gather_matmul_path(&[5]), "local");
+/// use dist_tensor::fused::AgPath;
+/// assert_eq!(all_gather_matmul_path(&[128, 128]), AgPath::Gather);
+/// assert_eq!(all_gather_matmul_path(&[4096, 4096]), AgPath::Overlap);
+/// assert_eq!(all_gather_matmul_path(&[5]), AgPath::Local);
 /// ```
-pub fn all_gather_matmul_path(splits: &[usize]) -> &'static str {
+pub fn all_gather_matmul_path(splits: &[usize]) -> AgPath {
     if splits.len() <= 1 {
-        "local"
-    } else if let Some(forced) = forced(&FORCED_AG_PATH, AG_PATHS) {
-        forced
+        AgPath::Local
     } else if splits.iter().copied().max().unwrap_or(0) < AG_OVERLAP_MIN_ROWS {
-        "gather"
+        AgPath::Gather
     } else {
-        "overlap"
+        AgPath::Overlap
     }
 }
 
-/// The paths [`force_all_gather_matmul_path`] takes.
-const AG_PATHS: &[&str] = &["gather", "overlap"];
-/// The paths [`force_matmul_reduce_scatter_path`] takes.
-const RS_PATHS: &[&str] = &["single", "chunked"];
-
-static FORCED_AG_PATH: AtomicUsize = AtomicUsize::new(0);
-static FORCED_RS_PATH: AtomicUsize = AtomicUsize::new(0);
-
-fn forced(slot: &AtomicUsize, names: &[&'static str]) -> Option<&'static str> {
-    slot.load(Ordering::Relaxed).checked_sub(1).map(|i| names[i])
-}
-
-fn force(
-    slot: &AtomicUsize,
-    names: &[&'static str],
-    op: &'static str,
-    path: Option<&str>,
-) -> crate::Result<()> {
-    let code = match path {
-        None => 0,
-        Some(name) => {
-            1 + names.iter().position(|&p| p == name).ok_or_else(|| {
-                crate::Error::InvalidArgument {
-                    op,
-                    rank: 0,
-                    reason: format!("{name:?} is not a path: expected one of {names:?}"),
-                }
-            })?
-        }
-    };
-    slot.store(code, Ordering::Relaxed);
-    Ok(())
-}
-
-/// Makes `all_gather_matmul` on GPU worlds of two or more ranks take `path` (`gather` or
-/// `overlap`) whatever the shape, process-wide, until called with `None` (the choice by shape).
-/// For measuring both paths on one shape, as `gpu_report --stages` does, and for testing them;
-/// set it while no op runs, the same on every rank (the ops fail when the ranks disagree).
-///
-/// # Errors
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for another name.
-///
-/// # Examples
-/// ```
-/// use dist_tensor::device::cuda::{all_gather_matmul_path, force_all_gather_matmul_path};
-/// force_all_gather_matmul_path(Some("overlap"))?;
-/// assert_eq!(all_gather_matmul_path(&[8, 8]), "overlap");
-/// force_all_gather_matmul_path(None)?;
-/// assert_eq!(all_gather_matmul_path(&[8, 8]), "gather");
-/// assert!(force_all_gather_matmul_path(Some("fast")).is_err());
-/// # Ok::<(), dist_tensor::Error>(())
-/// ```
-pub fn force_all_gather_matmul_path(path: Option<&str>) -> crate::Result<()> {
-    force(&FORCED_AG_PATH, AG_PATHS, "force_all_gather_matmul_path", path)
-}
-
-/// The path `matmul_reduce_scatter` takes on GPUs for output row shards of these sizes:
-/// - `local`: one rank, one GEMM;
-/// - `single`: fewer than [`RS_CHUNKED_MIN_ROWS`] rows on every rank: one GEMM over all rows (the
-///   weight read once), then the partials move;
-/// - `chunked`: one GEMM per destination rank, each partial moving while the next is computed.
+/// The path `matmul_reduce_scatter` takes on GPUs for output row shards of these sizes, unless
+/// the call's options ask for one
+/// ([`MatmulOptions::matmul_reduce_scatter_path`](crate::MatmulOptions)): [`RsPath::Local`] for
+/// one rank; [`RsPath::Single`] with fewer than [`RS_CHUNKED_MIN_ROWS`] rows on every rank;
+/// [`RsPath::Chunked`] otherwise.
 ///
 /// # Examples
 /// ```
 /// use dist_tensor::device::cuda::matmul_reduce_scatter_path;
-/// assert_eq!(matmul_reduce_scatter_path(&[128, 128]), "single");
-/// assert_eq!(matmul_reduce_scatter_path(&[4096, 4096]), "chunked");
+/// use dist_tensor::fused::RsPath;
+/// assert_eq!(matmul_reduce_scatter_path(&[128, 128]), RsPath::Single);
+/// assert_eq!(matmul_reduce_scatter_path(&[4096, 4096]), RsPath::Chunked);
 /// ```
-pub fn matmul_reduce_scatter_path(splits: &[usize]) -> &'static str {
+pub fn matmul_reduce_scatter_path(splits: &[usize]) -> RsPath {
     if splits.len() <= 1 {
-        "local"
-    } else if let Some(forced) = forced(&FORCED_RS_PATH, RS_PATHS) {
-        forced
+        RsPath::Local
     } else if splits.iter().copied().max().unwrap_or(0) < RS_CHUNKED_MIN_ROWS {
-        "single"
+        RsPath::Single
     } else {
-        "chunked"
+        RsPath::Chunked
     }
-}
-
-/// Makes `matmul_reduce_scatter` on GPU worlds of two or more ranks take `path` (`single` or
-/// `chunked`) whatever the shape, process-wide, until called with `None`. As
-/// [`force_all_gather_matmul_path`].
-///
-/// # Errors
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for another name.
-///
-/// # Examples
-/// ```
-/// use dist_tensor::device::cuda::{force_matmul_reduce_scatter_path, matmul_reduce_scatter_path};
-/// force_matmul_reduce_scatter_path(Some("chunked"))?;
-/// assert_eq!(matmul_reduce_scatter_path(&[8, 8]), "chunked");
-/// force_matmul_reduce_scatter_path(None)?;
-/// assert_eq!(matmul_reduce_scatter_path(&[8, 8]), "single");
-/// assert!(force_matmul_reduce_scatter_path(Some("fast")).is_err());
-/// # Ok::<(), dist_tensor::Error>(())
-/// ```
-pub fn force_matmul_reduce_scatter_path(path: Option<&str>) -> crate::Result<()> {
-    force(&FORCED_RS_PATH, RS_PATHS, "force_matmul_reduce_scatter_path", path)
-}
-
-/// Which of the paths a name is, for the ops' agreement check (0 for the choice by shape's).
-#[cfg(feature = "cuda")]
-pub(crate) fn path_code(path: &str) -> u64 {
-    AG_PATHS.iter().chain(RS_PATHS).position(|&p| p == path).map_or(0, |i| i as u64 + 1)
 }
 
 mod public {
@@ -236,3 +153,13 @@ impl crate::World {
 
 /// Environment variable that overrides the capacity of each GPU's symmetric heap, in bytes.
 pub const GPU_HEAP_BYTES_ENV: &str = "DIST_TENSOR_GPU_HEAP_BYTES";
+
+impl<'w> crate::Rank<'w> {
+    /// The GPUs of this rank's world, when it runs on GPUs; `None` otherwise.
+    pub(crate) fn cuda_world(&self) -> Option<&'w CudaWorld> {
+        match self.device_world() {
+            crate::shmem::DeviceWorld::Cuda(gpus) => Some(gpus),
+            _ => None,
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! per-op signals and buffers, the world's failure state, and waiting for a GPU without hanging.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
@@ -12,6 +12,7 @@ use super::kernels::{Ctl, MAX_RANKS, SyncArgs};
 use super::memory::{DeviceBuffer, SymmRegion, SymmetricHeap};
 use super::nccl::Nccl;
 use crate::error::ProgramLabel;
+use crate::shmem::{Call, Rank};
 use crate::{Error, Result};
 
 use super::GPU_HEAP_BYTES_ENV;
@@ -155,25 +156,6 @@ pub(crate) struct OpState {
     events: Vec<Event>,
 }
 
-/// Exchanges a few words between the ranks' threads (shapes, for agreement checks); also a
-/// barrier.
-#[derive(Default)]
-struct Rendezvous {
-    state: Mutex<RendezvousState>,
-    cv: Condvar,
-    /// The generation, readable without the lock: waiters spin on it briefly before sleeping,
-    /// since ranks usually arrive within microseconds of each other and a wake-up costs tens.
-    generation: std::sync::atomic::AtomicU64,
-}
-
-#[derive(Default)]
-struct RendezvousState {
-    generation: u64,
-    arrived: usize,
-    slots: Vec<Vec<u64>>,
-    last: Arc<Vec<Vec<u64>>>,
-}
-
 /// A world of GPUs, one rank per GPU.
 pub(crate) struct CudaWorld {
     pub(crate) gpus: Vec<Arc<Gpu>>,
@@ -185,7 +167,6 @@ pub(crate) struct CudaWorld {
     /// Per rank: a u32 in device memory that the first failing wait claims.
     claims: SymmRegion,
     states: Vec<Mutex<HashMap<&'static str, OpState>>>,
-    rendezvous: Rendezvous,
 }
 
 impl CudaWorld {
@@ -247,7 +228,6 @@ impl CudaWorld {
             watch,
             claims,
             states: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
-            rendezvous: Rendezvous::default(),
         })
     }
 
@@ -273,13 +253,33 @@ impl CudaWorld {
 pub(crate) struct GpuRank<'w> {
     pub(crate) world: &'w CudaWorld,
     pub(crate) rank: usize,
+    /// The rank in the world's runtime, whose one exchange the ranks agree through; absent only
+    /// for what one rank does alone (waiting for its GPU, placing a tensor).
+    host: Option<&'w Rank<'w>>,
 }
 
 impl<'w> GpuRank<'w> {
-    /// Rank `rank` of `world`, with its GPU's context bound to this thread.
+    /// Rank `rank` of `world` on its own, with its GPU's context bound to this thread.
     pub(crate) fn new(world: &'w CudaWorld, rank: usize) -> Result<Self> {
         world.gpus[rank].bind()?;
-        Ok(GpuRank { world, rank })
+        Ok(GpuRank { world, rank, host: None })
+    }
+
+    /// `host`'s rank of `world`, with its GPU's context bound to this thread.
+    pub(crate) fn of(world: &'w CudaWorld, host: &'w Rank<'w>) -> Result<Self> {
+        let rank = host.rank();
+        world.gpus[rank].bind()?;
+        Ok(GpuRank { world, rank, host: Some(host) })
+    }
+
+    /// The rank in the world's runtime, for its exchange.
+    pub(crate) fn host(&self) -> Result<&'w Rank<'w>> {
+        self.host.ok_or(Error::InvalidArgument {
+            op: "device::cuda",
+            rank: self.rank,
+            reason: "a collective step outside a rank's op (no exchange to meet the others in)"
+                .into(),
+        })
     }
 
     pub(crate) fn gpu(&self) -> &'w Arc<Gpu> {
@@ -333,64 +333,10 @@ impl<'w> GpuRank<'w> {
         self.world.watch.wait_event(self.rank, &copy)
     }
 
-    /// Exchanges `words` with every rank (host side; also a barrier). Fails when the world does,
+    /// Meets every rank (a barrier) through the world's one exchange. Fails when the world does,
     /// or after the wait timeout.
-    pub(crate) fn exchange(&self, words: Vec<u64>) -> Result<Arc<Vec<Vec<u64>>>> {
-        let n = self.num_ranks();
-        let rv = &self.world.rendezvous;
-        let mut s = rv.state.lock().unwrap_or_else(|p| p.into_inner());
-        if s.slots.len() != n {
-            s.slots = vec![Vec::new(); n];
-        }
-        let generation = s.generation;
-        s.slots[self.rank] = words;
-        s.arrived += 1;
-        if s.arrived == n {
-            s.last = Arc::new(std::mem::replace(&mut s.slots, vec![Vec::new(); n]));
-            s.arrived = 0;
-            s.generation += 1;
-            rv.generation.store(s.generation, std::sync::atomic::Ordering::Release);
-            rv.cv.notify_all();
-            return Ok(s.last.clone());
-        }
-        drop(s);
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_micros(200) {
-            if rv.generation.load(std::sync::atomic::Ordering::Acquire) != generation {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        let mut s = rv.state.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if s.generation != generation {
-                return Ok(s.last.clone());
-            }
-            let (guard, _) =
-                rv.cv.wait_timeout(s, Duration::from_millis(1)).unwrap_or_else(|p| p.into_inner());
-            s = guard;
-            if s.generation != generation {
-                return Ok(s.last.clone());
-            }
-            if let Err(e) = self.check() {
-                s.arrived -= 1;
-                return Err(e);
-            }
-            if start.elapsed() > self.world.watch.timeout {
-                s.arrived -= 1;
-                let seen = s.arrived as u64;
-                drop(s);
-                self.world.watch.abort(Some(self.rank), "it timed out at a host exchange");
-                return Err(Error::WaitTimeout {
-                    rank: self.rank,
-                    program: ProgramLabel::Host,
-                    signal: 0,
-                    awaited: format!("{n} ranks at the host exchange"),
-                    seen,
-                    timeout: self.world.watch.timeout,
-                });
-            }
-        }
+    pub(crate) fn barrier(&self, why: &'static str) -> Result<()> {
+        self.host()?.exchange(Call::untyped(why), &[], None, &[]).map(drop)
     }
 
     /// Runs `f` on this rank's state for op `key`, made on first use (collective: every rank
@@ -427,7 +373,7 @@ impl<'w> GpuRank<'w> {
             drop(states);
             // Every rank's signals must be zero before any rank's first kernel signals it.
             self.synchronize()?;
-            self.exchange(vec![])?;
+            self.barrier("cuda op state")?;
             states = self.world.states[self.rank].lock().unwrap_or_else(|p| p.into_inner());
         }
         f(states.get_mut(key).expect("inserted above"))
@@ -471,7 +417,7 @@ impl<'w> GpuRank<'w> {
             return Ok(r);
         }
         self.synchronize()?;
-        self.exchange(vec![])?;
+        self.barrier("cuda symmetric buffer")?;
         let old = state.buffers.remove(name);
         if let Some(old) = old {
             self.world.heap.free(self.rank, old);

@@ -1,5 +1,7 @@
-//! The host simulation of an NPU: every program instance of a launch is a thread of its own,
-//! resident in a per-rank pool between launches.
+//! The host backend: the tile model (`program`: a program's context and task loops; `tile`: masked
+//! tile operations; `launch`: a kernel run as a grid of programs) and the simulation of an NPU it
+//! runs on: every program instance of a launch is a thread of its own, resident in a per-rank
+//! pool between launches.
 //!
 //! Threads, not a work-stealing pool: kernels spin-wait on each other, and a pool that runs a
 //! waiting consumer before its producer would deadlock. Waits block after a brief spin (see
@@ -8,7 +10,10 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 
+pub(crate) mod launch;
 mod pool;
+pub(crate) mod program;
+pub mod tile;
 
 use pool::ProgramPool;
 

@@ -1,32 +1,28 @@
 //! `all_gather(x) @ w` on GPUs, fused, and its unfused baseline (NCCL all_gather, then cuBLASLt).
 //!
-//! Two paths, chosen by shape and reported by `all_gather_matmul_path`:
+//! Two paths, chosen by shape (`all_gather_matmul_path`) or asked for through the call's options
+//! (`fused::AgPath`):
 //! - `gather` (few rows per rank, as in decoding): one `dt_exchange` kernel pushes this rank's
 //!   rows into every rank's symmetric gather buffer (microseconds), then one GEMM per weight over
 //!   all rows, so each weight is read once. The buffer is double: a call writes the half its
 //!   epoch's parity names, which every peer last read two calls ago, before it signalled (in
 //!   the last call) that this rank's rows had arrived; so the kernel needs no hand-shake before
-//!   it writes, only one after (every peer's rows are here). (The first version published the
-//!   buffer, waited for every peer's, pushed, and hand-shook again: 0.107 ms against 0.103 for
-//!   M=256 K=8192 N_local=14336 on two H200s, in one run of `gpu_report` at commit bfc14d1.)
+//!   it writes, only one after (every peer's rows are here). (A version that published the
+//!   buffer, waited for every peer's, pushed and hand-shook again was no faster on two H200s.)
 //! - `overlap` (many rows): copy engines push this rank's rows into every peer's gather buffer on
 //!   the high-priority copy stream while the compute stream multiplies this rank's own rows in
 //!   place; then, per peer, a one-thread `dt_signal` waits for that peer's rows and the next GEMM
 //!   runs. Copies use no multiprocessors, so the GEMMs keep the whole GPU. (Multiplying only part
-//!   of the own rows first, about as long as the peers' rows take to arrive, then all the other
-//!   rows in one GEMM, was no faster on two H200s (`gpu_report` at commit d1dd466, alternating
-//!   both in one run): M=16384 K=8192 N_local=4096 took 1.648 to 1.650 ms with 4992 own rows
-//!   first against 1.635 and 1.644 with all 8192; M=8192 K=8192 N_local=14336 2.511 to 2.651
-//!   against 2.466 and 2.631.)
+//!   of the own rows first, about as long as the peers' rows take to arrive, then the rest in one
+//!   GEMM, was no faster on two H200s.)
 
-use super::{
-    SMALL_CHUNK_BYTES, agree, copy, exchange, offsets, out_tensor, same_everywhere, signal,
-};
+use super::{SMALL_CHUNK_BYTES, copy, exchange, offsets, out_tensor, signal};
+use crate::device::cuda::all_gather_matmul_path;
 use crate::device::cuda::blas;
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::storage::{DeviceData, Home};
 use crate::device::cuda::world::{GpuRank, OP_ALL_GATHER_MATMUL};
-use crate::device::cuda::{all_gather_matmul_path, path_code};
+use crate::fused::AgPath;
 use crate::tensor::Element;
 use crate::{Error, Result};
 
@@ -47,16 +43,20 @@ pub(crate) fn all_gather_matmul<T: Element>(
     x: &DeviceData<T>,
     splits: &[usize],
     ws: &[&DeviceData<T>],
+    forced: Option<AgPath>,
 ) -> Result<Vec<DeviceData<T>>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let k = x.shape()[1];
-    let path = all_gather_matmul_path(splits);
-    let words = [k as u64, ws.len() as u64, path_code(path)];
-    let all = agree(g, OP, OP_ALL_GATHER_MATMUL, &words, weight_problem(k, ws))?;
-    same_everywhere(OP, &all, 0, "K")?;
-    same_everywhere(OP, &all, 1, "number of weights")?;
-    same_everywhere(OP, &all, 2, "path")?;
+    let path = match forced {
+        Some(path) if n > 1 => path,
+        _ => all_gather_matmul_path(splits),
+    };
+    // The caller agreed K, the weights and every rank's rows through the world's one exchange;
+    // the path is a function of the rows, so every rank takes the same one.
+    if let Some(reason) = weight_problem(k, ws) {
+        return Err(Error::InvalidShape { op: OP, reason });
+    }
     let off = offsets(splits);
     let m = off[n];
     let es = size_of::<T>();
@@ -77,8 +77,8 @@ pub(crate) fn all_gather_matmul<T: Element>(
         Ok(())
     };
     match path {
-        "local" => gemm(x.ptr(), m, 0)?,
-        "gather" => g.with_state("all_gather_matmul.gather", |st| {
+        AgPath::Local => gemm(x.ptr(), m, 0)?,
+        AgPath::Gather => g.with_state("all_gather_matmul.gather", |st| {
             st.epoch += 1;
             let half = m * k * es;
             let buf = g.symmetric(st, "gathered", 2 * half)?;
@@ -102,7 +102,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
             )?;
             gemm(at(r), m, 0)
         })?,
-        _ => g.with_state("all_gather_matmul.overlap", |st| {
+        AgPath::Overlap => g.with_state("all_gather_matmul.overlap", |st| {
             st.epoch += 1;
             let epoch = st.epoch;
             let buf = g.symmetric(st, "gathered", m * k * es)?;
@@ -159,9 +159,9 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let k = x.shape()[1];
-    let all =
-        agree(g, OP, OP_ALL_GATHER_MATMUL, &[k as u64, ws.len() as u64], weight_problem(k, ws))?;
-    same_everywhere(OP, &all, 0, "K")?;
+    if let Some(reason) = weight_problem(k, ws) {
+        return Err(Error::InvalidShape { op: OP, reason });
+    }
     let off = offsets(splits);
     let m = off[n];
     let es = size_of::<T>();

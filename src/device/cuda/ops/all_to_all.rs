@@ -5,7 +5,7 @@
 //! kernel's tasks (source rank rotated by this rank, run, chunk) read `symm_at(x, src)` over
 //! NVLink and write the final layout with 16-byte accesses: no permute copies.
 
-use super::{CHUNK_BYTES, agree, exchange, offsets, out_tensor, same_everywhere};
+use super::{CHUNK_BYTES, exchange, offsets, out_tensor};
 use crate::device::cuda::kernels::Runs;
 use crate::device::cuda::storage::DeviceData;
 use crate::device::cuda::world::{GpuRank, OP_ALL_TO_ALL};
@@ -131,27 +131,13 @@ fn check_dims(shape: &[usize], scatter: usize, gather: usize) -> Option<String> 
     }
 }
 
-fn agree_dims<T: Element>(
-    g: &GpuRank<'_>,
-    x: &DeviceData<T>,
-    scatter: usize,
-    gather: usize,
-) -> Result<()> {
-    let problem = check_dims(x.shape(), scatter, gather);
-    let s_full = if problem.is_none() { x.shape()[scatter] } else { 0 };
-    let all = agree(
-        g,
-        OP,
-        OP_ALL_TO_ALL,
-        &[scatter as u64, gather as u64, x.shape().len() as u64, s_full as u64],
-        problem,
-    )?;
-    for (i, what) in
-        ["scatter dim", "gather dim", "number of dims", "scatter dim size"].iter().enumerate()
-    {
-        same_everywhere(OP, &all, i, what)?;
+/// The dimensions were agreed by the caller through the world's one exchange; checked here
+/// against this rank's tensor.
+fn check_here<T: Element>(x: &DeviceData<T>, scatter: usize, gather: usize) -> Result<()> {
+    match check_dims(x.shape(), scatter, gather) {
+        Some(reason) => Err(Error::InvalidShape { op: OP, reason }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The fused op: `x` is this rank's part, sharded on `gather` with sizes `g_split`; the result is
@@ -164,7 +150,7 @@ pub(crate) fn all_to_all<T: Element>(
     g_split: &[usize],
 ) -> Result<DeviceData<T>> {
     g.check()?;
-    agree_dims(g, x, scatter, gather)?;
+    check_here(x, scatter, gather)?;
     let (n, r) = (g.num_ranks(), g.rank);
     if g_split.len() != n || g_split[r] != x.shape()[gather] {
         return Err(Error::InvalidShape {
@@ -197,7 +183,7 @@ pub(crate) fn all_to_all_unfused<T: Element>(
     g_split: &[usize],
 ) -> Result<DeviceData<T>> {
     g.check()?;
-    agree_dims(g, x, scatter, gather)?;
+    check_here(x, scatter, gather)?;
     let (n, r) = (g.num_ranks(), g.rank);
     let geo = Geometry::new(x.shape(), scatter, gather, g_split, n);
     let out: DeviceData<T> = out_tensor(g, &geo.out_shape(x.shape(), scatter, gather, r))?;

@@ -3,7 +3,7 @@
 //! (all_reduce and reduce_scatter along any dim, summed in rank order), broadcast, a device
 //! barrier, and the local slice a `Replicate -> Shard` redistribution takes.
 
-use super::{CHUNK_BYTES, agree, exchange, offsets, out_tensor, reduce, same_everywhere};
+use super::{CHUNK_BYTES, agree, exchange, offsets, out_tensor, reduce};
 use crate::device::cuda::kernels::Runs;
 use crate::device::cuda::storage::DeviceData;
 use crate::device::cuda::world::{GpuRank, OP_ALL_GATHER, OP_BARRIER, OP_BROADCAST, OP_REDUCE};
@@ -18,7 +18,7 @@ fn outer_inner(shape: &[usize], dim: usize) -> (usize, usize) {
 /// all have. Work queued after it on any rank starts after every rank reached it.
 pub(crate) fn barrier(g: &GpuRank<'_>) -> Result<()> {
     g.check()?;
-    agree(g, "barrier", OP_BARRIER, &[], None)?;
+    agree(g, "barrier", &[], None)?;
     if g.num_ranks() == 1 {
         return Ok(());
     }
@@ -39,8 +39,8 @@ pub(crate) fn all_gather<T: Element>(
     g.check()?;
     let shape = x.shape().to_vec();
     let problem = (dim >= shape.len()).then(|| format!("dim {dim} of a {}-D tensor", shape.len()));
-    let all = agree(g, "all_gather", OP_ALL_GATHER, &[dim as u64, shape.len() as u64], problem)?;
-    same_everywhere("all_gather", &all, 0, "dim")?;
+    let all = agree(g, "all_gather", &[dim as u64, shape.len() as u64], problem)?;
+    all.agree("all_gather", 0, "dim")?;
     let (n, r) = (g.num_ranks(), g.rank);
     let off = offsets(splits);
     let mut out_shape = shape.clone();
@@ -86,9 +86,9 @@ pub(crate) fn reduce_sum<T: Element>(
         dim.filter(|&d| d >= shape.len()).map(|d| format!("dim {d} of a {}-D tensor", shape.len()));
     let mut words = vec![dim.map_or(u64::MAX, |d| d as u64), shape.len() as u64];
     words.extend(shape.iter().map(|&s| s as u64));
-    let all = agree(g, "reduce", OP_REDUCE, &words, problem)?;
+    let all = agree(g, "reduce", &words, problem)?;
     for i in 0..words.len() {
-        same_everywhere("reduce", &all, i, "shape")?;
+        all.agree("reduce", i, "shape")?;
     }
     let (n, r) = (g.num_ranks(), g.rank);
     let es = size_of::<T>();
@@ -135,9 +135,9 @@ pub(crate) fn broadcast<T: Element>(
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let problem = (root >= n).then(|| format!("root {root} in a world of {n}"));
-    let all = agree(g, "broadcast", OP_BROADCAST, &[root as u64, x.len() as u64], problem)?;
-    same_everywhere("broadcast", &all, 0, "root")?;
-    same_everywhere("broadcast", &all, 1, "length")?;
+    let all = agree(g, "broadcast", &[root as u64, x.len() as u64], problem)?;
+    all.agree("broadcast", 0, "root")?;
+    all.agree("broadcast", 1, "length")?;
     let out: DeviceData<T> = out_tensor(g, x.shape())?;
     let es = size_of::<T>();
     let parts: Vec<Runs> = (0..n)

@@ -8,21 +8,22 @@
 //!   partial into its owner's symmetric buffer while the next partial is computed.
 //! - `single` (few rows, as in decoding): one GEMM over all rows reads the weight once; the
 //!   reduce kernel then reads every peer's partial of this rank's rows over NVLink (`symm_at` of
-//!   the published partials), with no copy. Measured slower or no faster on two H200s for M=256
-//!   K_local=14336 N=8192: blocks of columns, each block's reduce overlapping the next block's
-//!   product on a second stream (0.159 ms against 0.116, before commit 1ebe5c9); one kernel
-//!   that pushes each peer its rows of the partial into a double buffer, then sums locally,
-//!   with one hand-shake instead of two (0.113 against 0.113, in one run of `gpu_report` at
-//!   commit bfc14d1).
+//!   the published partials), with no copy. Two alternatives measured slower or no faster on
+//!   two H200s (the README's GPU section has the figures): blocks of columns, each block's
+//!   reduce overlapping the next block's product on a second stream; and one kernel that pushes
+//!   each peer its rows of the partial into a double buffer, then sums locally.
+//!
+//! The path is chosen by shape, or asked for through the call's options (`fused::RsPath`).
 
-use super::{SMALL_CHUNK_BYTES, agree, copy, offsets, out_tensor, reduce, same_everywhere, signal};
-use crate::Result;
+use super::{SMALL_CHUNK_BYTES, copy, offsets, out_tensor, reduce, signal};
 use crate::device::cuda::blas::{self, dtype_bytes};
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
+use crate::device::cuda::matmul_reduce_scatter_path;
 use crate::device::cuda::storage::DeviceData;
 use crate::device::cuda::world::{GpuRank, OP_MATMUL_REDUCE_SCATTER};
-use crate::device::cuda::{matmul_reduce_scatter_path, path_code};
+use crate::fused::RsPath;
 use crate::tensor::{DType, Element};
+use crate::{Error, Result};
 
 const OP: &str = "matmul_reduce_scatter";
 
@@ -47,18 +48,22 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     a: &DeviceData<T>,
     w: &DeviceData<T>,
     splits: &[usize],
+    forced: Option<RsPath>,
 ) -> Result<DeviceData<T>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let problem = shape_problem(a, w);
     let (m, kr, big_n) =
         if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
-    let path = matmul_reduce_scatter_path(splits);
-    let words = [m as u64, big_n as u64, path_code(path)];
-    let all = agree(g, OP, OP_MATMUL_REDUCE_SCATTER, &words, problem)?;
-    same_everywhere(OP, &all, 0, "M")?;
-    same_everywhere(OP, &all, 1, "N")?;
-    same_everywhere(OP, &all, 2, "path")?;
+    let path = match forced {
+        Some(path) if n > 1 => path,
+        _ => matmul_reduce_scatter_path(splits),
+    };
+    // The caller agreed M, N and every rank's rows through the world's one exchange; the path
+    // is a function of the rows, so every rank takes the same one.
+    if let Some(reason) = problem {
+        return Err(Error::InvalidShape { op: OP, reason });
+    }
     let off = offsets(splits);
     let es = size_of::<T>();
     let out: DeviceData<T> = out_tensor(g, &[splits[r], big_n])?;
@@ -85,7 +90,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
             pt,
         )
     };
-    if path == "single" {
+    if path == RsPath::Single {
         g.with_state("matmul_reduce_scatter.single", |st| {
             st.epoch += 1;
             let partials = g.local(st, "partials", m * big_n * pb)?;
@@ -172,9 +177,9 @@ pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
     let problem = shape_problem(a, w);
     let (m, kr, big_n) =
         if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
-    let all = agree(g, OP, OP_MATMUL_REDUCE_SCATTER, &[m as u64, big_n as u64], problem)?;
-    same_everywhere(OP, &all, 0, "M")?;
-    same_everywhere(OP, &all, 1, "N")?;
+    if let Some(reason) = problem {
+        return Err(Error::InvalidShape { op: OP, reason });
+    }
     let off = offsets(splits);
     let es = size_of::<T>();
     let product: DeviceData<T> = out_tensor(g, &[m, big_n])?;

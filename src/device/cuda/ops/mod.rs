@@ -1,9 +1,10 @@
 //! The ops on GPUs, one file each: the fused ops with their unfused baselines (NCCL, then
 //! cuBLASLt), and the collectives. Each takes this rank's device tensors and returns new ones.
 //!
-//! Every op is collective: it first exchanges a few words between the ranks' threads (op, sizes,
-//! and whether this rank found a problem with its arguments), so a bad argument on one rank fails
-//! every rank at once, and mismatched calls are an error instead of a hang.
+//! Every op is collective. The fused ops are called after the caller (`fused::*::run`) agreed
+//! their shapes through the world's one exchange; the collectives agree their own words through
+//! that same exchange ([`agree`]), so a bad argument on one rank fails every rank at once and
+//! mismatched calls are an error instead of a hang.
 
 pub(crate) mod all_gather_matmul;
 pub(crate) mod all_to_all;
@@ -16,8 +17,9 @@ use super::driver::Check;
 use super::kernels::{self, ExchangeArgs, MAX_RANKS, ReduceArgs, Runs, SignalArgs, Source};
 use super::storage::DeviceData;
 use super::world::{GpuRank, OpState};
+use crate::Result;
+use crate::shmem::{Call, Exchanged};
 use crate::tensor::{DType, Element};
-use crate::{Error, Result};
 
 /// Bytes each task of a data-moving kernel moves at most.
 pub(crate) const CHUNK_BYTES: usize = 16 << 10;
@@ -41,66 +43,16 @@ pub(crate) fn array_split(len: usize, n: usize) -> Vec<usize> {
     (0..n).map(|r| len / n + usize::from(r < len % n)).collect()
 }
 
-/// Exchanges `[op, words..., problem]` between the ranks and fails every rank if any had a
-/// problem or called another op; returns every rank's words.
+/// Tells every rank `words` for call `op` through the world's one exchange (the same as every
+/// other world's: ranks in different calls fail with [`Error::OpMismatch`](crate::Error)), and
+/// fails every rank if any had a `problem`; returns every rank's words.
 pub(crate) fn agree(
     g: &GpuRank<'_>,
     op: &'static str,
-    code: u32,
     words: &[u64],
     problem: Option<String>,
-) -> Result<Vec<Vec<u64>>> {
-    let mut mine = vec![code as u64];
-    mine.extend_from_slice(words);
-    mine.push(u64::from(problem.is_some()));
-    let all = g.exchange(mine)?;
-    if let Some(reason) = problem {
-        return Err(Error::InvalidArgument { op, rank: g.rank, reason });
-    }
-    for (r, w) in all.iter().enumerate() {
-        if w.first() != Some(&(code as u64)) || w.len() != words.len() + 2 {
-            return Err(Error::RanksDisagree {
-                op,
-                rank_a: g.rank,
-                value_a: format!("op {}", super::world::op_name(code)),
-                rank_b: r,
-                value_b: format!(
-                    "op {}",
-                    super::world::op_name(w.first().copied().unwrap_or(0) as u32)
-                ),
-            });
-        }
-        if w[w.len() - 1] != 0 {
-            return Err(Error::InvalidArgument {
-                op,
-                rank: g.rank,
-                reason: format!("rank {r} was given invalid arguments (its own error says which)"),
-            });
-        }
-    }
-    Ok(all.iter().map(|w| w[1..w.len() - 1].to_vec()).collect())
-}
-
-/// Fails unless every rank passed the same value at `index`.
-pub(crate) fn same_everywhere(
-    op: &'static str,
-    all: &[Vec<u64>],
-    index: usize,
-    what: &str,
-) -> Result<u64> {
-    let v = all[0][index];
-    for (r, w) in all.iter().enumerate() {
-        if w[index] != v {
-            return Err(Error::RanksDisagree {
-                op,
-                rank_a: 0,
-                value_a: format!("{what} {v}"),
-                rank_b: r,
-                value_b: format!("{what} {}", w[index]),
-            });
-        }
-    }
-    Ok(v)
+) -> Result<Exchanged> {
+    g.host()?.exchange(Call::untyped(op), words, problem, &[])
 }
 
 /// The watch new tensors of this rank carry.

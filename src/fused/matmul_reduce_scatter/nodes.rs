@@ -24,24 +24,19 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use super::matmul_reduce_scatter::{MmRsWorkspace, OP};
-use super::plan::{
-    AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
-    scratch,
-};
+use super::{MmRsWorkspace, OP};
 use crate::Result;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, Program, launch};
+use crate::fused::plan::{
+    AccData, GemmTiles, MIN_SHARD_ROWS, REMOTE_CHUNK_ELEMS, Shards, compute_lanes,
+    computing_programs, row_chunks, scratch,
+};
 use crate::shmem::{
     GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalOp, SymmBuf, Token, WaitCmp, WaitSem,
     consume_token, symm_at,
 };
 use crate::tensor::Element;
-
-/// Elements of a node's sum a stand-in puts at once (and the owner reduces at once): each put is a
-/// message through the proxies and MPI, whose cost per message is tens of microseconds (measured
-/// over loopback TCP), so chunks are larger than on one node.
-const NODE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// Who reduces what on this rank's node.
 struct Plan {
@@ -134,7 +129,8 @@ pub(super) fn run<T: Element>(
         }
     }
     // Chunks of rows: what a stand-in puts at once, and what the owner reduces at once.
-    let chunk_rows = row_chunks(n, NODE_CHUNK_ELEMS);
+    // A node's sum moves (and is reduced) in the chunks every op puts across nodes.
+    let chunk_rows = row_chunks(n, REMOTE_CHUNK_ELEMS);
     let chunks_of = |d: usize| if n == 0 { 0 } else { rows.count(d).div_ceil(chunk_rows) };
     let node_before = ws.node_expected.clone();
     for c in (0..nodes).filter(|&c| c != node) {

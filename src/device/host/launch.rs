@@ -1,7 +1,7 @@
 //! `launch`: run a tile kernel's programs on a rank's device.
 
-use super::{LaunchMode, Program, host};
 use crate::Result;
+use crate::device::{LaunchMode, Program, host};
 use crate::shmem::Rank;
 
 /// Runs `kernel` as `grid` programs on `rank`'s device, every program resident at once (kernels

@@ -10,24 +10,30 @@
 //! 0, 1, 2, ..., rounding once: the same bits on every run, whatever the timing.
 //!
 //! Across nodes (a world joined by MPI) it reduces inside each node first, then across nodes (see
-//! `matmul_reduce_scatter_nodes`); the order of the sum then depends on the world's shape.
+//! `nodes`); the order of the sum then depends on the world's shape.
+
+mod nodes;
 
 use ndarray::{Array2, ArrayView2};
 
+use super::RsPath;
+use super::all_gather_matmul::device_data;
+use super::operand::Operand;
 use super::plan::scratch;
 use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Shards, WeightData, compute_lanes, computing_programs,
     row_chunks,
 };
 use crate::collectives::{self, ReduceOp};
-use crate::device::ascend;
+use crate::device::capability::{self, Feature};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
+use crate::device::{ascend, cuda};
 use crate::shmem::{
-    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
-    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
+    Call, DeviceWorld, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp,
+    SymmBuf, Token, WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
-use crate::tensor::{Element, array_split, matmul_into, pool};
+use crate::tensor::{Element, Tensor, array_split, matmul_into, pool};
 use crate::{Error, Result};
 
 pub(super) const OP: &str = "matmul_reduce_scatter";
@@ -89,13 +95,13 @@ impl<T: Element> MmRsWorkspace<T> {
 fn agree<T: Element>(
     op: &'static str,
     rank: &Rank<'_>,
-    x: &ArrayView2<T>,
-    w: &ArrayView2<T>,
-    my_rows: usize,
+    x: (usize, usize),
+    w: (usize, usize),
+    (my_rows, path): (usize, u64),
     problem: Option<String>,
 ) -> Result<(Shards, usize)> {
-    let words = [x.nrows(), x.ncols(), w.nrows(), w.ncols(), my_rows].map(|v| v as u64);
-    let problem = problem.or_else(|| rank.ascend().and_then(|_| ascend::check_dtype::<T>(op)));
+    // Last: the path the call's options ask for (0: by shape), the same on every rank.
+    let words = [x.0 as u64, x.1 as u64, w.0 as u64, w.1 as u64, my_rows as u64, path];
     let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     for (r, v) in all.iter().enumerate() {
         if v[1] != v[2] {
@@ -109,6 +115,7 @@ fn agree<T: Element>(
     }
     let m = all.agree(OP, 0, "M (rows of x)")? as usize;
     let n = all.agree(OP, 3, "N (columns of w)")? as usize;
+    all.agree(OP, 5, "path asked for")?;
     let counts: Vec<usize> = all.iter().map(|v| v[4] as usize).collect();
     if counts.iter().sum::<usize>() != m {
         return Err(Error::InvalidArgument {
@@ -170,40 +177,86 @@ pub fn matmul_reduce_scatter<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
-    let my_rows = array_split_rows(rank, x.nrows());
-    Ok(matmul_reduce_scatter_checked(rank, x, w, my_rows, None, true)?.0)
+    public(rank, x, w, true)
 }
 
-/// [`matmul_reduce_scatter`] (or its unfused baseline) keeping `my_rows` rows of the output on
-/// this rank (the ranks' rows, in rank order, must add up to `M`), with a problem this rank found
-/// in its inputs before the call: the problem travels with the shape exchange, so every rank fails
-/// together. Returns this rank's rows and every rank's row count.
-pub(crate) fn matmul_reduce_scatter_checked<T: Element>(
+/// `matmul_reduce_scatter` (or its unfused baseline) on any world, keeping `my_rows` rows of the
+/// output on this rank (the ranks' rows, in rank order, must add up to `M`): the one place it
+/// chooses its backend. In turn: the capability table (the features asked for, before any
+/// exchange; the element type travels in the agreement exchange with `problem`, a problem this
+/// rank found in its inputs, so that every rank fails together), the agreement exchange, then one
+/// `match` on the world's backend; inputs move to the world's device once, here. Returns this
+/// rank's rows (a tensor where the world computes) and every rank's row count.
+pub(crate) fn run<'a, T: Element>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    w: ArrayView2<T>,
+    x: Operand<'a, T>,
+    w: Operand<'a, T>,
     my_rows: usize,
     problem: Option<String>,
     fused: bool,
-) -> Result<(Array2<T>, Vec<usize>)> {
-    if !fused {
-        return unfused(rank, x, w, my_rows, problem);
+    path: Option<RsPath>,
+) -> Result<(Tensor<T>, Vec<usize>)> {
+    let op = if fused { OP } else { UNFUSED_OP };
+    let backend = rank.backend();
+    let mut features = Vec::new();
+    if x.ndim() > 2 {
+        features.push(Feature::NdInput);
     }
-    let (rows, n) = agree(OP, rank, &x, &w, my_rows, problem)?;
-    if let Some(npu) = rank.ascend() {
-        return ascend::launch::matmul_reduce_scatter(&npu, rows.counts(), n, x, w)
-            .inspect_err(|e| rank.fail_after_agreeing(e))
-            .map(|out| (out, rows.counts().to_vec()));
+    if w.transposed() {
+        features.push(Feature::TransposedWeight);
     }
-    rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
-        if rank.num_nodes() > 1 {
-            super::matmul_reduce_scatter_nodes::run(rank, ws, &rows, n, x, w)
-        } else {
-            run_fused(rank, ws, &rows, n, x, w)
+    capability::check_features(OP, backend, &features)?;
+    let problem = problem.or_else(|| capability::dtype_problem(OP, backend, T::DTYPE));
+    // Its own name in the exchange for the unfused baseline, as in all_gather_matmul's.
+    let (rows, n) = agree::<T>(op, rank, x.dim(), w.dim(), (my_rows, RsPath::word(path)), problem)?;
+    let host = |out: Array2<T>| Tensor::from_array(out.into_dyn());
+    let ran = match rank.device_world() {
+        DeviceWorld::Host => {
+            let (x, w) = (x.view(OP)?, w.view(OP)?);
+            if !fused {
+                unfused(rank, x, w, &rows, n).map(host)
+            } else {
+                rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
+                    if rank.num_nodes() > 1 {
+                        nodes::run(rank, ws, &rows, n, x, w)
+                    } else {
+                        run_fused(rank, ws, &rows, n, x, w)
+                    }
+                })
+                .map(host)
+            }
         }
-    })
-    .inspect_err(|e| rank.fail_after_agreeing(e))
-    .map(|out| (out, rows.counts().to_vec()))
+        DeviceWorld::Ascend(world) => {
+            let npu = ascend::AscendRank { world, rank };
+            let (x, w) = (x.view(OP)?, w.view(OP)?);
+            let out = if fused {
+                ascend::launch::matmul_reduce_scatter(&npu, rows.counts(), n, x, w)
+            } else {
+                ascend::launch::matmul_reduce_scatter_unfused(&npu, rows.counts(), n, x, w)
+            };
+            out.map(host)
+        }
+        DeviceWorld::Cuda(gpus) => {
+            let (x, w) = (x.on_device(rank)?, w.on_device(rank)?);
+            let (x, w) = (device_data(&x), device_data(&w));
+            cuda::matmul_reduce_scatter(gpus, rank, x, w, rows.counts(), fused, path)
+                .map(Tensor::from_device_storage)
+        }
+    };
+    ran.inspect_err(|e| rank.fail_after_agreeing(e)).map(|out| (out, rows.counts().to_vec()))
+}
+
+/// The public entry's tail: [`run`], then a host array.
+fn public<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    w: ArrayView2<T>,
+    fused: bool,
+) -> Result<Array2<T>> {
+    let my_rows = array_split_rows(rank, x.nrows());
+    let (out, _) = run(rank, x.into(), w.into(), my_rows, None, fused, None)?;
+    let out = if out.device_storage().is_some() { out.to_host()? } else { out };
+    Ok(out.into_array().into_dimensionality().expect("the output is 2-D"))
 }
 
 /// The unfused baseline: the local product on this rank's compute cores (rounded to `T`), then
@@ -231,33 +284,24 @@ pub fn matmul_reduce_scatter_unfused<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
-    let my_rows = array_split_rows(rank, x.nrows());
-    Ok(unfused(rank, x, w, my_rows, None)?.0)
+    public(rank, x, w, false)
 }
 
+/// The unfused baseline on the host, after the agreement.
 fn unfused<T: Element>(
     rank: &Rank<'_>,
     x: ArrayView2<T>,
     w: ArrayView2<T>,
-    my_rows: usize,
-    problem: Option<String>,
-) -> Result<(Array2<T>, Vec<usize>)> {
-    // Its own name in the exchange, as in all_gather_matmul's unfused baseline.
-    let (rows, n) = agree(UNFUSED_OP, rank, &x, &w, my_rows, problem)?;
-    if let Some(npu) = rank.ascend() {
-        return ascend::launch::matmul_reduce_scatter_unfused(&npu, rows.counts(), n, x, w)
-            .inspect_err(|e| rank.fail_after_agreeing(e))
-            .map(|out| (out, rows.counts().to_vec()));
-    }
-    let mut partial =
-        scratch(UNFUSED_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
+    rows: &Shards,
+    n: usize,
+) -> Result<Array2<T>> {
+    let mut partial = scratch(UNFUSED_OP, (rows.total(), n))?;
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
     let counts: Vec<usize> = rows.counts().iter().map(|&m| m * n).collect();
     let flat = partial.as_slice().expect("fresh array");
     let mine = collectives::reduce_scatter_cols(rank, flat, 1, &counts, ReduceOp::Sum)?;
     pool::give(partial.into_raw_vec_and_offset().0);
-    let out = Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N");
-    Ok((out, rows.counts().to_vec()))
+    Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
 }
 
 /// The unfused baseline as a user of MPI writes it: the local product on this rank's compute
@@ -288,7 +332,7 @@ pub fn matmul_reduce_scatter_unfused_mpi<T: Element>(
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
     let my_rows = array_split_rows(rank, x.nrows());
-    let (rows, n) = agree(MPI_OP, rank, &x, &w, my_rows, None)?;
+    let (rows, n) = agree::<T>(MPI_OP, rank, x.dim(), w.dim(), (my_rows, 0), None)?;
     let mut partial =
         scratch(MPI_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;

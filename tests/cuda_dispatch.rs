@@ -1,0 +1,102 @@
+//! The public ops of the lower levels (`fused::*` on views, `collectives::*`) in a `World::cuda`
+//! world run on the GPUs, never the host simulation: each op chooses its backend once, from the
+//! world. Checked against an f64 host reference on seeded random inputs with uneven row shards.
+//!
+//! Without a GPU (or a build without `--features cuda`) each test prints that it was skipped and
+//! why, and passes: `cargo test --release --features cuda --test cuda_dispatch -- --nocapture`.
+
+use std::time::Duration;
+
+use dist_tensor::device::capability::Backend;
+use dist_tensor::{Device, Error, Tensor, World, collectives, fused};
+
+/// A world of one rank per GPU (at most 2), or `None` after printing why there is none.
+fn gpus(test: &str) -> Option<World> {
+    let count = match dist_tensor::device::cuda::device_count() {
+        Ok(count) if count > 0 => count,
+        Ok(_) => {
+            println!("SKIPPED {test}: no GPU on this machine");
+            return None;
+        }
+        Err(e) => {
+            println!("SKIPPED {test}: {e}");
+            return None;
+        }
+    };
+    let devices: Vec<usize> = (0..count.min(2)).collect();
+    match World::builder(devices.len()).cuda(&devices).wait_timeout(Duration::from_secs(30)).build()
+    {
+        Ok(world) => Some(world),
+        Err(e @ (Error::LibraryNotFound { .. } | Error::DeviceUnavailable { .. })) => {
+            println!("SKIPPED {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: World::cuda failed: {e}"),
+    }
+}
+
+fn worst(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max)
+}
+
+#[test]
+fn the_public_fused_all_gather_matmul_runs_on_the_gpus_of_a_cuda_world() {
+    let Some(world) = gpus("fused::all_gather_matmul") else { return };
+    let n = world.num_ranks();
+    let (k, cols) = (13, 5);
+    // Uneven row shards: rank r has 2 * r + 3 rows.
+    let rows: Vec<usize> = (0..n).map(|r| 2 * r + 3).collect();
+    let xs: Vec<Tensor<f32>> =
+        rows.iter().enumerate().map(|(r, &m)| Tensor::random(&[m, k], 10 + r as u64)).collect();
+    let w = Tensor::<f32>::random(&[k, cols], 99);
+    let outs = world
+        .run(|rank| {
+            assert_eq!(rank.backend(), Backend::Cuda);
+            let x = xs[rank.rank()].view2("x")?;
+            let out = fused::all_gather_matmul(rank, x, &[w.view2("w")?])?;
+            // Computed on this rank's GPU, not the host simulation.
+            assert_eq!(out.device, rank.device());
+            assert!(matches!(out.device, Device::Cuda(_)), "{:?}", out.device);
+            assert_eq!(out.row_counts, rows);
+            Ok(out.outputs[0].iter().copied().collect::<Vec<f32>>())
+        })
+        .unwrap();
+    let all: Vec<f64> = xs.iter().flat_map(|x| x.as_slice().iter().map(|&v| v as f64)).collect();
+    let m: usize = rows.iter().sum();
+    let mut want = vec![0.0f64; m * cols];
+    for i in 0..m {
+        for j in 0..cols {
+            want[i * cols + j] =
+                (0..k).map(|p| all[i * k + p] * w.as_slice()[p * cols + j] as f64).sum();
+        }
+    }
+    for got in &outs {
+        assert!(worst(got, &want) < 1e-4, "{}", worst(got, &want));
+    }
+}
+
+#[test]
+fn the_public_collectives_run_on_the_gpus_of_a_cuda_world() {
+    let Some(world) = gpus("collectives") else { return };
+    let n = world.num_ranks();
+    let parts: Vec<Tensor<f32>> = (0..n).map(|r| Tensor::random(&[3, 7], 40 + r as u64)).collect();
+    let want: Vec<f64> =
+        (0..21).map(|i| parts.iter().map(|p| p.as_slice()[i] as f64).sum::<f64>()).collect();
+    let outs = world
+        .run(|rank| {
+            let mine = &parts[rank.rank()];
+            // A tensor in, a tensor out on this rank's GPU.
+            let sum = collectives::all_reduce_tensor(rank, mine)?;
+            assert_eq!(sum.device(), rank.device());
+            assert!(matches!(sum.device(), Device::Cuda(_)), "{:?}", sum.device());
+            // The slice collective: on the GPU too (moved there and back), same sum.
+            let flat = collectives::all_reduce(rank, mine.as_slice())?;
+            Ok((sum.to_host()?.as_slice().to_vec(), flat))
+        })
+        .unwrap();
+    for (tensor, flat) in &outs {
+        assert!(worst(tensor, &want) < 1e-5);
+        assert!(worst(flat, &want) < 1e-5);
+    }
+}

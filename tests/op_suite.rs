@@ -1,0 +1,456 @@
+//! One op suite, written once and run in every kind of world, as candle's `test_device!` runs
+//! one test per device: threads, processes of one host, MPI fake nodes (every process its own
+//! node, every byte between ranks over TCP; only in builds with feature `mpi`) and an Ascend
+//! world on the stand-in CANN. Each case compares every rank's result with a plain f64 reference
+//! on seeded random inputs (uneven shards, a rank with no rows), except on the stand-in CANN,
+//! which records calls and computes nothing: there a case checks that every op runs and returns
+//! the shapes it promises.
+//!
+//! The capability table test asserts that every (op, backend, dtype) cell either runs and
+//! matches f64 or returns the typed error the table promises, so the table cannot drift from the
+//! code (the CUDA column where a GPU is; it says it was skipped otherwise).
+#![cfg(target_os = "linux")]
+
+mod cann_stand_in;
+
+use std::time::Duration;
+
+use dist_tensor::collectives::{self, ReduceOp};
+use dist_tensor::device::ascend::{Ascend, AscendWorldBuilder};
+use dist_tensor::device::capability::{self, Backend};
+use dist_tensor::tensor::DType;
+use dist_tensor::{Element, Error, Rank, Result, Tensor, World, fused};
+use half::{bf16, f16};
+
+// ---- helpers (kept in this file; tests/common is being built by another change) ------------
+
+/// The seed of a rank's input: `salt`, the rank, and the element count, mixed.
+fn seed(rank: usize, salt: u64) -> u64 {
+    salt * 1000 + rank as u64
+}
+
+/// A seeded `[rows, cols]` tensor.
+fn random<T: Element>(rows: usize, cols: usize, seed: u64) -> Tensor<T> {
+    Tensor::random(&[rows, cols], seed)
+}
+
+/// How far a result of `T` may be from f64: its precision, times the length of the sums.
+fn tolerance<T: Element>(terms: usize) -> f64 {
+    let eps = match T::DTYPE {
+        DType::F64 => 1e-12,
+        DType::F32 => 1e-5,
+        DType::F16 => 2e-3,
+        DType::BF16 => 1.6e-2,
+    };
+    eps * (terms.max(1) as f64).sqrt() * 4.0
+}
+
+fn f64s<T: Element>(values: &[T]) -> Vec<f64> {
+    values.iter().map(|v| v.to_f64()).collect()
+}
+
+/// Panics unless `got` is `want` within the tolerance for sums of `terms` terms.
+fn close<T: Element>(what: &str, got: &[T], want: &[f64], terms: usize) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1.0f64, |m, w| m.max(w.abs()));
+    let worst = f64s(got).iter().zip(want).fold(0.0f64, |m, (g, w)| m.max((g - w).abs()));
+    assert!(worst <= tolerance::<T>(terms) * scale, "{what} ({}): off by {worst}", T::DTYPE);
+}
+
+/// Rows rank `r` of `n` holds: uneven, the last rank none when there are several.
+fn rows_of(r: usize, n: usize) -> usize {
+    if n > 1 && r == n - 1 { 0 } else { 2 * r + 3 }
+}
+
+/// `a @ b` in f64, row-major.
+fn matmul_f64(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let x = a[i * k + p];
+            for j in 0..n {
+                out[i * n + j] += x * b[p * n + j];
+            }
+        }
+    }
+    out
+}
+
+// ---- the cases: each op once, for any world ---------------------------------------------------
+
+/// all_gather_matmul, fused and unfused: uneven row shards, two weights.
+fn all_gather_matmul<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let (k, cols) = (7, [5, 2]);
+    let x = random::<T>(rows_of(me, n), k, seed(me, 1));
+    let ws: Vec<Tensor<T>> = cols.iter().map(|&c| random(k, c, 20 + c as u64)).collect();
+    let views: Vec<_> = ws.iter().map(|w| w.view2("w")).collect::<Result<_>>()?;
+    for fused in [true, false] {
+        let x = x.view2("x")?;
+        let out = if fused {
+            fused::all_gather_matmul(rank, x, &views)?
+        } else {
+            fused::all_gather_matmul_unfused(rank, x, &views)?
+        };
+        let m: usize = (0..n).map(|r| rows_of(r, n)).sum();
+        assert_eq!(out.row_counts, (0..n).map(|r| rows_of(r, n)).collect::<Vec<_>>());
+        assert_eq!(out.device, rank.device());
+        let all: Vec<f64> = (0..n)
+            .flat_map(|r| f64s(random::<T>(rows_of(r, n), k, seed(r, 1)).as_slice()))
+            .collect();
+        for (i, (w, &c)) in ws.iter().zip(&cols).enumerate() {
+            assert_eq!(out.outputs[i].dim(), (m, c));
+            if check {
+                let want = matmul_f64(&all, &f64s(w.as_slice()), m, k, c);
+                let got: Vec<T> = out.outputs[i].iter().copied().collect();
+                close(&format!("all_gather_matmul fused={fused} weight {i}"), &got, &want, k);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// matmul_reduce_scatter, fused and unfused: every rank's `[M, k_r]` times its `[k_r, N]`.
+fn matmul_reduce_scatter<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let (m, cols) = (5, 3);
+    let k_of = |r: usize| r + 2;
+    let x = random::<T>(m, k_of(me), seed(me, 2));
+    let w = random::<T>(k_of(me), cols, seed(me, 3));
+    for fused in [true, false] {
+        let (x, w) = (x.view2("x")?, w.view2("w")?);
+        let out = if fused {
+            fused::matmul_reduce_scatter(rank, x, w)?
+        } else {
+            fused::matmul_reduce_scatter_unfused(rank, x, w)?
+        };
+        let mine = dist_tensor::tensor::array_split(m, n);
+        assert_eq!(out.dim(), (mine[me], cols));
+        if check {
+            let mut sum = vec![0.0; m * cols];
+            for r in 0..n {
+                let xr = f64s(random::<T>(m, k_of(r), seed(r, 2)).as_slice());
+                let wr = f64s(random::<T>(k_of(r), cols, seed(r, 3)).as_slice());
+                for (s, p) in sum.iter_mut().zip(matmul_f64(&xr, &wr, m, k_of(r), cols)) {
+                    *s += p;
+                }
+            }
+            let start: usize = mine[..me].iter().sum();
+            let want = &sum[start * cols..(start + mine[me]) * cols];
+            let got: Vec<T> = out.iter().copied().collect();
+            close(&format!("matmul_reduce_scatter fused={fused}"), &got, want, n * (n + 1));
+        }
+    }
+    Ok(())
+}
+
+/// all_to_all, fused and unfused: `[S_r, H]` sequence shards to every row of `H / n` heads.
+fn all_to_all<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let heads = 2 * n + 1;
+    let x = random::<T>(rows_of(me, n), heads, seed(me, 4));
+    for fused in [true, false] {
+        let out = if fused {
+            fused::all_to_all(rank, &x, 1, 0)?
+        } else {
+            fused::all_to_all_unfused(rank, &x, 1, 0)?
+        };
+        let mine = dist_tensor::tensor::array_split(heads, n);
+        let s: usize = (0..n).map(|r| rows_of(r, n)).sum();
+        assert_eq!(out.output.shape(), &[s, mine[me]]);
+        if check {
+            let start: usize = mine[..me].iter().sum();
+            let want: Vec<f64> = (0..n)
+                .flat_map(|r| {
+                    let xr = random::<T>(rows_of(r, n), heads, seed(r, 4));
+                    (0..rows_of(r, n))
+                        .flat_map(|i| (start..start + mine[me]).map(move |h| (i, h)))
+                        .map(|(i, h)| xr.as_slice()[i * heads + h].to_f64())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            close(&format!("all_to_all fused={fused}"), out.output.as_slice(), &want, 1);
+        }
+    }
+    Ok(())
+}
+
+/// The collectives: all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all_v,
+/// broadcast.
+fn collectives_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let of = |r: usize, len: usize, salt: u64| random::<T>(1, len, seed(r, salt));
+    let len = 2 * n + 3;
+
+    let mine = of(me, rows_of(me, n), 5);
+    let gathered = collectives::all_gather(rank, mine.as_slice())?;
+    let want: Vec<f64> = (0..n).flat_map(|r| f64s(of(r, rows_of(r, n), 5).as_slice())).collect();
+    assert_eq!(gathered.len(), want.len());
+    if check {
+        close("all_gather", &gathered, &want, 1);
+    }
+
+    let input = of(me, len, 6);
+    let sum: Vec<f64> =
+        (0..len).map(|i| (0..n).map(|r| of(r, len, 6).as_slice()[i].to_f64()).sum()).collect();
+    let piece = dist_tensor::tensor::array_split(len, n);
+    let start: usize = piece[..me].iter().sum();
+    for op in [ReduceOp::Sum, ReduceOp::Mean] {
+        let got = collectives::reduce_scatter(rank, input.as_slice(), op)?;
+        assert_eq!(got.len(), piece[me]);
+        let scale = if op == ReduceOp::Mean { 1.0 / n as f64 } else { 1.0 };
+        let want: Vec<f64> = sum[start..start + piece[me]].iter().map(|s| s * scale).collect();
+        if check {
+            close(&format!("reduce_scatter {op:?}"), &got, &want, n);
+        }
+    }
+    let all = collectives::all_reduce(rank, input.as_slice())?;
+    assert_eq!(all.len(), len);
+    if check {
+        close("all_reduce", &all, &sum, n);
+    }
+
+    // all_to_all_v: rank r sends rank d `(r + d) % 3` elements.
+    let to = |r: usize, d: usize| (r + d) % 3;
+    let send_counts: Vec<usize> = (0..n).map(|d| to(me, d)).collect();
+    let send = of(me, send_counts.iter().sum(), 7);
+    let got = collectives::all_to_all_v(rank, send.as_slice(), &send_counts)?;
+    let want: Vec<f64> = (0..n)
+        .flat_map(|r| {
+            let theirs = f64s(of(r, (0..n).map(|d| to(r, d)).sum(), 7).as_slice());
+            let at: usize = (0..me).map(|d| to(r, d)).sum();
+            theirs[at..at + to(r, me)].to_vec()
+        })
+        .collect();
+    assert_eq!(got.len(), want.len());
+    if check {
+        close("all_to_all_v", &got, &want, 1);
+    }
+
+    let root = n - 1;
+    let data = of(me, len, 8);
+    let got = collectives::broadcast(rank, data.as_slice(), root)?;
+    assert_eq!(got.len(), len);
+    if check {
+        close("broadcast", &got, &f64s(of(root, len, 8).as_slice()), 1);
+    }
+    Ok(())
+}
+
+/// Every case in one dtype.
+fn every_op<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    all_gather_matmul::<T>(rank, check)?;
+    matmul_reduce_scatter::<T>(rank, check)?;
+    all_to_all::<T>(rank, check)?;
+    collectives_case::<T>(rank, check)
+}
+
+/// Every case in every dtype the world's backend has.
+fn suite(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let backend = rank.backend();
+    let has = |dtype| capability::dtype_problem("all_gather_matmul", backend, dtype).is_none();
+    every_op::<f32>(rank, check)?;
+    if has(DType::F64) {
+        every_op::<f64>(rank, check)?;
+    }
+    every_op::<f16>(rank, check)?;
+    every_op::<bf16>(rank, check)
+}
+
+// ---- the worlds -------------------------------------------------------------------------------
+
+/// One test per kind of world for `$case` (a `fn(&Rank, bool) -> Result<()>`), as candle's
+/// `test_device!`.
+macro_rules! test_worlds {
+    ($case:ident, $threads:ident, $processes:ident, $mpi:ident, $ascend:ident) => {
+        #[test]
+        fn $threads() {
+            for n in [1, 2, 3] {
+                World::threads(n).unwrap().run(|rank| $case(rank, true)).unwrap();
+            }
+        }
+
+        #[test]
+        fn $processes() {
+            processes(stringify!($processes), 3, |rank| $case(rank, true));
+        }
+
+        #[cfg(feature = "mpi")]
+        #[test]
+        fn $mpi() {
+            mpi_fake_nodes(stringify!($mpi), 3, |rank| $case(rank, true));
+        }
+
+        #[test]
+        fn $ascend() {
+            // The stand-in computes nothing: the shapes are checked, not the values.
+            let (_serial, world) = ascend_stand_in(2);
+            world.run(|rank| $case(rank, false)).unwrap();
+        }
+    };
+}
+
+test_worlds!(suite, suite_threads, suite_processes, suite_mpi_fake_nodes, suite_ascend_stand_in);
+
+/// In a child of the job: joins it and runs `body` as its rank, printing `OK` or the error. In
+/// the test: starts `n` ranks of this test as processes and checks that each printed `OK`.
+fn processes(name: &str, n: usize, body: impl Fn(&Rank<'_>) -> Result<()> + Sync) {
+    if World::launched() {
+        match World::from_env().and_then(|world| world.run(&body)) {
+            Ok(_) => println!("SUITE OK"),
+            Err(e) => println!("SUITE ERROR {e}"),
+        }
+        return;
+    }
+    let exits = World::local_job(n)
+        .args([name, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .timeout(Duration::from_secs(240))
+        .run()
+        .unwrap();
+    for exit in &exits {
+        let out = exit.stdout_text();
+        assert!(
+            exit.success() && out.lines().any(|l| l == "SUITE OK"),
+            "rank {}: {}\n{out}\n{}",
+            exit.rank,
+            exit.describe(),
+            exit.stderr_text()
+        );
+    }
+}
+
+/// As [`processes`], under mpirun with every process its own node (TCP between them).
+#[cfg(feature = "mpi")]
+fn mpi_fake_nodes(name: &str, n: usize, body: impl Fn(&Rank<'_>) -> Result<()> + Sync) {
+    use dist_tensor::shmem::job_env::RANKS_PER_NODE_ENV;
+    if std::env::var("OMPI_COMM_WORLD_RANK").is_ok() {
+        match World::from_env().and_then(|world| world.run(&body)) {
+            Ok(_) => println!("SUITE OK"),
+            Err(e) => println!("SUITE ERROR {e}"),
+        }
+        return;
+    }
+    let out = std::process::Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", &n.to_string()])
+        .args(["--mca", "btl", "self,tcp", "-x", &format!("{RANKS_PER_NODE_ENV}=1")])
+        .arg(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .output()
+        .expect("mpirun (the mpi feature's tests need OpenMPI's mpirun)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let oks = stdout.lines().filter(|l| *l == "SUITE OK").count();
+    assert!(
+        out.status.success() && oks == n,
+        "{oks} of {n} ranks ok:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An Ascend world of `n` NPUs on the stand-in CANN (one per test binary, built once), and the
+/// lock that keeps its tests one at a time (the stand-in is process-wide state).
+fn ascend_stand_in(n: u32) -> (std::sync::MutexGuard<'static, ()>, World) {
+    let guard = ascend_serial();
+    (guard, ascend_world(n))
+}
+
+/// The lock that keeps the stand-in's users one at a time.
+fn ascend_serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// An Ascend world of `n` NPUs on the stand-in CANN (the caller holds [`ascend_serial`]).
+fn ascend_world(n: u32) -> World {
+    static STAND_IN: std::sync::OnceLock<cann_stand_in::CannStandIn> = std::sync::OnceLock::new();
+    let cann = STAND_IN.get_or_init(|| {
+        cann_stand_in::CannStandIn::build(
+            &cann_stand_in::scratch_dir("op_suite"),
+            cann_stand_in::Variant::Full,
+        )
+    });
+    cann.acl.reset();
+    cann.acl.set_device_count(8);
+    // SAFETY: the stand-in exports the AscendCL symbols with the headers' C signatures.
+    let runtime = unsafe { Ascend::open_path(&cann.acl.path) }.unwrap();
+    let devices: Vec<u32> = (0..n).collect();
+    AscendWorldBuilder::new(&devices)
+        .runtime(runtime)
+        .heap_bytes(16 << 20)
+        .wait_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+// ---- the capability table against the code ---------------------------------------------------
+
+/// Runs `op` (a name of the table) once in `T`; `Ok` when it ran (values checked where `check`).
+fn run_cell<T: Element>(rank: &Rank<'_>, op: &str, check: bool) -> Result<()> {
+    match op {
+        "all_gather_matmul" => all_gather_matmul::<T>(rank, check),
+        "matmul_reduce_scatter" => matmul_reduce_scatter::<T>(rank, check),
+        "all_to_all" => all_to_all::<T>(rank, check),
+        "all_gather" | "reduce_scatter" | "all_reduce" | "all_to_all_v" | "broadcast" => {
+            collectives_case::<T>(rank, check)
+        }
+        other => panic!("no case for {other}"),
+    }
+}
+
+/// One cell, in a world of its own (a refusal fails its world, and a failed world stays failed).
+fn cell<T: Element>(world: World, backend: Backend, op: &'static str, check: bool) {
+    let promised = capability::refusal(op, backend, T::DTYPE, &[]);
+    let outcome = world.run(|rank| run_cell::<T>(rank, op, check));
+    match (promised, outcome) {
+        (None, Ok(_)) => {}
+        (None, Err(e)) => panic!("{op} {backend} {}: the table says it runs; {e}", T::DTYPE),
+        (Some(why), Ok(_)) => {
+            panic!("{op} {backend} {}: the table refuses it ({why}), but it ran", T::DTYPE)
+        }
+        (Some(why), Err(e)) => {
+            // The element type travels in the agreement exchange: every rank fails with the
+            // table's reason, typed.
+            let e = e.rank_error().clone();
+            assert!(
+                matches!(e, Error::InvalidArgument { .. } | Error::DeviceUnavailable { .. }),
+                "{op} {backend} {}: {e}",
+                T::DTYPE
+            );
+            assert!(e.to_string().contains(&why), "{op}: {e} does not say {why}");
+        }
+    }
+}
+
+fn column(world: &dyn Fn() -> World, backend: Backend, check: bool) {
+    let ops = ["all_gather_matmul", "matmul_reduce_scatter", "all_to_all"];
+    for op in ops {
+        cell::<f32>(world(), backend, op, check);
+        cell::<f64>(world(), backend, op, check);
+        cell::<f16>(world(), backend, op, check);
+        cell::<bf16>(world(), backend, op, check);
+    }
+}
+
+#[test]
+fn every_cell_of_the_capability_table_runs_or_gives_its_typed_error() {
+    column(&|| World::threads(3).unwrap(), Backend::Host, true);
+    {
+        let _serial = ascend_serial();
+        column(&|| ascend_world(2), Backend::Ascend, false);
+    }
+    match World::cuda(&[0]) {
+        Ok(_) => column(&|| World::cuda(&[0]).unwrap(), Backend::Cuda, true),
+        Err(e) => println!("SKIPPED the CUDA column: {e}"),
+    }
+    // A feature the table refuses is refused before any exchange, typed.
+    let (_serial, world) = ascend_stand_in(2);
+    let err = world
+        .run(|rank| {
+            let x = random::<f32>(2, 3, 1);
+            fused::all_gather_matmul_keep_input(rank, x.view2("x")?, &[x.view2("w")?.t()])
+        })
+        .unwrap_err()
+        .rank_error()
+        .clone();
+    assert!(matches!(err, Error::DeviceUnavailable { op: "all_gather_matmul", .. }), "{err}");
+    assert!(err.to_string().contains("keep_input"), "{err}");
+}
