@@ -24,16 +24,22 @@ pub enum Error {
     },
 
     /// The inner dimensions of a product disagree.
-    #[error("{op}: inner dimensions disagree on rank {rank}: left is {left:?}, right is {right:?}")]
+    #[error(
+        "{op}: inner dimensions disagree on rank {rank}: left is {left:?}{}, right is {right:?}",
+        global_note(.left_global)
+    )]
     InnerDimMismatch {
         /// The operation.
         op: &'static str,
         /// The rank that saw the mismatch (0 for local, single-rank calls).
         rank: usize,
-        /// Shape of the left operand.
+        /// Shape of the left operand (the rank's local part, for a distributed op).
         left: Vec<usize>,
         /// Shape of the right operand.
         right: Vec<usize>,
+        /// The global shape of the left operand, where it is a `DistTensor` (its local part is
+        /// `left`): a user reads the mismatch against the shapes they wrote.
+        left_global: Option<Vec<usize>>,
     },
 
     /// A dimension index is not smaller than the number of dimensions.
@@ -475,6 +481,14 @@ pub(crate) fn rank_list(ranks: &[usize]) -> String {
             ranks.len() - SHOWN,
             ranks.len()
         )
+    }
+}
+
+/// ` (local part of a global [..])`, or nothing: the global shape beside a local one.
+fn global_note(global: &Option<Vec<usize>>) -> String {
+    match global {
+        Some(g) => format!(" (local part of a global {g:?})"),
+        None => String::new(),
     }
 }
 

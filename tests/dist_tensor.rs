@@ -660,3 +660,51 @@ fn from_local_placements_that_disagree_are_an_error_on_every_rank() {
     });
     assert_no_failures(out);
 }
+
+/// A weight that does not fit its rank's rows: the error names the rank, its local shape and the
+/// input's global shape (issue 30: users read shape errors against the shapes they wrote).
+#[test]
+fn product_shape_errors_name_the_global_shape_beside_the_local_one() {
+    for (op, w_rows) in [("all_gather_matmul", [5, 4, 5]), ("matmul_reduce_scatter", [2, 3, 1])] {
+        let err = World::threads(3)
+            .unwrap()
+            .run(|rank| {
+                let r = rank.rank();
+                if op == "all_gather_matmul" {
+                    // x: global [7, 5] by rows; rank 1's weight has 4 rows, not 5.
+                    let x = DistTensor::from_global(
+                        rank,
+                        &Tensor::<f32>::random(&[7, 5], 1),
+                        Placement::Shard(0),
+                    )?;
+                    x.all_gather_matmul(&Tensor::random(&[w_rows[r], 2], 2))?;
+                } else {
+                    // x: global [4, 6] by columns (2 each); rank 1's weight has 3 rows, not 2.
+                    let x = DistTensor::from_global(
+                        rank,
+                        &Tensor::<f32>::random(&[4, 6], 1),
+                        Placement::Shard(1),
+                    )?;
+                    let w_rows = if r == 1 { 3 } else { 2 };
+                    x.matmul_reduce_scatter(&Tensor::random(&[w_rows, 3], 2))?;
+                }
+                Ok(())
+            })
+            .expect_err("a weight that does not fit fails the run");
+        // The local left operand's inner dimension: K for the gather, rank 1's k_r for the sum.
+        let (want_inner, want_global): (usize, &[usize]) =
+            if op == "all_gather_matmul" { (5, &[7, 5]) } else { (2, &[4, 6]) };
+        match err.rank_error() {
+            Error::InnerDimMismatch { op: o, rank: 1, left, left_global: Some(global), .. } => {
+                assert!(o.contains(op), "{op}: {err}");
+                assert_eq!(global.as_slice(), want_global, "{op}: {err}");
+                assert_eq!(left.last(), Some(&want_inner), "{op}: {err}");
+                let text = err.rank_error().to_string();
+                assert!(text.contains(&format!("global {want_global:?}")), "{op}: {text}");
+            }
+            other => panic!(
+                "{op}: want InnerDimMismatch naming rank 1 and the global shape, got {other}"
+            ),
+        }
+    }
+}

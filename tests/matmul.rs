@@ -244,7 +244,7 @@ fn check_errors<T: Element>() {
     let a = random2::<T>(3, 4, 1);
     let b = random2::<T>(5, 2, 2);
     match matmul(a.view(), b.view(), 1) {
-        Err(Error::InnerDimMismatch { op: "matmul", rank: 0, left, right }) => {
+        Err(Error::InnerDimMismatch { op: "matmul", rank: 0, left, right, left_global: None }) => {
             assert_eq!((left, right), (vec![3, 4], vec![5, 2]));
         }
         other => panic!("{}: matmul of 3x4 by 5x2 gave {other:?}", T::DTYPE),

@@ -464,7 +464,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
             fused,
             keep_input,
             opts.ag_path,
-        )?;
+        )
+        .map_err(|e| with_global_shape(e, &self.global_shape))?;
         let rows_from = RowSplit { dim: d, sizes: self.splits.clone() };
         let input = match out.gathered {
             Some(gathered) => {
@@ -681,7 +682,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
             problem,
             fused,
             opts.rs_path,
-        )?;
+        )
+        .map_err(|e| with_global_shape(e, &self.global_shape))?;
         if let Some(r) = (0..n).find(|&r| counts[r] != rows.of(r)) {
             return Err(Error::RanksDisagree {
                 op: OP,
@@ -701,5 +703,16 @@ impl<'r, T: Element> DistTensor<'r, T> {
         global.push(cols);
         let local = reshaped(product, &local_shape)?;
         Ok(DistTensor::new(self.rank, local, Placement::Shard(dim), global, rows.sizes))
+    }
+}
+
+/// A product's shape error names the input's global shape beside the rank's local part, so the
+/// user can read it against the shapes they wrote.
+fn with_global_shape(e: Error, global: &[usize]) -> Error {
+    match e {
+        Error::InnerDimMismatch { op, rank, left, right, left_global: None } => {
+            Error::InnerDimMismatch { op, rank, left, right, left_global: Some(global.to_vec()) }
+        }
+        e => e,
     }
 }

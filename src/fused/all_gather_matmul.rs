@@ -144,6 +144,7 @@ fn agree<T: Element>(
                     rank: r,
                     left: vec![m, k],
                     right: vec![kw, nw],
+                    left_global: None,
                 });
             }
         }

@@ -40,6 +40,7 @@ pub(crate) fn matmul_nd<T: Element>(
             rank: 0,
             left: sa.to_vec(),
             right: sb.to_vec(),
+            left_global: None,
         });
     }
     let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);

@@ -18,6 +18,7 @@ fn check_inner<T>(op: &'static str, a: &ArrayView2<T>, b: &ArrayView2<T>) -> Res
             rank: 0,
             left: a.shape().to_vec(),
             right: b.shape().to_vec(),
+            left_global: None,
         });
     }
     Ok(())

@@ -110,6 +110,7 @@ fn agree<T: Element>(
                 rank: r,
                 left: vec![v[0] as usize, v[1] as usize],
                 right: vec![v[2] as usize, v[3] as usize],
+                left_global: None,
             });
         }
     }

@@ -221,6 +221,7 @@ impl<T: Element> UlyssesSelfAttention<T> {
                 rank: x.rank().rank(),
                 left: g.to_vec(),
                 right: self.wqkv.value().shape().to_vec(),
+                left_global: None,
             });
         }
         Ok(([g[0], g[1], g[2]], embed / self.heads))

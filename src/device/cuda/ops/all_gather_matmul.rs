@@ -218,6 +218,7 @@ pub(crate) fn matmul<T: Element>(
             rank: 0,
             left: sa.to_vec(),
             right: sb.to_vec(),
+            left_global: None,
         });
     }
     if a.ordinal() != b.ordinal() {
