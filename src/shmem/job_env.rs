@@ -12,7 +12,7 @@
 //! launcher offers something such a user cannot know, it is part of the id (mpirun's random
 //! transport key, as a digest, beside the PMIx namespace; `World::spawn_local`'s ids are random).
 //! Whatever the id, the rendezvous only ever joins processes of the same user (the kernel's
-//! `SO_PEERCRED`, checked at both ends), and every rank sends its [`launch_identity`] (the
+//! `SO_PEERCRED`, checked at both ends), and every rank sends its `launch_identity` (the
 //! executable and the launcher's per-launch variables), so that two launches that share an
 //! explicit `DIST_TENSOR_JOB_ID` are refused, not mixed, when they differ in either. Two launches
 //! of one executable and world size, with one id and no launcher identity, cannot be told apart:
