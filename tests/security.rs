@@ -553,6 +553,11 @@ fn squatted(name: &str, user: &User, id: &str, per_rank: impl Fn(usize) -> Vec<(
 }
 
 #[test]
+#[cfg_attr(
+    feature = "mpi",
+    ignore = "with feature mpi, the mpirun variables this test sets by hand start MPI itself (a singleton \
+              world of one rank); the default build runs it"
+)]
 fn a_squatter_of_another_user_on_a_predictable_job_id_is_refused_by_every_rank() {
     const NAME: &str =
         "a_squatter_of_another_user_on_a_predictable_job_id_is_refused_by_every_rank";
@@ -608,6 +613,11 @@ fn a_squatter_of_another_user_on_a_predictable_job_id_is_refused_by_every_rank()
 }
 
 #[test]
+#[cfg_attr(
+    feature = "mpi",
+    ignore = "with feature mpi, the mpirun variables this test sets by hand start MPI itself (a singleton \
+              world of one rank); the default build runs it"
+)]
 fn mpiruns_key_makes_the_namespace_unguessable_so_the_squatter_misses() {
     const NAME: &str = "mpiruns_key_makes_the_namespace_unguessable_so_the_squatter_misses";
     if child_role() {
