@@ -11,6 +11,7 @@
 
 mod buffer;
 mod control;
+mod device_process;
 mod device_world;
 mod exchange;
 mod heap;
@@ -34,6 +35,8 @@ pub use buffer::{
     GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
     try_symm_at,
 };
+pub use device_process::DEVICE_ENV;
+pub(crate) use device_process::ProcessJob;
 pub(crate) use device_world::DeviceWorld;
 pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
@@ -50,4 +53,8 @@ pub use world::{
     WorldBuilder,
 };
 
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))] // the GPU rendezvous uses them
+pub(crate) use mapping::Mapping;
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+pub(crate) use process::{peer_pid, recv_fd, send_fd};
 pub(crate) use world::panic_message;

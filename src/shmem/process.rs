@@ -255,7 +255,7 @@ pub(crate) fn segment_tag(tag: u64, n: usize, seen: &[bool]) -> Result<usize, Ba
     Ok(q)
 }
 
-fn send_fd(stream: &UnixStream, tag: u64, fd: &OwnedFd) -> std::io::Result<()> {
+pub(crate) fn send_fd(stream: &UnixStream, tag: u64, fd: &OwnedFd) -> std::io::Result<()> {
     let fds = [fd.as_fd()];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
     let mut control = SendAncillaryBuffer::new(&mut space);
@@ -266,7 +266,7 @@ fn send_fd(stream: &UnixStream, tag: u64, fd: &OwnedFd) -> std::io::Result<()> {
 }
 
 /// Receives a tag and one fd; more fds than one, or none, is an error (the extra ones close).
-fn recv_fd(stream: &UnixStream) -> std::io::Result<(u64, OwnedFd)> {
+pub(crate) fn recv_fd(stream: &UnixStream) -> std::io::Result<(u64, OwnedFd)> {
     let mut payload = [0u8; 8];
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -313,6 +313,21 @@ fn own_pid() -> u32 {
 fn peer_of(stream: &UnixStream) -> std::io::Result<(u32, u32)> {
     let cred = rustix::net::sockopt::socket_peercred(stream)?;
     Ok((cred.pid.as_raw_nonzero().get() as u32, cred.uid.as_raw()))
+}
+
+/// The pid of the process at the other end of `stream`, which must run as this process's user
+/// (what a later rendezvous of the same world, such as the GPU one, checks against the pids the
+/// control block recorded).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU rendezvous uses it
+pub(crate) fn peer_pid(stream: &UnixStream) -> std::io::Result<u32> {
+    let (pid, uid) = peer_of(stream)?;
+    if uid != own_uid() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("pid {pid} runs as uid {uid}, this process as {}", own_uid()),
+        ));
+    }
+    Ok(pid)
 }
 
 /// A list of ranks for a message, cut short when long (a world of millions must not make a

@@ -480,6 +480,11 @@ impl World {
     /// }
     /// ```
     pub fn from_env() -> Result<World> {
+        World::from_env_on(super::device_process::cuda_from_env()?)
+    }
+
+    /// [`World::from_env`], on GPUs when `cuda` (see [`DEVICE_ENV`](super::DEVICE_ENV)).
+    fn from_env_on(cuda: bool) -> Result<World> {
         let get = |name: &str| std::env::var(name).ok();
         let env = super::job_env::JobEnv::read_spanning(&get)?;
         if let Some(world) = super::transport::join_by_mpi(&env) {
@@ -503,7 +508,12 @@ impl World {
         let mut shared = WorldShared::new(joined.heap, joined.control, topology, &joined.settings);
         let peers = joined.peers;
         shared.on_tick = Some(Box::new(move |control: &Control| peers.check(control)));
-        Ok(World { shared: Arc::new(shared), here: Some(me) })
+        if cuda {
+            super::device_process::attach_cuda(&mut shared, &env, join_timeout)?;
+        }
+        let shared = Arc::new(shared);
+        super::device_process::watch_device(&shared);
+        Ok(World { shared, here: Some(me) })
     }
 
     /// A world of processes whose `shared` state this process made, as rank `me`.
@@ -589,8 +599,14 @@ impl World {
             args.drain(at..(at + 2).min(args.len()));
             processes = Some(n);
         }
+        // `--device cuda` with processes: the world is made on GPUs, and the argument taken out
+        // (the children see it among this process's own arguments).
+        let cuda = super::device_process::cuda_from_args(args);
+        if cuda && (processes.is_some() || World::launched()) {
+            super::device_process::take_device_arg(args);
+        }
         if World::launched() {
-            return World::from_env().map(Some);
+            return World::from_env_on(cuda || super::device_process::cuda_from_env()?).map(Some);
         }
         let Some(n) = processes else {
             return World::threads(threads).map(Some);

@@ -23,6 +23,11 @@ pub(crate) fn open_world(devices: &[usize], wait_timeout: Duration) -> Result<Ar
     Ok(Arc::new(CudaWorld::open(devices, wait_timeout)?))
 }
 
+/// Opens this process's rank of a GPU world of processes (see `process`).
+pub(crate) fn open_process_world(job: &crate::shmem::ProcessJob<'_>) -> Result<Arc<CudaWorld>> {
+    super::process::open_process_world(job)
+}
+
 /// The world failed on the host (a rank returned an error or panicked): end every kernel.
 pub(crate) fn world_failed(world: &CudaWorld, rank: usize, reason: &str) {
     world.watch.abort(Some(rank), reason);
@@ -188,6 +193,29 @@ pub(crate) mod public {
     /// ```
     pub fn device_count() -> Result<usize> {
         driver::device_count()
+    }
+
+    /// Free and total bytes of GPU `ordinal`'s memory (`cuMemGetInfo`): what a test reads
+    /// before and after a job to show that the job left no GPU memory behind.
+    ///
+    /// # Errors
+    /// As [`device_count`]; [`Error::DeviceUnavailable`] for a device that does not exist.
+    ///
+    /// # Examples
+    /// ```
+    /// if let Ok((free, total)) = dist_tensor::device::cuda::memory_info(0) {
+    ///     assert!(free <= total);
+    /// }
+    /// ```
+    pub fn memory_info(ordinal: usize) -> Result<(usize, usize)> {
+        let gpu = Gpu::get(ordinal)?;
+        gpu.bind()?;
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: a context is current; both are written.
+        unsafe { cudarc::driver::sys::cuMemGetInfo_v2(&mut free, &mut total) }
+            .result()
+            .map_err(|e| driver::status("cuMemGetInfo", e))?;
+        Ok((free, total))
     }
 
     /// What a rank's GPU is.

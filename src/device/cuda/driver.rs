@@ -94,7 +94,7 @@ pub(crate) fn device_count() -> Result<usize> {
 /// and cuBLASLt plans.
 pub(crate) struct Gpu {
     pub(crate) ordinal: usize,
-    dev: sys::CUdevice,
+    pub(crate) dev: sys::CUdevice,
     pub(crate) ctx: sys::CUcontext,
     pub(crate) name: String,
     pub(crate) sm_count: usize,
@@ -334,6 +334,9 @@ pub(crate) struct HostMapped {
     host: *mut c_void,
     pub(crate) device: sys::CUdeviceptr,
     words: usize,
+    /// For words inside memory shared between processes (registered with the driver, see
+    /// `process`): what keeps that memory mapped and registered; `None` for memory of our own.
+    owner: Option<Arc<dyn Send + Sync>>,
 }
 
 // SAFETY: the memory is plain pinned host memory owned by this value; all accesses are volatile
@@ -354,7 +357,18 @@ impl HostMapped {
         // SAFETY: `host` was allocated with DEVICEMAP.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) }
             .check("cuMemHostGetDevicePointer")?;
-        Ok(HostMapped { host, device, words })
+        Ok(HostMapped { host, device, words, owner: None })
+    }
+
+    /// `words` words at `host` (device address `device`) inside memory that `owner` keeps mapped
+    /// and registered with the driver (a world of processes shares it).
+    pub(crate) fn view(
+        host: *mut u64,
+        device: sys::CUdeviceptr,
+        words: usize,
+        owner: Arc<dyn Send + Sync>,
+    ) -> HostMapped {
+        HostMapped { host: host as *mut c_void, device, words, owner: Some(owner) }
     }
 
     /// Reads word `i`.
@@ -380,6 +394,9 @@ impl HostMapped {
 
 impl Drop for HostMapped {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            return; // the owner unregisters and unmaps once the last view is gone
+        }
         // SAFETY: allocated by cuMemHostAlloc; no kernel uses it once its world is gone.
         let _ = unsafe { cu::free_host(self.host) };
     }

@@ -55,6 +55,10 @@ pub(crate) fn open_world(_devices: &[usize], _wait_timeout: Duration) -> Result<
     Err(unavailable("World::cuda"))
 }
 
+pub(crate) fn open_process_world(_job: &crate::shmem::ProcessJob<'_>) -> Result<Arc<CudaWorld>> {
+    Err(unavailable("World::from_env"))
+}
+
 pub(crate) fn world_failed(world: &CudaWorld, _rank: usize, _reason: &str) {
     match *world {}
 }
@@ -292,6 +296,19 @@ pub(crate) mod public {
         _root: usize,
     ) -> Result<Tensor<T>> {
         Err(unavailable("broadcast"))
+    }
+
+    /// Free and total bytes of a GPU's memory.
+    ///
+    /// # Errors
+    /// Always [`Error::DeviceUnavailable`] in this build.
+    ///
+    /// # Examples
+    /// ```
+    /// assert!(dist_tensor::device::cuda::memory_info(0).is_err());
+    /// ```
+    pub fn memory_info(_ordinal: usize) -> Result<(usize, usize)> {
+        Err(unavailable("memory_info"))
     }
 
     /// A device-to-device copy of `t` on `rank`'s GPU.

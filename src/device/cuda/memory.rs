@@ -123,6 +123,9 @@ pub(crate) struct SymmetricHeap {
     /// Per rank: how many allocations it made; and what the first rank to make each one got.
     sequence: Vec<Mutex<u64>>,
     record: Mutex<Vec<(usize, usize, usize)>>,
+    /// For a heap of a world of processes: the mappings of every rank's segment (see `vmm`),
+    /// released in Drop instead of `cuMemFree`.
+    mapped: Option<Box<dyn Send + Sync>>,
 }
 
 const HEAP_ALIGN: usize = 256;
@@ -150,7 +153,28 @@ impl SymmetricHeap {
             free: (0..n).map(|_| Mutex::new(vec![(0, capacity)])).collect(),
             sequence: (0..n).map(|_| Mutex::new(0)).collect(),
             record: Mutex::new(Vec::new()),
+            mapped: None,
         })
+    }
+
+    /// A heap whose segments `mapping` already holds: rank `r`'s at `bases[r]`, each of
+    /// `capacity` bytes (a world of processes: its own segment and every peer's, imported).
+    pub(crate) fn from_mapped(
+        gpus: &[Arc<Gpu>],
+        bases: Vec<sys::CUdeviceptr>,
+        capacity: usize,
+        mapping: Box<dyn Send + Sync>,
+    ) -> SymmetricHeap {
+        let n = bases.len();
+        SymmetricHeap {
+            bases,
+            gpus: gpus.to_vec(),
+            capacity,
+            free: (0..n).map(|_| Mutex::new(vec![(0, capacity)])).collect(),
+            sequence: (0..n).map(|_| Mutex::new(0)).collect(),
+            record: Mutex::new(Vec::new()),
+            mapped: Some(mapping),
+        }
     }
 
     /// Collective: allocates `bytes` on `rank`'s segment. Every rank must make the same calls
@@ -230,6 +254,15 @@ impl SymmetricHeap {
 
 impl Drop for SymmetricHeap {
     fn drop(&mut self) {
+        if let Some(mapping) = self.mapped.take() {
+            // Idle first: no kernel of this process may still reach a segment being unmapped.
+            if self.gpus.first().is_some_and(|g| g.synchronize_now().is_ok()) {
+                drop(mapping);
+            } else {
+                std::mem::forget(mapping); // a stuck GPU: leak rather than unmap under it
+            }
+            return;
+        }
         for (gpu, &base) in self.gpus.iter().zip(&self.bases) {
             if gpu.synchronize_now().is_ok() {
                 // SAFETY: allocated in `new`; the GPU is idle.

@@ -49,7 +49,11 @@ mod nccl;
 #[cfg(feature = "cuda")]
 mod ops;
 #[cfg(feature = "cuda")]
+mod process;
+#[cfg(feature = "cuda")]
 mod storage;
+#[cfg(feature = "cuda")]
+mod vmm;
 #[cfg(feature = "cuda")]
 mod world;
 

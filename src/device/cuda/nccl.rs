@@ -52,6 +52,36 @@ impl Nccl {
         })
     }
 
+    /// Rank `rank`'s communicator of a world of `n` processes, one GPU each, joined through
+    /// `id` (rank 0's `ncclGetUniqueId`, which the world's rendezvous sent to every rank).
+    /// Collective: every rank calls it. The other ranks' slots stay empty (they are other
+    /// processes).
+    pub(crate) fn init_rank(
+        gpu: &Gpu,
+        n: usize,
+        rank: usize,
+        id: nc_sys::ncclUniqueId,
+    ) -> Result<Nccl> {
+        require_library("NCCL (libnccl)", "nccl", nc_sys::is_culib_present)?;
+        gpu.bind()?;
+        let mut comm = std::ptr::null_mut();
+        guarded("libnccl", || {
+            // SAFETY: `comm` receives one communicator; every rank passes the same id.
+            check("ncclCommInitRank", unsafe {
+                nc::comm_init_rank(&mut comm, n as i32, id, rank as i32)
+            })
+        })?;
+        let mut comms = vec![0usize; n];
+        comms[rank] = comm as usize;
+        Ok(Nccl { comms, aborted: Default::default() })
+    }
+
+    /// A fresh id for [`Nccl::init_rank`] (rank 0 makes it).
+    pub(crate) fn unique_id() -> Result<nc_sys::ncclUniqueId> {
+        require_library("NCCL (libnccl)", "nccl", nc_sys::is_culib_present)?;
+        guarded("libnccl", || nc::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e)))
+    }
+
     fn comm(&self, rank: usize) -> nc_sys::ncclComm_t {
         self.comms[rank] as nc_sys::ncclComm_t
     }
@@ -61,7 +91,7 @@ impl Nccl {
         if self.aborted.swap(true, std::sync::atomic::Ordering::AcqRel) {
             return;
         }
-        for &c in &self.comms {
+        for &c in self.comms.iter().filter(|&&c| c != 0) {
             // SAFETY: `c` is a communicator of this world; NCCL allows aborting from any thread.
             let _ = unsafe { nc::comm_abort(c as nc_sys::ncclComm_t) };
         }
@@ -185,7 +215,7 @@ impl Drop for Nccl {
         if *self.aborted.get_mut() {
             return;
         }
-        for &c in &self.comms {
+        for &c in self.comms.iter().filter(|&&c| c != 0) {
             // SAFETY: each communicator is destroyed once.
             let _ = unsafe { nc::comm_destroy(c as nc_sys::ncclComm_t) };
         }

@@ -22,7 +22,7 @@ const DEFAULT_GPU_HEAP_BYTES: usize = 4 << 30;
 
 /// Words of a rank's fault record (host-mapped): 1 rank, 2 program, 3 signal, 4 awaited, 5 seen,
 /// 6 ready, 7 op.
-const FAULT_WORDS: usize = 8;
+pub(crate) const FAULT_WORDS: usize = 8;
 
 /// What every kernel of a world polls, and where a failed wait reports. Shared by the world and
 /// every device tensor made in it, so that waiting for one reports the world's failure.
@@ -40,14 +40,19 @@ pub(crate) struct Watch {
 impl Watch {
     /// Fails the world: every wait of every kernel gives up, NCCL operations are aborted.
     pub(crate) fn abort(&self, failed_rank: Option<usize>, reason: &str) {
-        if let Some(r) = failed_rank
-            && self.abort.get(1) == 0
-        {
-            self.abort.set(1, r as u64 + 1);
-            self.reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert_with(|| reason.to_string());
+        if let Some(r) = failed_rank {
+            // In a world of processes the word may have been set by the failed rank's own
+            // process (shared memory): the reason still comes here, once, for that rank.
+            let first = self.abort.get(1);
+            if first == 0 {
+                self.abort.set(1, r as u64 + 1);
+            }
+            if first == 0 || first == r as u64 + 1 {
+                self.reason
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert_with(|| reason.to_string());
+            }
         }
         self.abort.set(0, 1);
         if let Some(nccl) = self.nccl.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
@@ -167,6 +172,8 @@ pub(crate) struct CudaWorld {
     /// Per rank: a u32 in device memory that the first failing wait claims.
     claims: SymmRegion,
     states: Vec<Mutex<HashMap<&'static str, OpState>>>,
+    /// A world of processes (one rank in this process): what its NCCL needs (see `process`).
+    pub(crate) process: Option<super::process::ProcessPart>,
 }
 
 impl CudaWorld {
@@ -228,6 +235,45 @@ impl CudaWorld {
             watch,
             claims,
             states: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
+            process: None,
+        })
+    }
+
+    /// The world of rank `part.rank` of a world of processes: `gpu` is its GPU (every slot of
+    /// `gpus` holds it: this process has no other), `heap` maps every rank's segment, `abort`
+    /// and `faults` are words every process of the world maps (see `process`).
+    pub(crate) fn assemble(
+        gpu: &Arc<Gpu>,
+        heap: SymmetricHeap,
+        abort: HostMapped,
+        faults: Vec<HostMapped>,
+        wait_timeout: Duration,
+        part: super::process::ProcessPart,
+    ) -> Result<CudaWorld> {
+        let n = faults.len();
+        let me = part.rank;
+        gpu.bind()?;
+        let watch = Arc::new(Watch {
+            abort,
+            faults,
+            timeout: wait_timeout,
+            nccl: Mutex::new(None),
+            reason: Mutex::new(None),
+        });
+        // Every rank allocates its claim word at the same offset; only its own is used.
+        let claims = (0..n).map(|r| heap.alloc(r, 256)).collect::<Result<Vec<_>>>()?[0];
+        // SAFETY: the claim word is in this rank's own segment.
+        unsafe { cudarc::driver::result::memset_d8_sync(heap.symm_at(claims, me), 0, 256) }
+            .map_err(|e| super::driver::status("cuMemsetD8", e))?;
+        let streams = Arc::new(Streams::new(gpu)?);
+        Ok(CudaWorld {
+            gpus: vec![gpu.clone(); n],
+            streams: vec![streams; n],
+            heap,
+            watch,
+            claims,
+            states: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
+            process: Some(part),
         })
     }
 
@@ -242,7 +288,10 @@ impl CudaWorld {
         if let Some(n) = guard.as_ref() {
             return Ok(n.clone());
         }
-        let nccl = Arc::new(Nccl::new(&self.gpus)?);
+        let nccl = Arc::new(match &self.process {
+            Some(part) => part.nccl(&self.gpus[part.rank], self.num_ranks())?,
+            None => Nccl::new(&self.gpus)?,
+        });
         *guard = Some(nccl.clone());
         Ok(nccl)
     }
@@ -467,6 +516,21 @@ impl<'w> GpuRank<'w> {
         let event = &state.events[slot];
         event.record(from)?;
         super::driver::stream_wait(to, event)
+    }
+
+    /// An address of `mine` (the input a kernel of `state` publishes to its peers) that every
+    /// rank can read: `mine` itself in a world of threads; in a world of processes, see
+    /// `process::ProcessPart::publishable`.
+    pub(crate) fn publishable(
+        &self,
+        state: &OpState,
+        mine: u64,
+        stream: sys::CUstream,
+    ) -> Result<u64> {
+        match &self.world.process {
+            Some(part) => part.publishable(state.signals.offset, mine, stream),
+            None => Ok(mine),
+        }
     }
 
     /// `region` on rank `peer`.

@@ -86,6 +86,8 @@ pub(crate) fn exchange<T: Element>(
     };
     if let Some(state) = state {
         args.sync = g.sync_args(state);
+        // Peers read the published input: it must be memory they have mapped.
+        args.mine = g.publishable(state, mine, stream)?;
     }
     for (i, r) in parts.iter().enumerate() {
         args.runs[i] = *r;
@@ -115,7 +117,8 @@ pub(crate) fn reduce<T: Element>(
         sync: g.sync_args(state),
         mode,
         world: g.num_ranks() as u32,
-        mine,
+        // Peers read the published input: it must be memory they have mapped.
+        mine: g.publishable(state, mine, stream)?,
         out,
         runs,
         ..ReduceArgs::default()

@@ -1,0 +1,513 @@
+//! Ranks as processes on GPUs: `World::from_env` with `DIST_TENSOR_DEVICE=cuda`, each process on
+//! the GPU of its local rank (`local_rank % device count`), the symmetric heap in GPU memory
+//! shared between the processes (CUDA's virtual memory API, fds over the world's Unix socket).
+//! On a machine with one GPU every rank shares it.
+//!
+//! Each test re-executes this test binary as the ranks of its job (as `tests/processes.rs`
+//! does). Without a GPU (or without `--features cuda`) each test prints why it was skipped and
+//! passes: `cargo test --release --features cuda --test cuda_processes -- --nocapture`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dist_tensor::device::cuda;
+use dist_tensor::shmem::RankExit;
+use dist_tensor::shmem::job_env::JOIN_TIMEOUT_ENV;
+use dist_tensor::{Device, DistTensor, Error, Placement, Rank, Tensor, World, collectives, fused};
+use half::{bf16, f16};
+
+mod common;
+
+use common::checks::{Checks, summed, widen};
+use common::{digest, seeded};
+
+/// Every child is killed past this: a hang fails the test.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a fault may take to end the other ranks' device waits.
+const BOUND: Duration = Duration::from_secs(2);
+/// Each rank's GPU heap segment in these tests (small: several processes share one GPU).
+const HEAP: &str = "268435456";
+/// GPU memory a job may seem to leave behind (the driver's own bookkeeping moves a little).
+const SLACK: usize = 64 << 20;
+
+/// Whether this machine has a GPU this build can use; prints why not.
+fn gpu_here(test: &str) -> bool {
+    match cuda::device_count() {
+        Ok(n) if n > 0 => true,
+        Ok(_) => {
+            println!("SKIPPED {test}: no GPU on this machine");
+            false
+        }
+        Err(e) => {
+            println!("SKIPPED {test}: {e}");
+            false
+        }
+    }
+}
+
+/// In a rank (a child of [`job`]): joins the job on its GPU, runs `body`, prints `RESULT <text>`
+/// or `ERROR <error>`, and returns true. In the test itself: returns false.
+fn in_rank(body: impl FnOnce(World) -> dist_tensor::Result<String>) -> bool {
+    if !World::launched() {
+        return false;
+    }
+    match World::from_env().and_then(body) {
+        Ok(text) => println!("RESULT {text}"),
+        Err(err) => println!("ERROR {err}"),
+    }
+    true
+}
+
+fn free_gpu_memory() -> usize {
+    cuda::memory_info(0).expect("cuMemGetInfo").0
+}
+
+/// Checks that the processes are gone and the GPU has its memory back.
+fn check_nothing_left(exits: &[RankExit], free_before: usize) {
+    for exit in exits {
+        assert!(!exit.timed_out, "rank {} hung: {}", exit.rank, exit.stderr_text());
+        assert!(
+            !std::path::Path::new(&format!("/proc/{}", exit.pid)).exists(),
+            "rank {}'s process {} is left",
+            exit.rank,
+            exit.pid
+        );
+    }
+    // The driver frees a dead process's memory asynchronously: give it a moment.
+    let start = Instant::now();
+    let mut free = free_gpu_memory();
+    while free + SLACK < free_before && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+        free = free_gpu_memory();
+    }
+    assert!(
+        free + SLACK >= free_before,
+        "the job left {} MiB of GPU memory behind",
+        (free_before - free) >> 20
+    );
+}
+
+/// Runs test `name` as `n` ranks on the GPU with extra `env`; checks that nothing is left.
+fn job(name: &str, n: usize, env: &[(&str, &str)]) -> Vec<RankExit> {
+    let before = free_gpu_memory();
+    let mut job = World::local_job(n)
+        .args([name, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env("DIST_TENSOR_DEVICE", "cuda")
+        .env("DIST_TENSOR_GPU_HEAP_BYTES", HEAP)
+        .timeout(CHILD_TIMEOUT);
+    for (key, value) in env {
+        job = job.env(key, value);
+    }
+    let exits = job.run().unwrap();
+    check_nothing_left(&exits, before);
+    exits
+}
+
+/// What rank `exit` printed after `tag` (`RESULT` or `ERROR`).
+fn printed(exit: &RankExit, tag: &str) -> Option<String> {
+    let prefix = format!("{tag} ");
+    exit.stdout_text().lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+}
+
+fn result(exit: &RankExit) -> String {
+    printed(exit, "RESULT").unwrap_or_else(|| {
+        panic!(
+            "rank {} ({}) printed no result:\n{}\n{}",
+            exit.rank,
+            exit.describe(),
+            exit.stdout_text(),
+            exit.stderr_text()
+        )
+    })
+}
+
+// ---- the ops, against the f64 references ----------------------------------------------------
+
+/// The ops a GPU world runs on its GPUs (collectives, fused ops, the DistTensor layer), in
+/// several element types and odd sizes: one digest per result, then `|` and what [`Checks`]
+/// found wrong against the f64 references (nothing when all is well).
+fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    assert!(matches!(rank.device(), Device::Cuda(_)), "rank {me} on {:?}", rank.device());
+    let mut out = Vec::new();
+    let mut check = Checks::default();
+    let sum_tol = |eps: f64| (n as f64 + 1.0) * eps;
+    // Uneven lengths: rank r has 5 + 3r elements (1 element and primes among them).
+    let got = collectives::all_gather(rank, &seeded::<f32>(me, 5 + 3 * me, 1))?;
+    let want = (0..n).flat_map(|r| widen(&seeded::<f32>(r, 5 + 3 * r, 1))).collect();
+    check.exact("all_gather", &got, want);
+    out.push(digest(&got));
+    let same: Vec<f32> = seeded(me, 37, 2);
+    let got = collectives::reduce_scatter(rank, &same, collectives::ReduceOp::Sum)?;
+    check.close(
+        "reduce_scatter",
+        &got,
+        summed::<f32>(n, 37, 2, Some(me)),
+        sum_tol(f32::EPSILON.into()),
+    );
+    out.push(digest(&got));
+    let got = collectives::all_reduce(rank, &same)?;
+    check.close("all_reduce", &got, summed::<f32>(n, 37, 2, None), sum_tol(f32::EPSILON.into()));
+    out.push(digest(&got));
+    let got = collectives::broadcast(rank, &seeded::<f64>(me, 11, 5), n - 1)?;
+    check.exact("broadcast", &got, seeded(n - 1, 11, 5));
+    out.push(digest(&got));
+    let got = collectives::all_reduce(rank, &seeded::<f64>(me, 23, 6))?;
+    check.close("all_reduce f64", &got, summed::<f64>(n, 23, 6, None), sum_tol(f64::EPSILON));
+    out.push(digest(&got));
+    let got = collectives::all_gather(rank, &seeded::<bf16>(me, 9, 7))?;
+    let want = (0..n).flat_map(|r| widen(&seeded::<bf16>(r, 9, 7))).collect();
+    check.exact("all_gather bf16", &got, want);
+    out.push(digest(&got));
+    let got = collectives::all_reduce(rank, &seeded::<f16>(me, 19, 8))?;
+    let half_tol = f64::from(f16::EPSILON) / 2.0 + sum_tol(f32::EPSILON.into());
+    check.close("all_reduce f16", &got, summed::<f16>(n, 19, 8, None), half_tol);
+    out.push(digest(&got));
+    // Fused ops, f32 and bf16, uneven rows.
+    let x = Tensor::from_shape_vec(&[13 + me, 64], seeded::<f32>(me, (13 + me) * 64, 9))?;
+    let w = Tensor::from_shape_vec(&[64, 24], seeded::<f32>(me, 64 * 24, 10))?;
+    let ag = fused::all_gather_matmul(rank, x.view2("x")?, &[w.view2("w")?])?;
+    let got = ag.outputs[0].as_slice().expect("standard");
+    check.gathered_product::<f32>("all_gather_matmul", got, (me, n), |r| 13 + r);
+    out.push(digest(got));
+    let (xb, wb) = (x.cast::<bf16>(), w.cast::<bf16>());
+    let ag = fused::all_gather_matmul(rank, xb.view2("x")?, &[wb.view2("w")?])?;
+    let got = ag.outputs[0].as_slice().expect("standard");
+    check.gathered_product::<bf16>("all_gather_matmul bf16", got, (me, n), |r| 13 + r);
+    out.push(digest(got));
+    let h = Tensor::from_shape_vec(&[50, 16], seeded::<f32>(me, 50 * 16, 11))?;
+    let w2 = Tensor::from_shape_vec(&[16, 20], seeded::<f32>(me, 16 * 20, 12))?;
+    let rs = fused::matmul_reduce_scatter(rank, h.view2("h")?, w2.view2("w")?)?;
+    let got = rs.as_slice().expect("standard");
+    check.reduce_scattered_product("matmul_reduce_scatter", got, (me, n), (50, 16, 20));
+    out.push(digest(got));
+    // Ulysses all_to_all: [B, s_r, H, D] -> [B, S, h_r, D]; S and H not divisible.
+    let s_r = 3 + me % 2;
+    let q = Tensor::from_shape_vec(&[2, s_r, 7, 8], seeded::<f32>(me, 2 * s_r * 7 * 8, 13))?;
+    let shape = |r: usize| [2, 3 + r % 2, 7, 8];
+    let heads = fused::all_to_all(rank, &q, 2, 1)?;
+    check.heads_all_to_all("ulysses all_to_all", heads.output.as_slice(), (me, n), shape, 13);
+    out.push(digest(heads.output.as_slice()));
+    // The DistTensor layer: an MLP block end to end, fewer rows than some worlds have ranks.
+    let x = Tensor::<f32>::random(&[29, 16], 1);
+    let w1 = Tensor::<f32>::random(&[16, 40], 2);
+    let w2 = Tensor::<f32>::random(&[40, 16], 3);
+    let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+    let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
+    let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
+    let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
+    let y = y.to_global()?;
+    check.mlp_block("mlp block", &y, [&x, &w1, &w2], n);
+    out.push(digest(y.as_slice()));
+    Ok(format!("{}|{}", out.join(","), check.fails.join("; ")))
+}
+
+fn reference_failures(result: &str) -> &str {
+    result.rsplit_once('|').map_or("no verdict", |(_, fails)| fails)
+}
+
+#[test]
+fn the_ops_as_processes_sharing_a_gpu_match_the_f64_references_at_2_and_3_processes() {
+    const NAME: &str =
+        "the_ops_as_processes_sharing_a_gpu_match_the_f64_references_at_2_and_3_processes";
+    if in_rank(|world| Ok(world.run(battery)?.remove(0))) {
+        return;
+    }
+    if !gpu_here(NAME) {
+        return;
+    }
+    for n in [2, 3] {
+        // The one-process GPU world with the same ranks on the same GPU, where this build has
+        // it (ranks sharing a GPU): the processes must give its bits exactly.
+        let threads = match World::cuda(&vec![0; n]) {
+            Ok(world) => Some(world.run(battery).unwrap()),
+            Err(e) => {
+                println!("world {n}: not compared with a one-process world: {e}");
+                None
+            }
+        };
+        let exits = job(NAME, n, &[]);
+        for exit in &exits {
+            assert!(exit.success(), "world {n}, rank {}: {}", exit.rank, exit.stderr_text());
+            let got = result(exit);
+            assert_eq!(reference_failures(&got), "", "world {n}, rank {}", exit.rank);
+            if let Some(threads) = &threads {
+                assert_eq!(got, threads[exit.rank], "world {n}, rank {}", exit.rank);
+            }
+        }
+        println!("world {n}: {} processes on one GPU match the f64 references", exits.len());
+    }
+}
+
+// ---- faults -----------------------------------------------------------------------------------
+
+/// The body of every fault test: every rank is in; rank 1 fills its GPU's queue with seconds of
+/// work, queues a device barrier behind it (so that its barrier kernel never signals before it
+/// is gone), then does `fault`. The others queue the barrier and wait for their GPU, inside the
+/// barrier kernel's wait for rank 1. Rank 0 prints how long that wait took to fail, and the
+/// error.
+fn fault_body(
+    world: World,
+    fault: impl Fn(&Rank<'_>) -> dist_tensor::Result<()> + Sync,
+) -> dist_tensor::Result<String> {
+    let out = world.run(|rank| {
+        collectives::all_gather(rank, &[rank.rank() as f32])?; // everyone is in
+        if rank.rank() == 1 {
+            let a = cuda::random::<f32>(rank, &[4096, 4096], 1)?;
+            let mut b = a.clone();
+            for _ in 0..60 {
+                b = b.matmul(&a)?; // queued, not waited for
+            }
+            cuda::barrier(rank)?;
+            fault(rank)?;
+            drop(b);
+            return Ok("rank 1 went on".to_string());
+        }
+        cuda::barrier(rank)?;
+        let start = Instant::now();
+        let err = cuda::synchronize(rank).unwrap_err();
+        Ok(format!("{} ms | {err}", start.elapsed().as_millis()))
+    })?;
+    Ok(out[0].clone())
+}
+
+/// Checks rank 0: its device wait ended within the bound, naming rank 1 and saying one of
+/// `says`; and rank 1 ended as `rank1` says.
+fn check_fault(exits: &[RankExit], says: &[&str], rank1: impl Fn(&RankExit) -> bool) {
+    let one = &exits[1];
+    assert!(rank1(one), "rank 1 {}: {}{}", one.describe(), one.stdout_text(), one.stderr_text());
+    let text = result(&exits[0]);
+    let ms: u128 = text.split(" ms").next().unwrap().parse().expect(&text);
+    assert!(ms < BOUND.as_millis(), "rank 0: {text}");
+    let err = text.split_once(" | ").unwrap().1;
+    assert!(err.contains("rank 1"), "rank 0: {err}");
+    assert!(says.iter().any(|s| err.contains(s)), "rank 0: {err}");
+    println!("rank 0's device wait ended after {ms} ms: {err}");
+}
+
+#[test]
+fn a_process_killed_mid_kernel_ends_the_others_device_waits_naming_it() {
+    const NAME: &str = "a_process_killed_mid_kernel_ends_the_others_device_waits_naming_it";
+    if in_rank(|world| {
+        fault_body(world, |_| {
+            let me = rustix::process::getpid();
+            rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
+            unreachable!("killed")
+        })
+    }) {
+        return;
+    }
+    if !gpu_here(NAME) {
+        return;
+    }
+    let exits = job(NAME, 2, &[]);
+    check_fault(&exits, &["ended without returning from run"], |e| {
+        e.describe() == "killed by signal 9"
+    });
+}
+
+#[test]
+fn a_panicking_process_ends_the_others_device_waits_naming_it() {
+    const NAME: &str = "a_panicking_process_ends_the_others_device_waits_naming_it";
+    if in_rank(|world| fault_body(world, |_| panic!("rank one gives up"))) {
+        return;
+    }
+    if !gpu_here(NAME) {
+        return;
+    }
+    let exits = job(NAME, 2, &[]);
+    check_fault(&exits, &["rank one gives up"], |e| {
+        printed(e, "ERROR").is_some_and(|t| t.contains("panicked"))
+    });
+}
+
+#[test]
+fn a_process_returning_early_ends_the_others_naming_it() {
+    const NAME: &str = "a_process_returning_early_ends_the_others_naming_it";
+    if in_rank(|world| {
+        let out = world.run(|rank| {
+            collectives::all_gather(rank, &[rank.rank() as f32])?;
+            if rank.rank() == 1 {
+                return Ok("rank 1 returned".to_string());
+            }
+            let start = Instant::now();
+            let err = cuda::barrier(rank).and_then(|_| cuda::synchronize(rank)).unwrap_err();
+            Ok(format!("{} ms | {err}", start.elapsed().as_millis()))
+        })?;
+        Ok(out[0].clone())
+    }) {
+        return;
+    }
+    if !gpu_here(NAME) {
+        return;
+    }
+    let exits = job(NAME, 2, &[]);
+    check_fault(&exits, &["returned from run", "dropped its world"], |e| e.success());
+}
+
+#[test]
+fn a_process_that_never_joins_fails_the_others_at_the_join_timeout() {
+    const NAME: &str = "a_process_that_never_joins_fails_the_others_at_the_join_timeout";
+    if World::launched() {
+        if std::env::var("DIST_TENSOR_RANK").as_deref() == Ok("1") {
+            return; // never joins
+        }
+        let start = Instant::now();
+        let err = World::from_env().map(drop).unwrap_err();
+        println!("RESULT {} ms | {err}", start.elapsed().as_millis());
+        return;
+    }
+    if !gpu_here(NAME) {
+        return;
+    }
+    let exits = job(NAME, 2, &[(JOIN_TIMEOUT_ENV, "1500")]);
+    let text = result(&exits[0]);
+    let ms: u128 = text.split(" ms").next().unwrap().parse().expect(&text);
+    assert!((1500..10_000).contains(&ms), "{text}");
+    assert!(text.contains("[1]") && text.contains("did not join"), "{text}");
+}
+
+// ---- launchers --------------------------------------------------------------------------------
+
+/// A short job body for the launchers: an all_gather of the ranks on their GPUs.
+fn launched_body(world: World) -> dist_tensor::Result<String> {
+    let out = world.run(|rank| {
+        assert!(matches!(rank.device(), Device::Cuda(_)));
+        let got = collectives::all_gather(rank, &[rank.rank() as f32 + 0.5])?;
+        Ok(format!("{} of {}: {got:?}", rank.rank(), rank.num_ranks()))
+    })?;
+    Ok(out[0].clone())
+}
+
+/// Waits (bounded) for processes this test started (not launched itself: no launcher's
+/// variables are in its environment to pass on) and returns what each printed.
+fn wait_all(mut children: Vec<std::process::Child>) -> Vec<String> {
+    let start = Instant::now();
+    let mut outs = Vec::new();
+    for child in &mut children {
+        loop {
+            if child.try_wait().unwrap().is_some() || start.elapsed() > CHILD_TIMEOUT {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+    }
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        outs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        outs.push(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    outs
+}
+
+fn test_args(name: &str) -> [&str; 5] {
+    [name, "--exact", "--nocapture", "--test-threads=1", "-q"]
+}
+
+#[test]
+fn torchrun_variables_set_by_hand_start_a_gpu_world_of_processes() {
+    const NAME: &str = "torchrun_variables_set_by_hand_start_a_gpu_world_of_processes";
+    if in_rank(launched_body) {
+        return;
+    }
+    if !gpu_here(NAME) {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let run_id = format!("cuda-processes-{}", std::process::id());
+    let children = (0..2)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            c.args(test_args(NAME)).stdout(Stdio::piped()).stderr(Stdio::piped());
+            c.env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", "29500")
+                .env("TORCHELASTIC_RUN_ID", &run_id)
+                .env("DIST_TENSOR_DEVICE", "cuda")
+                .env("DIST_TENSOR_GPU_HEAP_BYTES", HEAP)
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs = wait_all(children);
+    let all = outs.join("\n");
+    assert!(all.contains("RESULT 0 of 2: [0.5, 1.5]"), "{all}");
+}
+
+#[test]
+fn mpirun_starts_a_gpu_world_of_processes_without_the_mpi_feature() {
+    const NAME: &str = "mpirun_starts_a_gpu_world_of_processes_without_the_mpi_feature";
+    if in_rank(launched_body) {
+        return;
+    }
+    if !gpu_here(NAME) {
+        return;
+    }
+    if cfg!(feature = "mpi") {
+        println!("SKIPPED {NAME}: an mpi build joins through MPI itself");
+        return;
+    }
+    let Ok(mpirun) = which("mpirun") else {
+        println!("SKIPPED {NAME}: no mpirun on this machine");
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    let mut c = Command::new(mpirun);
+    c.args(["-np", "2", "--allow-run-as-root", "--oversubscribe"])
+        .args(["-x", "DIST_TENSOR_DEVICE=cuda", "-x"])
+        .arg(format!("DIST_TENSOR_GPU_HEAP_BYTES={HEAP}"))
+        .arg(&exe)
+        .args(test_args(NAME))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let outs = wait_all(vec![c.spawn().unwrap()]);
+    let all = outs.join("\n");
+    assert!(all.contains("RESULT 0 of 2: [0.5, 1.5]"), "{all}");
+}
+
+fn which(program: &str) -> Result<std::path::PathBuf, Error> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| Error::user(format!("{program} not found")))
+}
+
+// ---- without a GPU ------------------------------------------------------------------------------
+
+#[test]
+fn without_a_gpu_every_process_of_a_cuda_job_says_why_at_once() {
+    const NAME: &str = "without_a_gpu_every_process_of_a_cuda_job_says_why_at_once";
+    if in_rank(|world| Ok(format!("a world on {:?}", world.run(|rank| Ok(rank.device()))?))) {
+        return;
+    }
+    if cuda::device_count().is_ok_and(|n| n > 0) {
+        println!("SKIPPED {NAME}: this machine has a GPU (the other tests cover it)");
+        return;
+    }
+    let start = Instant::now();
+    let exits = World::local_job(2)
+        .args(test_args(NAME))
+        .env("DIST_TENSOR_DEVICE", "cuda")
+        .timeout(CHILD_TIMEOUT)
+        .run()
+        .unwrap();
+    // Well before the 60 s join timeout: a rank that cannot open its GPU fails the job at once.
+    assert!(start.elapsed() < Duration::from_secs(30), "{:?}", start.elapsed());
+    for exit in &exits {
+        let err = printed(exit, "ERROR").unwrap_or_else(|| {
+            panic!("rank {}: {}{}", exit.rank, exit.stdout_text(), exit.stderr_text())
+        });
+        // No GPU library (a `cuda` build), or no GPU backend at all (a default build).
+        assert!(
+            err.contains("libcuda") || err.contains("--features cuda") || err.contains("GPU"),
+            "rank {}: {err}",
+            exit.rank
+        );
+        println!("rank {}: {err}", exit.rank);
+    }
+}
