@@ -567,6 +567,9 @@ impl World {
     ///   prints the summary) and returns `None`;
     /// - otherwise [`World::threads`]`(threads)`.
     ///
+    /// `--device cuda` among `args` with `--processes N` (or in a launched rank) makes the world
+    /// on GPUs, one per process (see [`DEVICE_ENV`](super::DEVICE_ENV)), and is taken out too.
+    ///
     /// `--processes N` is taken out of `args` in every case, so the program parses the rest.
     ///
     /// # Errors
