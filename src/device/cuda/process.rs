@@ -39,8 +39,9 @@ use crate::shmem::{Mapping, ProcessJob, peer_pid, recv_fd, send_fd};
 use crate::{Error, Result};
 
 const MAGIC: u64 = 0x6474_6375_6461_0001; // "dtcuda", version 1
-/// Words of a hello: magic, rank, heap bytes, GPU UUID (two words).
-const HELLO_WORDS: usize = 5;
+/// Words of a hello: magic, rank, heap bytes, GPU UUID (two words), the address of the window
+/// this rank reserved.
+const HELLO_WORDS: usize = 6;
 /// Words of rank 0's answer: magic, heap bytes, whether ranks share a GPU, whether an NCCL id
 /// follows, the address of the window every process maps the segments at; then the id's bytes
 /// and the number of ranks on each rank's GPU.
@@ -226,15 +227,18 @@ pub(crate) fn open_process_world(job: &ProcessJob<'_>) -> Result<Arc<CudaWorld>>
     let seg = 2 * capacity;
     let (own, own_fd) = Handle::create(&gpu, seg)?;
     let deadline = Instant::now() + job.join_timeout;
+    // Every rank reserves the window's addresses first, where the driver likes (the processes
+    // made the same calls so far, so these are mostly the same address); rank 0 then names the
+    // address all use.
+    let window = Window::reserve(&gpu, seg * n, 0)?;
     let (answer, words_fd, fds, to_host, mut window) = if n == 1 {
         let map = Mapping::memfd("dist-tensor gpu words", SharedWords::bytes(n))
             .map_err(system(me, "cannot create the GPU words"))?;
-        let window = Window::reserve(&gpu, seg, 0)?;
         (Answer { sharing: vec![1], nccl_id: None }, map, vec![], None, window)
     } else if me == 0 {
-        host(job, &gpu, capacity, uuid, own_fd, deadline)?
+        host(job, &gpu, capacity, uuid, own_fd, window, deadline)?
     } else {
-        guest(job, &gpu, capacity, uuid, own_fd, deadline)?
+        guest(job, &gpu, capacity, uuid, own_fd, window, deadline)?
     };
     // Every segment at the same address in every process: rank q's at base + q * seg.
     window.map(&gpu, me * seg, own)?;
@@ -315,15 +319,37 @@ fn give_up(job: &ProcessJob<'_>, deadline: Instant, waiting_for: &str) -> Option
 /// addresses reserved for them (the same in every process).
 type Rendezvous = (Answer, Mapping, Vec<OwnedFd>, Option<UnixStream>, Window);
 
+/// Where every process maps the window: the address every rank reserved, where they agree;
+/// else above all of them (aligned to `align`), where none of them has anything yet.
+fn common_address(bases: &[u64], size: usize, align: usize) -> u64 {
+    if bases.iter().all(|&b| b == bases[0]) {
+        return bases[0];
+    }
+    let top = bases.iter().max().copied().unwrap_or(0) + size as u64;
+    top.div_ceil(align as u64) * align as u64
+}
+
+/// The window at `at`: `window` itself when it is there, else a new reservation there.
+fn move_window(gpu: &Gpu, window: Window, size: usize, at: u64) -> Result<Window> {
+    if window.base == at {
+        return Ok(window);
+    }
+    drop(window);
+    Window::reserve(gpu, size, at)
+}
+
+#[allow(clippy::too_many_arguments)] // the rendezvous's inputs, named at its one call
 fn host(
     job: &ProcessJob<'_>,
     gpu: &Gpu,
     capacity: usize,
     uuid: [u64; 2],
     own_fd: OwnedFd,
+    window: Window,
     deadline: Instant,
 ) -> Result<Rendezvous> {
     let n = job.world_size;
+    let mut bases = vec![window.base; n];
     let listener = UnixListener::bind_addr(&socket(job)?)
         .map_err(system(0, "cannot listen on the GPU rendezvous socket"))?;
     listener.set_nonblocking(true).map_err(system(0, "GPU rendezvous socket"))?;
@@ -385,6 +411,7 @@ fn host(
             continue;
         }
         uuids[rank] = [w[3], w[4]];
+        bases[rank] = w[5];
         fds[rank] = Some(fd);
         guests[rank] = Some(stream);
     }
@@ -408,7 +435,9 @@ fn host(
     let words_fd =
         words_map.fd().expect("a memfd").try_clone_to_owned().map_err(system(0, "GPU words fd"))?;
     let shares = sharing.iter().any(|&s| s > 1);
-    let window = Window::reserve(gpu, 2 * capacity * n, 0)?;
+    let size = 2 * capacity * n;
+    let at = common_address(&bases, size, vmm::granularity(gpu)?);
+    let window = move_window(gpu, window, size, at)?;
     let mut answer =
         encode(&[MAGIC, capacity as u64, u64::from(shares), nccl_id.is_some() as u64, window.base]);
     answer.extend_from_slice(&nccl_id.unwrap_or([0; NCCL_ID_BYTES]));
@@ -444,12 +473,14 @@ fn host(
     Ok((Answer { sharing, nccl_id }, words_map, fds, None, window))
 }
 
+#[allow(clippy::too_many_arguments)] // the rendezvous's inputs, named at its one call
 fn guest(
     job: &ProcessJob<'_>,
     gpu: &Gpu,
     capacity: usize,
     uuid: [u64; 2],
     own_fd: OwnedFd,
+    window: Window,
     deadline: Instant,
 ) -> Result<Rendezvous> {
     let (me, n) = (job.rank, job.world_size);
@@ -482,7 +513,7 @@ fn guest(
     let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
     stream.set_read_timeout(Some(left)).map_err(system(me, "GPU rendezvous"))?;
     stream
-        .write_all(&encode(&[MAGIC, me as u64, capacity as u64, uuid[0], uuid[1]]))
+        .write_all(&encode(&[MAGIC, me as u64, capacity as u64, uuid[0], uuid[1], window.base]))
         .map_err(system(me, "joining the GPU rendezvous"))?;
     send_fd(&stream, me as u64, &own_fd).map_err(system(me, "passing the GPU segment"))?;
     drop(own_fd);
@@ -539,8 +570,20 @@ fn guest(
         }
         fds.push(fd);
     }
-    // The same addresses as rank 0's (this process made the same calls before, so they are
-    // free here too, as a rule; if not, the error says so).
-    let window = Window::reserve(gpu, 2 * capacity * n, w[4])?;
+    // The addresses rank 0 named: those this rank holds already, as a rule; else addresses above
+    // every rank's reservation (if they are taken here after all, the error says so).
+    let window = move_window(gpu, window, 2 * capacity * n, w[4])?;
     Ok((Answer { sharing, nccl_id }, words_map, fds, Some(stream), window))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_address;
+
+    #[test]
+    fn the_window_goes_where_every_rank_reserved_it_or_above_them_all() {
+        assert_eq!(common_address(&[0x7000_0000, 0x7000_0000], 1 << 20, 1 << 21), 0x7000_0000);
+        let at = common_address(&[0x7000_0000, 0x7020_0000, 0x6000_0000], 1 << 20, 1 << 21);
+        assert!(at >= 0x7020_0000 + (1 << 20) && at.is_multiple_of(1 << 21), "{at:#x}");
+    }
 }
