@@ -35,6 +35,9 @@ pub(crate) struct Watch {
     nccl: Mutex<Option<Arc<Nccl>>>,
     /// What the rank that failed first on the host said.
     reason: Mutex<Option<String>>,
+    /// A world of processes: the abort word may be raised by another process, whose reason
+    /// this process's watch thread copies here from the control block a moment later.
+    in_processes: bool,
 }
 
 impl Watch {
@@ -83,16 +86,25 @@ impl Watch {
         let faulted = (0..self.faults.len()).find(|&r| self.faults[r].get(6) != 0);
         let (failed_rank, reason) = match faulted {
             Some(r) => (r, format!("a wait of rank {r}'s kernels timed out")),
-            None => (
-                self.abort.get(1).checked_sub(1).map_or(rank, |r| r as usize),
-                self.reason
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone()
-                    .unwrap_or_else(|| "the world failed".into()),
-            ),
+            None => (self.abort.get(1).checked_sub(1).map_or(rank, |r| r as usize), self.reason()),
         };
         Err(Error::PeerFailed { rank, failed_rank, reason })
+    }
+
+    /// What the rank that failed first said. In a world of processes the failed process wrote
+    /// it to the control block before it raised the abort word, and this process's watch thread
+    /// copies it here within a millisecond or so: wait that long rather than say less.
+    fn reason(&self) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(r) = self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                return r;
+            }
+            if !self.in_processes || start.elapsed() > Duration::from_millis(200) {
+                return "the world failed".into();
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     /// Waits until `event` is done, polling, so that a failed world ends the wait: when the
@@ -218,6 +230,7 @@ impl CudaWorld {
             timeout: wait_timeout,
             nccl: Mutex::new(None),
             reason: Mutex::new(None),
+            in_processes: false,
         });
         let n = gpus.len();
         let claims = (0..n).map(|r| heap.alloc(r, 256)).collect::<Result<Vec<_>>>()?[0];
@@ -259,6 +272,7 @@ impl CudaWorld {
             timeout: wait_timeout,
             nccl: Mutex::new(None),
             reason: Mutex::new(None),
+            in_processes: true,
         });
         // Every rank allocates its claim word at the same offset; only its own is used.
         let claims = (0..n).map(|r| heap.alloc(r, 256)).collect::<Result<Vec<_>>>()?[0];
