@@ -237,12 +237,47 @@ fn collectives_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     Ok(())
 }
 
+/// Tensors passed straight to the lower levels (the collectives, the fused ops on matrices):
+/// the same results as the slices and views they hold, which the cases above check against f64.
+fn tensor_inputs<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let mine = random::<T>(rows_of(me, n), 3, seed(me, 9));
+    let from_tensor = collectives::all_gather(rank, &mine)?;
+    let from_slice = collectives::all_gather(rank, mine.as_slice())?;
+    assert_eq!(from_tensor.len(), 3 * (0..n).map(|r| rows_of(r, n)).sum::<usize>());
+    let same = random::<T>(2, 3, seed(me, 13));
+    let sum = collectives::all_reduce(rank, &same)?;
+    assert_eq!(sum.len(), same.len());
+    let (k, cols) = (4, 3);
+    let x = random::<T>(rows_of(me, n), k, seed(me, 10));
+    let w = random::<T>(k, cols, seed(me, 11));
+    let ag_tensor = fused::all_gather_matmul(rank, &x, &[&w])?;
+    let ag_view = fused::all_gather_matmul(rank, x.view2("x")?, &[w.view2("w")?])?;
+    assert_eq!(ag_tensor.outputs[0].dim(), ag_view.outputs[0].dim());
+    let xm = random::<T>(5, k, seed(me, 12));
+    let rs_tensor = fused::matmul_reduce_scatter(rank, &xm, &w)?;
+    let rs_view = fused::matmul_reduce_scatter(rank, xm.view2("x")?, w.view2("w")?)?;
+    assert_eq!(rs_tensor.dim(), rs_view.dim());
+    if check {
+        // One path per world, whatever the input's type: the same bits.
+        assert_eq!(from_tensor, from_slice, "all_gather of a tensor");
+        assert_eq!(ag_tensor, ag_view, "all_gather_matmul of tensors");
+        assert_eq!(rs_tensor, rs_view, "matmul_reduce_scatter of tensors");
+        let want: Vec<f64> = (0..same.len())
+            .map(|i| (0..n).map(|r| random::<T>(2, 3, seed(r, 13)).as_slice()[i].to_f64()).sum())
+            .collect();
+        close("all_reduce of a tensor", &sum, &want, n);
+    }
+    Ok(())
+}
+
 /// Every case in one dtype.
 fn every_op<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     all_gather_matmul::<T>(rank, check)?;
     matmul_reduce_scatter::<T>(rank, check)?;
     all_to_all::<T>(rank, check)?;
-    collectives_case::<T>(rank, check)
+    collectives_case::<T>(rank, check)?;
+    tensor_inputs::<T>(rank, check)
 }
 
 /// Every case in every dtype the world's backend has.
