@@ -1,10 +1,14 @@
 //! One op suite, written once and run in every kind of world, as candle's `test_device!` runs
 //! one test per device: threads, processes of one host, MPI fake nodes (every process its own
-//! node, every byte between ranks over TCP; only in builds with feature `mpi`) and an Ascend
-//! world on the stand-in CANN. Each case compares every rank's result with a plain f64 reference
-//! on seeded random inputs (uneven shards, a rank with no rows), except on the stand-in CANN,
-//! which records calls and computes nothing: there a case checks that every op runs and returns
-//! the shapes it promises.
+//! node, every byte between ranks over TCP; only in builds with feature `mpi`), CUDA (worlds of
+//! one rank per GPU, 1 and 2 GPUs where there are; in builds with feature `cuda`, skipped saying
+//! why elsewhere) and an Ascend world on the stand-in CANN. The cases cover every level: the
+//! collectives and the fused ops on slices, views and tensors, and `DistTensor`'s fused ops and
+//! redistributions. Each compares every rank's result with a plain f64 reference on seeded
+//! random inputs (uneven shards, a rank with no rows), except on the stand-in CANN, which
+//! records calls and computes nothing: there a case checks that every op runs and returns the
+//! shapes it promises. (What only a CUDA world has, its paths and faults, is in
+//! `tests/cuda.rs`.)
 //!
 //! The capability table test asserts that every (op, backend, dtype) cell either runs and
 //! matches f64 or returns the typed error the table promises, so the table cannot drift from the
@@ -19,7 +23,7 @@ use dist_tensor::collectives::{self, ReduceOp};
 use dist_tensor::device::ascend::{Ascend, AscendWorldBuilder};
 use dist_tensor::device::capability::{self, Backend};
 use dist_tensor::tensor::DType;
-use dist_tensor::{Element, Error, Rank, Result, Tensor, World, fused};
+use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Result, Tensor, World, fused};
 use half::{bf16, f16};
 
 // ---- helpers (kept in this file; tests/common is being built by another change) ------------
@@ -271,13 +275,142 @@ fn tensor_inputs<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     Ok(())
 }
 
+/// `got` (a tensor anywhere) is `want` within the tolerance for sums of `terms` terms.
+fn close_tensor<T: Element>(what: &str, got: &Tensor<T>, want: &Tensor<f64>, terms: usize) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    close(what, got.to_host().expect("to_host").as_slice(), want.as_slice(), terms);
+}
+
+/// The level above: [`DistTensor`]'s fused ops and redistributions, on the tensors where the
+/// world keeps them (each rank's GPU in a CUDA world). Shapes are odd, shards uneven or empty.
+fn dist_ops<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let total_rows: usize = (0..n).map(|r| rows_of(r, n)).sum();
+    let f64_of = |t: &Tensor<T>| t.cast::<f64>();
+
+    // all_gather_matmul: rows sharded unevenly (a rank with none), weights sharded on columns.
+    let k = 9;
+    let x = Tensor::<T>::random(&[total_rows, k], 61);
+    let start: usize = (0..me).map(|r| rows_of(r, n)).sum();
+    let rows = ndarray::Slice::from(start..start + rows_of(me, n));
+    let local = Tensor::from_array(x.view().slice_axis(ndarray::Axis(0), rows).to_owned());
+    let xd = DistTensor::from_local(rank, local, Placement::Shard(0))?;
+    // Where the world keeps its tensors: each rank's GPU in a CUDA world, the host otherwise
+    // (an Ascend world's kernels take host memory).
+    if rank.backend() != Backend::Ascend {
+        assert_eq!(xd.local().device(), rank.device());
+    }
+    let ws: Vec<Tensor<T>> =
+        [1, 4, 7].iter().map(|&c| Tensor::random(&[k, c], 62 + c as u64)).collect();
+    let shards: Vec<DistTensor<'_, T>> = ws
+        .iter()
+        .map(|w| DistTensor::from_global(rank, w, Placement::Shard(1)))
+        .collect::<Result<_>>()?;
+    let locals: Vec<&Tensor<T>> = shards.iter().map(|s| s.local()).collect();
+    let fused = xd.all_gather_matmul_many(&locals)?;
+    let unfused = xd.all_gather_matmul_unfused(locals[2])?;
+    for (i, h) in fused.iter().enumerate().chain([(2, &unfused)]) {
+        let got = h.to_global()?;
+        if check {
+            let want = f64_of(&x).matmul(&f64_of(&ws[i]))?;
+            close_tensor(&format!("DistTensor::all_gather_matmul weight {i}"), &got, &want, k);
+        }
+    }
+
+    // matmul_reduce_scatter: the inner dimension sharded unevenly.
+    let ks: Vec<usize> = (0..n).map(|r| rows_of(r, n)).collect();
+    let (m, cols) = (7, 5);
+    let h = Tensor::<T>::random(&[m, ks.iter().sum()], 63);
+    let w = Tensor::<T>::random(&[ks.iter().sum(), cols], 64);
+    let at: usize = ks[..me].iter().sum();
+    let part = ndarray::Slice::from(at..at + ks[me]);
+    let hl = Tensor::from_array(h.view().slice_axis(ndarray::Axis(1), part).to_owned());
+    let wl = Tensor::from_array(w.view().slice_axis(ndarray::Axis(0), part).to_owned());
+    let hd = DistTensor::from_local(rank, hl, Placement::Shard(1))?;
+    let wl = wl.to_rank(rank)?;
+    for (fused, y) in
+        [(true, hd.matmul_reduce_scatter(&wl)?), (false, hd.matmul_reduce_scatter_unfused(&wl)?)]
+    {
+        assert_eq!(y.placement(), Placement::Shard(0));
+        let got = y.to_global()?;
+        if check {
+            let want = f64_of(&h).matmul(&f64_of(&w))?;
+            close_tensor(
+                &format!("DistTensor::matmul_reduce_scatter fused={fused}"),
+                &got,
+                &want,
+                n * 4,
+            );
+        }
+    }
+
+    // all_to_all of a [B, S, H, D] tensor whose S and H do not divide by the world, both ways.
+    let seq = Tensor::<T>::random(&[1, 7, 3, 4], 65);
+    for (scatter, gather) in [(2, 1), (1, 2), (0, 3), (3, 1)] {
+        let from = DistTensor::from_global(rank, &seq, Placement::Shard(gather))?;
+        let heads = from.all_to_all(scatter, gather)?;
+        assert_eq!(heads.placement(), Placement::Shard(scatter));
+        let unfused = from.all_to_all_unfused(scatter, gather)?;
+        let back = heads.all_to_all(gather, scatter)?;
+        if check {
+            let want = DistTensor::from_global(rank, &seq, Placement::Shard(scatter))?;
+            let want = want.local().to_host()?;
+            let what = format!("DistTensor::all_to_all({scatter}, {gather})");
+            assert_eq!(heads.local().to_host()?, want, "{what}");
+            assert_eq!(unfused.local().to_host()?, want, "{what} unfused");
+            assert_eq!(back.local().to_host()?, from.local().to_host()?, "{what} and back");
+        }
+    }
+
+    // The collectives under the placements: all_gather, all_reduce, reduce_scatter, re-splits.
+    let shape = [2, 7, 3];
+    let whole = Tensor::<T>::random(&shape, 66);
+    let want = f64_of(&whole);
+    let mut got = Vec::new();
+    for d in 0..shape.len() {
+        let s = DistTensor::from_global(rank, &whole, Placement::Shard(d))?;
+        got.push((format!("Shard({d}) gathered"), s.to_global()?));
+        got.push((
+            format!("Shard({d}) replicated"),
+            s.redistribute(Placement::Replicate)?.local().clone(),
+        ));
+        let p = s.redistribute(Placement::Partial)?;
+        got.push((format!("Shard({d}) as partial sums, all_reduce"), p.to_global()?));
+        for j in 0..shape.len() {
+            let rs = p.redistribute(Placement::Shard(j))?.to_global()?;
+            got.push((format!("Partial to Shard({j}), reduce_scatter"), rs));
+            let r = DistTensor::from_global(rank, &whole, Placement::Replicate)?;
+            got.push((
+                format!("Replicate to Shard({j})"),
+                r.redistribute(Placement::Shard(j))?.to_global()?,
+            ));
+            if j != d {
+                got.push((
+                    format!("Shard({d}) to Shard({j})"),
+                    s.redistribute(Placement::Shard(j))?.to_global()?,
+                ));
+            }
+        }
+    }
+    let sum = DistTensor::from_local(rank, whole.clone(), Placement::Partial)?.to_global()?;
+    if check {
+        for (what, t) in &got {
+            close_tensor(what, t, &want, n);
+        }
+        let n_times = Tensor::from_array(want.to_array().mapv(|v| v * n as f64));
+        close_tensor("Partial of the same tensor on every rank", &sum, &n_times, n);
+    }
+    Ok(())
+}
+
 /// Every case in one dtype.
 fn every_op<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     all_gather_matmul::<T>(rank, check)?;
     matmul_reduce_scatter::<T>(rank, check)?;
     all_to_all::<T>(rank, check)?;
     collectives_case::<T>(rank, check)?;
-    tensor_inputs::<T>(rank, check)
+    tensor_inputs::<T>(rank, check)?;
+    dist_ops::<T>(rank, check)
 }
 
 /// Every case in every dtype the world's backend has.
@@ -297,7 +430,7 @@ fn suite(rank: &Rank<'_>, check: bool) -> Result<()> {
 /// One test per kind of world for `$case` (a `fn(&Rank, bool) -> Result<()>`), as candle's
 /// `test_device!`.
 macro_rules! test_worlds {
-    ($case:ident, $threads:ident, $processes:ident, $mpi:ident, $ascend:ident) => {
+    ($case:ident, $threads:ident, $processes:ident, $mpi:ident, $cuda:ident, $ascend:ident) => {
         #[test]
         fn $threads() {
             for n in [1, 2, 3] {
@@ -317,6 +450,15 @@ macro_rules! test_worlds {
         }
 
         #[test]
+        fn $cuda() {
+            // Worlds of one rank per GPU, as many GPUs as there are (at most 2); skipped, saying
+            // why, without a GPU or a build with feature `cuda`.
+            for world in cuda_worlds(stringify!($cuda)) {
+                world.run(|rank| $case(rank, true)).unwrap();
+            }
+        }
+
+        #[test]
         fn $ascend() {
             // The stand-in computes nothing: the shapes are checked, not the values.
             let (_serial, world) = ascend_stand_in(2);
@@ -325,7 +467,45 @@ macro_rules! test_worlds {
     };
 }
 
-test_worlds!(suite, suite_threads, suite_processes, suite_mpi_fake_nodes, suite_ascend_stand_in);
+test_worlds!(
+    suite,
+    suite_threads,
+    suite_processes,
+    suite_mpi_fake_nodes,
+    suite_cuda,
+    suite_ascend_stand_in
+);
+
+/// Worlds of 1 and (with two GPUs or more) 2 GPUs, one rank each; none, after printing why, on a
+/// machine without a GPU or in a build without feature `cuda`.
+fn cuda_worlds(test: &str) -> Vec<World> {
+    let count = match dist_tensor::device::cuda::device_count() {
+        Ok(0) => {
+            println!("SKIPPED {test}: no GPU on this machine");
+            return Vec::new();
+        }
+        Ok(count) => count,
+        Err(e) => {
+            println!("SKIPPED {test}: {e}");
+            return Vec::new();
+        }
+    };
+    let mut sizes = vec![1];
+    if count >= 2 {
+        sizes.push(2);
+    }
+    sizes
+        .into_iter()
+        .map(|n| {
+            let devices: Vec<usize> = (0..n).collect();
+            World::builder(n)
+                .cuda(&devices)
+                .wait_timeout(Duration::from_secs(30))
+                .build()
+                .unwrap_or_else(|e| panic!("{test}: World::cuda({devices:?}): {e}"))
+        })
+        .collect()
+}
 
 /// In a child of the job: joins it and runs `body` as its rank, printing `OK` or the error. In
 /// the test: starts `n` ranks of this test as processes and checks that each printed `OK`.
