@@ -24,7 +24,9 @@ use dist_tensor::collectives::{self, ReduceOp};
 use dist_tensor::device::ascend::{Ascend, AscendWorldBuilder};
 use dist_tensor::device::capability::{self, Backend};
 use dist_tensor::tensor::DType;
-use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Result, Tensor, World, fused};
+use dist_tensor::{
+    DistTensor, Element, Error, Placement, Rank, Result, Split, Tensor, World, fused,
+};
 use half::{bf16, f16};
 
 // ---- helpers (kept in this file; tests/common is being built by another change) ------------
@@ -187,24 +189,36 @@ fn all_to_all<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     Ok(())
 }
 
-/// The collectives: all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all_v,
-/// broadcast.
-fn collectives_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
-    let (me, n) = (rank.rank(), rank.num_ranks());
-    let of = |r: usize, len: usize, salt: u64| random::<T>(1, len, seed(r, salt));
-    let len = 2 * n + 3;
+/// A seeded `[1, len]` input of rank `r`.
+fn flat<T: Element>(r: usize, len: usize, salt: u64) -> Tensor<T> {
+    random::<T>(1, len, seed(r, salt))
+}
 
-    let mine = of(me, rows_of(me, n), 5);
+/// all_gather of uneven lengths (the last rank none).
+fn all_gather_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let mine = flat::<T>(me, rows_of(me, n), 5);
     let gathered = collectives::all_gather(rank, mine.as_slice())?;
-    let want: Vec<f64> = (0..n).flat_map(|r| f64s(of(r, rows_of(r, n), 5).as_slice())).collect();
+    let want: Vec<f64> =
+        (0..n).flat_map(|r| f64s(flat::<T>(r, rows_of(r, n), 5).as_slice())).collect();
     assert_eq!(gathered.len(), want.len());
     if check {
         close("all_gather", &gathered, &want, 1);
     }
+    Ok(())
+}
 
-    let input = of(me, len, 6);
-    let sum: Vec<f64> =
-        (0..len).map(|i| (0..n).map(|r| of(r, len, 6).as_slice()[i].to_f64()).sum()).collect();
+/// The sum over ranks of every rank's input of `len` (salt 6), in f64.
+fn sum_of<T: Element>(n: usize, len: usize) -> Vec<f64> {
+    (0..len).map(|i| (0..n).map(|r| flat::<T>(r, len, 6).as_slice()[i].to_f64()).sum()).collect()
+}
+
+/// reduce_scatter, sum and mean, of a length that does not divide by the world.
+fn reduce_scatter_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let len = 2 * n + 3;
+    let input = flat::<T>(me, len, 6);
+    let sum = sum_of::<T>(n, len);
     let piece = dist_tensor::tensor::array_split(len, n);
     let start: usize = piece[..me].iter().sum();
     for op in [ReduceOp::Sum, ReduceOp::Mean] {
@@ -216,20 +230,31 @@ fn collectives_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
             close(&format!("reduce_scatter {op:?}"), &got, &want, n);
         }
     }
-    let all = collectives::all_reduce(rank, input.as_slice())?;
+    Ok(())
+}
+
+/// all_reduce of a length that does not divide by the world.
+fn all_reduce_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let len = 2 * n + 3;
+    let all = collectives::all_reduce(rank, flat::<T>(me, len, 6).as_slice())?;
     assert_eq!(all.len(), len);
     if check {
-        close("all_reduce", &all, &sum, n);
+        close("all_reduce", &all, &sum_of::<T>(n, len), n);
     }
+    Ok(())
+}
 
-    // all_to_all_v: rank r sends rank d `(r + d) % 3` elements.
+/// all_to_all_v: rank r sends rank d `(r + d) % 3` elements (some none).
+fn all_to_all_v_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
     let to = |r: usize, d: usize| (r + d) % 3;
     let send_counts: Vec<usize> = (0..n).map(|d| to(me, d)).collect();
-    let send = of(me, send_counts.iter().sum(), 7);
+    let send = flat::<T>(me, send_counts.iter().sum(), 7);
     let got = collectives::all_to_all_v(rank, send.as_slice(), &send_counts)?;
     let want: Vec<f64> = (0..n)
         .flat_map(|r| {
-            let theirs = f64s(of(r, (0..n).map(|d| to(r, d)).sum(), 7).as_slice());
+            let theirs = f64s(flat::<T>(r, (0..n).map(|d| to(r, d)).sum(), 7).as_slice());
             let at: usize = (0..me).map(|d| to(r, d)).sum();
             theirs[at..at + to(r, me)].to_vec()
         })
@@ -238,15 +263,53 @@ fn collectives_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     if check {
         close("all_to_all_v", &got, &want, 1);
     }
+    Ok(())
+}
 
-    let root = n - 1;
-    let data = of(me, len, 8);
-    let got = collectives::broadcast(rank, data.as_slice(), root)?;
+/// broadcast from the last rank.
+fn broadcast_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let (root, len) = (n - 1, 2 * n + 3);
+    let got = collectives::broadcast(rank, flat::<T>(me, len, 8).as_slice(), root)?;
     assert_eq!(got.len(), len);
     if check {
-        close("broadcast", &got, &f64s(of(root, len, 8).as_slice()), 1);
+        close("broadcast", &got, &f64s(flat::<T>(root, len, 8).as_slice()), 1);
     }
     Ok(())
+}
+
+/// DistTensor::redistribute_split from partial sums to the even split (a reduce_scatter), or,
+/// with `uneven`, from that to an uneven split (the table's `UnevenSplit` feature).
+fn redistribute_split_case<T: Element>(rank: &Rank<'_>, check: bool, uneven: bool) -> Result<()> {
+    let n = rank.num_ranks();
+    let len = 2 * n + 3;
+    let partial = DistTensor::from_local(rank, flat::<T>(rank.rank(), len, 6), Placement::Partial)?;
+    let mut got = partial.redistribute_split(1, Split::Even)?;
+    if uneven {
+        let sizes: Vec<usize> = (0..n).map(|r| if r == 0 { len - (n - 1) } else { 1 }).collect();
+        got = got.redistribute_split(1, sizes)?;
+    }
+    let global = got.to_global()?;
+    if check {
+        close_tensor(
+            "redistribute_split",
+            &global,
+            &Tensor::from_shape_vec(&[1, len], sum_of::<T>(n, len))?,
+            n,
+        );
+    }
+    Ok(())
+}
+
+/// The collectives: all_gather, reduce_scatter (sum, mean), all_reduce, all_to_all_v,
+/// broadcast, and the re-split of a DistTensor.
+fn collectives_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    all_gather_case::<T>(rank, check)?;
+    reduce_scatter_case::<T>(rank, check)?;
+    all_reduce_case::<T>(rank, check)?;
+    all_to_all_v_case::<T>(rank, check)?;
+    broadcast_case::<T>(rank, check)?;
+    redistribute_split_case::<T>(rank, check, rank.backend() != Backend::Cuda)
 }
 
 /// Tensors passed straight to the lower levels (the collectives, the fused ops on matrices):
@@ -620,14 +683,20 @@ fn run_cell<T: Element>(rank: &Rank<'_>, op: &str, check: bool) -> Result<()> {
         "all_gather_matmul" => all_gather_matmul::<T>(rank, check),
         "matmul_reduce_scatter" => matmul_reduce_scatter::<T>(rank, check),
         "all_to_all" => all_to_all::<T>(rank, check),
-        "all_gather" | "reduce_scatter" | "all_reduce" | "all_to_all_v" | "broadcast" => {
-            collectives_case::<T>(rank, check)
-        }
-        other => panic!("no case for {other}"),
+        "all_gather" => all_gather_case::<T>(rank, check),
+        "reduce_scatter" => reduce_scatter_case::<T>(rank, check),
+        "all_reduce" => all_reduce_case::<T>(rank, check),
+        "all_to_all_v" => all_to_all_v_case::<T>(rank, check),
+        "broadcast" => broadcast_case::<T>(rank, check),
+        "redistribute_split" => redistribute_split_case::<T>(rank, check, false),
+        other => panic!("the capability table names {other}, which has no case here"),
     }
 }
 
-/// One cell, in a world of its own (a refusal fails its world, and a failed world stays failed).
+/// One cell, in a world of its own (a refusal fails its world, and a failed world stays failed):
+/// it runs and matches f64 where the table says it runs; where the table refuses it, every rank
+/// fails with the table's reason as [`Error::InvalidArgument`] (the element type travels in the
+/// agreement exchange, so that every rank fails together).
 fn cell<T: Element>(world: World, backend: Backend, op: &'static str, check: bool) {
     let promised = capability::refusal(op, backend, T::DTYPE, &[]);
     let outcome = world.run(|rank| run_cell::<T>(rank, op, check));
@@ -638,26 +707,39 @@ fn cell<T: Element>(world: World, backend: Backend, op: &'static str, check: boo
             panic!("{op} {backend} {}: the table refuses it ({why}), but it ran", T::DTYPE)
         }
         (Some(why), Err(e)) => {
-            // The element type travels in the agreement exchange: every rank fails with the
-            // table's reason, typed.
             let e = e.rank_error().clone();
-            assert!(
-                matches!(e, Error::InvalidArgument { .. } | Error::DeviceUnavailable { .. }),
-                "{op} {backend} {}: {e}",
-                T::DTYPE
-            );
-            assert!(e.to_string().contains(&why), "{op}: {e} does not say {why}");
+            match &e {
+                Error::InvalidArgument { reason, .. } => {
+                    assert!(reason.contains(&why), "{op} {backend} {}: {e} is not {why}", T::DTYPE)
+                }
+                other => panic!("{op} {backend} {}: {other}, not the table's {why}", T::DTYPE),
+            }
         }
     }
 }
 
+/// Every (op, dtype) cell of `backend`'s column, the ops as the table lists them.
 fn column(world: &dyn Fn() -> World, backend: Backend, check: bool) {
-    let ops = ["all_gather_matmul", "matmul_reduce_scatter", "all_to_all"];
-    for op in ops {
+    for op in capability::OPS {
         cell::<f32>(world(), backend, op, check);
         cell::<f64>(world(), backend, op, check);
         cell::<f16>(world(), backend, op, check);
         cell::<bf16>(world(), backend, op, check);
+    }
+    // A feature cell: an uneven re-split runs where the table has the feature, and is refused
+    // before any exchange, as DeviceUnavailable with the table's reason, where it has not.
+    let features = [capability::Feature::UnevenSplit];
+    let promised = capability::refusal("redistribute_split", backend, DType::F32, &features);
+    let outcome = world().run(|rank| redistribute_split_case::<f32>(rank, check, true));
+    match (promised, outcome) {
+        (None, outcome) => {
+            outcome.unwrap_or_else(|e| panic!("redistribute_split {backend}: uneven: {e}"));
+        }
+        (Some(why), Ok(_)) => panic!("redistribute_split {backend}: refused ({why}), but ran"),
+        (Some(why), Err(e)) => {
+            let e = e.rank_error().clone();
+            assert!(matches!(&e, Error::DeviceUnavailable { reason, .. } if *reason == why), "{e}");
+        }
     }
 }
 
