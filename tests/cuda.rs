@@ -1,6 +1,9 @@
-//! The DistTensor ops on NVIDIA GPUs (`World::cuda`), against an f64 host reference: odd shapes,
-//! empty shards, every dtype, worlds of 1 and 2 GPUs; and faults (a rank that errors or panics,
-//! a wait that times out) ending every rank's kernels with an error.
+//! What only a CUDA world has, against an f64 host reference in every dtype: tensors moving to
+//! and from GPUs, the local product on a GPU, the fused ops' GPU paths (forced through the call's
+//! options, and chosen by size at their thresholds: bitwise reproducible), the 16-byte accesses
+//! of all_to_all, `cuda::broadcast`; and faults (a rank that errors or panics, a wait that times
+//! out) ending every rank's kernels with an error. The ops themselves, at every level, run in
+//! `tests/op_suite.rs`, whose CUDA world kind is the same suite every other world runs.
 //!
 //! On a machine without GPUs (or a build without `--features cuda`) every test prints that it
 //! was skipped and why, and passes: `cargo test --features cuda --test cuda -- --nocapture`
@@ -124,15 +127,6 @@ fn local_matmul_on_the_gpu_matches_f64() {
     }
 }
 
-/// Row counts per rank for `m` rows on `n` ranks, some uneven or empty.
-fn row_cases(n: usize) -> Vec<Vec<usize>> {
-    if n == 1 {
-        vec![vec![1], vec![7], vec![0]]
-    } else {
-        vec![vec![1, 1], vec![3, 4], vec![0, 5], vec![5, 0], vec![2, 3]]
-    }
-}
-
 fn all_gather_matmul_case<T: Element>(
     world: &World,
     rows: &[usize],
@@ -206,16 +200,9 @@ fn all_gather_matmul_case_with<T: Element>(
     }
 }
 
-fn all_gather_matmul_all<T: Element>(n: usize) {
+/// The overlap path (at least 1024 rows on a rank), chosen by size.
+fn all_gather_matmul_overlap<T: Element>(n: usize) {
     let Some(world) = gpus("all_gather_matmul", n) else { return };
-    for rows in row_cases(n) {
-        for k in [1, 5, 64] {
-            all_gather_matmul_case::<T>(&world, &rows, k, &[3], true);
-        }
-        all_gather_matmul_case::<T>(&world, &rows, 17, &[1, 4, 9], true);
-        all_gather_matmul_case::<T>(&world, &rows, 17, &[5], false);
-    }
-    // The overlap path: at least 1024 rows on a rank.
     let big: Vec<usize> = (0..n).map(|r| 1024 + 3 * r + 1).collect();
     assert_eq!(
         cuda::all_gather_matmul_path(&big),
@@ -223,15 +210,16 @@ fn all_gather_matmul_all<T: Element>(n: usize) {
     );
     all_gather_matmul_case::<T>(&world, &big, 40, &[24, 8], true);
     all_gather_matmul_case::<T>(&world, &big, 40, &[24], true); // a second call reuses the buffers
+    all_gather_matmul_case::<T>(&world, &big, 17, &[5], false);
 }
 
 #[test]
-fn all_gather_matmul_matches_f64_worlds_1_and_2() {
+fn all_gather_matmul_on_its_overlap_path_matches_f64_worlds_1_and_2() {
     for n in [1, 2] {
-        all_gather_matmul_all::<f32>(n);
-        all_gather_matmul_all::<bf16>(n);
-        all_gather_matmul_all::<f16>(n);
-        all_gather_matmul_all::<f64>(n);
+        all_gather_matmul_overlap::<f32>(n);
+        all_gather_matmul_overlap::<bf16>(n);
+        all_gather_matmul_overlap::<f16>(n);
+        all_gather_matmul_overlap::<f64>(n);
     }
 }
 
@@ -304,36 +292,25 @@ fn matmul_reduce_scatter_case_with<T: Element>(
     outs
 }
 
-fn matmul_reduce_scatter_all<T: Element>(n: usize) {
+/// The chunked path (at least 1024 rows per rank), chosen by size, twice: the same bits
+/// (rank-order sums).
+fn matmul_reduce_scatter_chunked<T: Element>(n: usize) {
     let Some(world) = gpus("matmul_reduce_scatter", n) else { return };
-    let k_cases: Vec<Vec<usize>> = if n == 1 {
-        vec![vec![1], vec![9]]
-    } else {
-        vec![vec![1, 1], vec![4, 7], vec![0, 6], vec![5, 0]]
-    };
-    for ks in &k_cases {
-        for m in [1, 2, 7, 33] {
-            for big_n in [1, 5, 24] {
-                matmul_reduce_scatter_case::<T>(&world, m, ks, big_n, true);
-            }
-        }
-        matmul_reduce_scatter_case::<T>(&world, 9, ks, 13, false);
-    }
-    // The chunked path (at least 1024 rows per rank), twice: the same bits (rank-order sums).
     let m = 1024 * n + 3;
     let ks: Vec<usize> = (0..n).map(|r| 16 + 5 * r).collect();
     let first = matmul_reduce_scatter_case::<T>(&world, m, &ks, 40, true);
     let second = matmul_reduce_scatter_case::<T>(&world, m, &ks, 40, true);
     assert_eq!(first, second, "matmul_reduce_scatter is not bitwise reproducible");
+    matmul_reduce_scatter_case::<T>(&world, m, &ks, 13, false);
 }
 
 #[test]
-fn matmul_reduce_scatter_matches_f64_worlds_1_and_2() {
+fn matmul_reduce_scatter_on_its_chunked_path_matches_f64_worlds_1_and_2() {
     for n in [1, 2] {
-        matmul_reduce_scatter_all::<f32>(n);
-        matmul_reduce_scatter_all::<bf16>(n);
-        matmul_reduce_scatter_all::<f16>(n);
-        matmul_reduce_scatter_all::<f64>(n);
+        matmul_reduce_scatter_chunked::<f32>(n);
+        matmul_reduce_scatter_chunked::<bf16>(n);
+        matmul_reduce_scatter_chunked::<f16>(n);
+        matmul_reduce_scatter_chunked::<f64>(n);
     }
 }
 
@@ -389,84 +366,41 @@ fn all_to_all_case<T: Element>(world: &World, shape: &[usize], scatter: usize, g
     }
 }
 
-fn all_to_all_all<T: Element>(n: usize) {
-    let Some(world) = gpus("all_to_all", n) else { return };
-    // Ulysses [B, S, H, D] with S and H not divisible by the world size, and other dim pairs.
-    for shape in [[1, 7, 3, 4], [2, 5, 1, 8], [1, 1, 5, 3], [3, 4, 6, 2]] {
-        all_to_all_case::<T>(&world, &shape, 2, 1);
-        all_to_all_case::<T>(&world, &shape, 1, 2);
-        all_to_all_case::<T>(&world, &shape, 0, 3);
-        all_to_all_case::<T>(&world, &shape, 3, 1);
-    }
-    all_to_all_case::<T>(&world, &[2, 64, 8, 128], 2, 1); // 16-byte accesses
-}
-
 #[test]
-fn all_to_all_matches_the_host_worlds_1_and_2() {
+fn all_to_all_with_16_byte_accesses_matches_the_host_worlds_1_and_2() {
     for n in [1, 2] {
-        all_to_all_all::<f32>(n);
-        all_to_all_all::<bf16>(n);
-        all_to_all_all::<f16>(n);
-        all_to_all_all::<f64>(n);
+        let Some(world) = gpus("all_to_all", n) else { return };
+        all_to_all_case::<f32>(&world, &[2, 64, 8, 128], 2, 1);
+        all_to_all_case::<bf16>(&world, &[2, 64, 8, 128], 2, 1);
+        all_to_all_case::<f16>(&world, &[2, 64, 8, 128], 1, 2);
+        all_to_all_case::<f64>(&world, &[2, 64, 8, 128], 2, 1);
     }
 }
 
-fn collectives_all<T: Element>(n: usize) {
-    let Some(world) = gpus("collectives", n) else { return };
-    for shape in [vec![5], vec![3, 4], vec![2, 7, 3], vec![1, 1]] {
+fn cuda_broadcast<T: Element>(n: usize) {
+    let Some(world) = gpus("cuda::broadcast", n) else { return };
+    for shape in [vec![5], vec![2, 7, 3], vec![1, 1]] {
         let x = Tensor::<T>::random(&shape, 51);
-        let xf = f64_of(&x);
-        let results = world
+        let root = n - 1;
+        let got = world
             .run(|rank| {
-                let mut out = Vec::new();
-                for d in 0..shape.len() {
-                    let s = DistTensor::from_global(rank, &x, Placement::Shard(d))?;
-                    out.push(s.to_global()?.to_host()?); // all_gather along d
-                    out.push(s.redistribute(Placement::Replicate)?.local().to_host()?);
-                    let p = s.redistribute(Placement::Partial)?; // shard in place, zeros around
-                    out.push(p.to_global()?.to_host()?); // all_reduce
-                    for j in 0..shape.len() {
-                        let back = p.redistribute(Placement::Shard(j))?.to_global()?; // reduce_scatter
-                        out.push(back.to_host()?);
-                        let r = DistTensor::from_global(rank, &x, Placement::Replicate)?;
-                        out.push(r.redistribute(Placement::Shard(j))?.to_global()?.to_host()?);
-                        if j != d {
-                            out.push(s.redistribute(Placement::Shard(j))?.to_global()?.to_host()?);
-                        }
-                    }
-                }
-                let root = n - 1;
                 let mine = if rank.rank() == root { x.clone() } else { Tensor::zeros(&shape) };
-                out.push(cuda::broadcast(rank, &mine, root)?.to_host()?);
-                Ok(out)
+                cuda::broadcast(rank, &mine, root)?.to_host()
             })
             .unwrap();
-        for outs in results {
-            for got in &outs {
-                check(&format!("collective of {shape:?}"), got, &xf);
-            }
-        }
-        // Partial sums: every rank holds x, the sum is n * x, in rank order.
-        let sums = world
-            .run(|rank| {
-                let p = DistTensor::from_local(rank, x.clone(), Placement::Partial)?;
-                p.to_global()?.to_host()
-            })
-            .unwrap();
-        let want = Tensor::from_array(xf.to_array().mapv(|v| v * n as f64));
-        for got in &sums {
-            check("all_reduce", got, &want);
+        for got in &got {
+            check(&format!("cuda::broadcast of {shape:?}"), got, &f64_of(&x));
         }
     }
 }
 
 #[test]
-fn collectives_match_the_host_worlds_1_and_2() {
+fn cuda_broadcast_gives_every_rank_the_roots_tensor_worlds_1_and_2() {
     for n in [1, 2] {
-        collectives_all::<f32>(n);
-        collectives_all::<bf16>(n);
-        collectives_all::<f16>(n);
-        collectives_all::<f64>(n);
+        cuda_broadcast::<f32>(n);
+        cuda_broadcast::<bf16>(n);
+        cuda_broadcast::<f16>(n);
+        cuda_broadcast::<f64>(n);
     }
 }
 

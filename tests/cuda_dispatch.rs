@@ -100,3 +100,45 @@ fn the_public_collectives_run_on_the_gpus_of_a_cuda_world() {
         assert!(worst(flat, &want) < 1e-5);
     }
 }
+
+#[test]
+fn device_tensors_reach_the_public_collectives_and_fused_ops_of_a_cuda_world() {
+    let Some(world) = gpus("device tensors into collectives and fused ops") else { return };
+    let n = world.num_ranks();
+    let (k, cols) = (11, 4);
+    let rows: Vec<usize> = (0..n).map(|r| 3 * r + 2).collect();
+    let xs: Vec<Tensor<f32>> =
+        rows.iter().enumerate().map(|(r, &m)| Tensor::random(&[m, k], 70 + r as u64)).collect();
+    let w = Tensor::<f32>::random(&[k, cols], 77);
+    let parts: Vec<Tensor<f32>> = (0..n).map(|r| Tensor::random(&[2, 5], 80 + r as u64)).collect();
+    let outs = world
+        .run(|rank| {
+            // Moved to this rank's GPU by the caller: the ops read them there.
+            let x = xs[rank.rank()].to_rank(rank)?;
+            let w = w.to_rank(rank)?;
+            let part = parts[rank.rank()].to_rank(rank)?;
+            assert!(matches!(x.device(), Device::Cuda(_)), "{:?}", x.device());
+            let out = fused::all_gather_matmul(rank, &x, &[&w])?;
+            assert!(matches!(out.device, Device::Cuda(_)), "{:?}", out.device);
+            let sum = collectives::all_reduce(rank, &part)?;
+            let gathered = collectives::all_gather(rank, &x)?;
+            Ok((out.outputs[0].iter().copied().collect::<Vec<f32>>(), sum, gathered))
+        })
+        .unwrap();
+    let all: Vec<f64> = xs.iter().flat_map(|x| x.as_slice().iter().map(|&v| v as f64)).collect();
+    let m: usize = rows.iter().sum();
+    let mut product = vec![0.0f64; m * cols];
+    for i in 0..m {
+        for j in 0..cols {
+            product[i * cols + j] =
+                (0..k).map(|p| all[i * k + p] * w.as_slice()[p * cols + j] as f64).sum();
+        }
+    }
+    let sum: Vec<f64> =
+        (0..10).map(|i| parts.iter().map(|p| p.as_slice()[i] as f64).sum::<f64>()).collect();
+    for (got_product, got_sum, got_gathered) in &outs {
+        assert!(worst(got_product, &product) < 1e-4, "{}", worst(got_product, &product));
+        assert!(worst(got_sum, &sum) < 1e-5, "{}", worst(got_sum, &sum));
+        assert!(worst(got_gathered, &all) == 0.0, "all_gather copies exactly");
+    }
+}

@@ -1,11 +1,11 @@
 //! all_gather: every rank gets every rank's block, in rank order.
 
+use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
 use crate::fused::all_gather_matmul::device_data;
-use crate::fused::operand::to_world_device;
 use crate::shmem::{DeviceWorld, GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::{Tensor, split_offsets};
 use crate::{Element, Result};
@@ -30,7 +30,10 @@ use crate::{Element, Result};
 /// assert_eq!(out[2], out[0]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_gather<T: Element>(rank: &Rank<'_>, local: &[T]) -> Result<Vec<T>> {
+pub fn all_gather<'a, T: Element>(
+    rank: &Rank<'_>,
+    local: impl Into<Input<'a, T>>,
+) -> Result<Vec<T>> {
     all_gather_cols(rank, local, 1)
 }
 
@@ -54,8 +57,12 @@ pub fn all_gather<T: Element>(rank: &Rank<'_>, local: &[T]) -> Result<Vec<T>> {
 /// assert_eq!(out[0], vec![0.0, 1.0, 0.5, 1.5]); // [[0, 1], [0.5, 1.5]]
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_gather_cols<T: Element>(rank: &Rank<'_>, local: &[T], rows: usize) -> Result<Vec<T>> {
-    Ok(gather("all_gather", rank, local, rows, Out::Alloc)?.expect("allocated"))
+pub fn all_gather_cols<'a, T: Element>(
+    rank: &Rank<'_>,
+    local: impl Into<Input<'a, T>>,
+    rows: usize,
+) -> Result<Vec<T>> {
+    Ok(gather("all_gather", rank, local.into(), rows, Out::Alloc)?.expect("allocated"))
 }
 
 /// [`all_gather`] into the caller's `out`, which must hold the whole result.
@@ -75,8 +82,12 @@ pub fn all_gather_cols<T: Element>(rank: &Rank<'_>, local: &[T], rows: usize) ->
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_gather_into<T: Element>(rank: &Rank<'_>, local: &[T], out: &mut [T]) -> Result<()> {
-    gather("all_gather", rank, local, 1, Out::Into(out)).map(drop)
+pub fn all_gather_into<'a, T: Element>(
+    rank: &Rank<'_>,
+    local: impl Into<Input<'a, T>>,
+    out: &mut [T],
+) -> Result<()> {
+    gather("all_gather", rank, local.into(), 1, Out::Into(out)).map(drop)
 }
 
 /// [`all_gather_cols`] into the caller's `out`, which must hold the whole `[rows, sum of cols_r]`.
@@ -96,13 +107,13 @@ pub fn all_gather_into<T: Element>(rank: &Rank<'_>, local: &[T], out: &mut [T]) 
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_gather_cols_into<T: Element>(
+pub fn all_gather_cols_into<'a, T: Element>(
     rank: &Rank<'_>,
-    local: &[T],
+    local: impl Into<Input<'a, T>>,
     rows: usize,
     out: &mut [T],
 ) -> Result<()> {
-    gather("all_gather", rank, local, rows, Out::Into(out)).map(drop)
+    gather("all_gather", rank, local.into(), rows, Out::Into(out)).map(drop)
 }
 
 /// The all_gather, for the call `op` (a composite op such as all_reduce names itself, so that
@@ -110,7 +121,7 @@ pub fn all_gather_cols_into<T: Element>(
 pub(crate) fn gather<T: Element>(
     op: &'static str,
     rank: &Rank<'_>,
-    local: &[T],
+    local: Input<'_, T>,
     rows: usize,
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
@@ -136,12 +147,12 @@ pub(crate) fn gather<T: Element>(
             DeviceWorld::Host => None,
             DeviceWorld::Ascend(world) => {
                 let npu = ascend::AscendRank { world, rank };
-                Some(ascend::launch::all_gather(&npu, local, rows, &cols))
+                Some(local.host().and_then(|l| ascend::launch::all_gather(&npu, &l, rows, &cols)))
             }
             DeviceWorld::Cuda(gpus) => Some((|| {
-                // The block moves to this rank's GPU and back: the gather runs there.
-                let block = Tensor::from_shape_vec(&[rows, cols[me]], local.to_vec())?;
-                let block = to_world_device(rank, block)?;
+                // The block runs on this rank's GPU (moved there once if it is not), and the
+                // whole comes back to the host for this API.
+                let block = local.on_device(rank, &[rows, cols[me]])?;
                 let whole = cuda::all_gather(gpus, rank, device_data(&block), 1, &cols)?;
                 Ok(Tensor::from_device_storage(whole).to_host()?.as_slice().to_vec())
             })()),
@@ -153,6 +164,8 @@ pub(crate) fn gather<T: Element>(
                 Ok(())
             });
         }
+        let local = local.host().inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let local = &*local;
         if n > 1 {
             ws.reserve(rank, all.iter().map(|w| w[1] as usize).max().unwrap_or(0))?;
             // Ranks of other nodes put their whole input here, where it sits in the result.

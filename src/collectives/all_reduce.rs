@@ -1,9 +1,9 @@
 //! all_reduce: every rank gets the sum over all ranks.
 
-use super::ReduceOp;
 use super::all_gather::gather;
 use super::reduce_scatter::reduce;
 use super::workspace::Out;
+use super::{Input, ReduceOp};
 use crate::shmem::Rank;
 use crate::tensor::array_split;
 use crate::{Element, Result};
@@ -13,7 +13,7 @@ use crate::{Element, Result};
 const OP: &str = "all_reduce";
 
 /// The reduce_scatter half: this rank's piece of the sum.
-fn reduced_piece<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
+fn reduced_piece<T: Element>(rank: &Rank<'_>, input: Input<'_, T>) -> Result<Vec<T>> {
     let counts = array_split(input.len(), rank.num_ranks());
     Ok(reduce(OP, rank, input, 1, &counts, ReduceOp::Sum, Out::Alloc)?.expect("allocated"))
 }
@@ -36,9 +36,12 @@ fn reduced_piece<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
 /// assert!(out.iter().all(|o| o == &vec![3.0, 3.0]));
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_reduce<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
-    let piece = reduced_piece(rank, input)?;
-    Ok(gather(OP, rank, &piece, 1, Out::Alloc)?.expect("allocated"))
+pub fn all_reduce<'a, T: Element>(
+    rank: &Rank<'_>,
+    input: impl Into<Input<'a, T>>,
+) -> Result<Vec<T>> {
+    let piece = reduced_piece(rank, input.into())?;
+    Ok(gather(OP, rank, (&piece).into(), 1, Out::Alloc)?.expect("allocated"))
 }
 
 /// [`all_reduce`] into the caller's `out`, which must be as long as `input`.
@@ -58,7 +61,11 @@ pub fn all_reduce<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_reduce_into<T: Element>(rank: &Rank<'_>, input: &[T], out: &mut [T]) -> Result<()> {
-    let piece = reduced_piece(rank, input)?;
-    gather(OP, rank, &piece, 1, Out::Into(out)).map(drop)
+pub fn all_reduce_into<'a, T: Element>(
+    rank: &Rank<'_>,
+    input: impl Into<Input<'a, T>>,
+    out: &mut [T],
+) -> Result<()> {
+    let piece = reduced_piece(rank, input.into())?;
+    gather(OP, rank, (&piece).into(), 1, Out::Into(out)).map(drop)
 }

@@ -6,6 +6,7 @@
 //! symmetric heap lent to it (`shmem::lent`), and every rank copies its pieces straight into its
 //! peers' blocks (one copy).
 
+use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
@@ -34,7 +35,11 @@ use crate::{Element, Result, Tensor};
 /// assert_eq!(out, vec![vec![0.0, 10.0], vec![1.0, 11.0]]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_to_all<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
+pub fn all_to_all<'a, T: Element>(
+    rank: &Rank<'_>,
+    input: impl Into<Input<'a, T>>,
+) -> Result<Vec<T>> {
+    let input = input.into();
     let n = rank.num_ranks();
     let counts = vec![input.len() / n; n];
     let problem = (!input.len().is_multiple_of(n))
@@ -59,7 +64,12 @@ pub fn all_to_all<T: Element>(rank: &Rank<'_>, input: &[T]) -> Result<Vec<T>> {
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_to_all_into<T: Element>(rank: &Rank<'_>, input: &[T], out: &mut [T]) -> Result<()> {
+pub fn all_to_all_into<'a, T: Element>(
+    rank: &Rank<'_>,
+    input: impl Into<Input<'a, T>>,
+    out: &mut [T],
+) -> Result<()> {
+    let input = input.into();
     let n = rank.num_ranks();
     let counts = vec![input.len() / n; n];
     let problem = (!input.len().is_multiple_of(n))
@@ -91,11 +101,12 @@ pub fn all_to_all_into<T: Element>(rank: &Rank<'_>, input: &[T], out: &mut [T]) 
 /// assert_eq!(out, vec![vec![1.0], vec![2.0, 3.0, 4.0]]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_to_all_v<T: Element>(
+pub fn all_to_all_v<'a, T: Element>(
     rank: &Rank<'_>,
-    input: &[T],
+    input: impl Into<Input<'a, T>>,
     send_counts: &[usize],
 ) -> Result<Vec<T>> {
+    let input = input.into();
     let problem = counts_problem(rank, input, send_counts);
     Ok(exchange_and_send(rank, input, send_counts, problem, Out::Alloc)?.expect("allocated"))
 }
@@ -124,11 +135,12 @@ pub fn all_to_all_v<T: Element>(
 /// assert_eq!(out[1].as_slice(), &[2.0, 3.0, 4.0]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_to_all_v_tensor<T: Element>(
+pub fn all_to_all_v_tensor<'a, T: Element>(
     rank: &Rank<'_>,
-    input: &[T],
+    input: impl Into<Input<'a, T>>,
     send_counts: &[usize],
 ) -> Result<Tensor<T>> {
+    let input = input.into();
     const OP: &str = "all_to_all_v_tensor";
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = counts_problem(rank, input, send_counts)
@@ -167,6 +179,8 @@ pub fn all_to_all_v_tensor<T: Element>(
     let Some(block) = block else {
         return pulled();
     };
+    let input = input.host().inspect_err(|e| rank.fail_after_agreeing(e))?;
+    let input = &*input;
     // Where my piece starts in rank d's output: after the pieces of the ranks before me.
     let at_peer: Vec<usize> =
         (0..n).map(|d| (0..me).map(|s| counts[s][d] as usize).sum()).collect();
@@ -250,7 +264,11 @@ impl PushWorkspace {
 }
 
 /// What is wrong with `send_counts` for `input`, if anything.
-fn counts_problem<T>(rank: &Rank<'_>, input: &[T], send_counts: &[usize]) -> Option<String> {
+fn counts_problem<T: Element>(
+    rank: &Rank<'_>,
+    input: Input<'_, T>,
+    send_counts: &[usize],
+) -> Option<String> {
     let n = rank.num_ranks();
     if send_counts.len() != n {
         Some(format!("{} send counts for a world of {n} ranks", send_counts.len()))
@@ -279,7 +297,7 @@ fn personal_words(send_counts: &[usize], n: usize) -> Vec<u64> {
 
 fn exchange_and_send<T: Element>(
     rank: &Rank<'_>,
-    input: &[T],
+    input: Input<'_, T>,
     send_counts: &[usize],
     problem: Option<String>,
     out: Out<'_, T>,
@@ -307,7 +325,7 @@ fn exchange_and_send<T: Element>(
 /// this rank sends each rank.
 fn pull<T: Element>(
     rank: &Rank<'_>,
-    input: &[T],
+    input: Input<'_, T>,
     send_counts: &[usize],
     input_lens: &[usize],
     recv: &[usize],
@@ -322,7 +340,11 @@ fn pull<T: Element>(
         DeviceWorld::Host => {}
         DeviceWorld::Ascend(world) => {
             let npu = ascend::AscendRank { world, rank };
-            let got = ascend::launch::all_to_all_v(&npu, input, recv, send_start, longest)
+            let got = input
+                .host()
+                .and_then(|input| {
+                    ascend::launch::all_to_all_v(&npu, &input, recv, send_start, longest)
+                })
                 .inspect_err(|e| rank.fail_after_agreeing(e))?;
             return out.fill(OP, got.len(), |out| {
                 out.copy_from_slice(&got);
@@ -332,6 +354,8 @@ fn pull<T: Element>(
         // Refused in the exchange above (the capability table has no GPU kernel for it).
         DeviceWorld::Cuda(_) => capability::check("all_to_all_v", rank.backend(), T::DTYPE, &[])?,
     }
+    let input = input.host().inspect_err(|e| rank.fail_after_agreeing(e))?;
+    let input = &*input;
     // Ranks of other nodes put what they send this rank into its mirror, each at the offset of
     // its input among all inputs (every rank knows the input lengths, not what others send each
     // other): room for every input, of which the pages written are what this rank receives.

@@ -1,5 +1,6 @@
 //! broadcast: every rank gets the root's data.
 
+use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
@@ -25,8 +26,12 @@ use crate::{Element, Result, Tensor};
 /// assert!(out.iter().all(|o| o == &vec![7.0, 8.0]));
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn broadcast<T: Element>(rank: &Rank<'_>, data: &[T], root: usize) -> Result<Vec<T>> {
-    Ok(cast(rank, data, root, Out::Alloc)?.expect("allocated"))
+pub fn broadcast<'a, T: Element>(
+    rank: &Rank<'_>,
+    data: impl Into<Input<'a, T>>,
+    root: usize,
+) -> Result<Vec<T>> {
+    Ok(cast(rank, data.into(), root, Out::Alloc)?.expect("allocated"))
 }
 
 /// [`broadcast`] into the caller's `out`, which must hold the root's data.
@@ -46,18 +51,18 @@ pub fn broadcast<T: Element>(rank: &Rank<'_>, data: &[T], root: usize) -> Result
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn broadcast_into<T: Element>(
+pub fn broadcast_into<'a, T: Element>(
     rank: &Rank<'_>,
-    data: &[T],
+    data: impl Into<Input<'a, T>>,
     root: usize,
     out: &mut [T],
 ) -> Result<()> {
-    cast(rank, data, root, Out::Into(out)).map(drop)
+    cast(rank, data.into(), root, Out::Into(out)).map(drop)
 }
 
 fn cast<T: Element>(
     rank: &Rank<'_>,
-    data: &[T],
+    data: Input<'_, T>,
     root: usize,
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
@@ -76,12 +81,16 @@ fn cast<T: Element>(
             DeviceWorld::Host => None,
             DeviceWorld::Ascend(world) => {
                 let npu = ascend::AscendRank { world, rank };
-                Some(ascend::launch::broadcast(&npu, data, root, len))
+                Some(data.host().and_then(|d| ascend::launch::broadcast(&npu, &d, root, len)))
             }
             DeviceWorld::Cuda(_) => Some((|| {
-                // The root's data moves to its GPU, and every rank's copy comes back from its own.
-                let mine = if me == root { data.to_vec() } else { vec![T::zero(); len] };
-                let mine = to_world_device(rank, Tensor::from_shape_vec(&[len], mine)?)?;
+                // The root's data runs from its GPU (moved there once if it is not), and every
+                // rank's copy comes back from its own.
+                let mine = if me == root {
+                    data.on_device(rank, &[len])?
+                } else {
+                    to_world_device(rank, Tensor::from_shape_vec(&[len], vec![T::zero(); len])?)?
+                };
                 let got = cuda::broadcast(rank, &mine, root)?.to_host()?;
                 Ok(got.as_slice().to_vec())
             })()),
@@ -93,6 +102,8 @@ fn cast<T: Element>(
                 Ok(())
             });
         }
+        let data = data.host().inspect_err(|e| rank.fail_after_agreeing(e))?;
+        let data = &*data;
         if n > 1 {
             ws.reserve(rank, len)?;
             ws.reserve_mirror(rank, len)?;

@@ -17,6 +17,7 @@ mod all_gather;
 mod all_reduce;
 mod all_to_all;
 mod broadcast;
+mod input;
 mod reduce_scatter;
 mod tensor;
 mod workspace;
@@ -25,6 +26,7 @@ pub use all_gather::{all_gather, all_gather_cols, all_gather_cols_into, all_gath
 pub use all_reduce::{all_reduce, all_reduce_into};
 pub use all_to_all::{all_to_all, all_to_all_into, all_to_all_v, all_to_all_v_tensor};
 pub use broadcast::{broadcast, broadcast_into};
+pub use input::Input;
 pub use reduce_scatter::{
     ReduceOp, reduce_scatter, reduce_scatter_cols, reduce_scatter_cols_into, reduce_scatter_into,
 };

@@ -1,12 +1,12 @@
 //! reduce_scatter: every rank gets its own piece of the sum (or mean) over all ranks.
 
+use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, ascend, capability, cuda, launch};
 use crate::fused::all_gather_matmul::device_data;
-use crate::fused::operand::to_world_device;
 use crate::shmem::{DeviceWorld, GlobalPtr, GlobalPtrMut, MAX_WORDS, Rank, digest};
 use crate::tensor::{Tensor, array_split, split_offsets};
 use crate::{Element, Result};
@@ -45,7 +45,12 @@ pub enum ReduceOp {
 /// assert_eq!(out, vec![vec![3.0, 6.0], vec![9.0]]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn reduce_scatter<T: Element>(rank: &Rank<'_>, input: &[T], op: ReduceOp) -> Result<Vec<T>> {
+pub fn reduce_scatter<'a, T: Element>(
+    rank: &Rank<'_>,
+    input: impl Into<Input<'a, T>>,
+    op: ReduceOp,
+) -> Result<Vec<T>> {
+    let input = input.into();
     reduce_scatter_cols(rank, input, 1, &array_split(input.len(), rank.num_ranks()), op)
 }
 
@@ -67,12 +72,13 @@ pub fn reduce_scatter<T: Element>(rank: &Rank<'_>, input: &[T], op: ReduceOp) ->
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn reduce_scatter_into<T: Element>(
+pub fn reduce_scatter_into<'a, T: Element>(
     rank: &Rank<'_>,
-    input: &[T],
+    input: impl Into<Input<'a, T>>,
     op: ReduceOp,
     out: &mut [T],
 ) -> Result<()> {
+    let input = input.into();
     let counts = array_split(input.len(), rank.num_ranks());
     reduce("reduce_scatter", rank, input, 1, &counts, op, Out::Into(out)).map(drop)
 }
@@ -96,15 +102,15 @@ pub fn reduce_scatter_into<T: Element>(
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn reduce_scatter_cols_into<T: Element>(
+pub fn reduce_scatter_cols_into<'a, T: Element>(
     rank: &Rank<'_>,
-    input: &[T],
+    input: impl Into<Input<'a, T>>,
     rows: usize,
     counts: &[usize],
     op: ReduceOp,
     out: &mut [T],
 ) -> Result<()> {
-    reduce("reduce_scatter", rank, input, rows, counts, op, Out::Into(out)).map(drop)
+    reduce("reduce_scatter", rank, input.into(), rows, counts, op, Out::Into(out)).map(drop)
 }
 
 /// Reduces row-major `[rows, sum of counts]` inputs over all ranks and gives rank `r` its column
@@ -128,14 +134,15 @@ pub fn reduce_scatter_cols_into<T: Element>(
 /// assert_eq!(out, vec![vec![1.0, 4.0], vec![2.0, 3.0, 5.0, 6.0]]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn reduce_scatter_cols<T: Element>(
+pub fn reduce_scatter_cols<'a, T: Element>(
     rank: &Rank<'_>,
-    input: &[T],
+    input: impl Into<Input<'a, T>>,
     rows: usize,
     counts: &[usize],
     op: ReduceOp,
 ) -> Result<Vec<T>> {
-    Ok(reduce("reduce_scatter", rank, input, rows, counts, op, Out::Alloc)?.expect("allocated"))
+    Ok(reduce("reduce_scatter", rank, input.into(), rows, counts, op, Out::Alloc)?
+        .expect("allocated"))
 }
 
 /// The reduce_scatter, for the call `name` (see `all_gather::gather`).
@@ -144,15 +151,14 @@ pub fn reduce_scatter_cols<T: Element>(
 fn on_gpus<T: Element>(
     gpus: &cuda::CudaWorld,
     rank: &Rank<'_>,
-    input: &[T],
+    input: Input<'_, T>,
     rows: usize,
     counts: &[usize],
     op: ReduceOp,
 ) -> Result<Vec<T>> {
     let me = rank.rank();
     let total: usize = counts.iter().sum();
-    let block = Tensor::from_shape_vec(&[rows, total], input.to_vec())?;
-    let block = to_world_device(rank, block)?;
+    let block = input.on_device(rank, &[rows, total])?;
     let sum = cuda::reduce_sum(gpus, rank, device_data(&block), None)?;
     let sum = Tensor::from_device_storage(sum).to_host()?;
     let start = split_offsets(counts)[me];
@@ -171,7 +177,7 @@ fn on_gpus<T: Element>(
 pub(crate) fn reduce<T: Element>(
     name: &'static str,
     rank: &Rank<'_>,
-    input: &[T],
+    input: Input<'_, T>,
     rows: usize,
     counts: &[usize],
     op: ReduceOp,
@@ -211,14 +217,18 @@ pub(crate) fn reduce<T: Element>(
     }
     all.agree(name, 3, "digest of the split counts")?;
     check_outputs(name, &all, 4, |r| rows * counts[r])?;
-    let mine = match rank.device_world() {
-        DeviceWorld::Host => None,
-        DeviceWorld::Ascend(world) => {
-            let npu = ascend::AscendRank { world, rank };
-            Some(ascend::launch::reduce_scatter(&npu, input, rows, counts, op == ReduceOp::Mean))
-        }
-        DeviceWorld::Cuda(gpus) => Some(on_gpus(gpus, rank, input, rows, counts, op)),
-    };
+    let mine =
+        match rank.device_world() {
+            DeviceWorld::Host => None,
+            DeviceWorld::Ascend(world) => {
+                let npu = ascend::AscendRank { world, rank };
+                let mean = op == ReduceOp::Mean;
+                Some(input.host().and_then(|input| {
+                    ascend::launch::reduce_scatter(&npu, &input, rows, counts, mean)
+                }))
+            }
+            DeviceWorld::Cuda(gpus) => Some(on_gpus(gpus, rank, input, rows, counts, op)),
+        };
     if let Some(mine) = mine {
         let mine = mine.inspect_err(|e| rank.fail_after_agreeing(e))?;
         return out.fill(name, mine.len(), |out| {
@@ -226,6 +236,8 @@ pub(crate) fn reduce<T: Element>(
             Ok(())
         });
     }
+    let input = input.host().inspect_err(|e| rank.fail_after_agreeing(e))?;
+    let input = &*input;
     with_workspace::<T, _>(rank, |ws| {
         let col_offsets = split_offsets(counts);
         let mine = counts[me];

@@ -26,7 +26,7 @@
 //! shards in the order they come: its own, its node's, then the nodes before its own, nearest
 //! first (they send to this node first).
 
-use ndarray::{Array2, ArrayView2};
+use ndarray::{Array2, ArrayView2, CowArray, Ix2};
 
 use super::AgPath;
 use super::operand::Operand;
@@ -186,12 +186,12 @@ fn agree<T: Element>(
 /// assert_eq!(outs[0], array![[11.0f32], [12.0]]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_gather_matmul<T: Element>(
+pub fn all_gather_matmul<'a, T: Element, W: Into<Operand<'a, T>> + Copy>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    weights: &[ArrayView2<T>],
+    x: impl Into<Operand<'a, T>>,
+    weights: &[W],
 ) -> Result<AgMatmulOutput<T>> {
-    public(rank, x, weights, true, false)
+    public(rank, x.into(), weights, true, false)
 }
 
 /// [`all_gather_matmul`] that also hands back the gathered input `[M, K]`
@@ -220,12 +220,12 @@ pub fn all_gather_matmul<T: Element>(
 /// assert_eq!(outs[1].1, array![[1.0f32, 1.0], [2.0, 1.0]]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_gather_matmul_keep_input<T: Element>(
+pub fn all_gather_matmul_keep_input<'a, T: Element, W: Into<Operand<'a, T>> + Copy>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    weights: &[ArrayView2<T>],
+    x: impl Into<Operand<'a, T>>,
+    weights: &[W],
 ) -> Result<AgMatmulOutput<T>> {
-    public(rank, x, weights, true, true)
+    public(rank, x.into(), weights, true, true)
 }
 
 /// The products of [`run`], as tensors where the world computes (its GPU in a CUDA world).
@@ -266,15 +266,15 @@ impl<T: Element> AgProducts<T> {
 }
 
 /// The public entry's tail: [`run`], then host arrays.
-fn public<T: Element>(
+fn public<'a, T: Element, W: Into<Operand<'a, T>> + Copy>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    weights: &[ArrayView2<T>],
+    x: Operand<'a, T>,
+    weights: &[W],
     fused: bool,
     keep_input: bool,
 ) -> Result<AgMatmulOutput<T>> {
     let ws: Vec<Operand<'_, T>> = weights.iter().map(|&w| w.into()).collect();
-    run(rank, x.into(), &ws, None, fused, keep_input, None)?.into_output(rank.device())
+    run(rank, x, &ws, None, fused, keep_input, None)?.into_output(rank.device())
 }
 
 /// `all_gather_matmul` (or its unfused baseline) on any world: the one place it chooses its
@@ -311,8 +311,10 @@ pub(crate) fn run<'a, T: Element>(
     // different protocols.
     let agreed = agree(op, rank, x.dim(), weights, problem, AgPath::word(path))?;
     let ran = match rank.device_world() {
-        DeviceWorld::Host => {
-            let (x, ws) = host_views(x, weights)?;
+        DeviceWorld::Host => (|| {
+            let (x, ws) = host_arrays(x, weights)?;
+            let x = x.view();
+            let ws: Vec<ArrayView2<T>> = ws.iter().map(|w| w.view()).collect();
             let out = if fused {
                 rank.with_workspace(AgMatmulWorkspace::<T>::new, |work| {
                     run_fused(rank, work, &agreed, x, &ws, keep_input)
@@ -323,10 +325,12 @@ pub(crate) fn run<'a, T: Element>(
                     .and_then(|gathered| products(op, rank, gathered, agreed, &ws, keep_input))
             };
             out.map(AgProducts::from_host)
-        }
-        DeviceWorld::Ascend(world) => {
+        })(),
+        DeviceWorld::Ascend(world) => (|| {
             let npu = ascend::AscendRank { world, rank };
-            let (x, ws) = host_views(x, weights)?;
+            let (x, ws) = host_arrays(x, weights)?;
+            let x = x.view();
+            let ws: Vec<ArrayView2<T>> = ws.iter().map(|w| w.view()).collect();
             let (rows, k) = (agreed.rows.counts(), agreed.k);
             let outputs = if fused {
                 ascend::launch::all_gather_matmul(&npu, rows, k, x, &ws)
@@ -343,8 +347,8 @@ pub(crate) fn run<'a, T: Element>(
                     device: rank.device(),
                 })
             })
-        }
-        DeviceWorld::Cuda(gpus) => {
+        })(),
+        DeviceWorld::Cuda(gpus) => (|| {
             let x = x.on_device(rank)?;
             let ws: Vec<Tensor<T>> =
                 weights.iter().map(|w| w.on_device(rank)).collect::<Result<_>>()?;
@@ -358,17 +362,21 @@ pub(crate) fn run<'a, T: Element>(
                     gathered: None,
                 },
             )
-        }
+        })(),
     };
     ran.inspect_err(|e| rank.fail_after_agreeing(e))
 }
 
-/// The host views of the operands (no copy).
-fn host_views<'a, T: Element>(
+/// A matrix on the host, borrowed or copied there.
+type HostMatrix<'a, T> = CowArray<'a, T, Ix2>;
+
+/// The operands on the host: views where they are there (no copy), copied from a device once
+/// otherwise.
+fn host_arrays<'a, T: Element>(
     x: Operand<'a, T>,
     weights: &[Operand<'a, T>],
-) -> Result<(ArrayView2<'a, T>, Vec<ArrayView2<'a, T>>)> {
-    Ok((x.view(OP)?, weights.iter().map(|w| w.view(OP)).collect::<Result<_>>()?))
+) -> Result<(HostMatrix<'a, T>, Vec<HostMatrix<'a, T>>)> {
+    Ok((x.host()?, weights.iter().map(Operand::host).collect::<Result<_>>()?))
 }
 
 /// The device data of a tensor the op moved to its world's device.
@@ -401,12 +409,12 @@ pub(crate) fn device_data<T: Element>(t: &Tensor<T>) -> &cuda::DeviceStorage<T> 
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_gather_matmul_unfused<T: Element>(
+pub fn all_gather_matmul_unfused<'a, T: Element, W: Into<Operand<'a, T>> + Copy>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    weights: &[ArrayView2<T>],
+    x: impl Into<Operand<'a, T>>,
+    weights: &[W],
 ) -> Result<AgMatmulOutput<T>> {
-    public(rank, x, weights, false, false)
+    public(rank, x.into(), weights, false, false)
 }
 
 /// The unfused baseline as a user of MPI writes it: `MPI_Allgatherv` of the rows (run by the
@@ -429,18 +437,25 @@ pub fn all_gather_matmul_unfused<T: Element>(
 /// assert!(err[0].to_string().contains("needs a world joined by MPI"), "{}", err[0]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn all_gather_matmul_unfused_mpi<T: Element>(
+pub fn all_gather_matmul_unfused_mpi<'a, T: Element, W: Into<Operand<'a, T>> + Copy>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    weights: &[ArrayView2<T>],
+    x: impl Into<Operand<'a, T>>,
+    weights: &[W],
 ) -> Result<AgMatmulOutput<T>> {
+    let x = x.into();
     let ws: Vec<Operand<'_, T>> = weights.iter().map(|&w| w.into()).collect();
-    let agreed = agree(MPI_OP, rank, x.dim(), &ws, None, 0)?;
+    // MPI runs on host memory: device operands come to the host first (a failure travels in
+    // the agreement, so that every rank fails together).
+    let host = host_arrays(x, &ws);
+    let problem = host.as_ref().err().map(ToString::to_string);
+    let agreed = agree(MPI_OP, rank, x.dim(), &ws, problem, 0)?;
+    let (x, weights) = host.expect("a problem fails the agreement");
+    let weights: Vec<ArrayView2<T>> = weights.iter().map(|w| w.view()).collect();
     let x = x.as_standard_layout();
     let counts: Vec<usize> = agreed.rows.counts().iter().map(|&m| m * agreed.k).collect();
     let mine = x.as_slice().expect("standard layout").to_vec();
     let gathered = rank.mpi_all_gather_v(mine, &counts)?;
-    products(MPI_OP, rank, gathered, agreed, weights, false)
+    products(MPI_OP, rank, gathered, agreed, &weights, false)
 }
 
 /// The local products of the gathered rows with every weight; the gathered rows too, if kept.

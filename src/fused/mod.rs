@@ -19,4 +19,5 @@ pub use all_to_all::{
 pub use matmul_reduce_scatter::{
     matmul_reduce_scatter, matmul_reduce_scatter_unfused, matmul_reduce_scatter_unfused_mpi,
 };
+pub use operand::Operand;
 pub use path::{AgPath, RsPath};

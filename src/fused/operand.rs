@@ -1,20 +1,39 @@
 //! [`Operand`]: a matrix operand of a fused op, from a host view or a tensor on any device, and
 //! [`to_world_device`], the one move of an input to the device its world computes on.
 
-use ndarray::ArrayView2;
+use ndarray::{ArrayView2, CowArray, Ix2};
 
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
 use crate::{Error, Result};
 
-/// A matrix operand: a host view, or a tensor `[..., cols]` read as rows of its last dimension
-/// (`true`: read transposed, a weight `[n, k]` taken as `[k, n]`), on the host or a device. Host
-/// callers lose nothing: views and tensors convert with `From`.
+/// A matrix operand of a fused op: a host view, or a tensor `[..., cols]` read as rows of its
+/// last dimension, on the host or a device. The fused ops take `impl Into<Operand>`, so host
+/// callers pass views as they always did, and tensors (a GPU's too) as they are:
+///
+/// ```
+/// use dist_tensor::fused::all_gather_matmul;
+/// use dist_tensor::{Tensor, World};
+/// World::threads(2)?.run(|rank| {
+///     let x = Tensor::<f64>::random(&[3, 4], rank.rank() as u64);
+///     let w = Tensor::<f64>::random(&[4, 2], 7);
+///     let from_tensors = all_gather_matmul(rank, &x, &[&w])?;
+///     let from_views = all_gather_matmul(rank, x.view2("x")?, &[w.view2("w")?])?;
+///     assert_eq!(from_tensors, from_views);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+///
+/// Inputs move to the device their world computes on once, at the op's entry: a GPU tensor in
+/// a [`World::cuda`](crate::World::cuda) world stays there, a host view is copied there; in a
+/// host or Ascend world a GPU tensor comes to the host.
 #[derive(Clone, Copy)]
-pub(crate) enum Operand<'a, T: Element> {
+pub enum Operand<'a, T: Element> {
     /// A host view, in any layout.
     View(ArrayView2<'a, T>),
-    /// A tensor of 2 or more dimensions; whether to read it transposed.
+    /// A tensor of 2 or more dimensions, and whether to read it transposed (`true`: a weight
+    /// `[n, k]` taken as `[k, n]`, as a backward pass has it).
     Tensor(&'a Tensor<T>, bool),
 }
 
@@ -79,6 +98,22 @@ impl<'a, T: Element> Operand<'a, T> {
                     .expect("a tensor is contiguous");
                 Ok(if transposed { v.reversed_axes() } else { v })
             }
+        }
+    }
+
+    /// The matrix on the host: a view where it is there, copied from a device otherwise (once:
+    /// the host and Ascend worlds compute on host memory).
+    pub(crate) fn host(&self) -> Result<CowArray<'a, T, Ix2>> {
+        match *self {
+            Operand::Tensor(t, transposed) if t.device_storage().is_some() => {
+                let (rows, cols) = Operand::Tensor(t, false).dim();
+                let host = t.to_host()?;
+                let a = host.into_array().into_shape_with_order((rows, cols)).map_err(|e| {
+                    Error::InvalidShape { op: "Operand::host", reason: e.to_string() }
+                })?;
+                Ok(CowArray::from(if transposed { a.reversed_axes() } else { a }))
+            }
+            _ => self.view("Operand::host").map(CowArray::from),
         }
     }
 

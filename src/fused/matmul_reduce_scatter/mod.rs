@@ -173,12 +173,12 @@ fn array_split_rows(rank: &Rank<'_>, m: usize) -> usize {
 /// assert_eq!(outs[1], array![[9.0f32, 6.0]]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn matmul_reduce_scatter<T: Element>(
+pub fn matmul_reduce_scatter<'a, T: Element>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    w: ArrayView2<T>,
+    x: impl Into<Operand<'a, T>>,
+    w: impl Into<Operand<'a, T>>,
 ) -> Result<Array2<T>> {
-    public(rank, x, w, true)
+    public(rank, x.into(), w.into(), true)
 }
 
 /// `matmul_reduce_scatter` (or its unfused baseline) on any world, keeping `my_rows` rows of the
@@ -212,8 +212,9 @@ pub(crate) fn run<'a, T: Element>(
     let (rows, n) = agree::<T>(op, rank, x.dim(), w.dim(), (my_rows, RsPath::word(path)), problem)?;
     let host = |out: Array2<T>| Tensor::from_array(out.into_dyn());
     let ran = match rank.device_world() {
-        DeviceWorld::Host => {
-            let (x, w) = (x.view(OP)?, w.view(OP)?);
+        DeviceWorld::Host => (|| {
+            let (x, w) = (x.host()?, w.host()?);
+            let (x, w) = (x.view(), w.view());
             if !fused {
                 unfused(rank, x, w, &rows, n).map(host)
             } else {
@@ -226,36 +227,37 @@ pub(crate) fn run<'a, T: Element>(
                 })
                 .map(host)
             }
-        }
-        DeviceWorld::Ascend(world) => {
+        })(),
+        DeviceWorld::Ascend(world) => (|| {
             let npu = ascend::AscendRank { world, rank };
-            let (x, w) = (x.view(OP)?, w.view(OP)?);
+            let (x, w) = (x.host()?, w.host()?);
+            let (x, w) = (x.view(), w.view());
             let out = if fused {
                 ascend::launch::matmul_reduce_scatter(&npu, rows.counts(), n, x, w)
             } else {
                 ascend::launch::matmul_reduce_scatter_unfused(&npu, rows.counts(), n, x, w)
             };
             out.map(host)
-        }
-        DeviceWorld::Cuda(gpus) => {
+        })(),
+        DeviceWorld::Cuda(gpus) => (|| {
             let (x, w) = (x.on_device(rank)?, w.on_device(rank)?);
             let (x, w) = (device_data(&x), device_data(&w));
             cuda::matmul_reduce_scatter(gpus, rank, x, w, rows.counts(), fused, path)
                 .map(Tensor::from_device_storage)
-        }
+        })(),
     };
     ran.inspect_err(|e| rank.fail_after_agreeing(e)).map(|out| (out, rows.counts().to_vec()))
 }
 
 /// The public entry's tail: [`run`], then a host array.
-fn public<T: Element>(
+fn public<'a, T: Element>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    w: ArrayView2<T>,
+    x: Operand<'a, T>,
+    w: Operand<'a, T>,
     fused: bool,
 ) -> Result<Array2<T>> {
-    let my_rows = array_split_rows(rank, x.nrows());
-    let (out, _) = run(rank, x.into(), w.into(), my_rows, None, fused, None)?;
+    let my_rows = array_split_rows(rank, x.dim().0);
+    let (out, _) = run(rank, x, w, my_rows, None, fused, None)?;
     let out = if out.device_storage().is_some() { out.to_host()? } else { out };
     Ok(out.into_array().into_dimensionality().expect("the output is 2-D"))
 }
@@ -280,12 +282,12 @@ fn public<T: Element>(
 /// })?;
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn matmul_reduce_scatter_unfused<T: Element>(
+pub fn matmul_reduce_scatter_unfused<'a, T: Element>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    w: ArrayView2<T>,
+    x: impl Into<Operand<'a, T>>,
+    w: impl Into<Operand<'a, T>>,
 ) -> Result<Array2<T>> {
-    public(rank, x, w, false)
+    public(rank, x.into(), w.into(), false)
 }
 
 /// The unfused baseline on the host, after the agreement.
@@ -327,13 +329,20 @@ fn unfused<T: Element>(
 /// assert!(err[0].to_string().contains("needs a world joined by MPI"), "{}", err[0]);
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub fn matmul_reduce_scatter_unfused_mpi<T: Element>(
+pub fn matmul_reduce_scatter_unfused_mpi<'a, T: Element>(
     rank: &Rank<'_>,
-    x: ArrayView2<T>,
-    w: ArrayView2<T>,
+    x: impl Into<Operand<'a, T>>,
+    w: impl Into<Operand<'a, T>>,
 ) -> Result<Array2<T>> {
-    let my_rows = array_split_rows(rank, x.nrows());
-    let (rows, n) = agree::<T>(MPI_OP, rank, x.dim(), w.dim(), (my_rows, 0), None)?;
+    let (x, w) = (x.into(), w.into());
+    let my_rows = array_split_rows(rank, x.dim().0);
+    // MPI runs on host memory: device operands come to the host first (a failure travels in
+    // the agreement, so that every rank fails together).
+    let host = x.host().and_then(|x| Ok((x, w.host()?)));
+    let problem = host.as_ref().err().map(ToString::to_string);
+    let (rows, n) = agree::<T>(MPI_OP, rank, x.dim(), w.dim(), (my_rows, 0), problem)?;
+    let (x, w) = host.expect("a problem fails the agreement");
+    let (x, w) = (x.view(), w.view());
     let mut partial =
         scratch(MPI_OP, (rows.total(), n)).inspect_err(|e| rank.fail_after_agreeing(e))?;
     matmul_into(partial.view_mut(), x, w, false, rank.topology().aicore_num())?;
