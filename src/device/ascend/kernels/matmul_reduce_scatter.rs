@@ -45,8 +45,18 @@ pub(crate) fn run<T: Element>(
     // The reduction's chunks: f32 rows that fit one of the unified buffer's world + 2 slots.
     let slot_bytes = reduce_slot_bytes(world);
     let plan = TilePlan::new(row_counts[me], n, size_of::<f32>(), slot_bytes);
-    let x = x.as_standard_layout();
-    let w = w.as_standard_layout();
+    // A rank whose inner shard is empty (k = 0) still owes every owner a partial: zeros. The
+    // cube's `Matmul` refuses an empty inner dimension, so that rank multiplies one zero column
+    // by one zero row instead, which gives the same exact zeros through the same kernel.
+    let (x, w, k) = if k == 0 {
+        (
+            Array2::from_elem((m_total, 1), T::zero()).into(),
+            Array2::from_elem((1, n), T::zero()).into(),
+            1,
+        )
+    } else {
+        (x.as_standard_layout(), w.as_standard_layout(), k)
+    };
     let x_dev = npu.upload("matmul_reduce_scatter.x", x.as_slice().expect("standard layout"))?;
     let w_dev = npu.upload("matmul_reduce_scatter.w", w.as_slice().expect("standard layout"))?;
     let mut table = words(&offs);
