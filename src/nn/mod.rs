@@ -45,9 +45,10 @@
 //! [`Adam::step_module`], [`Sgd::step_module`]). A [`Param`]'s gradient is an autograd leaf's:
 //! the hand-written `backward` and autograd accumulate into the same place.
 //!
-//! The hand-written `forward` / `backward` pairs stay: they keep less and exchange less than the
-//! autograd form (`tests/nn_autograd.rs` checks that both give the same gradients; `cargo bench
-//! --bench nn -- autograd` times them). One difference: their gradients of replicated
+//! The hand-written `forward` / `backward` pairs stay for now, as the API the examples use;
+//! `tests/nn_autograd.rs` checks that both forms give the same output and gradients, and `cargo
+//! bench --bench nn -- autograd` times them (the autograd form was not the slower one where it
+//! was measured: the README has the figures). One difference: their gradients of replicated
 //! parameters (a row-parallel bias, the Ulysses projections) are complete on every rank, where
 //! autograd leaves the ranks' partial sums for [`sync_grads`](crate::autograd::sync_grads), as
 //! for every [`Sharing::Replicated`](crate::autograd::Sharing) parameter.
