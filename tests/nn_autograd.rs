@@ -44,6 +44,8 @@ fn off<T: Element>(what: &str, got: &Tensor<T>, want: &Tensor<T>, tol: f64) -> O
 
 /// One layer's two forms on `x` (sharded as given) with output gradient `dy` (laid out as the
 /// output): output, input gradient and every parameter's gradient, compared on every rank.
+/// (A case's inputs and its three ways to build and run the layer: one argument each.)
+#[allow(clippy::too_many_arguments)]
 fn both_forms<T: Element, L>(
     world: usize,
     what: &str,
