@@ -122,7 +122,7 @@ impl<'r, T: Element> RmsNorm<'r, T> {
 /// # Examples
 /// ```
 /// use dist_tensor::autograd::gpt::LayerNorm;
-/// use dist_tensor::autograd::{DVar, Module, sync_grads};
+/// use dist_tensor::autograd::{DVar, sync_grads};
 /// use dist_tensor::{DistTensor, Placement, Tensor, World};
 /// let x = Tensor::<f64>::random(&[5, 4], 1);
 /// let grads = World::threads(2)?.run(|rank| {
