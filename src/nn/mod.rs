@@ -37,7 +37,7 @@
 //!
 //! # On autograd
 //!
-//! Every layer is also an autograd [`Module`](crate::autograd::Module), its parameters named as
+//! Every layer is also an autograd [`Module`], its parameters named as
 //! its checkpoint names ([`NamedState`]), and has `forward_var`, its forward pass on
 //! [`DVar`](crate::autograd::DVar)s: the same fused ops, each recording its dual. So one model
 //! mixes these layers with those of [`autograd::gpt`](crate::autograd::gpt), differentiates it
