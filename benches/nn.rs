@@ -2,12 +2,15 @@
 //! against the same step with the unfused baselines, and the `gemm` crate on the step's six
 //! products with every core (the ceiling); and the fused ops as the backward pass calls them
 //! (the weight read transposed, the gathered input kept) beside the plain ops. Throughput in
-//! FLOP (`Elements` counts floating-point operations of the products).
+//! FLOP (`Elements` counts floating-point operations of the products). The `autograd` group: the
+//! layers' hand-written forward and backward passes against their `forward_var` and a
+//! `backward()` through autograd (what decides whether the hand-written ones stay).
 
 mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, mse_loss};
+use dist_tensor::autograd::DVar;
+use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, UlyssesSelfAttention, mse_loss};
 use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
 
 fn train_step(c: &mut Criterion) {
@@ -87,5 +90,58 @@ fn backward_ops(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group! { name = benches; config = common::config(); targets = train_step, backward_ops }
+/// Forward and backward of `ParallelMlp` and `UlyssesSelfAttention` at world 2: hand-written
+/// against autograd (the output itself as its gradient).
+fn autograd(c: &mut Criterion) {
+    let world = World::threads(2).unwrap();
+    let mut group = c.benchmark_group("autograd");
+    let (m, e, f) = (512, 256, 1024);
+    let x = Tensor::<f32>::random(&[m, e], 1);
+    for form in ["hand", "autograd"] {
+        group.bench_function(BenchmarkId::new(form, format!("mlp/world2/M{m}_E{e}_F{f}")), |b| {
+            b.iter_custom(|iters| {
+                common::on_ranks(&world, |rank| {
+                    let mut mlp = ParallelMlp::<f32>::new(rank, e, f, Activation::Gelu, 3)?;
+                    let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+                    common::timed(rank, iters, || {
+                        if form == "hand" {
+                            let (y, saved) = mlp.forward(&xs)?;
+                            mlp.backward(saved, &y).map(drop)
+                        } else {
+                            let xv = DVar::param(xs.clone());
+                            let y = mlp.forward_var(&xv)?;
+                            y.local().backward_with(y.value().local().clone())
+                        }
+                    })
+                })
+            })
+        });
+    }
+    let (s, heads) = (512, 4);
+    let xa = Tensor::<f32>::random(&[1, s, e], 2);
+    for form in ["hand", "autograd"] {
+        let id = format!("ulysses/world2/S{s}_E{e}_H{heads}");
+        group.bench_function(BenchmarkId::new(form, id), |b| {
+            b.iter_custom(|iters| {
+                common::on_ranks(&world, |rank| {
+                    let mut attn = UlyssesSelfAttention::<f32>::new(e, heads, true, 3)?;
+                    let xs = DistTensor::from_global(rank, &xa, Placement::Shard(1))?;
+                    common::timed(rank, iters, || {
+                        if form == "hand" {
+                            let (y, saved) = attn.forward(&xs)?;
+                            attn.backward(saved, &y).map(drop)
+                        } else {
+                            let xv = DVar::param(xs.clone());
+                            let y = attn.forward_var(&xv)?;
+                            y.local().backward_with(y.value().local().clone())
+                        }
+                    })
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group! { name = benches; config = common::config(); targets = train_step, backward_ops, autograd }
 criterion_main!(benches);

@@ -20,6 +20,10 @@
 //! 1e-4 of the first loss in f32.
 //!
 //! Run: `cargo run --release --example 09_train_gpt [-- --processes 4] [--steps 150]`
+//!
+//! `--bench N` times N training steps instead (f32, heads split over the ranks, after 3
+//! unmeasured ones) and prints their median and fastest: the step that
+//! `benches/torch/gpt_step.py` times in PyTorch (README, "Training step against PyTorch").
 
 use dist_tensor::autograd::gpt::{AttentionForm, Gpt, GptConfig};
 use dist_tensor::autograd::{
@@ -80,9 +84,53 @@ fn train<'r, T: Element>(
     Ok(curve)
 }
 
+/// Times `steps` training steps of the f32 model after 3 unmeasured ones; each step's seconds.
+fn time_steps(rank: &Rank<'_>, steps: usize) -> Result<Vec<f64>, Error> {
+    let mut model = Gpt::<f32>::new(rank, CONFIG, AttentionForm::TensorParallel, 7)?;
+    let mut opt = AdamW::new(1e-3);
+    let mut times = Vec::with_capacity(steps);
+    for step in 0..steps + 3 {
+        let (ids, targets) = batch(step);
+        let start = std::time::Instant::now();
+        let logits = model.forward(&ids)?;
+        let loss = vocab_parallel_cross_entropy(&logits, &targets)?;
+        model.zero_grad();
+        loss.backward()?;
+        sync_grads(&model, rank)?;
+        clip_grad_norm(&model, 1.0, rank)?;
+        opt.step(&mut model)?;
+        if step >= 3 {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    Ok(times)
+}
+
+fn bench(world: &World, steps: usize) -> Result<(), Error> {
+    let mut times = world.run(|rank| time_steps(rank, steps))?;
+    if world.ranks_here().contains(&0) {
+        let t = &mut times[0];
+        t.sort_by(f64::total_cmp);
+        println!(
+            "gpt step (09's model, f32, {} ranks, batch {BATCH} x {} tokens): median {:.3} ms, \
+             fastest {:.3} ms over {steps} steps",
+            world.num_ranks(),
+            CONFIG.seq_len,
+            t[t.len() / 2] * 1e3,
+            t[0] * 1e3
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Error> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let Some(world) = World::from_args(&mut args, 4)? else { return Ok(()) };
+    if let [flag, n] = args.as_slice()
+        && flag == "--bench"
+    {
+        return bench(&world, n.parse().unwrap_or(30).max(1));
+    }
     let steps: usize = match args.as_slice() {
         [] => 150,
         [flag, n] if flag == "--steps" => n.parse().unwrap_or_else(|_| {
@@ -90,7 +138,7 @@ fn main() -> Result<(), Error> {
             std::process::exit(2)
         }),
         _ => {
-            eprintln!("usage: 09_train_gpt [--processes N] [--steps N]");
+            eprintln!("usage: 09_train_gpt [--processes N] [--steps N | --bench N]");
             std::process::exit(2)
         }
     };

@@ -886,3 +886,117 @@ fn e_inner(e: &Error) -> Error {
         other => other.rank_error().clone(),
     }
 }
+
+// ---- GPU worlds --------------------------------------------------------------------------------
+
+/// A world of one rank per GPU (at most 2), or `None` after printing why there is none (no GPU,
+/// no driver, or a build without `--features cuda`).
+fn cuda_world(test: &str) -> Option<World> {
+    let count = match dist_tensor::device::cuda::device_count() {
+        Ok(count) if count > 0 => count,
+        Ok(_) => {
+            println!("SKIPPED {test}: no GPU on this machine");
+            return None;
+        }
+        Err(e) => {
+            println!("SKIPPED {test}: {e}");
+            return None;
+        }
+    };
+    let devices: Vec<usize> = (0..count.min(2)).collect();
+    match World::builder(devices.len()).cuda(&devices).wait_timeout(Duration::from_secs(30)).build()
+    {
+        Ok(world) => Some(world),
+        Err(e @ (Error::LibraryNotFound { .. } | Error::DeviceUnavailable { .. })) => {
+            println!("SKIPPED {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: World::cuda failed: {e}"),
+    }
+}
+
+/// This rank's part of `global` as `t` (loaded) is laid out, cut on the host.
+fn expected_part<T: Element>(global: &Tensor<T>, t: &DistTensor<'_, T>, rank: usize) -> Tensor<T> {
+    match t.placement() {
+        Placement::Partial if rank != 0 => Tensor::zeros(global.shape()),
+        Placement::Partial | Placement::Replicate => global.clone(),
+        Placement::Shard(d) => {
+            let sizes = t.shard_sizes();
+            let start: usize = sizes[..rank].iter().sum();
+            let part = global
+                .view()
+                .slice_axis(ndarray::Axis(d), ndarray::Slice::from(start..start + sizes[rank]))
+                .to_owned();
+            Tensor::from_shape_vec(part.shape(), part.iter().copied().collect()).unwrap()
+        }
+    }
+}
+
+/// Saves `global` from a GPU world in every placement (the parts on the GPUs), then loads it
+/// into the GPU world (onto the GPUs) and into host worlds of 1 and 3 ranks, in every target.
+fn cuda_round_trip<T: Element>(world: &World, global: &Tensor<T>) {
+    let dir = Dir::new("cuda");
+    let gpus = world.num_ranks();
+    world
+        .run(|rank| {
+            let s0 = DistTensor::from_global(rank, global, Placement::Shard(0))?;
+            let s1 = DistTensor::from_global_split(rank, global, 1, Split::Even)?;
+            let rep = DistTensor::from_global(rank, global, Placement::Replicate)?;
+            // Rank 0 holds the whole sum, the others zeros: exact in every type.
+            let part =
+                if rank.rank() == 0 { global.clone() } else { Tensor::zeros(global.shape()) };
+            let partial = DistTensor::from_local(rank, part, Placement::Partial)?;
+            for t in [&s0, &s1, &rep, &partial] {
+                assert_ne!(t.local().device(), dist_tensor::Device::Host, "a part on the GPU");
+            }
+            let entries = [
+                Entry::new("s0", &s0)?,
+                Entry::new("s1", &s1)?,
+                Entry::new("rep", &rep)?,
+                Entry::new("partial", &partial)?,
+            ];
+            checkpoint::save(rank, &dir.0, &entries)?;
+            Ok(())
+        })
+        .unwrap();
+    let rows = global.shape()[0];
+    let host_worlds = [World::threads(1).unwrap(), World::threads(3).unwrap()];
+    for load in std::iter::once(world).chain(&host_worlds) {
+        let on_gpu = std::ptr::eq(load, world);
+        let n = load.num_ranks();
+        load.run(|rank| {
+            let ck = Checkpoint::open(rank, &dir.0)?;
+            assert_eq!(ck.saved_world(), gpus);
+            for name in ["s0", "s1", "rep", "partial"] {
+                for target in targets(n, rows) {
+                    let t = ck.load::<T>(name, target.clone())?;
+                    assert_eq!(t.local().device() != dist_tensor::Device::Host, on_gpu);
+                    let got = t.local().to_host()?;
+                    assert!(
+                        same(&got, &expected_part(global, &t, rank.rank())),
+                        "{} {name} saved on {gpus} GPUs, loaded on {n} ranks (GPU {on_gpu}) as \
+                         {target:?}: rank {} differs",
+                        T::DTYPE,
+                        rank.rank()
+                    );
+                    assert_eq!(t.global_dims(), global.shape());
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}
+
+/// `cargo test --release --features cuda --test checkpoint -- --nocapture gpu`: skipped, saying
+/// why, without a GPU.
+#[test]
+fn a_gpu_world_saves_and_loads_resharded_on_gpus_and_hosts() {
+    let Some(world) = cuda_world("a_gpu_world_saves_and_loads_resharded_on_gpus_and_hosts") else {
+        return;
+    };
+    // 5 rows: uneven over 2 GPUs and 3 host ranks.
+    cuda_round_trip(&world, &values::<f32>(&[5, 3], 11));
+    cuda_round_trip(&world, &values::<bf16>(&[5, 3], 12));
+    cuda_round_trip(&world, &values::<f64>(&[1, 4], 13));
+}

@@ -281,9 +281,9 @@ fn mlp_gradients_match_finite_differences() -> Result<()> {
             let dx = mlp.backward(saved, &rs)?.to_global()?;
             let p = mlp.parameters();
             let grads = [
-                gather(rank, p[0].grad().unwrap(), Placement::Shard(1))?,
-                gather(rank, p[1].grad().unwrap(), Placement::Shard(0))?,
-                gather(rank, p[2].grad().unwrap(), Placement::Shard(0))?,
+                gather(rank, &p[0].grad().unwrap(), Placement::Shard(1))?,
+                gather(rank, &p[1].grad().unwrap(), Placement::Shard(0))?,
+                gather(rank, &p[2].grad().unwrap(), Placement::Shard(0))?,
                 p[3].grad().unwrap().clone(),
             ];
             let h = 1e-5;

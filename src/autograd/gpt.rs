@@ -115,6 +115,77 @@ impl<'r, T: Element> RmsNorm<'r, T> {
     }
 }
 
+/// Layer normalization with a learnable weight and bias (both replicated, as [`RmsNorm`]'s:
+/// each rank normalizes its rows, and each weight's gradient is the ranks' partial sums, summed
+/// by [`sync_grads`](super::sync_grads)).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::autograd::gpt::LayerNorm;
+/// use dist_tensor::autograd::{DVar, sync_grads};
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+/// let x = Tensor::<f64>::random(&[5, 4], 1);
+/// let grads = World::threads(2)?.run(|rank| {
+///     let norm = LayerNorm::<f64>::new(4);
+///     let xs = DVar::constant(DistTensor::from_global(rank, &x, Placement::Shard(0))?);
+///     let y = norm.forward(&xs)?;
+///     (y.local() * y.local()).sum().backward()?; // each rank's rows
+///     sync_grads(&norm, rank)?;
+///     Ok(norm.bias.grad().unwrap())
+/// })?;
+/// assert_eq!(grads[0], grads[1]); // summed over the ranks' rows
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub struct LayerNorm<'r, T: Element> {
+    /// One scale per feature, ones at first.
+    pub weight: Var<'r, T>,
+    /// One shift per feature, zeros at first.
+    pub bias: Var<'r, T>,
+    /// Added to the variance (1e-5, PyTorch's default).
+    pub eps: f64,
+}
+
+impl<'r, T: Element> LayerNorm<'r, T> {
+    /// Weights of one, biases of zero.
+    pub fn new(features: usize) -> Self {
+        LayerNorm {
+            weight: ones(features),
+            bias: Var::param(Tensor::zeros(&[features])),
+            eps: 1e-5,
+        }
+    }
+
+    /// `(x - mean(x)) / sqrt(var(x) + eps) * weight + bias` row by row.
+    ///
+    /// # Errors
+    /// As [`Var::layer_norm`].
+    pub fn forward(&self, x: &DVar<'r, T>) -> Result<DVar<'r, T>> {
+        x.map(|x| x.layer_norm(Some(&self.weight), Some(&self.bias), self.eps))
+    }
+}
+
+impl<'r, T: Element> Module<'r, T> for LayerNorm<'r, T> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Var<'r, T>, Sharing)) {
+        f(&join(p, "weight"), &self.weight, Sharing::Replicated);
+        f(&join(p, "bias"), &self.bias, Sharing::Replicated);
+    }
+
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Var<'r, T>, Sharing)) {
+        f(&join(p, "weight"), &mut self.weight, Sharing::Replicated);
+        f(&join(p, "bias"), &mut self.bias, Sharing::Replicated);
+    }
+}
+
+impl<'r, T: Element> Module<'r, T> for RmsNorm<'r, T> {
+    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Var<'r, T>, Sharing)) {
+        f(&join(p, "weight"), &self.weight, Sharing::Replicated);
+    }
+
+    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Var<'r, T>, Sharing)) {
+        f(&join(p, "weight"), &mut self.weight, Sharing::Replicated);
+    }
+}
+
 /// Causal multi-head self-attention, its heads split over the ranks or (Ulysses) its tokens.
 pub struct CausalSelfAttention<'r, T: Element> {
     /// `[E, h D]`: this rank's heads' columns (tensor-parallel) or all (Ulysses); so `k`, `v`.

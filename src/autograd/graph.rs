@@ -9,6 +9,7 @@ use std::cell::RefCell;
 use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::{Element, Error, Result, Tensor};
 
@@ -18,15 +19,144 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// its inputs into their nodes. Run once, then dropped with what it saved.
 pub(crate) type BackwardFn<'a, T> = Box<dyn FnOnce(&Tensor<T>) -> Result<()> + 'a>;
 
-/// A tracked value's node: its gradient so far, and (unless it is a leaf) how to pass the
-/// gradient on to its inputs.
+/// An op's output node: its gradient so far, and how to pass it on to its inputs.
 pub(crate) struct Node<'a, T: Element> {
     id: u64,
     shape: Vec<usize>,
     grad: RefCell<Option<Tensor<T>>>,
     backward: RefCell<Option<BackwardFn<'a, T>>>,
     parents: Vec<Rc<dyn AnyNode<'a> + 'a>>,
-    leaf: bool,
+}
+
+/// A leaf (a parameter): only its gradient. It borrows nothing, so one leaf serves graphs of any
+/// lifetime, and it may be shared between threads: an `nn` layer's [`Param`](crate::nn::Param)
+/// keeps its gradient in one, the layer staying `Send` and its parameter usable in every forward
+/// pass as a [`Var`](super::Var) of that pass's lifetime.
+pub(crate) struct Leaf<T: Element> {
+    id: u64,
+    shape: Vec<usize>,
+    grad: Mutex<Option<Tensor<T>>>,
+}
+
+/// A tracked value's node: a leaf, or an op's output.
+pub(crate) enum Tracked<'a, T: Element> {
+    Leaf(Arc<Leaf<T>>),
+    Op(Rc<Node<'a, T>>),
+}
+
+impl<T: Element> Clone for Tracked<'_, T> {
+    fn clone(&self) -> Self {
+        match self {
+            Tracked::Leaf(l) => Tracked::Leaf(l.clone()),
+            Tracked::Op(n) => Tracked::Op(n.clone()),
+        }
+    }
+}
+
+/// A leaf as a node of the graph walk (a leaf's `run` does nothing).
+struct LeafNode<T: Element>(Arc<Leaf<T>>);
+
+impl<'a, T: Element> AnyNode<'a> for LeafNode<T> {
+    fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    fn parents(&self) -> &[Rc<dyn AnyNode<'a> + 'a>] {
+        &[]
+    }
+
+    fn run(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// `g` added to `slot`, after checking its shape against `shape`.
+fn add_into<T: Element>(slot: &mut Option<Tensor<T>>, shape: &[usize], g: Tensor<T>) -> Result<()> {
+    if g.shape() != shape {
+        return Err(Error::InvalidShape {
+            op: "autograd::backward",
+            reason: format!(
+                "a gradient of shape {:?} reached a value of shape {:?} (an op's backward \
+                 returned the wrong shape)",
+                g.shape(),
+                shape
+            ),
+        });
+    }
+    *slot = Some(match slot.take() {
+        None => g,
+        Some(sum) => sum + &g,
+    });
+    Ok(())
+}
+
+impl<T: Element> Leaf<T> {
+    pub(crate) fn new(shape: &[usize]) -> Arc<Self> {
+        Arc::new(Leaf {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            shape: shape.to_vec(),
+            grad: Mutex::new(None),
+        })
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Tensor<T>>> {
+        // A panic while the gradient was held leaves a whole tensor or none: still usable.
+        self.grad.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn accumulate(&self, g: Tensor<T>) -> Result<()> {
+        add_into(&mut self.slot(), &self.shape, g)
+    }
+
+    pub(crate) fn grad(&self) -> Option<Tensor<T>> {
+        self.slot().clone()
+    }
+
+    pub(crate) fn take_grad(&self) -> Option<Tensor<T>> {
+        self.slot().take()
+    }
+
+    pub(crate) fn set_grad(&self, g: Option<Tensor<T>>) {
+        *self.slot() = g;
+    }
+}
+
+impl<'a, T: Element> Tracked<'a, T> {
+    pub(crate) fn accumulate(&self, g: Tensor<T>) -> Result<()> {
+        match self {
+            Tracked::Leaf(l) => l.accumulate(g),
+            Tracked::Op(n) => n.accumulate(g),
+        }
+    }
+
+    pub(crate) fn grad(&self) -> Option<Tensor<T>> {
+        match self {
+            Tracked::Leaf(l) => l.grad(),
+            Tracked::Op(n) => n.grad(),
+        }
+    }
+
+    pub(crate) fn take_grad(&self) -> Option<Tensor<T>> {
+        match self {
+            Tracked::Leaf(l) => l.take_grad(),
+            Tracked::Op(n) => n.take_grad(),
+        }
+    }
+
+    pub(crate) fn set_grad(&self, g: Option<Tensor<T>>) {
+        match self {
+            Tracked::Leaf(l) => l.set_grad(g),
+            Tracked::Op(n) => n.set_grad(g),
+        }
+    }
+
+    /// The node in the graph walk.
+    pub(crate) fn as_any(&self) -> Rc<dyn AnyNode<'a> + 'a> {
+        match self {
+            Tracked::Leaf(l) => Rc::new(LeafNode(l.clone())),
+            Tracked::Op(n) => n.clone(),
+        }
+    }
 }
 
 /// A node of any element type (a cast joins nodes of two types).
@@ -38,17 +168,6 @@ pub(crate) trait AnyNode<'a> {
 }
 
 impl<'a, T: Element> Node<'a, T> {
-    pub(crate) fn leaf(shape: &[usize]) -> Rc<Self> {
-        Rc::new(Node {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            shape: shape.to_vec(),
-            grad: RefCell::new(None),
-            backward: RefCell::new(None),
-            parents: Vec::new(),
-            leaf: true,
-        })
-    }
-
     pub(crate) fn interior(
         shape: &[usize],
         parents: Vec<Rc<dyn AnyNode<'a> + 'a>>,
@@ -60,29 +179,12 @@ impl<'a, T: Element> Node<'a, T> {
             grad: RefCell::new(None),
             backward: RefCell::new(Some(backward)),
             parents,
-            leaf: false,
         })
     }
 
     /// Adds `g` to the gradient gathered so far.
     pub(crate) fn accumulate(&self, g: Tensor<T>) -> Result<()> {
-        if g.shape() != self.shape.as_slice() {
-            return Err(Error::InvalidShape {
-                op: "autograd::backward",
-                reason: format!(
-                    "a gradient of shape {:?} reached a value of shape {:?} (an op's backward \
-                     returned the wrong shape)",
-                    g.shape(),
-                    self.shape
-                ),
-            });
-        }
-        let mut slot = self.grad.borrow_mut();
-        *slot = Some(match slot.take() {
-            None => g,
-            Some(sum) => sum + &g,
-        });
-        Ok(())
+        add_into(&mut self.grad.borrow_mut(), &self.shape, g)
     }
 
     pub(crate) fn grad(&self) -> Option<Tensor<T>> {
@@ -96,10 +198,6 @@ impl<'a, T: Element> Node<'a, T> {
     pub(crate) fn set_grad(&self, g: Option<Tensor<T>>) {
         *self.grad.borrow_mut() = g;
     }
-
-    pub(crate) fn is_leaf(&self) -> bool {
-        self.leaf
-    }
 }
 
 impl<'a, T: Element> AnyNode<'a> for Node<'a, T> {
@@ -112,9 +210,6 @@ impl<'a, T: Element> AnyNode<'a> for Node<'a, T> {
     }
 
     fn run(&self) -> Result<()> {
-        if self.leaf {
-            return Ok(());
-        }
         let Some(g) = self.grad.borrow_mut().take() else {
             return Ok(());
         };

@@ -31,7 +31,7 @@
 mod dist;
 pub mod gpt;
 mod gradcheck;
-mod graph;
+pub(crate) mod graph;
 mod loss;
 mod module;
 mod ops;

@@ -1,9 +1,7 @@
 //! [`Var`]: a tensor that may be tracked, and the helpers every op uses to record its backward
 //! function only when one of its inputs is tracked.
 
-use std::rc::Rc;
-
-use super::graph::{AnyNode, Node, backward_from};
+use super::graph::{Leaf, Node, Tracked, backward_from};
 use crate::{Element, Error, Result, Tensor};
 
 /// A tensor in a differentiable computation: a value, and, when tracked, its node on the tape.
@@ -34,7 +32,7 @@ use crate::{Element, Error, Result, Tensor};
 /// ```
 pub struct Var<'a, T: Element> {
     pub(crate) value: Tensor<T>,
-    pub(crate) node: Option<Rc<Node<'a, T>>>,
+    pub(crate) node: Option<Tracked<'a, T>>,
 }
 
 impl<T: Element> Clone for Var<'_, T> {
@@ -66,8 +64,22 @@ impl<'a, T: Element> Var<'a, T> {
 
     /// A tracked leaf: a parameter whose gradient [`Var::backward`] computes.
     pub fn param(value: Tensor<T>) -> Self {
-        let node = Node::leaf(value.shape());
+        let node = Tracked::Leaf(Leaf::new(value.shape()));
         Var { value, node: Some(node) }
+    }
+
+    /// A tracked leaf of `value` whose gradient accumulates in `leaf` (a parameter kept outside
+    /// the graph, as an `nn` layer keeps its own).
+    pub(crate) fn from_leaf(value: Tensor<T>, leaf: std::sync::Arc<Leaf<T>>) -> Self {
+        Var { value, node: Some(Tracked::Leaf(leaf)) }
+    }
+
+    /// The leaf holding this value's gradient, if it is a tracked leaf.
+    pub(crate) fn leaf(&self) -> Option<std::sync::Arc<Leaf<T>>> {
+        match &self.node {
+            Some(Tracked::Leaf(l)) => Some(l.clone()),
+            _ => None,
+        }
     }
 
     /// The value.
@@ -167,10 +179,10 @@ impl<'a, T: Element> Var<'a, T> {
             });
         };
         node.accumulate(grad)?;
-        if node.is_leaf() {
-            return Ok(());
+        match node {
+            Tracked::Leaf(_) => Ok(()),
+            Tracked::Op(_) => backward_from(node.as_any()),
         }
-        backward_from(node.clone())
     }
 }
 
@@ -185,11 +197,11 @@ pub(crate) fn record<'a, T: Element>(
     inputs: &[&Var<'a, T>],
     backward: impl FnOnce(&Tensor<T>, &[bool]) -> Result<Grads<T>> + 'a,
 ) -> Var<'a, T> {
-    let nodes: Vec<Option<Rc<Node<'a, T>>>> = inputs.iter().map(|v| v.node.clone()).collect();
+    let nodes: Vec<Option<Tracked<'a, T>>> = inputs.iter().map(|v| v.node.clone()).collect();
     if nodes.iter().all(Option::is_none) {
         return Var::constant(value);
     }
-    let parents = nodes.iter().flatten().map(|n| n.clone() as Rc<dyn AnyNode<'a> + 'a>).collect();
+    let parents = nodes.iter().flatten().map(Tracked::as_any).collect();
     let need: Vec<bool> = nodes.iter().map(Option::is_some).collect();
     let node = Node::interior(
         value.shape(),
@@ -204,7 +216,7 @@ pub(crate) fn record<'a, T: Element>(
             Ok(())
         }),
     );
-    Var { value, node: Some(node) }
+    Var { value, node: Some(Tracked::Op(node)) }
 }
 
 /// `value`, computed from `input` of another element type, tracked when `input` is.
@@ -218,8 +230,8 @@ pub(crate) fn record_from<'a, T: Element, U: Element>(
     };
     let node = Node::interior(
         value.shape(),
-        vec![parent.clone() as Rc<dyn AnyNode<'a> + 'a>],
+        vec![parent.as_any()],
         Box::new(move |g: &Tensor<U>| parent.accumulate(backward(g)?)),
     );
-    Var { value, node: Some(node) }
+    Var { value, node: Some(Tracked::Op(node)) }
 }

@@ -1,6 +1,7 @@
 //! [`ColumnParallelLinear`]: `y = x @ W + b` with `W` split by columns, input sharded by rows.
 
 use super::{Param, Parameters, bias_grad, check_rows, weight_grad};
+use crate::autograd::DVar;
 use crate::dist::{DistTensor, MatmulOptions, Split};
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
@@ -305,6 +306,42 @@ impl<T: Element> ColumnParallelLinear<T> {
     pub fn infer<'r>(&self, x: &DistTensor<'r, T>) -> Result<DistTensor<'r, T>> {
         let opts = MatmulOptions::new().unfused(!self.fused);
         self.add_bias(x.all_gather_matmul_with(&[self.weight.value()], &opts)?.remove(0))
+    }
+
+    /// The forward pass on autograd: `x @ W_r + b_r` as [`ColumnParallelLinear::forward`]
+    /// computes it (one fused `all_gather_matmul`), recording its dual, so that a `backward()`
+    /// through the result reaches `x` and adds to this layer's gradients. Always fused.
+    /// Collective.
+    ///
+    /// # Errors
+    /// As [`DVar::all_gather_matmul`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::autograd::DVar;
+    /// use dist_tensor::nn::ColumnParallelLinear;
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let x = Tensor::<f64>::random(&[5, 4], 1);
+    /// World::threads(2)?.run(|rank| {
+    ///     let fc = ColumnParallelLinear::<f64>::new(rank, 4, 6, true, 3)?;
+    ///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+    ///     let y = fc.forward_var(&DVar::constant(xs.clone()))?;
+    ///     assert_eq!(y.value().local(), fc.forward(&xs)?.0.local());
+    ///     y.local().sum().backward()?; // collective
+    ///     assert!(fc.weight().grad().is_some() && fc.bias().unwrap().grad().is_some());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn forward_var<'r>(&self, x: &DVar<'r, T>) -> Result<DVar<'r, T>> {
+        let h = x.all_gather_matmul(&self.weight.var())?;
+        match &self.bias {
+            Some(b) => {
+                let b = b.var();
+                h.map(|h| Ok(h + &b))
+            }
+            None => Ok(h),
+        }
     }
 
     fn add_bias<'r>(&self, y: DistTensor<'r, T>) -> Result<DistTensor<'r, T>> {

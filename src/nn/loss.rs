@@ -1,5 +1,6 @@
 //! [`mse_loss`]: the mean squared error of a distributed prediction, and its gradient.
 
+use crate::autograd::{DVar, Var};
 use crate::collectives;
 use crate::dist::{DistTensor, Placement};
 use crate::tensor::Element;
@@ -58,4 +59,56 @@ pub fn mse_loss<'r, T: Element>(
         _ => local,
     };
     Ok((total / len as f64, grad))
+}
+
+/// [`mse_loss`] on autograd: the mean squared error of `pred` (sharded or replicated) against
+/// `target` (laid out alike), a replicated scalar whose `backward()` reaches `pred`. Collective.
+///
+/// # Errors
+/// As [`mse_loss`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::autograd::DVar;
+/// use dist_tensor::nn::{mse_loss, mse_loss_var};
+/// use dist_tensor::{DistTensor, Placement, Tensor, World};
+/// let (p, t) = (Tensor::<f64>::random(&[7, 3], 1), Tensor::<f64>::random(&[7, 3], 2));
+/// World::threads(3)?.run(|rank| {
+///     let ps = DistTensor::from_global(rank, &p, Placement::Shard(0))?;
+///     let ts = DistTensor::from_global(rank, &t, Placement::Shard(0))?;
+///     let pv = DVar::param(ps.clone());
+///     let loss = mse_loss_var(&pv, &ts)?;
+///     loss.backward()?;
+///     let (want, dp) = mse_loss(&ps, &ts)?;
+///     assert!((loss.value().local().as_slice()[0] - want).abs() < 1e-12);
+///     let err = (&pv.grad().unwrap() - dp.local()).as_slice().iter().fold(0.0f64, |m, d| m.max(d.abs()));
+///     assert!(err < 1e-15);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn mse_loss_var<'r, T: Element>(
+    pred: &DVar<'r, T>,
+    target: &DistTensor<'r, T>,
+) -> Result<DVar<'r, T>> {
+    const OP: &str = "mse_loss_var";
+    let placement = pred.placement();
+    if placement == Placement::Partial || target.placement() != placement {
+        return Err(Error::UnsupportedPlacement {
+            op: OP,
+            placement: format!("{placement} against a target {}", target.placement()),
+            expected: "a sharded or replicated prediction, the target laid out alike".to_string(),
+        });
+    }
+    let len: usize = pred.value().global_dims().iter().product();
+    let diff = pred.local() - &Var::constant(target.local().clone());
+    let part = (&diff * &diff).sum().scale(1.0 / len as f64);
+    let rank = pred.value().rank();
+    match placement {
+        // Each rank's part of the sum: one all-reduce.
+        Placement::Shard(_) => {
+            DVar::from_var(rank, &part, Placement::Partial)?.redistribute(Placement::Replicate)
+        }
+        _ => DVar::from_var(rank, &part, Placement::Replicate),
+    }
 }

@@ -5,6 +5,7 @@ use super::{
     RowParallelSaved,
 };
 use crate::Result;
+use crate::autograd::DVar;
 use crate::dist::DistTensor;
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
@@ -230,6 +231,36 @@ impl<T: Element> ParallelMlp<T> {
     pub fn infer<'r>(&self, x: &DistTensor<'r, T>) -> Result<DistTensor<'r, T>> {
         let a = self.fc1.infer(x)?.map_local(|t| self.act.forward(t))?;
         self.fc2.infer(&a)
+    }
+
+    /// The forward pass on autograd: `fc2(act(fc1(x)))` with each layer's
+    /// [`forward_var`](ColumnParallelLinear::forward_var), recording the duals. Collective.
+    ///
+    /// # Errors
+    /// As the layers' `forward_var`.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::autograd::{AdamW, DVar, Module};
+    /// use dist_tensor::nn::{Activation, ParallelMlp};
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let x = Tensor::<f32>::random(&[6, 4], 1);
+    /// World::threads(2)?.run(|rank| {
+    ///     let mut mlp = ParallelMlp::<f32>::new(rank, 4, 8, Activation::Gelu, 3)?;
+    ///     let xs = DVar::constant(DistTensor::from_global(rank, &x, Placement::Shard(0))?);
+    ///     let y = mlp.forward_var(&xs)?;
+    ///     y.local().sum().backward()?;
+    ///     let names: Vec<String> = mlp.named_parameters().into_iter().map(|(n, _)| n).collect();
+    ///     assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
+    ///     AdamW::new(1e-3).step(&mut mlp)?; // every parameter, one call
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn forward_var<'r>(&self, x: &DVar<'r, T>) -> Result<DVar<'r, T>> {
+        let h = self.fc1.forward_var(x)?;
+        let a = h.map(|h| Ok(super::activation_var(self.act, h)))?;
+        self.fc2.forward_var(&a)
     }
 
     /// The backward pass: given `dy` (sharded as the output), returns the gradient with respect

@@ -35,6 +35,24 @@
 //! reads a weight transposed or keeps the gathered input yet, and an Ascend world none that
 //! keeps it: the layers' calls return [`Error::DeviceUnavailable`] there, on every rank.
 //!
+//! # On autograd
+//!
+//! Every layer is also an autograd [`Module`], its parameters named as
+//! its checkpoint names ([`NamedState`]), and has `forward_var`, its forward pass on
+//! [`DVar`](crate::autograd::DVar)s: the same fused ops, each recording its dual. So one model
+//! mixes these layers with those of [`autograd::gpt`](crate::autograd::gpt), differentiates it
+//! with one `backward()` and steps it with one [`AdamW::step`](crate::autograd::AdamW::step) (or
+//! [`Adam::step_module`], [`Sgd::step_module`]). A [`Param`]'s gradient is an autograd leaf's:
+//! the hand-written `backward` and autograd accumulate into the same place.
+//!
+//! The hand-written `forward` / `backward` pairs stay for now, as the API the examples use;
+//! `tests/nn_autograd.rs` checks that both forms give the same output and gradients, and `cargo
+//! bench --bench nn -- autograd` times them (the autograd form was not the slower one where it
+//! was measured: the README has the figures). One difference: their gradients of replicated
+//! parameters (a row-parallel bias, the Ulysses projections) are complete on every rank, where
+//! autograd leaves the ranks' partial sums for [`sync_grads`](crate::autograd::sync_grads), as
+//! for every [`Sharing::Replicated`](crate::autograd::Sharing) parameter.
+//!
 //! # Training
 //!
 //! Every layer implements [`Parameters`]: its [`Param`]s, each this rank's shard of a weight
@@ -81,7 +99,7 @@ mod state;
 pub use activation::Activation;
 pub use attention::{AttentionSaved, SelfAttentionSaved, UlyssesAttention, UlyssesSelfAttention};
 pub use column_parallel::{ColumnParallelLinear, ColumnParallelSaved};
-pub use loss::mse_loss;
+pub use loss::{mse_loss, mse_loss_var};
 pub use mlp::{MlpSaved, ParallelMlp};
 pub use optim::{Adam, Sgd};
 pub use param::{Param, Parameters};
@@ -89,6 +107,9 @@ pub use row_parallel::{RowParallelLinear, RowParallelSaved};
 pub use state::{NamedState, OptimizerState, load_training, save_training};
 
 use ndarray::ArrayView2;
+
+use crate::autograd::{Module, Sharing, Var};
+use crate::dist::Placement;
 
 use crate::tensor::{Element, Tensor, matmul};
 use crate::{Error, Result};
@@ -157,4 +178,68 @@ fn linear_init<T: Element>(
         None
     };
     Ok((w, b))
+}
+
+/// How autograd sees a parameter placed so: a shard is complete on its rank; a replicated one is
+/// used by each rank on its own rows, its gradient a partial sum.
+fn sharing(placement: Placement) -> Sharing {
+    match placement {
+        Placement::Replicate | Placement::Partial => Sharing::Replicated,
+        Placement::Shard(_) => Sharing::Sharded,
+    }
+}
+
+/// [`Module::visit`] of a layer: its parameters as tracked [`Var`]s sharing their gradients, under
+/// their checkpoint names.
+fn visit_layer<'a, T: Element, L: NamedState<T>>(
+    layer: &L,
+    prefix: &str,
+    f: &mut dyn FnMut(&str, &Var<'a, T>, Sharing),
+) {
+    for (p, (name, placement)) in layer.parameters().into_iter().zip(layer.param_names()) {
+        f(&state::join(prefix, &name), &p.var(), sharing(placement));
+    }
+}
+
+/// [`Module::visit_mut`] of a layer: as [`visit_layer`], keeping the values `f` leaves.
+fn visit_layer_mut<'a, T: Element, L: NamedState<T>>(
+    layer: &mut L,
+    prefix: &str,
+    f: &mut dyn FnMut(&str, &mut Var<'a, T>, Sharing),
+) {
+    let names = layer.param_names();
+    for (p, (name, placement)) in layer.parameters_mut().into_iter().zip(names) {
+        p.with_var_mut(|v| f(&state::join(prefix, &name), v, sharing(placement)));
+    }
+}
+
+/// Every layer is a [`Module`] through its [`NamedState`].
+macro_rules! layer_module {
+    ($($layer:ident),*) => {$(
+        impl<'a, T: Element> Module<'a, T> for $layer<T> {
+            fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Var<'a, T>, Sharing)) {
+                visit_layer(self, prefix, f);
+            }
+
+            fn visit_mut(
+                &mut self,
+                prefix: &str,
+                f: &mut dyn FnMut(&str, &mut Var<'a, T>, Sharing),
+            ) {
+                visit_layer_mut(self, prefix, f);
+            }
+        }
+    )*};
+}
+
+layer_module!(ColumnParallelLinear, RowParallelLinear, ParallelMlp, UlyssesSelfAttention);
+
+/// `act` on a [`Var`], differentiated.
+fn activation_var<'a, T: Element>(act: Activation, x: &Var<'a, T>) -> Var<'a, T> {
+    match act {
+        Activation::Gelu => x.gelu(),
+        Activation::GeluTanh => x.gelu_tanh(),
+        Activation::Silu => x.silu(),
+        Activation::Relu => x.relu(),
+    }
 }

@@ -1,6 +1,10 @@
 //! [`Param`]: a parameter's value (this rank's shard of it) and its gradient, and
 //! [`Parameters`], what every layer implements so that an optimizer can step it.
 
+use std::sync::Arc;
+
+use crate::autograd::Var;
+use crate::autograd::graph::Leaf;
 use crate::tensor::{Element, Tensor};
 use crate::{Error, Result};
 
@@ -25,10 +29,35 @@ use crate::{Error, Result};
 /// assert!(p.grad().is_none());
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The gradient lives in an autograd leaf: [`Param::var`] is the parameter as a tracked
+/// [`Var`], and a backward pass through it accumulates into this same gradient. So a layer's
+/// hand-written backward pass and autograd add up in one place, and a layer is an autograd
+/// [`Module`](crate::autograd::Module) whose parameters [`AdamW`](crate::autograd::AdamW) steps.
 pub struct Param<T: Element> {
     value: Tensor<T>,
-    grad: Option<Tensor<T>>,
+    leaf: Arc<Leaf<T>>,
+}
+
+/// A copy has its own gradient (a copy of this one), not a shared one.
+impl<T: Element> Clone for Param<T> {
+    fn clone(&self) -> Self {
+        let leaf = Leaf::new(self.value.shape());
+        leaf.set_grad(self.grad());
+        Param { value: self.value.clone(), leaf }
+    }
+}
+
+impl<T: Element> PartialEq for Param<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value && self.grad() == other.grad()
+    }
+}
+
+impl<T: Element> std::fmt::Debug for Param<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Param").field("value", &self.value).field("grad", &self.grad()).finish()
+    }
 }
 
 impl<T: Element> Param<T> {
@@ -42,7 +71,41 @@ impl<T: Element> Param<T> {
     /// assert_eq!(p.value().shape(), &[3, 2]);
     /// ```
     pub fn new(value: Tensor<T>) -> Self {
-        Param { value, grad: None }
+        let leaf = Leaf::new(value.shape());
+        Param { value, leaf }
+    }
+
+    /// The parameter as a tracked autograd leaf (of any graph's lifetime): a backward pass
+    /// through it accumulates into this parameter's gradient. The value is shared, not copied.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::nn::Param;
+    /// use dist_tensor::autograd::Var;
+    /// use dist_tensor::Tensor;
+    /// let p = Param::new(Tensor::<f64>::from(vec![1.0, 2.0]));
+    /// let x = Var::constant(Tensor::from(vec![3.0, 4.0]));
+    /// (&p.var() * &x).sum().backward()?;
+    /// assert_eq!(p.grad().unwrap().as_slice(), &[3.0, 4.0]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn var<'a>(&self) -> Var<'a, T> {
+        Var::from_leaf(self.value.clone(), self.leaf.clone())
+    }
+
+    /// A parameter over a tracked leaf `v` (its value shared, its gradient the same); `None`
+    /// for a value computed by an op or an untracked one.
+    pub(crate) fn from_var(v: &Var<'_, T>) -> Option<Self> {
+        Some(Param { value: v.value().clone(), leaf: v.leaf()? })
+    }
+
+    /// Calls `f` with the parameter as a [`Var`] (an optimizer's step on a
+    /// [`Module`](crate::autograd::Module)), then keeps the value `f` left in it.
+    pub(crate) fn with_var_mut<'a>(&mut self, f: impl FnOnce(&mut Var<'a, T>)) {
+        let mut v = self.var();
+        f(&mut v);
+        // `Var::set_value` keeps the shape, so the value still fits the parameter.
+        self.value = v.into_value();
     }
 
     /// The value (this rank's part of it).
@@ -87,8 +150,11 @@ impl<T: Element> Param<T> {
     /// assert_eq!(p.grad().map(|g| g.as_slice()[0]), Some(1.0));
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
-    pub fn grad(&self) -> Option<&Tensor<T>> {
-        self.grad.as_ref()
+    ///
+    /// A copy of the gradient that shares its elements (copy-on-write): the gradient lives in
+    /// an autograd leaf that a backward pass through [`Param::var`] may add to.
+    pub fn grad(&self) -> Option<Tensor<T>> {
+        self.leaf.grad()
     }
 
     /// Adds `grad` to the gradient (sets it when there is none), in the accumulator type,
@@ -115,11 +181,7 @@ impl<T: Element> Param<T> {
                 ),
             });
         }
-        self.grad = Some(match self.grad.take() {
-            Some(old) => old + &grad,
-            None => grad,
-        });
-        Ok(())
+        self.leaf.accumulate(grad)
     }
 
     /// Forgets the gradient.
@@ -135,12 +197,12 @@ impl<T: Element> Param<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn zero_grad(&mut self) {
-        self.grad = None;
+        self.leaf.set_grad(None);
     }
 
     /// The value and the gradient at once, the value mutable (what an optimizer step needs).
-    pub(crate) fn value_and_grad(&mut self) -> (&mut Tensor<T>, Option<&Tensor<T>>) {
-        (&mut self.value, self.grad.as_ref())
+    pub(crate) fn value_and_grad(&mut self) -> (&mut Tensor<T>, Option<Tensor<T>>) {
+        (&mut self.value, self.leaf.grad())
     }
 }
 

@@ -3,6 +3,7 @@
 use super::column_parallel::check_linear;
 use super::{Param, Parameters, bias_grad, check_rows, weight_grad};
 use crate::Result;
+use crate::autograd::DVar;
 use crate::dist::{DistTensor, MatmulOptions, Split};
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
@@ -322,6 +323,40 @@ impl<T: Element> RowParallelLinear<T> {
             b.accumulate_grad(bias_grad(dy_all.local())?)?;
         }
         Ok(dh.remove(0))
+    }
+
+    /// The forward pass on autograd: `reduce_scatter(h @ W_r) + b` as
+    /// [`RowParallelLinear::forward`] computes it (one fused `matmul_reduce_scatter`), recording
+    /// its dual. Always fused. The bias's gradient is this rank's rows' part: sum it over the
+    /// ranks with [`sync_grads`](crate::autograd::sync_grads). Collective.
+    ///
+    /// # Errors
+    /// As [`DVar::matmul_reduce_scatter`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::autograd::DVar;
+    /// use dist_tensor::nn::RowParallelLinear;
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let h = Tensor::<f64>::random(&[5, 6], 1);
+    /// World::threads(2)?.run(|rank| {
+    ///     let fc = RowParallelLinear::<f64>::new(rank, 6, 4, true, 3)?;
+    ///     let hs = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
+    ///     let y = fc.forward_var(&DVar::constant(hs.clone()))?;
+    ///     assert_eq!(y.value().local(), fc.forward(&hs)?.0.local());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn forward_var<'r>(&self, h: &DVar<'r, T>) -> Result<DVar<'r, T>> {
+        let y = h.matmul_reduce_scatter(&self.weight.var())?;
+        match &self.bias {
+            Some(b) => {
+                let b = b.var();
+                y.map(|y| Ok(y + &b))
+            }
+            None => Ok(y),
+        }
     }
 }
 

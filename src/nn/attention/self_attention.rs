@@ -4,6 +4,7 @@
 use ndarray::{Array3, ArrayView4, ArrayViewMut4, Axis, Ix5};
 
 use super::{UlyssesAttention, check_sequence, local, resplit, view4, view4_mut};
+use crate::autograd::{DVar, Var};
 use crate::collectives;
 use crate::dist::{DistTensor, Placement};
 use crate::nn::{Param, Parameters, linear_init, rows_matmul, weight_grad};
@@ -342,6 +343,64 @@ impl<T: Element> UlyssesSelfAttention<T> {
         self.wqkv.accumulate_grad(Tensor::from_shape_vec(dwqkv.shape(), sum_qkv.to_vec())?)?;
         self.wo.accumulate_grad(Tensor::from_shape_vec(dwo.shape(), sum_o.to_vec())?)?;
         Ok(dx)
+    }
+
+    /// The forward pass on autograd: the projections as local products of this rank's tokens,
+    /// q, k and v each traded for heads by an `all_to_all` (three exchanges where
+    /// [`UlyssesSelfAttention::forward`] packs them in one), the fused
+    /// [`scaled_dot_product_attention`](Var::scaled_dot_product_attention), the exchange back and
+    /// the output projection, each recording its backward. The weights' gradients are this
+    /// rank's tokens' parts: sum them with [`sync_grads`](crate::autograd::sync_grads).
+    /// Collective.
+    ///
+    /// # Errors
+    /// As [`UlyssesSelfAttention::forward`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::autograd::DVar;
+    /// use dist_tensor::nn::UlyssesSelfAttention;
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let x = Tensor::<f64>::random(&[1, 6, 8], 1);
+    /// World::threads(2)?.run(|rank| {
+    ///     let attn = UlyssesSelfAttention::<f64>::new(8, 2, true, 5)?;
+    ///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
+    ///     let y = attn.forward_var(&DVar::constant(xs.clone()))?;
+    ///     let want = attn.forward(&xs)?.0;
+    ///     let err = (y.value().local() - want.local()).as_slice().iter().fold(0.0f64, |m, d| m.max(d.abs()));
+    ///     assert!(err < 1e-12, "{err}");
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn forward_var<'r>(&self, x: &DVar<'r, T>) -> Result<DVar<'r, T>> {
+        let ([b, s, e], d) = self.dims("UlyssesSelfAttention::forward_var", x.value())?;
+        let heads = self.heads;
+        let s_r = x.local().shape()[1];
+        let wqkv = self.wqkv.var();
+        // This rank's tokens times `w`, `[B, s_r, E]`, as heads `[B, S, h_r, D]`.
+        let project = |w: &Var<'r, T>| -> Result<DVar<'r, T>> {
+            x.map(|x| x.reshape(&[b * s_r, e])?.matmul(w)?.reshape(&[b, s_r, e]))?
+                .reshape(&[b, s, heads, d])?
+                .all_to_all(2, 1)
+        };
+        let [q, k, v] = [0, 1, 2].map(|i| wqkv.narrow(1, i * e, e).and_then(|w| project(&w)));
+        let (q, k, v) = (q?, k?, v?);
+        let causal = self.attention.is_causal();
+        let heads_first = |t: &Var<'r, T>| t.permute(&[0, 2, 1, 3]);
+        let o = q.map(|q| {
+            heads_first(q)?
+                .scaled_dot_product_attention(
+                    &heads_first(k.local())?,
+                    &heads_first(v.local())?,
+                    causal,
+                )?
+                .permute(&[0, 2, 1, 3])
+        })?;
+        let o = o.all_to_all(1, 2)?.reshape(&[b, s, e])?;
+        let wo = self.wo.var();
+        let rows = o.local().shape()[1];
+        o.map(|o| o.reshape(&[b * rows, e])?.matmul(&wo)?.reshape(&[b, rows, e]))
     }
 }
 

@@ -18,6 +18,7 @@ pub use sgd::Sgd;
 use std::any::TypeId;
 
 use super::Param;
+use crate::autograd::Module;
 use crate::tensor::{Accumulator, Element};
 use crate::{Error, Result};
 
@@ -105,4 +106,37 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
         }
         Ok(())
     }
+}
+
+/// Steps every parameter of `model` with `step` (an optimizer's step over [`Param`]s, in the
+/// module's fixed order), then writes the new values back into the model.
+pub(crate) fn step_module<'a, T: Element>(
+    op: &'static str,
+    model: &mut dyn Module<'a, T>,
+    step: impl FnOnce(Vec<&mut Param<T>>) -> Result<()>,
+) -> Result<()> {
+    let mut params = Vec::new();
+    let mut not_leaf = None;
+    model.visit("", &mut |name, v, _| match Param::from_var(v) {
+        Some(p) => params.push(p),
+        None => not_leaf = not_leaf.take().or_else(|| Some(name.to_string())),
+    });
+    if let Some(name) = not_leaf {
+        return Err(Error::InvalidArgument {
+            op,
+            rank: 0,
+            reason: format!("the module's {name} is not a parameter (a tracked leaf)"),
+        });
+    }
+    step(params.iter_mut().collect())?;
+    let mut stepped = params.into_iter();
+    let mut result = Ok(());
+    model.visit_mut("", &mut |_, v, _| {
+        if let Some(p) = stepped.next()
+            && let Err(e) = v.set_value(p.value().clone())
+        {
+            result = Err(e);
+        }
+    });
+    result
 }
