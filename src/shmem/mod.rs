@@ -13,6 +13,7 @@ mod buffer;
 mod control;
 mod device_world;
 mod exchange;
+mod group;
 mod heap;
 pub mod job_env;
 mod lent;
@@ -37,6 +38,7 @@ pub use buffer::{
 pub(crate) use device_world::DeviceWorld;
 pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
+pub use group::Group;
 #[cfg(test)]
 pub(crate) use lent::MAX_OUTPUT_BLOCKS;
 pub(crate) use lent::OutputBlock;

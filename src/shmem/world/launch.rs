@@ -117,6 +117,7 @@ impl World {
         joined.control.set_state(me, RankState::Running);
         let topology = Topology::host_default(env.world_size);
         let mut shared = WorldShared::new(joined.heap, joined.control, topology, &joined.settings);
+        shared.kind = super::WorldKind::Processes { job_id: env.job_id.clone(), join_timeout };
         let peers = joined.peers;
         shared.on_tick = Some(Box::new(move |control: &Control| peers.check(control)));
         Ok(World { shared: Arc::new(shared), here: Some(me) })

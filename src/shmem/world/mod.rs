@@ -16,7 +16,7 @@ pub use builder::{
 pub(crate) use builder::{Settings, env_number};
 pub(crate) use run::panic_message;
 pub use shared::Workspace;
-pub(crate) use shared::WorldShared;
+pub(crate) use shared::{WorldKind, WorldShared};
 
 use super::control::RankState;
 use super::heap::lock;

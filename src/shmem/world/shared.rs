@@ -46,6 +46,22 @@ pub(crate) struct WorldShared {
     pub(super) run_lock: Mutex<()>,
     /// Which ranks are on this node (reached by pointer), and the way to the others.
     pub(crate) transport: Transport,
+    /// How a group of this world's ranks is made (see `shmem::group`).
+    pub(crate) kind: WorldKind,
+    /// For a world of threads: the groups being made, until every member took its handle.
+    pub(crate) forming: Mutex<crate::shmem::group::Forming>,
+    /// For a group: the world it was split from, and which of its ranks are the members.
+    pub(crate) parent: Option<crate::shmem::group::ParentLink>,
+}
+
+/// Where a world's ranks live, which says how a group of them is made.
+#[derive(Debug, Clone)]
+pub(crate) enum WorldKind {
+    /// Every rank a thread of this process: a group's segments are mapped here.
+    Threads,
+    /// Processes of one host (or of one MPI node), met under `job_id`: a group's processes meet
+    /// under a job id derived from it and pass each other their segments.
+    Processes { job_id: String, join_timeout: Duration },
 }
 
 /// What a blocked waiter calls on every tick (a process world looks for dead peers).
@@ -97,6 +113,10 @@ impl WorldShared {
         let reason = err.to_string();
         self.control.fail(rank, &reason);
         self.device.failed(rank, &reason);
+        // A group's failure is its world's: the ranks outside the group stop too.
+        if let Some(parent) = &self.parent {
+            parent.fail_with(rank, err);
+        }
     }
 
     /// The rank's own error, typed, if it failed of its own in this process.
@@ -138,6 +158,9 @@ impl WorldShared {
             device: DeviceWorld::Host,
             run_lock: Mutex::new(()),
             transport: Transport::local(n),
+            kind: WorldKind::Threads,
+            forming: Mutex::default(),
+            parent: None,
         }
     }
 }
