@@ -300,3 +300,27 @@ fn training_on_a_2x2_mesh_equals_one_rank_on_the_whole_batch() {
     let b = train_on_mesh(&World::threads(4).unwrap(), 2, 2, steps, false);
     assert_eq!(a, b);
 }
+
+/// A 2 x 2 mesh on four processes of this host (this test binary re-executed as the ranks of a
+/// job): every op over both groups, and both groups at once.
+#[test]
+fn every_op_over_every_group_of_a_2x2_mesh_on_processes() {
+    const NAME: &str = "every_op_over_every_group_of_a_2x2_mesh_on_processes";
+    if World::launched() {
+        let fails = World::from_env().and_then(|w| w.run(|rank| mesh_ops(rank, 2, 2)));
+        match fails {
+            Ok(fails) => println!("RESULT {:?}", fails[0]),
+            Err(err) => println!("ERROR {err}"),
+        }
+        return;
+    }
+    let exits = World::local_job(4)
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .timeout(Duration::from_secs(120))
+        .run()
+        .unwrap();
+    for exit in &exits {
+        let out = exit.stdout_text();
+        assert!(exit.success() && out.contains("RESULT []"), "rank {}: {out}", exit.rank);
+    }
+}
