@@ -40,7 +40,6 @@
 use std::path::PathBuf;
 
 use dist_tensor::checkpoint::{self, Checkpoint, Entry};
-use dist_tensor::collectives;
 use dist_tensor::mesh::{DeviceMesh, data_parallel};
 use dist_tensor::nn::{
     Activation, Adam, ColumnParallelLinear, NamedState, OptimizerState, ParallelMlp, Parameters,
@@ -245,7 +244,7 @@ fn mesh_run<T: Element>(
     let share = p.x.shape()[0] / dp;
     let runs = world.run(|rank| {
         let mesh = DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
-        let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.rank_of("dp")?);
+        let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.averager("dp")?);
         let mut fc1 = ColumnParallelLinear::from_global(&tpr, &w1, Some(&b1), Split::Even)?;
         let mut fc2 = RowParallelLinear::from_global(&tpr, &w2, Some(&b2), Split::Even)?;
         let mut adam = Adam::<T>::new(LR);
@@ -263,7 +262,7 @@ fn mesh_run<T: Element>(
             let a = h.map_local(|t| Activation::Gelu.forward(t))?;
             let (y, s2) = fc2.forward(&a)?;
             let (loss, dy) = mse_loss(&y, &ts)?;
-            curve.push(collectives::all_reduce(&dpr, &[loss])?[0] / dp as f64);
+            curve.push(dpr.mean(&[loss])?[0]);
             fc1.zero_grad();
             fc2.zero_grad();
             let pre = h.into_local();

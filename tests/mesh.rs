@@ -233,7 +233,7 @@ fn train_on_mesh(
     world
         .run(|rank| {
             let mesh = DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
-            let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.rank_of("dp")?);
+            let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.averager("dp")?);
             let mut fc1 = ColumnParallelLinear::from_global(&tpr, &w1, Some(&b1), Split::Even)?;
             let mut fc2 = RowParallelLinear::from_global(&tpr, &w2, Some(&b2), Split::Even)?;
             // This replica's share of the batch, then sharded over its tp group.
@@ -248,7 +248,7 @@ fn train_on_mesh(
                 let a = h.map_local(|t| Activation::Gelu.forward(t))?;
                 let (y, s2) = fc2.forward(&a)?;
                 let (loss, dy) = mse_loss(&y, &ts)?;
-                curve.push(collectives::all_reduce(&dpr, &[loss])?[0] / dp as f64);
+                curve.push(dpr.mean(&[loss])?[0]);
                 fc1.zero_grad();
                 fc2.zero_grad();
                 let pre = h.into_local();

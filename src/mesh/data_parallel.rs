@@ -16,8 +16,8 @@
 
 use std::sync::mpsc;
 
-use crate::collectives::all_reduce;
-use crate::{Element, Error, Rank, Result, Tensor};
+use super::Averager;
+use crate::{Element, Error, Result, Tensor};
 
 /// Bytes a bucket holds before it is sent (PyTorch's DDP uses 25 MiB; the models here are small).
 pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
@@ -96,13 +96,6 @@ impl<T: Element> GradBuckets<T> {
     }
 }
 
-/// One bucket summed over the group and divided by its size.
-fn reduce_mean<T: Element>(dp: &Rank<'_>, bucket: &[T]) -> Result<Vec<T>> {
-    let size = dp.num_ranks() as f64;
-    let sum = all_reduce(dp, bucket)?;
-    Ok(sum.into_iter().map(|v| T::from_f64(v.to_f64() / size)).collect())
-}
-
 /// Runs `backward` (a backward pass that hands each gradient to [`GradBuckets::ready`] as soon
 /// as it is computed) while a thread of this rank averages the full buckets over the
 /// data-parallel group `dp`; returns what `backward` returned and the averaged gradients, in the
@@ -110,7 +103,7 @@ fn reduce_mean<T: Element>(dp: &Rank<'_>, bucket: &[T]) -> Result<Vec<T>> {
 ///
 /// # Errors
 /// What `backward` returned, or else what the all-reduce did (as
-/// [`all_reduce`](crate::collectives::all_reduce)); [`Error::System`] when the thread cannot start.
+/// [`Averager::mean`]); [`Error::System`] when the thread cannot start.
 ///
 /// # Examples
 /// ```
@@ -118,7 +111,7 @@ fn reduce_mean<T: Element>(dp: &Rank<'_>, bucket: &[T]) -> Result<Vec<T>> {
 ///
 /// let grads = World::threads(4)?.run(|rank| {
 ///     let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
-///     let dp = mesh.rank_of("dp")?;
+///     let dp = mesh.averager("dp")?;
 ///     let mine = Tensor::<f64>::full(&[3], rank.rank() as f64);
 ///     let ((), mean) = data_parallel::overlapped(&dp, 1 << 20, |buckets| {
 ///         buckets.ready(&mine); // in a real pass: layer after layer
@@ -131,7 +124,7 @@ fn reduce_mean<T: Element>(dp: &Rank<'_>, bucket: &[T]) -> Result<Vec<T>> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub fn overlapped<T, R>(
-    dp: &Rank<'_>,
+    dp: &Averager<'_>,
     bucket_bytes: usize,
     backward: impl FnOnce(&mut GradBuckets<T>) -> Result<R>,
 ) -> Result<(R, Vec<Tensor<T>>)>
@@ -143,7 +136,7 @@ where
         let reducer = std::thread::Builder::new()
             .name(format!("dp-rank-{}", dp.rank()))
             .spawn_scoped(scope, move || -> Result<Vec<Vec<T>>> {
-                receive.iter().map(|bucket| reduce_mean(dp, &bucket)).collect()
+                receive.iter().map(|bucket| dp.mean(&bucket)).collect()
             })
             .map_err(|e| Error::System {
                 op: "data_parallel::overlapped",
@@ -168,9 +161,9 @@ where
 /// over `dp`.
 ///
 /// # Errors
-/// As [`all_reduce`](crate::collectives::all_reduce).
+/// As [`Averager::mean`].
 pub fn all_reduce_mean<T: Element>(
-    dp: &Rank<'_>,
+    dp: &Averager<'_>,
     bucket_bytes: usize,
     grads: &[Tensor<T>],
 ) -> Result<Vec<Tensor<T>>> {
@@ -179,6 +172,6 @@ pub fn all_reduce_mean<T: Element>(
         buckets.ready(g);
     }
     buckets.flush();
-    let reduced = buckets.kept.iter().map(|b| reduce_mean(dp, b)).collect::<Result<Vec<_>>>()?;
+    let reduced = buckets.kept.iter().map(|b| dp.mean(b)).collect::<Result<Vec<_>>>()?;
     buckets.unpack(&reduced)
 }

@@ -14,8 +14,9 @@
 
 pub mod data_parallel;
 
+use crate::collectives::{all_gather, all_reduce};
 use crate::shmem::Group;
-use crate::{Error, Rank, Result};
+use crate::{Element, Error, Rank, Result};
 
 /// A world's ranks as a mesh with named dimensions, seen from one rank: its coordinates and its
 /// group along each dimension.
@@ -43,7 +44,11 @@ pub struct DeviceMesh<'w> {
     coords: Vec<usize>,
     /// The world's rank at each mesh position, row-major.
     ranks: Vec<usize>,
-    groups: Vec<Group<'w>>,
+    /// This rank's group along each dimension; `None` for a dimension whose groups span the
+    /// nodes of an MPI world (see [`DeviceMesh::averager`]).
+    groups: Vec<Option<Group<'w>>>,
+    /// This rank in the world.
+    world: Rank<'w>,
     warning: Option<String>,
 }
 
@@ -90,10 +95,22 @@ impl<'w> DeviceMesh<'w> {
             let mut base = coords.clone();
             base[d] = 0;
             let color = ravel(&base, &shape) as u64;
-            groups.push(rank.split(color, coords[d] as u64)?);
+            // A group is a world of its own where its ranks share memory; a dimension with a
+            // group across MPI nodes has none (every rank decides alike, from the layout).
+            let spans = (0..n).any(|p| {
+                let c = unravel(p, &shape);
+                let first = rank.node_of(ranks[p]);
+                (0..shape[d]).any(|k| {
+                    let mut other = c.clone();
+                    other[d] = k;
+                    rank.node_of(ranks[ravel(&other, &shape)]) != first
+                })
+            });
+            groups.push(if spans { None } else { Some(rank.split(color, coords[d] as u64)?) });
         }
         let warning = cross_node_groups(rank, &ranks, &shape, &names);
-        Ok(DeviceMesh { names, shape, coords, ranks, groups, warning })
+        let world = Rank::new(rank.world, rank.rank());
+        Ok(DeviceMesh { names, shape, coords, ranks, groups, world, warning })
     }
 
     /// The dimensions' names.
@@ -142,9 +159,47 @@ impl<'w> DeviceMesh<'w> {
     /// This rank's group along the dimension `name`.
     ///
     /// # Errors
-    /// As [`DeviceMesh::dim`].
+    /// As [`DeviceMesh::dim`]; [`Error::InvalidArgument`] for a dimension whose groups span the
+    /// nodes of an MPI world (groups are made of ranks that share memory; such a dimension has
+    /// only its [`averager`](DeviceMesh::averager)).
     pub fn group(&self, name: &str) -> Result<&Group<'w>> {
-        Ok(&self.groups[self.dim(name)?])
+        let d = self.dim(name)?;
+        self.groups[d].as_ref().ok_or_else(|| Error::InvalidArgument {
+            op: "DeviceMesh::group",
+            rank: self.world.rank(),
+            reason: format!(
+                "the {name:?} groups span the nodes of an MPI world: a group is made of ranks                  that share memory; average over it with DeviceMesh::averager"
+            ),
+        })
+    }
+
+    /// The world's ranks of this rank's group along `name`, in the group's order.
+    ///
+    /// # Errors
+    /// As [`DeviceMesh::dim`].
+    pub fn members(&self, name: &str) -> Result<Vec<usize>> {
+        let d = self.dim(name)?;
+        Ok((0..self.shape[d])
+            .map(|k| {
+                let mut c = self.coords.clone();
+                c[d] = k;
+                self.ranks[ravel(&c, &self.shape)]
+            })
+            .collect())
+    }
+
+    /// What averages over this rank's group along `name` (the data-parallel dimension): the
+    /// group's all-reduce, or, for groups that span the nodes of an MPI world, an all-gather over
+    /// the world of which each rank sums its group's parts (in the group's order).
+    ///
+    /// # Errors
+    /// As [`DeviceMesh::dim`].
+    pub fn averager(&self, name: &str) -> Result<Averager<'_>> {
+        let d = self.dim(name)?;
+        Ok(match &self.groups[d] {
+            Some(group) => Averager::Group(group.rank()),
+            None => Averager::World { world: &self.world, members: self.members(name)? },
+        })
     }
 
     /// This rank's handle in its group along `name`: what collectives, fused ops and
@@ -173,6 +228,71 @@ impl<'w> DeviceMesh<'w> {
     /// layout works, but its fused ops go over the network.
     pub fn layout_warning(&self) -> Option<&str> {
         self.warning.as_deref()
+    }
+}
+
+/// Averages values over one group of a mesh (see [`DeviceMesh::averager`]).
+#[derive(Debug)]
+pub enum Averager<'m> {
+    /// Over the group, a world of its own.
+    Group(Rank<'m>),
+    /// Over a group whose ranks span MPI nodes: through the world.
+    World {
+        /// This rank in the world.
+        world: &'m Rank<'m>,
+        /// The group's ranks in the world, in the group's order.
+        members: Vec<usize>,
+    },
+}
+
+impl Averager<'_> {
+    /// Number of ranks averaged over.
+    pub fn size(&self) -> usize {
+        match self {
+            Averager::Group(rank) => rank.num_ranks(),
+            Averager::World { members, .. } => members.len(),
+        }
+    }
+
+    /// This rank's index in the group.
+    pub fn rank(&self) -> usize {
+        match self {
+            Averager::Group(rank) => rank.rank(),
+            Averager::World { world, members } => {
+                members.iter().position(|&m| m == world.rank()).expect("a member of its group")
+            }
+        }
+    }
+
+    /// The sum of `values` over the group's ranks (in the group's order), divided by its size.
+    /// Collective over the group (over the world, for a group across nodes).
+    ///
+    /// # Errors
+    /// As [`all_reduce`](crate::collectives::all_reduce) and
+    /// [`all_gather`](crate::collectives::all_gather).
+    pub fn mean<T: Element>(&self, values: &[T]) -> Result<Vec<T>> {
+        let size = self.size() as f64;
+        let sum: Vec<f64> = match self {
+            Averager::Group(rank) => all_reduce(rank, values)?.iter().map(|v| v.to_f64()).collect(),
+            Averager::World { world, members } => {
+                // Every rank's values (the groups' lengths may differ): each rank's length
+                // first, then the values.
+                let lengths = all_gather(world, &[values.len() as f64])?;
+                let all = all_gather(world, values)?;
+                let mut at = vec![0usize];
+                for len in &lengths {
+                    at.push(at.last().expect("a start") + *len as usize); // exact below 2^53
+                }
+                let mut sum = vec![0.0f64; values.len()];
+                for &m in members {
+                    for (s, v) in sum.iter_mut().zip(&all[at[m]..at[m + 1]]) {
+                        *s += v.to_f64();
+                    }
+                }
+                sum
+            }
+        };
+        Ok(sum.into_iter().map(|s| T::from_f64(s / size)).collect())
     }
 }
 
