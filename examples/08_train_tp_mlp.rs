@@ -101,7 +101,7 @@ fn parse(args: Vec<String>) -> Result<Config, String> {
         if c.save.is_some() || c.resume.is_some() {
             return Err("--mesh trains from the start, without --save or --resume".into());
         }
-        if dp == 0 || c.tokens % dp != 0 {
+        if dp == 0 || !c.tokens.is_multiple_of(dp) {
             return Err(format!("--mesh: {} tokens do not split into {dp} equal shares", c.tokens));
         }
     }

@@ -112,7 +112,7 @@ impl<T: Element> GradBuckets<T> {
 /// let grads = World::threads(4)?.run(|rank| {
 ///     let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
 ///     let dp = mesh.averager("dp")?;
-///     let mine = Tensor::<f64>::full(&[3], rank.rank() as f64);
+///     let mine = Tensor::from(vec![rank.rank() as f64; 3]);
 ///     let ((), mean) = data_parallel::overlapped(&dp, 1 << 20, |buckets| {
 ///         buckets.ready(&mine); // in a real pass: layer after layer
 ///         Ok(())
