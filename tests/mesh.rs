@@ -6,8 +6,11 @@
 use std::time::{Duration, Instant};
 
 use dist_tensor::collectives::{self, ReduceOp};
+use dist_tensor::mesh::zero::Zero1;
 use dist_tensor::mesh::{DeviceMesh, data_parallel};
-use dist_tensor::nn::{Activation, ColumnParallelLinear, Parameters, RowParallelLinear, mse_loss};
+use dist_tensor::nn::{
+    Activation, Adam, ColumnParallelLinear, Parameters, RowParallelLinear, mse_loss,
+};
 use dist_tensor::shmem::try_symm_at;
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Split, Tensor, World, fused};
 use half::bf16;
@@ -220,6 +223,28 @@ fn train_on_mesh(
     steps: usize,
     overlap: bool,
 ) -> Vec<Vec<f64>> {
+    train_with(world, dp, tp, steps, overlap, Optimizer::Sgd)
+}
+
+/// How [`train_with`] steps the parameters with the averaged gradients.
+#[derive(Clone, Copy, PartialEq)]
+enum Optimizer {
+    Sgd,
+    /// Every rank steps every parameter.
+    Adam,
+    /// Adam's state sharded over dp (ZeRO stage 1).
+    Zero1,
+}
+
+/// [`train_on_mesh`] with `optimizer`.
+fn train_with(
+    world: &World,
+    dp: usize,
+    tp: usize,
+    steps: usize,
+    overlap: bool,
+    optimizer: Optimizer,
+) -> Vec<Vec<f64>> {
     let (tokens, hidden, ffn) = (12, 6, 10);
     let x = Tensor::<f64>::random(&[tokens, hidden], 1);
     let target = Tensor::<f64>::random(&[tokens, hidden], 2).map(f64::tanh);
@@ -243,6 +268,8 @@ fn train_on_mesh(
                 DistTensor::from_global(&tpr, &slice(&x, 0, share.clone()), Placement::Shard(0))?;
             let ts = DistTensor::from_global(&tpr, &slice(&target, 0, share), Placement::Shard(0))?;
             let mut curve = Vec::new();
+            let mut adam = Adam::<f64>::new(0.05);
+            let mut zero = Zero1::new(Adam::<f64>::new(0.05));
             for _ in 0..steps {
                 let (h, s1) = fc1.forward(&xs)?;
                 let a = h.map_local(|t| Activation::Gelu.forward(t))?;
@@ -272,10 +299,23 @@ fn train_on_mesh(
                     backward(&mut local)?;
                     data_parallel::all_reduce_mean(&dpr, bucket, &local.into_grads())?
                 };
-                let params = fc2.parameters_mut().into_iter().chain(fc1.parameters_mut());
-                for (p, g) in params.zip(&grads) {
-                    let stepped = p.value() - &(g * lr);
-                    *p.value_mut() = stepped;
+                let mut params = fc2.parameters_mut();
+                params.extend(fc1.parameters_mut());
+                match optimizer {
+                    Optimizer::Sgd => {
+                        for (p, g) in params.into_iter().zip(&grads) {
+                            let stepped = p.value() - &(g * lr);
+                            *p.value_mut() = stepped;
+                        }
+                    }
+                    Optimizer::Adam => {
+                        for (p, g) in params.iter_mut().zip(grads) {
+                            p.zero_grad();
+                            p.accumulate_grad(g)?;
+                        }
+                        adam.step(params)?;
+                    }
+                    Optimizer::Zero1 => zero.step(&dpr, params, &grads)?,
                 }
             }
             Ok(curve)
@@ -323,4 +363,21 @@ fn every_op_over_every_group_of_a_2x2_mesh_on_processes() {
         let out = exit.stdout_text();
         assert!(exit.success() && out.contains("RESULT []"), "rank {}: {out}", exit.rank);
     }
+}
+
+#[test]
+fn zero1_equals_adam_on_every_rank_bit_for_bit() {
+    let steps = 5;
+    for (dp, tp) in [(2, 2), (4, 1), (3, 2)] {
+        let world = World::threads(dp * tp).unwrap();
+        let adam = train_with(&world, dp, tp, steps, true, Optimizer::Adam);
+        let zero = train_with(&world, dp, tp, steps, true, Optimizer::Zero1);
+        assert_eq!(adam, zero, "mesh {dp}x{tp}");
+        assert!(zero[0][steps - 1] < zero[0][0], "it learns: {:?}", zero[0]);
+    }
+    // And Adam on the mesh is Adam on one rank with the whole batch.
+    let one = train_with(&World::threads(1).unwrap(), 1, 1, steps, false, Optimizer::Adam);
+    let mesh = train_with(&World::threads(4).unwrap(), 2, 2, steps, true, Optimizer::Zero1);
+    let diff = mesh[0].iter().zip(&one[0]).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff < 1e-12 * one[0][0], "{:?} vs {:?}", mesh[0], one[0]);
 }

@@ -13,6 +13,7 @@
 //! different groups run at once, independently.
 
 pub mod data_parallel;
+pub mod zero;
 
 use crate::collectives::{all_gather, all_reduce};
 use crate::shmem::Group;
@@ -275,14 +276,7 @@ impl Averager<'_> {
         let sum: Vec<f64> = match self {
             Averager::Group(rank) => all_reduce(rank, values)?.iter().map(|v| v.to_f64()).collect(),
             Averager::World { world, members } => {
-                // Every rank's values (the groups' lengths may differ): each rank's length
-                // first, then the values.
-                let lengths = all_gather(world, &[values.len() as f64])?;
-                let all = all_gather(world, values)?;
-                let mut at = vec![0usize];
-                for len in &lengths {
-                    at.push(at.last().expect("a start") + *len as usize); // exact below 2^53
-                }
+                let (all, at) = gather_world(world, values)?;
                 let mut sum = vec![0.0f64; values.len()];
                 for &m in members {
                     for (s, v) in sum.iter_mut().zip(&all[at[m]..at[m + 1]]) {
@@ -294,6 +288,35 @@ impl Averager<'_> {
         };
         Ok(sum.into_iter().map(|s| T::from_f64(s / size)).collect())
     }
+}
+
+impl Averager<'_> {
+    /// Every rank's `values`, concatenated in the group's order (the lengths may differ).
+    /// Collective over the group (over the world, for a group across nodes).
+    ///
+    /// # Errors
+    /// As [`all_gather`](crate::collectives::all_gather).
+    pub fn all_gather<T: Element>(&self, values: &[T]) -> Result<Vec<T>> {
+        match self {
+            Averager::Group(rank) => all_gather(rank, values),
+            Averager::World { world, members } => {
+                let (all, at) = gather_world(world, values)?;
+                Ok(members.iter().flat_map(|&m| all[at[m]..at[m + 1]].to_vec()).collect())
+            }
+        }
+    }
+}
+
+/// Every world rank's `values` and where each rank's start (one more entry: the end).
+fn gather_world<T: Element>(world: &Rank<'_>, values: &[T]) -> Result<(Vec<T>, Vec<usize>)> {
+    // Each rank's length first (exact in f64 below 2^53), then the values.
+    let lengths = all_gather(world, &[values.len() as f64])?;
+    let all = all_gather(world, values)?;
+    let mut at = vec![0usize];
+    for len in &lengths {
+        at.push(at.last().expect("a start") + *len as usize);
+    }
+    Ok((all, at))
 }
 
 impl std::fmt::Debug for DeviceMesh<'_> {
