@@ -88,7 +88,7 @@ impl<T: Element> Zero1<T> {
             unreachable!("{i} is below the total")
         };
         let mine = |of: &dyn Fn(usize, usize) -> T| -> Vec<T> {
-            (start..end).map(|i| flat(i)).map(|(k, j)| of(k, j)).collect()
+            (start..end).map(&flat).map(|(k, j)| of(k, j)).collect()
         };
         let values = mine(&|k, j| params[k].value().as_slice()[j]);
         let slice_grads = mine(&|k, j| grads[k].as_slice()[j]);
