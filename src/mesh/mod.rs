@@ -269,8 +269,8 @@ impl Averager<'_> {
     /// Collective over the group (over the world, for a group across nodes).
     ///
     /// # Errors
-    /// As [`all_reduce`](crate::collectives::all_reduce) and
-    /// [`all_gather`](crate::collectives::all_gather).
+    /// As [`all_reduce`] and
+    /// [`all_gather`].
     pub fn mean<T: Element>(&self, values: &[T]) -> Result<Vec<T>> {
         let size = self.size() as f64;
         let sum: Vec<f64> = match self {
@@ -295,7 +295,7 @@ impl Averager<'_> {
     /// Collective over the group (over the world, for a group across nodes).
     ///
     /// # Errors
-    /// As [`all_gather`](crate::collectives::all_gather).
+    /// As [`all_gather`].
     pub fn all_gather<T: Element>(&self, values: &[T]) -> Result<Vec<T>> {
         match self {
             Averager::Group(rank) => all_gather(rank, values),
