@@ -169,7 +169,8 @@ impl<'w> DeviceMesh<'w> {
             op: "DeviceMesh::group",
             rank: self.world.rank(),
             reason: format!(
-                "the {name:?} groups span the nodes of an MPI world: a group is made of ranks                  that share memory; average over it with DeviceMesh::averager"
+                "the {name:?} groups span the nodes of an MPI world: a group is made of ranks \
+                 that share memory; average over it with DeviceMesh::averager"
             ),
         })
     }
