@@ -16,11 +16,17 @@
 //!
 //! Run: `cargo run --release --example 08_train_tp_mlp [-- --processes 4 | --ranks 4]
 //! [--dtype bf16] [--steps 40] [--tokens 130] [--hidden 32] [--ffn 128] [--save DIR]
-//! [--resume DIR]`
+//! [--resume DIR] [--mesh 2x2]`
 //!
 //! `--ranks N` runs N ranks as threads (4 by default); `--processes N` runs them as N processes
 //! of this program instead; under mpirun or torchrun each process is one rank
 //! (`World::from_env`).
+//!
+//! `--mesh DPxTP` trains on a mesh of `DP x TP` ranks (their product the world's size): the MLP
+//! tensor-parallel over each `tp` group (inside a node), the tokens split into `DP` equal shares
+//! of the batch, one per `dp` coordinate, and the gradients averaged over each `dp` group in
+//! buckets while the backward pass goes on (`mesh::data_parallel`). The curve is checked against
+//! the same one-rank curve on the whole batch. Not with `--save` or `--resume`.
 //!
 //! `--save DIR` saves the training state (the model's shards and Adam's, and the step count)
 //! into the checkpoint directory `DIR` after the last step. `--resume DIR` loads one (saved by a
@@ -34,6 +40,7 @@
 use std::path::PathBuf;
 
 use dist_tensor::checkpoint::{self, Checkpoint, Entry};
+use dist_tensor::mesh::{DeviceMesh, data_parallel};
 use dist_tensor::nn::{
     Activation, Adam, ColumnParallelLinear, NamedState, OptimizerState, ParallelMlp, Parameters,
     RowParallelLinear, mse_loss,
@@ -51,6 +58,8 @@ struct Config {
     dtype: String,
     save: Option<PathBuf>,
     resume: Option<PathBuf>,
+    /// `(dp, tp)` from `--mesh DPxTP`.
+    mesh: Option<(usize, usize)>,
 }
 
 fn parse(args: Vec<String>) -> Result<Config, String> {
@@ -62,6 +71,7 @@ fn parse(args: Vec<String>) -> Result<Config, String> {
         dtype: "f32".into(),
         save: None,
         resume: None,
+        mesh: None,
     };
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
@@ -75,11 +85,25 @@ fn parse(args: Vec<String>) -> Result<Config, String> {
             "--dtype" if value == "f32" || value == "bf16" => c.dtype = value,
             "--save" => c.save = Some(value.into()),
             "--resume" => c.resume = Some(value.into()),
+            "--mesh" => {
+                let sizes = value
+                    .split_once('x')
+                    .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+                c.mesh = Some(sizes.ok_or(format!("--mesh {value}: not DPxTP (such as 2x2)"))?);
+            }
             _ => return Err(format!("unknown argument {flag} {value}; see the file's header")),
         }
     }
     if c.steps == 0 || c.tokens == 0 || c.hidden == 0 || c.ffn == 0 {
         return Err("sizes and steps must be positive".into());
+    }
+    if let Some((dp, _)) = c.mesh {
+        if c.save.is_some() || c.resume.is_some() {
+            return Err("--mesh trains from the start, without --save or --resume".into());
+        }
+        if dp == 0 || !c.tokens.is_multiple_of(dp) {
+            return Err(format!("--mesh: {} tokens do not split into {dp} equal shares", c.tokens));
+        }
     }
     Ok(c)
 }
@@ -205,6 +229,69 @@ fn parallel_run<T: Element>(
     Ok(Run { curves: runs.into_iter().map(|r| r.0).collect(), start, saved_world })
 }
 
+/// Trains the model in `T` on a `dp x tp` mesh of `world` for `steps` steps: tensor-parallel over
+/// each `tp` group, each `dp` coordinate on its share of the tokens, the gradients averaged over
+/// `dp` in buckets during the backward pass. Returns every rank's curve of the global batch's
+/// loss and the mesh's report on its layout (rank 0's).
+fn mesh_run<T: Element>(
+    world: &World,
+    p: &Problem,
+    steps: usize,
+    (dp, tp): (usize, usize),
+) -> Result<(Run, Option<String>), Error> {
+    let [w1, b1, w2, b2] = p.weights.each_ref().map(|t| t.cast::<T>());
+    let (x, target) = (p.x.cast::<T>(), p.target.cast::<T>());
+    let share = p.x.shape()[0] / dp;
+    let runs = world.run(|rank| {
+        let mesh = DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
+        let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.averager("dp")?);
+        let mut fc1 = ColumnParallelLinear::from_global(&tpr, &w1, Some(&b1), Split::Even)?;
+        let mut fc2 = RowParallelLinear::from_global(&tpr, &w2, Some(&b2), Split::Even)?;
+        let mut adam = Adam::<T>::new(LR);
+        // This dp coordinate's share of the tokens, sharded over its tp group.
+        let rows = |t: &Tensor<T>| -> Result<Tensor<T>, Error> {
+            let at = mesh.coord("dp")? * share;
+            let (all, k) = (t.as_slice(), t.shape()[1]);
+            Tensor::from_shape_vec(&[share, k], all[at * k..(at + share) * k].to_vec())
+        };
+        let xs = DistTensor::from_global(&tpr, &rows(&x)?, Placement::Shard(0))?;
+        let ts = DistTensor::from_global(&tpr, &rows(&target)?, Placement::Shard(0))?;
+        let mut curve = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let (h, s1) = fc1.forward(&xs)?;
+            let a = h.map_local(|t| Activation::Gelu.forward(t))?;
+            let (y, s2) = fc2.forward(&a)?;
+            let (loss, dy) = mse_loss(&y, &ts)?;
+            curve.push(dpr.mean(&[loss])?[0]);
+            fc1.zero_grad();
+            fc2.zero_grad();
+            let pre = h.into_local();
+            // Layer by layer: fc2's gradients go to be averaged while fc1's are computed.
+            let ((), mean) = data_parallel::overlapped(&dpr, 16 << 10, |buckets| {
+                let da = fc2.backward(s2, &dy)?;
+                fc2.parameters().into_iter().for_each(|p| buckets.ready(p.grad().expect("a grad")));
+                let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
+                fc1.backward(s1, &dh)?;
+                fc1.parameters().into_iter().for_each(|p| buckets.ready(p.grad().expect("a grad")));
+                Ok(())
+            })?;
+            let mut params = fc2.parameters_mut();
+            params.extend(fc1.parameters_mut());
+            for (param, grad) in params.iter_mut().zip(mean) {
+                param.zero_grad();
+                param.accumulate_grad(grad)?;
+            }
+            adam.step(params)?;
+        }
+        Ok((curve, mesh.layout_warning().map(str::to_string)))
+    })?;
+    let warning = runs[0].1.clone();
+    Ok((
+        Run { curves: runs.into_iter().map(|r| r.0).collect(), start: 0, saved_world: None },
+        warning,
+    ))
+}
+
 fn main() -> Result<(), Error> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let mut threads = 4;
@@ -235,9 +322,28 @@ fn main() -> Result<(), Error> {
     let (resume, save) = (config.resume.as_ref(), config.save.as_ref());
     // Relative to the first loss: f32 rounds each op's result to 24 bits (6e-8), bf16 to 8
     // (2e-3); Adam's updates amplify the differences a little over the steps.
-    let (run, tolerance) = match config.dtype.as_str() {
-        "bf16" => (parallel_run::<bf16>(&world, &problem, steps, resume, save)?, 2e-2),
-        _ => (parallel_run::<f32>(&world, &problem, steps, resume, save)?, 1e-4),
+    let (run, tolerance) = match (config.mesh, config.dtype.as_str()) {
+        (Some((dp, tp)), dtype) => {
+            if dp * tp != n {
+                eprintln!("--mesh {dp}x{tp}: {} ranks on a world of {n}", dp * tp);
+                std::process::exit(2);
+            }
+            let (run, warning) = match dtype {
+                "bf16" => mesh_run::<bf16>(&world, &problem, steps, (dp, tp))?,
+                _ => mesh_run::<f32>(&world, &problem, steps, (dp, tp))?,
+            };
+            if lead {
+                println!(
+                    "on a mesh of dp {dp} x tp {tp}: gradients averaged over dp during the backward pass"
+                );
+                if let Some(warning) = warning {
+                    println!("layout: {warning}");
+                }
+            }
+            (run, if dtype == "bf16" { 2e-2 } else { 1e-4 })
+        }
+        (None, "bf16") => (parallel_run::<bf16>(&world, &problem, steps, resume, save)?, 2e-2),
+        (None, _) => (parallel_run::<f32>(&world, &problem, steps, resume, save)?, 1e-4),
     };
     let start = run.start;
     let want = problem.one_rank_curve(start + steps)?;

@@ -111,6 +111,7 @@
 //! | --- | --- |
 //! | [`checkpoint`] | save and load sharded tensors and training state (safetensors files, an index), resharded on load; published weights into a sharded layout |
 //! | [`autograd`] | reverse-mode autograd: [`Var`](autograd::Var) over [`Tensor`], [`DVar`](autograd::DVar) over [`DistTensor`] with the fused ops' duals, `gradcheck`, modules, the layers of a GPT |
+//! | [`mesh`] | meshes of ranks with named dimensions, a group per dimension; data parallelism with bucketed gradient averaging overlapping the backward pass |
 //! | [`nn`] | layers that train: column- and row-parallel linear, MLP, Ulysses attention, each with its backward pass; optimizers |
 //! | [`dist`] | [`DistTensor`], [`Placement`]: validate, lay out, never name a backend |
 //! | [`fused`] | one file per fused op, with its unfused baseline; each op's one backend `match` |
@@ -177,6 +178,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod fused;
+pub mod mesh;
 pub mod nn;
 pub mod shmem;
 pub mod tensor;

@@ -14,6 +14,10 @@
 //! across fake nodes of this host beside the unfused baselines a user of MPI writes, with the
 //! transport measured per path and a model fitted (see `mpi.rs`; `--quick`, `--shapes 4x1,4x2`).
 //!
+//! `--mesh` runs rows of its own instead: a training step on a 2 x 2 mesh beside tensor and data
+//! parallelism over all 4 ranks, and the dp averaging the backward pass does not hide (see
+//! `mesh.rs`; `--quick`).
+//!
 //! The limits are measured again right before each row, and each row's ratio to its roofline
 //! uses those. `--runs N` repeats the whole report N times and prints one table over all of them:
 //! medians, and the quartiles of the pair-by-pair ratios.
@@ -21,6 +25,7 @@
 mod machine;
 #[path = "../common/stats.rs"]
 mod measure;
+mod mesh;
 mod mpi;
 
 use std::time::Duration;
@@ -302,6 +307,9 @@ fn args() -> Args {
 fn main() -> Result<()> {
     if std::env::args().any(|a| a == "--mpi") {
         return mpi::main(std::env::args().any(|a| a == "--quick"));
+    }
+    if std::env::args().any(|a| a == "--mesh") {
+        return mesh::main(std::env::args().any(|a| a == "--quick"));
     }
     let Args { reps, runs, only, processes, row } = args();
     let load_before = measure::load_1min();

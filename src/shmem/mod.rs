@@ -14,6 +14,7 @@ mod control;
 mod device_process;
 mod device_world;
 mod exchange;
+mod group;
 mod heap;
 pub mod job_env;
 mod lent;
@@ -40,6 +41,7 @@ pub(crate) use device_process::ProcessJob;
 pub(crate) use device_world::DeviceWorld;
 pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
+pub use group::Group;
 #[cfg(test)]
 pub(crate) use lent::MAX_OUTPUT_BLOCKS;
 pub(crate) use lent::OutputBlock;

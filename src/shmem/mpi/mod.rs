@@ -41,7 +41,7 @@ use super::mapping::Mapping;
 use super::process::{Members, join};
 use super::sync::{WaitOutcome, wait_until};
 use super::transport::{CollectiveKind, Nodes, Owned, Put, Transport};
-use super::world::{Settings, World, WorldShared, env_number};
+use super::world::{Settings, World, WorldKind, WorldShared, env_number};
 use crate::device::Topology;
 use crate::{Error, Result};
 
@@ -215,6 +215,8 @@ pub(crate) fn world_from_env(env: &JobEnv) -> Result<World> {
     };
     let topology = Topology::host_default(host_size);
     let mut shared = WorldShared::new(joined.heap, joined.control, topology, &joined.settings);
+    // A group of this node's ranks meets as processes of one host do.
+    shared.kind = WorldKind::Processes { job_id: local_env.job_id.clone(), join_timeout };
     let peers = joined.peers;
     shared.on_tick = Some(Box::new(move |control: &Control| peers.check(control)));
     let view = control_view(&shared.control, n, me)?;

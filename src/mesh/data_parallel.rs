@@ -1,0 +1,177 @@
+//! Data parallelism: the gradients of parameters replicated over a data-parallel group are
+//! averaged over it, in buckets sent while the backward pass goes on (as PyTorch's DDP does).
+//!
+//! [`overlapped`] runs the caller's backward pass with a [`GradBuckets`]: each gradient handed
+//! to [`GradBuckets::ready`] joins the current bucket, and a full bucket goes at once to a
+//! thread of this rank that all-reduces it over the data-parallel group while the backward pass
+//! computes the next layer's gradients. The group is a world of its own (see
+//! [`Rank::split`](crate::Rank::split)), so its all-reduce runs beside the tensor-parallel
+//! group's fused ops of the same rank without meeting them. [`all_reduce_mean`] is the same
+//! averaging after the backward pass, in the same buckets (the baseline the overlap is measured
+//! against; the sums are the same, bit for bit).
+//!
+//! The average of the replicas' gradients, each of the mean loss over its equal share of the
+//! batch, is the gradient of the mean loss over the whole batch: training on a `dp x tp` mesh is
+//! training on the global batch.
+
+use std::sync::mpsc;
+
+use super::Averager;
+use crate::{Element, Error, Result, Tensor};
+
+/// Bytes a bucket holds before it is sent (PyTorch's DDP uses 25 MiB; the models here are small).
+pub const DEFAULT_BUCKET_BYTES: usize = 1 << 20;
+
+/// Gradients collected in buckets during a backward pass (see [`overlapped`]).
+pub struct GradBuckets<T: Element> {
+    send: Option<mpsc::Sender<Vec<T>>>,
+    bucket_elems: usize,
+    pending: Vec<T>,
+    /// Every gradient handed in: its shape, its bucket and its offset there.
+    placed: Vec<(Vec<usize>, usize, usize)>,
+    buckets: usize,
+    /// The full buckets, when nothing reduces them during the pass ([`all_reduce_mean`]).
+    kept: Vec<Vec<T>>,
+}
+
+impl<T: Element> GradBuckets<T> {
+    fn new(send: Option<mpsc::Sender<Vec<T>>>, bucket_bytes: usize) -> Self {
+        GradBuckets {
+            send,
+            bucket_elems: (bucket_bytes / size_of::<T>()).max(1),
+            pending: Vec::new(),
+            placed: Vec::new(),
+            buckets: 0,
+            kept: Vec::new(),
+        }
+    }
+
+    /// Hands in a gradient whose backward is done: it joins the current bucket, which is sent
+    /// to be all-reduced once it holds at least the bucket's bytes. Every rank of the group must
+    /// hand in gradients of the same shapes in the same order.
+    pub fn ready(&mut self, grad: &Tensor<T>) {
+        self.placed.push((grad.shape().to_vec(), self.buckets, self.pending.len()));
+        self.pending.extend_from_slice(grad.as_slice());
+        if self.pending.len() >= self.bucket_elems {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let bucket = std::mem::take(&mut self.pending);
+        self.buckets += 1;
+        match &self.send {
+            // A closed channel means the reducing thread stopped on an error, which `overlapped`
+            // returns.
+            Some(send) => drop(send.send(bucket)),
+            None => self.kept.push(bucket),
+        }
+    }
+
+    /// Buckets that only collect the gradients handed in, for [`all_reduce_mean`] after the
+    /// backward pass (see [`GradBuckets::into_grads`]).
+    pub fn collect() -> Self {
+        GradBuckets::new(None, usize::MAX)
+    }
+
+    /// The gradients handed in, as they were (unreduced), in order.
+    pub fn into_grads(mut self) -> Vec<Tensor<T>> {
+        self.flush();
+        let kept = std::mem::take(&mut self.kept);
+        self.unpack(&kept).expect("each gradient is whole in the kept buckets")
+    }
+
+    /// The gradients, averaged, from the reduced buckets.
+    fn unpack(&self, reduced: &[Vec<T>]) -> Result<Vec<Tensor<T>>> {
+        self.placed
+            .iter()
+            .map(|(shape, bucket, at)| {
+                let len = shape.iter().product::<usize>();
+                Tensor::from_shape_vec(shape, reduced[*bucket][*at..*at + len].to_vec())
+            })
+            .collect()
+    }
+}
+
+/// Runs `backward` (a backward pass that hands each gradient to [`GradBuckets::ready`] as soon
+/// as it is computed) while a thread of this rank averages the full buckets over the
+/// data-parallel group `dp`; returns what `backward` returned and the averaged gradients, in the
+/// order they were handed in. Collective over `dp`.
+///
+/// # Errors
+/// What `backward` returned, or else what the all-reduce did (as
+/// [`Averager::mean`]); [`Error::System`] when the thread cannot start.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{mesh::{data_parallel, DeviceMesh}, Tensor, World};
+///
+/// let grads = World::threads(4)?.run(|rank| {
+///     let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+///     let dp = mesh.averager("dp")?;
+///     let mine = Tensor::from(vec![rank.rank() as f64; 3]);
+///     let ((), mean) = data_parallel::overlapped(&dp, 1 << 20, |buckets| {
+///         buckets.ready(&mine); // in a real pass: layer after layer
+///         Ok(())
+///     })?;
+///     Ok(mean[0].as_slice().to_vec())
+/// })?;
+/// assert_eq!(grads[0], vec![1.0; 3]); // ranks 0 and 2
+/// assert_eq!(grads[3], vec![2.0; 3]); // ranks 1 and 3
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn overlapped<T, R>(
+    dp: &Averager<'_>,
+    bucket_bytes: usize,
+    backward: impl FnOnce(&mut GradBuckets<T>) -> Result<R>,
+) -> Result<(R, Vec<Tensor<T>>)>
+where
+    T: Element,
+{
+    let (send, receive) = mpsc::channel::<Vec<T>>();
+    std::thread::scope(|scope| {
+        let reducer = std::thread::Builder::new()
+            .name(format!("dp-rank-{}", dp.rank()))
+            .spawn_scoped(scope, move || -> Result<Vec<Vec<T>>> {
+                receive.iter().map(|bucket| dp.mean(&bucket)).collect()
+            })
+            .map_err(|e| Error::System {
+                op: "data_parallel::overlapped",
+                rank: dp.rank(),
+                what: "cannot start the thread that reduces the buckets".into(),
+                source: std::sync::Arc::new(e),
+            })?;
+        let mut buckets = GradBuckets::new(Some(send), bucket_bytes);
+        let outcome = backward(&mut buckets);
+        buckets.flush();
+        buckets.send = None; // the reducing thread ends once it has the last bucket
+        let reduced = reducer.join().unwrap_or_else(|panic| {
+            Err(Error::Panicked { rank: dp.rank(), message: crate::shmem::panic_message(&*panic) })
+        });
+        let value = outcome?;
+        Ok((value, buckets.unpack(&reduced?)?))
+    })
+}
+
+/// Averages `grads` over the data-parallel group `dp` after the backward pass, in buckets of
+/// `bucket_bytes` (the same buckets and sums as [`overlapped`], none of it hidden). Collective
+/// over `dp`.
+///
+/// # Errors
+/// As [`Averager::mean`].
+pub fn all_reduce_mean<T: Element>(
+    dp: &Averager<'_>,
+    bucket_bytes: usize,
+    grads: &[Tensor<T>],
+) -> Result<Vec<Tensor<T>>> {
+    let mut buckets = GradBuckets::new(None, bucket_bytes);
+    for g in grads {
+        buckets.ready(g);
+    }
+    buckets.flush();
+    let reduced = buckets.kept.iter().map(|b| dp.mean(b)).collect::<Result<Vec<_>>>()?;
+    buckets.unpack(&reduced)
+}

@@ -1,0 +1,305 @@
+//! Groups: some of a world's ranks, split off collectively (as `MPI_Comm_split` does), that behave
+//! as a world of their own.
+//!
+//! A [`Group`] is a world in its own right, not a view of its parent: its own heap segments, its
+//! own control block, its own exchange and call numbers, its own workspaces. So every collective,
+//! fused op and [`DistTensor`](crate::DistTensor) works on [`Group::rank`] unchanged, calls on
+//! different groups never meet (they proceed at once, independently), and a buffer of a group
+//! has segments only for its members: a rank outside it is not addressable through it
+//! ([`try_symm_at`](crate::shmem::try_symm_at) says so with a typed error).
+//!
+//! How the members meet depends on where the ranks live: in a world of threads the first member
+//! to arrive maps the group's segments and the others take the same handle; in a world of
+//! processes (of one host, or of one MPI node) the members meet as a job of their own, under a job
+//! id derived from the world's, and pass each other their segments.
+//!
+//! A group and its world fail together: a rank's failure in a group fails the world (the ranks
+//! outside the group stop), and a waiter blocked in a group looks at the world on every tick, so a
+//! member that failed, returned or died in the world ends the group's waits as it would the
+//! world's.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::control::{Control, RankState};
+use super::device_world::DeviceWorld;
+use super::exchange::Call;
+use super::heap::{Heap, lock};
+use super::mapping::Mapping;
+use super::rank::Rank;
+use super::world::{Settings, WorldKind, WorldShared};
+use crate::{Error, Result};
+
+/// Groups of a world of threads being made, by (split call number, color): the group's shared
+/// state and how many members have yet to take it.
+pub(crate) type Forming = HashMap<(u64, u64), (Arc<WorldShared>, usize)>;
+
+/// What a group keeps of the world it was split from.
+#[derive(Clone)]
+pub(crate) struct ParentLink {
+    /// The world. A group's handle borrows its world's rank, so the world outlives every use.
+    world: *const WorldShared,
+    /// The world's rank of each member, in the group's rank order.
+    members: Vec<usize>,
+}
+
+// SAFETY: the pointer is only read, as a `&WorldShared` (which is `Sync`), while the group's
+// handle (which borrows the world) lives.
+unsafe impl Send for ParentLink {}
+// SAFETY: as above.
+unsafe impl Sync for ParentLink {}
+
+impl ParentLink {
+    fn world(&self) -> &WorldShared {
+        // SAFETY: see the field's docs.
+        unsafe { &*self.world }
+    }
+
+    /// Records a member's failure in the world.
+    pub(crate) fn fail_with(&self, member: usize, err: &Error) {
+        self.world().fail_with(self.members[member], err);
+    }
+
+    /// What a group's waiter looks at on every tick: the world's own look (for dead processes),
+    /// then the world's failure and the members' states, copied into the group's control block.
+    fn look(&self, group: &Control) {
+        let world = self.world();
+        if let Some(on_tick) = &world.on_tick {
+            on_tick(&world.control);
+        }
+        if world.control.failed()
+            && !group.failed()
+            && let Some((failed, reason)) = world.control.first_failure()
+        {
+            let at = self.members.iter().position(|&m| m == failed).unwrap_or(0);
+            group.fail(at, &format!("(rank {failed} of the world) {reason}"));
+        }
+        for (i, &m) in self.members.iter().enumerate() {
+            let state = world.control.state(m);
+            let left = matches!(
+                state,
+                RankState::Returned | RankState::Failed | RankState::Died | RankState::Left
+            );
+            if left && group.state(i) == RankState::Running {
+                let status = world.control.exit_status(m).load(Ordering::Acquire);
+                group.exit_status(i).store(status, Ordering::Release);
+                group.set_state(i, state);
+            }
+        }
+    }
+}
+
+/// Some of a world's ranks, made by [`Rank::split`]: a world of their own for every collective,
+/// fused op and [`DistTensor`](crate::DistTensor), through [`Group::rank`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+///
+/// // Ranks 0, 2 and 1, 3 sum among themselves, at the same time.
+/// let sums = World::threads(4)?.run(|rank| {
+///     let group = rank.split((rank.rank() % 2) as u64, rank.rank() as u64)?;
+///     collectives::all_reduce(&group.rank(), &[rank.rank() as f64; 2])
+/// })?;
+/// assert_eq!(sums, vec![vec![2.0; 2], vec![4.0; 2], vec![2.0; 2], vec![4.0; 2]]);
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub struct Group<'w> {
+    shared: Arc<WorldShared>,
+    index: usize,
+    members: Vec<usize>,
+    color: u64,
+    _world: PhantomData<&'w WorldShared>,
+}
+
+impl<'w> Rank<'w> {
+    /// Splits the world into groups, collectively (every rank calls it, as `MPI_Comm_split`):
+    /// the ranks that give the same `color` form one group, ordered by `key` (then by rank).
+    /// Each rank gets its own group's handle.
+    ///
+    /// # Errors
+    /// As any collective call ([`Error::OpMismatch`] when ranks are in different calls);
+    /// [`Error::InvalidArgument`] on a world of GPUs or NPUs (groups run on the host
+    /// simulation), and for a group of an MPI world whose members are on different nodes;
+    /// what making a world's segments can fail with.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::World;
+    /// let seen = World::threads(4)?.run(|rank| {
+    ///     let group = rank.split((rank.rank() / 2) as u64, 0)?;
+    ///     Ok((group.rank().rank(), group.size(), group.members().to_vec()))
+    /// })?;
+    /// assert_eq!(seen[3], (1, 2, vec![2, 3]));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn split(&self, color: u64, key: u64) -> Result<Group<'w>> {
+        const OP: &str = "Rank::split";
+        let me = self.rank;
+        let world = self.world;
+        let problem = match world.device {
+            DeviceWorld::Host => None,
+            _ => Some(format!(
+                "groups run on the host simulation; this world runs on {:?}",
+                self.backend()
+            )),
+        };
+        let all = self.exchange(Call::untyped(OP), &[color, key], problem, &[])?;
+        let seq = lock(&world.local[me].calls).seq;
+        let mut members: Vec<usize> = (0..all.len()).filter(|&r| all[r][0] == color).collect();
+        members.sort_by_key(|&r| (all[r][1], r));
+        let index = members.iter().position(|&r| r == me).expect("a rank is in its own group");
+        let link = ParentLink { world: world as *const WorldShared, members: members.clone() };
+        let shared = match &world.kind {
+            WorldKind::Threads => self.take_threads_group(seq, color, link)?,
+            WorldKind::Processes { job_id, join_timeout } => {
+                if let Some(&far) = members.iter().find(|&&m| !world.heap.mapped(m)) {
+                    return Err(Error::InvalidArgument {
+                        op: OP,
+                        rank: me,
+                        reason: format!(
+                            "group {color} has rank {far}, on another node: groups of an MPI \
+                             world are made of one node's ranks"
+                        ),
+                    });
+                }
+                let job = format!("{job_id}.split{seq}.{color}");
+                join_processes(world, link, index, job, *join_timeout)?
+            }
+        };
+        Ok(Group { shared, index, members, color, _world: PhantomData })
+    }
+
+    /// The group of a world of threads: made by the first member to arrive, taken by the rest.
+    fn take_threads_group(
+        &self,
+        seq: u64,
+        color: u64,
+        link: ParentLink,
+    ) -> Result<Arc<WorldShared>> {
+        let world = self.world;
+        let mut forming = lock(&world.forming);
+        if let Some((shared, left)) = forming.get_mut(&(seq, color)) {
+            let shared = shared.clone();
+            *left -= 1;
+            if *left == 0 {
+                forming.remove(&(seq, color));
+            }
+            return Ok(shared);
+        }
+        let g = link.members.len();
+        let settings = group_settings(world, g)?;
+        let heap = Heap::anonymous(g, settings.capacity, settings.reserved)?;
+        let control = Mapping::anonymous(Control::bytes(g)).map_err(|e| Error::System {
+            op: "Rank::split",
+            rank: self.rank,
+            what: "cannot map the group's control block".into(),
+            source: Arc::new(e),
+        })?;
+        let control = Control::create(control, g);
+        for r in 0..g {
+            control.set_state(r, RankState::Running);
+        }
+        let shared = Arc::new(group_world(world, heap, control, &settings, link));
+        if g > 1 {
+            forming.insert((seq, color), (shared.clone(), g - 1));
+        }
+        Ok(shared)
+    }
+}
+
+/// A group's settings: its world's heap capacity and wait timeout, its own reserved part.
+fn group_settings(world: &WorldShared, g: usize) -> Result<Settings> {
+    let capacity = world.heap.capacity() - world.heap.reserved();
+    Settings::resolve(Some(capacity), Some(world.wait_timeout))?.for_ranks(g, false)
+}
+
+/// A group's shared state over its segments and control block.
+fn group_world(
+    world: &WorldShared,
+    heap: Heap,
+    control: Control,
+    settings: &Settings,
+    link: ParentLink,
+) -> WorldShared {
+    let mut shared = WorldShared::new(heap, control, world.topology.clone(), settings);
+    let look = link.clone();
+    shared.on_tick = Some(Box::new(move |group: &Control| look.look(group)));
+    shared.parent = Some(link);
+    shared
+}
+
+/// The group of a world of processes: its members meet as a job of their own.
+fn join_processes(
+    world: &WorldShared,
+    link: ParentLink,
+    index: usize,
+    job_id: String,
+    join_timeout: std::time::Duration,
+) -> Result<Arc<WorldShared>> {
+    let g = link.members.len();
+    let env = super::job_env::JobEnv {
+        rank: index,
+        world_size: g,
+        local_rank: index,
+        local_world_size: g,
+        job_id: job_id.clone(),
+        launcher: "Rank::split",
+    };
+    let settings = group_settings(world, g)?;
+    let members = super::process::Members::all(g);
+    let joined = super::process::join(&env, &members, settings, join_timeout)?;
+    let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+    joined.control.pid(index).store(pid, Ordering::Release);
+    joined.control.set_state(index, RankState::Running);
+    let peers = joined.peers;
+    let mut shared = group_world(world, joined.heap, joined.control, &joined.settings, link);
+    let look = shared.parent.clone().expect("a group has its world");
+    shared.on_tick = Some(Box::new(move |group: &Control| {
+        peers.check(group);
+        look.look(group);
+    }));
+    shared.kind = WorldKind::Processes { job_id, join_timeout };
+    Ok(Arc::new(shared))
+}
+
+impl<'w> Group<'w> {
+    /// This rank's handle in the group: pass it to any collective, fused op or
+    /// [`DistTensor`](crate::DistTensor) constructor to run it over the group. Its
+    /// [`rank`](Rank::rank) is the rank's index in the group.
+    pub fn rank(&self) -> Rank<'_> {
+        Rank::new(&self.shared, self.index)
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The world's rank of each member, in the group's rank order.
+    pub fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// The color the group was split by.
+    pub fn color(&self) -> u64 {
+        self.color
+    }
+
+    /// The group's rank of the world's rank `world_rank`, if it is a member.
+    pub fn group_rank_of(&self, world_rank: usize) -> Option<usize> {
+        self.members.iter().position(|&m| m == world_rank)
+    }
+}
+
+impl std::fmt::Debug for Group<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("color", &self.color)
+            .field("rank", &self.index)
+            .field("members", &self.members)
+            .finish()
+    }
+}

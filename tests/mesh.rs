@@ -1,0 +1,383 @@
+//! Meshes and groups: every collective and fused op over every group of a mesh against f64
+//! references built from the members' inputs (every group of a dimension at once), in worlds of
+//! threads and of processes; calls that meet the wrong group fail cleanly; data-parallel
+//! training on a 2 x 2 mesh equals one rank trained on the whole batch.
+
+use std::time::{Duration, Instant};
+
+use dist_tensor::collectives::{self, ReduceOp};
+use dist_tensor::mesh::zero::Zero1;
+use dist_tensor::mesh::{DeviceMesh, data_parallel};
+use dist_tensor::nn::{
+    Activation, Adam, ColumnParallelLinear, Parameters, RowParallelLinear, mse_loss,
+};
+use dist_tensor::shmem::try_symm_at;
+use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Split, Tensor, World, fused};
+use half::bf16;
+use ndarray::{Array2, concatenate, s};
+
+mod common;
+
+use common::checks::{off, seeded_matrix, widen};
+use common::{array_split, offsets, seeded, slice, tolerance};
+
+const MESHES: [(usize, usize); 6] = [(1, 4), (2, 2), (4, 1), (2, 3), (3, 2), (2, 4)];
+
+/// Checks every collective and both fused ops in `T` on `group` (this rank's handle in it),
+/// whose members are the world's ranks `members`; returns what is wrong.
+fn group_ops<T: Element>(group: &Rank<'_>, members: &[usize], salt: usize) -> Vec<String> {
+    let (g, me) = (members.len(), group.rank());
+    let world_me = members[me];
+    let mut fails = Vec::new();
+    let mut check = |what: &str, got: dist_tensor::Result<Vec<T>>, want: Vec<f64>, terms| {
+        let tol = tolerance::<T>(terms) * 8.0;
+        let scale: Vec<f64> = want.iter().map(|w| w.abs().max(8.0)).collect();
+        match got {
+            Ok(got) => fails.extend(off(
+                &format!("{what} (world rank {world_me}, members {members:?})"),
+                &widen(&got),
+                &want,
+                &scale,
+                tol,
+            )),
+            Err(e) => fails.push(format!("{what} on world rank {world_me}: {e}")),
+        }
+    };
+    let input = |r: usize, len: usize, k: usize| widen(&seeded::<T>(r, len, salt + k));
+    // all_reduce: the members' sum.
+    let len = 5;
+    let want = (0..len).map(|i| members.iter().map(|&m| input(m, len, 0)[i]).sum()).collect();
+    check("all_reduce", collectives::all_reduce(group, &seeded::<T>(world_me, len, salt)), want, g);
+    // all_gather: uneven pieces, one of them possibly empty.
+    let piece = |m: usize| m % 3;
+    let want = members.iter().flat_map(|&m| input(m, piece(m), 1)).collect();
+    let mine = seeded::<T>(world_me, piece(world_me), salt + 1);
+    check("all_gather", collectives::all_gather(group, &mine), want, 1);
+    // reduce_scatter: this member's piece of the sum, cut as numpy.array_split cuts 7 * g + 1.
+    let len = 7 * g + 1;
+    let at = offsets(&array_split(len, g));
+    let want =
+        (at[me]..at[me + 1]).map(|i| members.iter().map(|&m| input(m, len, 2)[i]).sum()).collect();
+    let mine = seeded::<T>(world_me, len, salt + 2);
+    check("reduce_scatter", collectives::reduce_scatter(group, &mine, ReduceOp::Sum), want, g);
+    // all_to_all: block `me` of every member, in member order.
+    let k = 3;
+    let want = members.iter().flat_map(|&m| input(m, k * g, 3)[me * k..(me + 1) * k].to_vec());
+    let mine = seeded::<T>(world_me, k * g, salt + 3);
+    check("all_to_all", collectives::all_to_all(group, &mine), want.collect(), 1);
+    // broadcast from the group's last member.
+    let root = g - 1;
+    let mine = seeded::<T>(world_me, 4, salt + 4);
+    check("broadcast", collectives::broadcast(group, &mine, root), input(members[root], 4, 4), 1);
+
+    // all_gather_matmul: the members' rows (1 to 3 each) gathered, times this rank's weight.
+    let (kdim, n) = (5, 3);
+    let rows = |m: usize| 1 + m % 3;
+    let xs: Vec<Array2<f64>> =
+        members.iter().map(|&m| seeded_matrix::<T>(m, rows(m), kdim, salt + 5)).collect();
+    let w = seeded_matrix::<T>(world_me, kdim, n, salt + 6);
+    let views: Vec<_> = xs.iter().map(|x| x.view()).collect();
+    let want = concatenate(ndarray::Axis(0), &views).unwrap().dot(&w);
+    let x = narrow::<T>(&xs[me]);
+    let wt = narrow::<T>(&w);
+    let got = fused::all_gather_matmul(group, x.view(), &[wt.view()])
+        .map(|o| o.outputs[0].iter().copied().collect());
+    check("all_gather_matmul", got, want.iter().copied().collect(), kdim);
+    // matmul_reduce_scatter: the sum of the members' products (inner sizes 1 or 2), this
+    // member's rows of it.
+    let (m_rows, n) = (2 * g + 1, 4);
+    let inner = |m: usize| 1 + m % 2;
+    let mut sum = Array2::<f64>::zeros((m_rows, n));
+    for &m in members {
+        let xm = seeded_matrix::<T>(m, m_rows, inner(m), salt + 7);
+        sum = sum + xm.dot(&seeded_matrix::<T>(m, inner(m), n, salt + 8));
+    }
+    let at = offsets(&array_split(m_rows, g));
+    let want: Vec<f64> = sum.slice(s![at[me]..at[me + 1], ..]).iter().copied().collect();
+    let x = narrow::<T>(&seeded_matrix::<T>(world_me, m_rows, inner(world_me), salt + 7));
+    let w = narrow::<T>(&seeded_matrix::<T>(world_me, inner(world_me), n, salt + 8));
+    let got = fused::matmul_reduce_scatter(group, x.view(), w.view())
+        .map(|o| o.iter().copied().collect());
+    check("matmul_reduce_scatter", got, want, 2 * g);
+    fails
+}
+
+fn narrow<T: Element>(a: &Array2<f64>) -> Array2<T> {
+    a.mapv(T::from_f64)
+}
+
+/// Every op over every group of every dimension of a `dp x tp` mesh on `rank`.
+fn mesh_ops(rank: &Rank<'_>, dp: usize, tp: usize) -> dist_tensor::Result<Vec<String>> {
+    let mesh = DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
+    let mut fails = Vec::new();
+    for (d, name) in ["dp", "tp"].into_iter().enumerate() {
+        let group = mesh.group(name)?;
+        let handle = group.rank();
+        fails.extend(group_ops::<f64>(&handle, group.members(), 10 * d));
+        fails.extend(group_ops::<f32>(&handle, group.members(), 10 * d + 1));
+        fails.extend(group_ops::<bf16>(&handle, group.members(), 10 * d + 2));
+        fails.extend(group_ops::<half::f16>(&handle, group.members(), 10 * d + 3));
+    }
+    // Both dimensions at once: the dp group's all_reduce on a second thread of this rank while
+    // the tp group's fused op runs on this one (the groups are worlds of their own).
+    let (dp_group, tp_group) = (mesh.group("dp")?, mesh.group("tp")?);
+    let (dp_rank, tp_rank) = (dp_group.rank(), tp_group.rank());
+    let (a, b) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| group_ops::<f64>(&dp_rank, dp_group.members(), 40));
+        let here = group_ops::<f64>(&tp_rank, tp_group.members(), 50);
+        (other.join().expect("the dp thread"), here)
+    });
+    fails.extend(a);
+    fails.extend(b);
+    Ok(fails)
+}
+
+#[test]
+fn every_op_over_every_group_of_every_mesh_on_threads() {
+    for (dp, tp) in MESHES {
+        let fails = World::threads(dp * tp).unwrap().run(|rank| mesh_ops(rank, dp, tp)).unwrap();
+        let fails: Vec<String> = fails.into_iter().flatten().collect();
+        assert!(fails.is_empty(), "mesh {dp}x{tp}: {fails:#?}");
+    }
+}
+
+#[test]
+fn a_mesh_lays_out_coordinates_and_groups() {
+    let out = World::threads(6)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 3)])?;
+            let tp = mesh.group("tp")?.members().to_vec();
+            let dp = mesh.group("dp")?.members().to_vec();
+            Ok((mesh.coords().to_vec(), dp, tp, mesh.layout_warning().map(str::to_string)))
+        })
+        .unwrap();
+    assert_eq!(out[4], (vec![1, 1], vec![1, 4], vec![3, 4, 5], None));
+    assert_eq!(out[2], (vec![0, 2], vec![2, 5], vec![0, 1, 2], None));
+    // Sizes whose product is not the world, a name twice: every rank refuses.
+    let err = World::threads(4)
+        .unwrap()
+        .run(|rank| DeviceMesh::new(rank, &[("dp", 3), ("tp", 2)]).map(drop))
+        .unwrap_err();
+    assert!(err.to_string().contains("must be the world"), "{err}");
+    let err = World::threads(4)
+        .unwrap()
+        .run(|rank| DeviceMesh::new(rank, &[("a", 2), ("a", 2)]).map(drop))
+        .unwrap_err();
+    assert!(err.to_string().contains("distinct"), "{err}");
+}
+
+#[test]
+fn calls_on_the_wrong_group_fail_cleanly() {
+    let world = World::builder(4).wait_timeout(Duration::from_secs(20)).build().unwrap();
+    // Two members of one group in different ops: OpMismatch on both, as in a world.
+    let err = world
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+            let tp = mesh.rank_of("tp")?;
+            if mesh.coord("tp")? == 0 {
+                collectives::all_reduce(&tp, &[1.0f32]).map(drop)
+            } else {
+                collectives::all_gather(&tp, &[1.0f32]).map(drop)
+            }
+        })
+        .unwrap_err();
+    assert!(matches!(err.rank_error(), Error::OpMismatch { .. }), "{err}");
+
+    // Rank 0 calls on its tp group while every other rank calls on its dp group: rank 0's
+    // partner in tp never comes; every rank ends with an error well before the wait timeout.
+    let world = World::builder(4).wait_timeout(Duration::from_secs(20)).build().unwrap();
+    let start = Instant::now();
+    let err = world
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+            let dim = if rank.rank() == 0 { "tp" } else { "dp" };
+            collectives::all_reduce(&mesh.rank_of(dim)?, &[1.0f64]).map(drop)
+        })
+        .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10), "{:?}: {err}", start.elapsed());
+    assert!(matches!(err, Error::RankFailed { rank: 0, .. }), "{err}");
+
+    // A group's buffer has segments for its members only.
+    World::threads(4)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+            let tp = mesh.rank_of("tp")?;
+            let buf = tp.alloc::<f32>(8)?;
+            assert!(try_symm_at(&buf, 1).is_ok());
+            let err = try_symm_at(&buf, 2).unwrap_err();
+            assert!(err.to_string().contains("outside a world of 2 ranks"), "{err}");
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The MLP of example 08 on a `dp x tp` mesh, trained by plain gradient descent: tokens split
+/// over dp, then sharded over tp; gradients averaged over dp in buckets during the backward pass
+/// (`overlap`) or after it. Returns the loss before each step (every rank's).
+fn train_on_mesh(
+    world: &World,
+    dp: usize,
+    tp: usize,
+    steps: usize,
+    overlap: bool,
+) -> Vec<Vec<f64>> {
+    train_with(world, dp, tp, steps, overlap, Optimizer::Sgd)
+}
+
+/// How [`train_with`] steps the parameters with the averaged gradients.
+#[derive(Clone, Copy, PartialEq)]
+enum Optimizer {
+    Sgd,
+    /// Every rank steps every parameter.
+    Adam,
+    /// Adam's state sharded over dp (ZeRO stage 1).
+    Zero1,
+}
+
+/// [`train_on_mesh`] with `optimizer`.
+fn train_with(
+    world: &World,
+    dp: usize,
+    tp: usize,
+    steps: usize,
+    overlap: bool,
+    optimizer: Optimizer,
+) -> Vec<Vec<f64>> {
+    let (tokens, hidden, ffn) = (12, 6, 10);
+    let x = Tensor::<f64>::random(&[tokens, hidden], 1);
+    let target = Tensor::<f64>::random(&[tokens, hidden], 2).map(f64::tanh);
+    let w1 = Tensor::<f64>::random(&[hidden, ffn], 3) * 0.4;
+    let b1 = Tensor::<f64>::random(&[ffn], 4) * 0.1;
+    let w2 = Tensor::<f64>::random(&[ffn, hidden], 5) * 0.3;
+    let b2 = Tensor::<f64>::random(&[hidden], 6) * 0.1;
+    let lr = 0.5;
+    // Buckets of 64 bytes: several per step, some sent before the backward pass ends.
+    let bucket = 64;
+    world
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
+            let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.averager("dp")?);
+            let mut fc1 = ColumnParallelLinear::from_global(&tpr, &w1, Some(&b1), Split::Even)?;
+            let mut fc2 = RowParallelLinear::from_global(&tpr, &w2, Some(&b2), Split::Even)?;
+            // This replica's share of the batch, then sharded over its tp group.
+            let per = tokens / dp;
+            let share = mesh.coord("dp")? * per..(mesh.coord("dp")? + 1) * per;
+            let xs =
+                DistTensor::from_global(&tpr, &slice(&x, 0, share.clone()), Placement::Shard(0))?;
+            let ts = DistTensor::from_global(&tpr, &slice(&target, 0, share), Placement::Shard(0))?;
+            let mut curve = Vec::new();
+            let mut adam = Adam::<f64>::new(0.05);
+            let mut zero = Zero1::new(Adam::<f64>::new(0.05));
+            for _ in 0..steps {
+                let (h, s1) = fc1.forward(&xs)?;
+                let a = h.map_local(|t| Activation::Gelu.forward(t))?;
+                let (y, s2) = fc2.forward(&a)?;
+                let (loss, dy) = mse_loss(&y, &ts)?;
+                curve.push(dpr.mean(&[loss])?[0]);
+                fc1.zero_grad();
+                fc2.zero_grad();
+                let pre = h.into_local();
+                // Layer by layer: fc2's gradients are ready (and go) before fc1's are computed.
+                let backward = |buckets: &mut data_parallel::GradBuckets<f64>| {
+                    let da = fc2.backward(s2, &dy)?;
+                    for p in fc2.parameters() {
+                        buckets.ready(p.grad().expect("a gradient"));
+                    }
+                    let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
+                    fc1.backward(s1, &dh)?;
+                    for p in fc1.parameters() {
+                        buckets.ready(p.grad().expect("a gradient"));
+                    }
+                    Ok(())
+                };
+                let grads = if overlap {
+                    data_parallel::overlapped(&dpr, bucket, backward)?.1
+                } else {
+                    let mut local = data_parallel::GradBuckets::collect();
+                    backward(&mut local)?;
+                    data_parallel::all_reduce_mean(&dpr, bucket, &local.into_grads())?
+                };
+                let mut params = fc2.parameters_mut();
+                params.extend(fc1.parameters_mut());
+                match optimizer {
+                    Optimizer::Sgd => {
+                        for (p, g) in params.into_iter().zip(&grads) {
+                            let stepped = p.value() - &(g * lr);
+                            *p.value_mut() = stepped;
+                        }
+                    }
+                    Optimizer::Adam => {
+                        for (p, g) in params.iter_mut().zip(grads) {
+                            p.zero_grad();
+                            p.accumulate_grad(g)?;
+                        }
+                        adam.step(params)?;
+                    }
+                    Optimizer::Zero1 => zero.step(&dpr, params, &grads)?,
+                }
+            }
+            Ok(curve)
+        })
+        .unwrap()
+}
+
+#[test]
+fn training_on_a_2x2_mesh_equals_one_rank_on_the_whole_batch() {
+    let steps = 6;
+    let one = train_on_mesh(&World::threads(1).unwrap(), 1, 1, steps, false);
+    for overlap in [true, false] {
+        let curves = train_on_mesh(&World::threads(4).unwrap(), 2, 2, steps, overlap);
+        for curve in &curves {
+            let diff = curve.iter().zip(&one[0]).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+            assert!(diff < 1e-12 * one[0][0], "overlap {overlap}: {curve:?} vs {:?}", one[0]);
+        }
+        assert!(one[0][steps - 1] < one[0][0] * 0.9, "it learns: {:?}", one[0]);
+    }
+    // Overlapped or not, the same buckets and sums: the same bits.
+    let a = train_on_mesh(&World::threads(4).unwrap(), 2, 2, steps, true);
+    let b = train_on_mesh(&World::threads(4).unwrap(), 2, 2, steps, false);
+    assert_eq!(a, b);
+}
+
+/// A 2 x 2 mesh on four processes of this host (this test binary re-executed as the ranks of a
+/// job): every op over both groups, and both groups at once.
+#[test]
+fn every_op_over_every_group_of_a_2x2_mesh_on_processes() {
+    const NAME: &str = "every_op_over_every_group_of_a_2x2_mesh_on_processes";
+    if World::launched() {
+        let fails = World::from_env().and_then(|w| w.run(|rank| mesh_ops(rank, 2, 2)));
+        match fails {
+            Ok(fails) => println!("RESULT {:?}", fails[0]),
+            Err(err) => println!("ERROR {err}"),
+        }
+        return;
+    }
+    let exits = World::local_job(4)
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .timeout(Duration::from_secs(120))
+        .run()
+        .unwrap();
+    for exit in &exits {
+        let out = exit.stdout_text();
+        assert!(exit.success() && out.contains("RESULT []"), "rank {}: {out}", exit.rank);
+    }
+}
+
+#[test]
+fn zero1_equals_adam_on_every_rank_bit_for_bit() {
+    let steps = 5;
+    for (dp, tp) in [(2, 2), (4, 1), (3, 2)] {
+        let world = World::threads(dp * tp).unwrap();
+        let adam = train_with(&world, dp, tp, steps, true, Optimizer::Adam);
+        let zero = train_with(&world, dp, tp, steps, true, Optimizer::Zero1);
+        assert_eq!(adam, zero, "mesh {dp}x{tp}");
+        assert!(zero[0][steps - 1] < zero[0][0], "it learns: {:?}", zero[0]);
+    }
+    // And Adam on the mesh is Adam on one rank with the whole batch.
+    let one = train_with(&World::threads(1).unwrap(), 1, 1, steps, false, Optimizer::Adam);
+    let mesh = train_with(&World::threads(4).unwrap(), 2, 2, steps, true, Optimizer::Zero1);
+    let diff = mesh[0].iter().zip(&one[0]).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff < 1e-12 * one[0][0], "{:?} vs {:?}", mesh[0], one[0]);
+}
