@@ -283,12 +283,12 @@ fn train_with(
                 let backward = |buckets: &mut data_parallel::GradBuckets<f64>| {
                     let da = fc2.backward(s2, &dy)?;
                     for p in fc2.parameters() {
-                        buckets.ready(p.grad().expect("a gradient"));
+                        buckets.ready(&p.grad().expect("a gradient"));
                     }
                     let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
                     fc1.backward(s1, &dh)?;
                     for p in fc1.parameters() {
-                        buckets.ready(p.grad().expect("a gradient"));
+                        buckets.ready(&p.grad().expect("a gradient"));
                     }
                     Ok(())
                 };

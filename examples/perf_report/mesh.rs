@@ -57,10 +57,10 @@ fn step_seconds(dp: usize, tp: usize, averaging: Averaging, reps: usize) -> Resu
             let pre = h.into_local();
             let backward = |buckets: &mut data_parallel::GradBuckets<f32>| {
                 let da = fc2.backward(s2, &dy)?;
-                fc2.parameters().into_iter().for_each(|p| buckets.ready(p.grad().expect("grad")));
+                fc2.parameters().into_iter().for_each(|p| buckets.ready(&p.grad().expect("grad")));
                 let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
                 fc1.backward(s1, &dh)?;
-                fc1.parameters().into_iter().for_each(|p| buckets.ready(p.grad().expect("grad")));
+                fc1.parameters().into_iter().for_each(|p| buckets.ready(&p.grad().expect("grad")));
                 Ok(())
             };
             let grads = match averaging {
