@@ -1,7 +1,8 @@
 //! NVIDIA GPUs (feature `cuda`): the same `DistTensor` ops on GPUs joined by NVLink.
 //!
 //! [`World::cuda`](crate::World::cuda)`(&[0, 1])` makes a world of one rank per GPU (one thread
-//! each), with peer access both ways and a symmetric heap in device memory. Tensors move with
+//! each; a device listed twice holds two ranks, for correctness on one GPU), with peer access
+//! between distinct GPUs and a symmetric heap in device memory. Tensors move with
 //! [`Tensor::to_device`](crate::Tensor::to_device) / [`Tensor::to_host`](crate::Tensor::to_host);
 //! in a GPU world, `DistTensor::from_global` / `from_local` put each rank's part on its GPU, and
 //! `all_gather_matmul`, `matmul_reduce_scatter`, `all_to_all`, `to_global` and `redistribute` run
@@ -124,6 +125,15 @@ impl crate::World {
     /// memory (capacity [`GPU_HEAP_BYTES_ENV`] or 4 GiB). Tensors of its ranks live on their GPUs;
     /// the `DistTensor` ops run there. For other settings (the wait timeout) use
     /// [`WorldBuilder::cuda`](crate::shmem::WorldBuilder::cuda).
+    ///
+    /// A device may be listed more than once (`World::cuda(&[0, 0, 0])`): those ranks share the
+    /// GPU, each with its own heap segment and streams, and no peer access is asked for between
+    /// them. That is for correctness on a machine with fewer GPUs than ranks: every kernel and
+    /// path runs unchanged, waiting kernels take a rank's share of the GPU's blocks so that all
+    /// ranks' kernels are resident at once, the unfused baselines use the world's own
+    /// collectives (NCCL refuses two ranks on one GPU), and
+    /// [`Timer::new`](crate::device::cuda::Timer::new) refuses to time (the ranks take turns on
+    /// one GPU, so a timing would say nothing).
     ///
     /// # Errors
     /// [`Error::LibraryNotFound`](crate::Error::LibraryNotFound) naming the NVIDIA driver and every
