@@ -15,6 +15,9 @@ use crate::shmem::Rank;
 use crate::tensor::Element;
 use crate::{Error, Result};
 
+pub(crate) use super::local::{
+    batched_matmul, binary, cast, norm, permute, softmax, sum_axis, unary, zeros_like,
+};
 pub(crate) use super::storage::DeviceData as DeviceStorage;
 pub(crate) use super::world::CudaWorld;
 

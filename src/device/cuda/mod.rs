@@ -44,6 +44,8 @@ mod dummy;
 #[cfg(feature = "cuda")]
 mod kernels;
 #[cfg(feature = "cuda")]
+mod local;
+#[cfg(feature = "cuda")]
 mod memory;
 #[cfg(feature = "cuda")]
 mod nccl;
@@ -60,6 +62,39 @@ pub(crate) use api::*;
 pub(crate) use dummy::*;
 
 pub use public::*;
+
+/// An elementwise op of one tensor on a GPU (`Tensor`'s device arms); the scalar forms take the
+/// scalar beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unary {
+    Neg,
+    Relu,
+    Silu,
+    /// The exact GELU, computed in f64 as on the host.
+    Gelu,
+    GeluTanh,
+    /// `x + s`.
+    AddScalar,
+    /// `x - s`.
+    SubScalar,
+    /// `x * s`.
+    MulScalar,
+    /// `x / s`.
+    DivScalar,
+    /// `s - x`.
+    ScalarSub,
+    /// `s / x`.
+    ScalarDiv,
+}
+
+/// An elementwise op of two tensors on a GPU, broadcast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
 
 /// Rows per rank from which `all_gather_matmul` overlaps copies with per-rank GEMMs.
 pub const AG_OVERLAP_MIN_ROWS: usize = 1024;
