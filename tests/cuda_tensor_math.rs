@@ -21,7 +21,7 @@ use ndarray::{ArrayD, Axis, IxDyn};
 mod common;
 
 use common::checks::{off, widen};
-use common::{assert_none, f64s, reference};
+use common::{assert_none, f64s, reference, within};
 
 const GPU: Device = Device::Cuda(0);
 
@@ -439,14 +439,15 @@ fn check_sums<T: Element>(fails: &mut Vec<String>, seed: u64) {
         let (sum, total) = (x.sum(), abs(&x).sum());
         let len = x.len() as f64;
         let got = da.sum().to_f64();
-        if !((got - sum).abs() <= tol::<T>(len + 1.0) * total.max(f64::MIN_POSITIVE)) {
+        if !within((got - sum).abs(), tol::<T>(len + 1.0) * total.max(f64::MIN_POSITIVE)) {
             fails.push(format!("sum {shape:?} ({}): {got}, want {sum}", T::DTYPE));
         }
         if len > 0.0 {
             let got = da.mean().to_f64();
-            if !((got - sum / len).abs()
-                <= tol::<T>(len + 2.0) * (total / len).max(f64::MIN_POSITIVE))
-            {
+            if !within(
+                (got - sum / len).abs(),
+                tol::<T>(len + 2.0) * (total / len).max(f64::MIN_POSITIVE),
+            ) {
                 fails.push(format!("mean {shape:?} ({}): {got}, want {}", T::DTYPE, sum / len));
             }
         }
