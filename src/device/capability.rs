@@ -134,9 +134,11 @@ const TABLE: &[Row] = &[
     npu("all_to_all_v", &[Feature::UnevenSplit]),
     npu("broadcast", &[]),
     npu("redistribute_split", &[Feature::NdInput, Feature::UnevenSplit]),
-    // The GPU kernels take [M, K] row-major operands; redistribution re-splits only evenly.
-    gpu("all_gather_matmul", &[]),
-    gpu("matmul_reduce_scatter", &[]),
+    // The GPU kernels take [M, K] row-major operands: an N-D input is its rows (a reshape), a
+    // transposed weight is transposed on the GPU first (one copy), a kept input is gathered
+    // again into a tensor of its own. Redistribution re-splits only evenly.
+    gpu("all_gather_matmul", &[Feature::NdInput, Feature::TransposedWeight, Feature::KeptInput]),
+    gpu("matmul_reduce_scatter", &[Feature::NdInput, Feature::TransposedWeight]),
     gpu("all_to_all", &[Feature::NdInput, Feature::UnevenSplit]),
     gpu("all_gather", &[Feature::NdInput, Feature::UnevenSplit]),
     gpu("reduce_scatter", &[Feature::NdInput, Feature::UnevenSplit]),
@@ -153,7 +155,7 @@ const TABLE: &[Row] = &[
 /// use dist_tensor::device::capability::{Backend, Feature, refusal};
 /// use dist_tensor::tensor::DType;
 /// assert_eq!(refusal("all_gather_matmul", Backend::Host, DType::F64, &Feature::ALL), None);
-/// let why = refusal("all_gather_matmul", Backend::Cuda, DType::F32, &[Feature::KeptInput]);
+/// let why = refusal("all_gather_matmul", Backend::Ascend, DType::F32, &[Feature::KeptInput]);
 /// assert!(why.unwrap().contains("keep_input"));
 /// assert!(refusal("broadcast", Backend::Ascend, DType::F64, &[]).unwrap().contains("f64"));
 /// ```

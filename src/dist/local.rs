@@ -19,7 +19,10 @@ impl<'r, T: Element> DistTensor<'r, T> {
     ///
     /// On a `Partial` tensor the result is the sum of the `f`s of the parts: right for linear
     /// maps (a scale), wrong for others (GELU of a partial sum): reduce first. In a GPU world `f`
-    /// gets the part on the GPU (the local math takes host tensors: [`Tensor::to_host`] first).
+    /// gets the part on the GPU, where the tensor's math runs (operators, activations, softmax,
+    /// norms, sums, casts, permutes, products); a Rust closure over its elements cannot run
+    /// there ([`Tensor::try_map`] and [`Tensor::zip_map`] return a typed error naming those
+    /// methods; [`Tensor::to_host`] first to use one).
     ///
     /// # Errors
     /// [`Error::InvalidShape`] on this rank when `f` changed the number of dimensions or the
@@ -176,11 +179,10 @@ impl<'r, T: Element> DistTensor<'r, T> {
     }
 
     /// The same tensor in another element type (each part converted on its rank, through f64,
-    /// rounded once). No communication. In a GPU world the part is converted on the host and
-    /// goes back to the GPU.
+    /// rounded once). No communication. In a GPU world the part is converted on the GPU.
     ///
     /// # Errors
-    /// In a GPU world, as [`Tensor::to_host`] and [`Tensor::to_device`].
+    /// None today; a `Result` so that a failing device can report.
     ///
     /// # Examples
     /// ```
@@ -197,11 +199,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn cast<U: Element>(&self) -> Result<DistTensor<'r, U>> {
-        let local = if self.local.device_storage().is_some() {
-            crate::fused::operand::to_world_device(self.rank, self.local.to_host()?.cast())?
-        } else {
-            self.local.cast()
-        };
+        // On a GPU the cast runs there.
+        let local = self.local.cast();
         Ok(DistTensor::new(
             self.rank,
             local,

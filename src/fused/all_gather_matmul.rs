@@ -349,19 +349,27 @@ pub(crate) fn run<'a, T: Element>(
             })
         })(),
         DeviceWorld::Cuda(gpus) => (|| {
-            let x = x.on_device(rank)?;
+            let x = x.on_device_matrix(rank)?;
             let ws: Vec<Tensor<T>> =
-                weights.iter().map(|w| w.on_device(rank)).collect::<Result<_>>()?;
+                weights.iter().map(|w| w.on_device_matrix(rank)).collect::<Result<_>>()?;
             let storages: Vec<_> = ws.iter().map(device_data).collect();
             let rows = agreed.rows.counts();
-            cuda::all_gather_matmul(gpus, rank, device_data(&x), rows, &storages, fused, path).map(
-                |outs| AgProducts {
-                    outputs: outs.into_iter().map(Tensor::from_device_storage).collect(),
-                    row_counts: rows.to_vec(),
-                    col_counts: agreed.col_counts,
-                    gathered: None,
-                },
-            )
+            let outs =
+                cuda::all_gather_matmul(gpus, rank, device_data(&x), rows, &storages, fused, path)?;
+            // The kernels gather into buffers they reuse on the next call: a kept input is
+            // gathered again into a tensor of its own (one more collective).
+            let gathered = if keep_input {
+                let all = cuda::all_gather(gpus, rank, device_data(&x), 0, rows)?;
+                Some(Tensor::from_device_storage(all))
+            } else {
+                None
+            };
+            Ok(AgProducts {
+                outputs: outs.into_iter().map(Tensor::from_device_storage).collect(),
+                row_counts: rows.to_vec(),
+                col_counts: agreed.col_counts,
+                gathered,
+            })
         })(),
     };
     ran.inspect_err(|e| rank.fail_after_agreeing(e))

@@ -128,6 +128,19 @@ impl<'a, T: Element> Operand<'a, T> {
             Operand::Tensor(t, _) => to_world_device(rank, t.clone()),
         }
     }
+
+    /// The matrix it is read as (`dim()`), row-major, where `rank`'s world keeps its tensors:
+    /// an N-D tensor's leading dimensions as rows (a reshape, no copy); a transposed one turned
+    /// into that layout on the device (the tiled transpose, one copy).
+    pub(crate) fn on_device_matrix(&self, rank: &Rank<'_>) -> Result<Tensor<T>> {
+        let t = self.on_device(rank)?;
+        let (rows, cols) = self.dim();
+        if self.transposed() {
+            t.reshape(&[cols, rows])?.transpose(0, 1)
+        } else {
+            t.reshape(&[rows, cols])
+        }
+    }
 }
 
 /// `t` where `rank`'s world keeps its tensors (its GPU in a CUDA world, the host otherwise):

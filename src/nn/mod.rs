@@ -31,9 +31,11 @@
 //!
 //! # Where they run
 //!
-//! On the host worlds (threads, and processes of one host). A GPU world has no fused op that
-//! reads a weight transposed or keeps the gathered input yet, and an Ascend world none that
-//! keeps it: the layers' calls return [`Error::DeviceUnavailable`] there, on every rank.
+//! On the host worlds (threads, and processes of one host). In a GPU world the fused ops, the
+//! products and the sums run on the GPUs, but what has no GPU kernel yet (activation
+//! derivatives, the loss, the optimizers' updates, attention) returns
+//! [`Error::DeviceUnavailable`]; an Ascend world has no fused op that keeps the gathered input:
+//! the layers' calls return that error there, on every rank.
 //!
 //! # On autograd
 //!
@@ -133,16 +135,24 @@ fn rows_matmul<T: Element>(
     Tensor::from(matmul(rows_of(t), w, threads)?).reshape(&shape)
 }
 
+/// `[rows, n]` of a tensor `[..., n]`.
+fn rows_dims<T: Element>(t: &Tensor<T>) -> [usize; 2] {
+    let n = t.shape().last().copied().unwrap_or(1);
+    [t.shape()[..t.ndim().saturating_sub(1)].iter().product(), n]
+}
+
 /// `a^T @ b` over the rows of `a: [..., p]` and `b: [..., q]`: `[p, q]`, the gradient of a
-/// weight. `a` is read transposed in place.
+/// weight. On the host `a` is read transposed in place; on a GPU it is transposed there first.
 fn weight_grad<T: Element>(a: &Tensor<T>, b: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
+    if a.device_storage().is_some() {
+        return a.reshape(&rows_dims(a))?.transpose(0, 1)?.matmul(&b.reshape(&rows_dims(b))?);
+    }
     Ok(Tensor::from(matmul(rows_of(a).reversed_axes(), rows_of(b), threads)?))
 }
 
 /// `dy: [..., n]` summed over its rows: `[n]`, the gradient of a bias.
 fn bias_grad<T: Element>(dy: &Tensor<T>) -> Result<Tensor<T>> {
-    let rows = rows_of(dy);
-    dy.reshape(&[rows.nrows(), rows.ncols()])?.sum_axis(0)
+    dy.reshape(&rows_dims(dy))?.sum_axis(0)
 }
 
 /// Checks that `a` and `b` have the same leading dimensions (the same rows).

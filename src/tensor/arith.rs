@@ -16,6 +16,20 @@ use half::{bf16, f16};
 
 use super::map::{broadcast_error, broadcast_shape};
 use super::{Accumulator, Element, Tensor};
+use crate::device::cuda::{self, Binary, Unary};
+
+/// The device arm of an elementwise op that returns a tensor (not a `Result`): a failure on the
+/// GPU panics, as a host allocation failure does.
+#[track_caller]
+pub(crate) fn on_gpu<T: Element>(result: crate::Result<cuda::DeviceStorage<T>>) -> Tensor<T> {
+    Tensor::from_device_storage(result.unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// `op` with scalar `s` on every element of `t`, which lives on a GPU.
+#[track_caller]
+fn gpu_scalar<T: Element>(t: &cuda::DeviceStorage<T>, op: Unary, s: T) -> Tensor<T> {
+    on_gpu(cuda::unary(t, op, s.to_f64()))
+}
 
 /// `a op b` for two elements, computed in their accumulator type and rounded once.
 #[inline(always)]
@@ -30,7 +44,21 @@ fn binary<T: Element>(
     b: &Tensor<T>,
     name: &'static str,
     op: impl Fn(T::Acc, T::Acc) -> T::Acc,
+    gpu: Binary,
 ) -> Tensor<T> {
+    match (a.device_storage(), b.device_storage()) {
+        (None, None) => {}
+        (Some(x), Some(y)) => {
+            let shape = broadcast_shape(a.shape(), b.shape())
+                .unwrap_or_else(|| panic!("{}", broadcast_error(name, a.shape(), b.shape())));
+            return on_gpu(cuda::binary(x, y, gpu, &shape));
+        }
+        _ => panic!(
+            "{name}: operands on {} and {}: move one first (Tensor::to_device)",
+            a.device(),
+            b.device()
+        ),
+    }
     match a.zip_map(b, |x, y| widened(x, y, &op)) {
         Ok(t) => t,
         Err(_) => panic!("{}", broadcast_error(name, a.shape(), b.shape())),
@@ -44,12 +72,16 @@ fn binary_owned<T: Element>(
     b: &Tensor<T>,
     name: &'static str,
     op: impl Fn(T::Acc, T::Acc) -> T::Acc,
+    gpu: Binary,
 ) -> Tensor<T> {
-    if broadcast_shape(a.shape(), b.shape()).as_deref() == Some(a.shape()) {
+    // Device buffers are never written in place: a new tensor.
+    if a.device_storage().is_some() || b.device_storage().is_some() {
+        binary(&a, b, name, op, gpu)
+    } else if broadcast_shape(a.shape(), b.shape()).as_deref() == Some(a.shape()) {
         a.zip_assign(b, |x, y| widened(x, y, &op));
         a
     } else {
-        binary(&a, b, name, op)
+        binary(&a, b, name, op, gpu)
     }
 }
 
@@ -60,7 +92,19 @@ fn assign<T: Element>(
     b: &Tensor<T>,
     name: &'static str,
     op: impl Fn(T::Acc, T::Acc) -> T::Acc,
+    gpu: Binary,
 ) {
+    if a.device_storage().is_some() || b.device_storage().is_some() {
+        if broadcast_shape(a.shape(), b.shape()).as_deref() != Some(a.shape()) {
+            panic!(
+                "{name}: the right-hand side's shape {:?} does not broadcast to {:?}",
+                b.shape(),
+                a.shape()
+            );
+        }
+        *a = binary(a, b, name, op, gpu);
+        return;
+    }
     if !a.zip_assign(b, |x, y| widened(x, y, &op)) {
         panic!(
             "{name}: the right-hand side's shape {:?} does not broadcast to {:?}",
@@ -84,7 +128,8 @@ fn div<A: Accumulator>(a: A, b: A) -> A {
 }
 
 macro_rules! tensor_ops {
-    ($Op:ident, $op:ident, $OpAssign:ident, $op_assign:ident, $name:literal, $f:ident, $sym:tt) => {
+    ($Op:ident, $op:ident, $OpAssign:ident, $op_assign:ident, $name:literal, $f:ident, $sym:tt,
+     $gpu:ident, $gpu_scalar:ident) => {
         /// Elementwise, broadcast; computed in the accumulator type and rounded once.
         ///
         /// # Panics
@@ -102,7 +147,7 @@ macro_rules! tensor_ops {
             type Output = Tensor<T>;
             #[track_caller]
             fn $op(self, rhs: &Tensor<T>) -> Tensor<T> {
-                binary(self, rhs, $name, $f::<T::Acc>)
+                binary(self, rhs, $name, $f::<T::Acc>, Binary::$gpu)
             }
         }
 
@@ -123,7 +168,7 @@ macro_rules! tensor_ops {
             type Output = Tensor<T>;
             #[track_caller]
             fn $op(self, rhs: &Tensor<T>) -> Tensor<T> {
-                binary_owned(self, rhs, $name, $f::<T::Acc>)
+                binary_owned(self, rhs, $name, $f::<T::Acc>, Binary::$gpu)
             }
         }
 
@@ -144,7 +189,10 @@ macro_rules! tensor_ops {
             type Output = Tensor<T>;
             #[track_caller]
             fn $op(self, rhs: Tensor<T>) -> Tensor<T> {
-                binary_owned(rhs, self, $name, |y: T::Acc, x: T::Acc| $f(x, y))
+                if self.device_storage().is_some() || rhs.device_storage().is_some() {
+                    return binary(self, &rhs, $name, $f::<T::Acc>, Binary::$gpu);
+                }
+                binary_owned(rhs, self, $name, |y: T::Acc, x: T::Acc| $f(x, y), Binary::$gpu)
             }
         }
 
@@ -167,7 +215,7 @@ macro_rules! tensor_ops {
             #[track_caller]
             fn $op(self, rhs: Tensor<T>) -> Tensor<T> {
                 if broadcast_shape(self.shape(), rhs.shape()).as_deref() == Some(self.shape()) {
-                    binary_owned(self, &rhs, $name, $f::<T::Acc>)
+                    binary_owned(self, &rhs, $name, $f::<T::Acc>, Binary::$gpu)
                 } else {
                     (&self).$op(rhs)
                 }
@@ -186,6 +234,9 @@ macro_rules! tensor_ops {
         impl<T: Element> $Op<T> for &Tensor<T> {
             type Output = Tensor<T>;
             fn $op(self, rhs: T) -> Tensor<T> {
+                if let Some(d) = self.device_storage() {
+                    return gpu_scalar(d, Unary::$gpu_scalar, rhs);
+                }
                 let s = rhs.to_acc();
                 self.map(|x| T::from_acc($f(x.to_acc(), s)))
             }
@@ -225,7 +276,7 @@ macro_rules! tensor_ops {
         impl<T: Element> $OpAssign<&Tensor<T>> for Tensor<T> {
             #[track_caller]
             fn $op_assign(&mut self, rhs: &Tensor<T>) {
-                assign(self, rhs, $name, $f::<T::Acc>)
+                assign(self, rhs, $name, $f::<T::Acc>, Binary::$gpu)
             }
         }
 
@@ -246,7 +297,7 @@ macro_rules! tensor_ops {
         impl<T: Element> $OpAssign<Tensor<T>> for Tensor<T> {
             #[track_caller]
             fn $op_assign(&mut self, rhs: Tensor<T>) {
-                assign(self, &rhs, $name, $f::<T::Acc>)
+                assign(self, &rhs, $name, $f::<T::Acc>, Binary::$gpu)
             }
         }
 
@@ -262,6 +313,10 @@ macro_rules! tensor_ops {
         #[doc = "```"]
         impl<T: Element> $OpAssign<T> for Tensor<T> {
             fn $op_assign(&mut self, rhs: T) {
+                if let Some(d) = self.device_storage() {
+                    *self = gpu_scalar(d, Unary::$gpu_scalar, rhs);
+                    return;
+                }
                 let s = rhs.to_acc();
                 self.map_inplace(|x| T::from_acc($f(x.to_acc(), s)));
             }
@@ -269,10 +324,10 @@ macro_rules! tensor_ops {
     };
 }
 
-tensor_ops!(Add, add, AddAssign, add_assign, "Tensor + Tensor", add, +);
-tensor_ops!(Sub, sub, SubAssign, sub_assign, "Tensor - Tensor", sub, -);
-tensor_ops!(Mul, mul, MulAssign, mul_assign, "Tensor * Tensor", mul, *);
-tensor_ops!(Div, div, DivAssign, div_assign, "Tensor / Tensor", div, /);
+tensor_ops!(Add, add, AddAssign, add_assign, "Tensor + Tensor", add, +, Add, AddScalar);
+tensor_ops!(Sub, sub, SubAssign, sub_assign, "Tensor - Tensor", sub, -, Sub, SubScalar);
+tensor_ops!(Mul, mul, MulAssign, mul_assign, "Tensor * Tensor", mul, *, Mul, MulScalar);
+tensor_ops!(Div, div, DivAssign, div_assign, "Tensor / Tensor", div, /, Div, DivScalar);
 
 /// Negation, exact in every element type.
 ///
@@ -285,6 +340,9 @@ tensor_ops!(Div, div, DivAssign, div_assign, "Tensor / Tensor", div, /);
 impl<T: Element> Neg for &Tensor<T> {
     type Output = Tensor<T>;
     fn neg(self) -> Tensor<T> {
+        if let Some(d) = self.device_storage() {
+            return on_gpu(cuda::unary(d, Unary::Neg, 0.0));
+        }
         self.map(|x| T::from_acc(-x.to_acc()))
     }
 }
@@ -301,6 +359,9 @@ impl<T: Element> Neg for &Tensor<T> {
 impl<T: Element> Neg for Tensor<T> {
     type Output = Tensor<T>;
     fn neg(mut self) -> Tensor<T> {
+        if let Some(d) = self.device_storage() {
+            return on_gpu(cuda::unary(d, Unary::Neg, 0.0));
+        }
         self.map_inplace(|x| T::from_acc(-x.to_acc()));
         self
     }
@@ -310,12 +371,12 @@ impl<T: Element> Neg for Tensor<T> {
 /// is not allowed by the orphan rule).
 macro_rules! scalar_lhs {
     ($($t:ty => $path:literal),*) => {$(
-        scalar_lhs!(@op $t, $path, Add, add, +);
-        scalar_lhs!(@op $t, $path, Sub, sub, -);
-        scalar_lhs!(@op $t, $path, Mul, mul, *);
-        scalar_lhs!(@op $t, $path, Div, div, /);
+        scalar_lhs!(@op $t, $path, Add, add, +, AddScalar);
+        scalar_lhs!(@op $t, $path, Sub, sub, -, ScalarSub);
+        scalar_lhs!(@op $t, $path, Mul, mul, *, MulScalar);
+        scalar_lhs!(@op $t, $path, Div, div, /, ScalarDiv);
     )*};
-    (@op $t:ty, $path:literal, $Op:ident, $op:ident, $sym:tt) => {
+    (@op $t:ty, $path:literal, $Op:ident, $op:ident, $sym:tt, $gpu:ident) => {
         /// The scalar with every element.
         ///
         /// # Examples
@@ -329,6 +390,9 @@ macro_rules! scalar_lhs {
         impl $Op<&Tensor<$t>> for $t {
             type Output = Tensor<$t>;
             fn $op(self, rhs: &Tensor<$t>) -> Tensor<$t> {
+                if let Some(d) = rhs.device_storage() {
+                    return gpu_scalar(d, Unary::$gpu, self);
+                }
                 let s = self.to_acc();
                 rhs.map(|x| <$t>::from_acc($op(s, x.to_acc())))
             }
@@ -347,6 +411,9 @@ macro_rules! scalar_lhs {
         impl $Op<Tensor<$t>> for $t {
             type Output = Tensor<$t>;
             fn $op(self, mut rhs: Tensor<$t>) -> Tensor<$t> {
+                if let Some(d) = rhs.device_storage() {
+                    return gpu_scalar(d, Unary::$gpu, self);
+                }
                 let s = self.to_acc();
                 rhs.map_inplace(|x| <$t>::from_acc($op(s, x.to_acc())));
                 rhs

@@ -26,30 +26,9 @@ pub(crate) fn matmul_nd<T: Element>(
     threads: usize,
 ) -> Result<Tensor<T>> {
     let (sa, sb) = (a.shape(), b.shape());
-    if sa.len() < 2 || sb.len() < 2 {
-        return Err(Error::InvalidShape {
-            op: OP,
-            reason: format!("operands must have at least 2 dimensions, got {sa:?} and {sb:?}"),
-        });
-    }
+    let batch = check_shapes(sa, sb)?;
     let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
-    let (kb, n) = (sb[sb.len() - 2], sb[sb.len() - 1]);
-    if k != kb {
-        return Err(Error::InnerDimMismatch {
-            op: OP,
-            rank: 0,
-            left: sa.to_vec(),
-            right: sb.to_vec(),
-            left_global: None,
-        });
-    }
-    let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
-    let batch = broadcast_shape(ba, bb).ok_or_else(|| Error::InvalidShape {
-        op: OP,
-        reason: format!(
-            "batch dimensions {ba:?} and {bb:?} (of {sa:?} and {sb:?}) do not broadcast"
-        ),
-    })?;
+    let n = sb[sb.len() - 1];
     let stretch = |last: [usize; 2]| {
         let mut full = batch.clone();
         full.extend(last);
@@ -68,4 +47,33 @@ pub(crate) fn matmul_nd<T: Element>(
         matmul_into(c, matrix(&va, index.slice()), matrix(&vb, index.slice()), false, threads)?;
     }
     Ok(out)
+}
+
+/// The broadcast batch dimensions of `[..., m, k] @ [..., k, n]`, or the error for shapes that
+/// do not fit (shared by the host and the GPU products).
+pub(crate) fn check_shapes(sa: &[usize], sb: &[usize]) -> Result<Vec<usize>> {
+    if sa.len() < 2 || sb.len() < 2 {
+        return Err(Error::InvalidShape {
+            op: OP,
+            reason: format!("operands must have at least 2 dimensions, got {sa:?} and {sb:?}"),
+        });
+    }
+    let (k, kb) = (sa[sa.len() - 1], sb[sb.len() - 2]);
+    if k != kb {
+        return Err(Error::InnerDimMismatch {
+            op: OP,
+            rank: 0,
+            left: sa.to_vec(),
+            right: sb.to_vec(),
+            left_global: None,
+        });
+    }
+    let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
+    let batch = broadcast_shape(ba, bb).ok_or_else(|| Error::InvalidShape {
+        op: OP,
+        reason: format!(
+            "batch dimensions {ba:?} and {bb:?} (of {sa:?} and {sb:?}) do not broadcast"
+        ),
+    })?;
+    Ok(batch)
 }

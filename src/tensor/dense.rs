@@ -14,10 +14,15 @@ use crate::{Error, Result};
 /// A local n-dimensional tensor, always row-major and contiguous, in host memory or (feature
 /// `cuda`) on a GPU.
 ///
+/// On a GPU the local math runs there, by kernels of its own: the arithmetic operators (with
+/// tensors, broadcast, and with scalars), negation, the activations, `softmax`, `sum` / `mean`
+/// (whole and per axis), `rms_norm`, `layer_norm`, `cast`, `permute` / `transpose` /
+/// `reshape` / `insert_axis` and `matmul` (batched too); the result stays on that GPU.
+///
 /// # Panics
-/// Methods that read or write the elements on the host (`as_slice`, `view`, `permute`, ...)
-/// panic on a tensor that lives on a GPU: call [`Tensor::to_host`] first. [`Tensor::shape`],
-/// [`Tensor::device`], [`Tensor::reshape`], [`Tensor::matmul`] and cloning work on either.
+/// Methods that read or write the elements on the host (`as_slice`, `view`, `map`, ...) panic
+/// on a tensor that lives on a GPU: call [`Tensor::to_host`] first ([`Tensor::try_map`],
+/// [`Tensor::zip_map`] and [`Tensor::view2`] return a typed error instead).
 ///
 /// # Examples
 /// ```
@@ -331,7 +336,8 @@ impl<T: Element> Tensor<T> {
     /// A 2-D view.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] when the tensor is not 2-D; `op` names the caller in the message.
+    /// [`Error::InvalidShape`] when the tensor is not 2-D; `op` names the caller in the message;
+    /// [`Error::DeviceUnavailable`] for a tensor on a GPU (no host view of it exists).
     ///
     /// # Examples
     /// ```
@@ -340,6 +346,13 @@ impl<T: Element> Tensor<T> {
     /// assert!(Tensor::<f32>::zeros(&[2]).view2("example").is_err());
     /// ```
     pub fn view2(&self, op: &'static str) -> Result<ArrayView2<'_, T>> {
+        if self.device_storage().is_some() {
+            return Err(Error::DeviceUnavailable {
+                op,
+                device: self.device().to_string(),
+                reason: "a host view of a tensor on a GPU: call Tensor::to_host() first".into(),
+            });
+        }
         self.data.view().into_dimensionality().map_err(|_| Error::InvalidShape {
             op,
             reason: format!("expected a 2-D tensor, got shape {:?}", self.shape()),
@@ -393,6 +406,9 @@ impl<T: Element> Tensor<T> {
                 reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
             });
         }
+        if let Some(d) = self.device_storage() {
+            return Ok(Tensor::from_device_storage(crate::device::cuda::permute(d, axes)?));
+        }
         Ok(Tensor {
             data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned().into(),
         })
@@ -410,13 +426,16 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn cast<U: Element>(&self) -> Tensor<U> {
+        if let Some(d) = self.device_storage() {
+            return super::arith::on_gpu(crate::device::cuda::cast::<T, U>(d));
+        }
         Tensor { data: self.data.view().mapv(|x| U::from_f64(x.to_f64())).into() }
     }
 
     /// The matrix product `self @ rhs` on the calling thread: `[m, k] @ [k, n]`, or batched,
     /// `[..., m, k] @ [..., k, n]` with the batch dimensions broadcast as numpy's `matmul`
     /// broadcasts them (a 2-D operand is used for every matrix of the other). Tensors on a GPU
-    /// multiply there (2-D).
+    /// multiply there (cuBLASLt; one GEMM per matrix of a batch).
     ///
     /// # Errors
     /// [`Error::InvalidShape`] when either has fewer than 2 dimensions or the batch dimensions do
@@ -438,8 +457,14 @@ impl<T: Element> Tensor<T> {
     /// ```
     pub fn matmul(&self, rhs: &Tensor<T>) -> Result<Tensor<T>> {
         match (self.device_storage(), rhs.device_storage()) {
-            (Some(a), Some(b)) => {
+            (Some(a), Some(b)) if self.ndim() == 2 && rhs.ndim() == 2 => {
                 return Ok(Tensor::from_device_storage(crate::device::cuda::matmul(a, b)?));
+            }
+            (Some(a), Some(b)) => {
+                let batch = super::batched::check_shapes(self.shape(), rhs.shape())?;
+                return Ok(Tensor::from_device_storage(crate::device::cuda::batched_matmul(
+                    a, b, &batch,
+                )?));
             }
             (None, None) => {}
             _ => {

@@ -31,11 +31,18 @@ pub(crate) fn broadcast_error(op: &'static str, a: &[usize], b: &[usize]) -> Err
     }
 }
 
-/// A new tensor for the output of `op`, or a panic saying why it could not be allocated: for the
-/// ops that return a tensor rather than a `Result` (as [`Tensor::zeros`] does).
-#[track_caller]
-pub(crate) fn output<U: Element>(op: &'static str, shape: &[usize]) -> Tensor<U> {
-    Tensor::scratch(op, shape).unwrap_or_else(|e| panic!("{e}"))
+/// The error for a Rust closure given a tensor on a GPU (`map`, `zip_map`): closures run on the
+/// host, so the GPU's own methods say what to compute there.
+pub(crate) fn closure_on_gpu(op: &'static str, device: crate::Device) -> Error {
+    Error::DeviceUnavailable {
+        op,
+        device: device.to_string(),
+        reason: "a Rust closure cannot run on a GPU: use the tensor's GPU methods (+ - * / with \
+                 tensors or scalars, neg, gelu, gelu_tanh, silu, relu, softmax, sum, mean, \
+                 sum_axis, mean_axis, rms_norm, layer_norm, cast, permute, transpose, reshape, \
+                 matmul), or call to_host() first"
+            .into(),
+    }
 }
 
 impl<T: Element> Tensor<T> {
@@ -46,7 +53,8 @@ impl<T: Element> Tensor<T> {
     ///
     /// # Panics
     /// If the output cannot be allocated (as [`Tensor::zeros`]); the elementwise ops built on
-    /// `map` (activations, operators) do the same.
+    /// `map` (activations, operators) do the same. On a tensor that lives on a GPU, where a Rust
+    /// closure cannot run: [`Tensor::try_map`] returns that as an error naming the GPU methods.
     ///
     /// # Examples
     /// ```
@@ -59,12 +67,33 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     #[track_caller]
-    pub fn map<U: Element>(&self, mut f: impl FnMut(T) -> U) -> Tensor<U> {
-        let mut out = output::<U>("Tensor::map", self.shape());
+    pub fn map<U: Element>(&self, f: impl FnMut(T) -> U) -> Tensor<U> {
+        self.try_map(f).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::map`], or an error where `f` cannot run.
+    ///
+    /// # Errors
+    /// [`Error::DeviceUnavailable`] for a tensor on a GPU (a Rust closure runs on the host): the
+    /// message names the GPU methods to use instead;
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when the output cannot be allocated.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let t = Tensor::<f32>::from_shape_vec(&[2], vec![1.0, -2.0])?;
+    /// assert_eq!(t.try_map(|x| x * 3.0)?.as_slice(), &[3.0, -6.0]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn try_map<U: Element>(&self, mut f: impl FnMut(T) -> U) -> Result<Tensor<U>> {
+        if self.device_storage().is_some() {
+            return Err(closure_on_gpu("Tensor::map", self.device()));
+        }
+        let mut out = Tensor::<U>::scratch("Tensor::map", self.shape())?;
         for (o, &x) in out.as_mut_slice().iter_mut().zip(self.as_slice()) {
             *o = f(x);
         }
-        out
+        Ok(out)
     }
 
     /// `f` applied to every element in place.
@@ -77,7 +106,15 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(t.as_slice(), &[1.0, 2.0]);
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
+    ///
+    /// # Panics
+    /// On a tensor that lives on a GPU, where a Rust closure cannot run (the message names the
+    /// GPU methods to use instead).
+    #[track_caller]
     pub fn map_inplace(&mut self, mut f: impl FnMut(T) -> T) {
+        if self.device_storage().is_some() {
+            panic!("{}", closure_on_gpu("Tensor::map_inplace", self.device()));
+        }
         for x in self.as_mut_slice() {
             *x = f(*x);
         }
@@ -88,7 +125,9 @@ impl<T: Element> Tensor<T> {
     ///
     /// # Errors
     /// [`Error::InvalidShape`] when the shapes do not broadcast;
-    /// [`Error::OutOfMemory`] when the output cannot be allocated.
+    /// [`Error::OutOfMemory`] when the output cannot be allocated;
+    /// [`Error::DeviceUnavailable`] when either lives on a GPU (a Rust closure runs on the host):
+    /// the message names the GPU methods to use instead.
     ///
     /// # Examples
     /// ```
@@ -106,6 +145,11 @@ impl<T: Element> Tensor<T> {
         other: &Tensor<V>,
         mut f: impl FnMut(T, V) -> U,
     ) -> Result<Tensor<U>> {
+        for device in [self.device(), other.device()] {
+            if device != crate::Device::Host {
+                return Err(closure_on_gpu("Tensor::zip_map", device));
+            }
+        }
         let (a, b) = (self.shape(), other.shape());
         if a == b {
             let mut out = Tensor::<U>::scratch("Tensor::zip_map", a)?;

@@ -30,6 +30,8 @@ pub use attention::{
 pub use dense::Tensor;
 pub use element::{Accumulator, DType, Element};
 pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;
+#[cfg(all(test, feature = "cuda"))]
+pub(crate) use map::broadcast_shape;
 pub use matmul::{matmul, matmul_into};
 pub use pod::Pod;
 pub use pool::{DEFAULT_POOL_BYTES, POOL_BYTES_ENV, pooled_bytes, release_pool};

@@ -4,7 +4,19 @@
 use ndarray::{Axis, Zip};
 
 use super::{Accumulator, Element, Tensor};
+use crate::device::cuda;
 use crate::{Error, Result};
+
+/// The sum (or mean) of every element of a tensor on a GPU, computed there; a failure on the GPU
+/// panics, as a host allocation failure does (these return an element, not a `Result`).
+#[track_caller]
+fn device_total<T: Element>(d: &cuda::DeviceStorage<T>, mean: bool) -> T {
+    let total = d
+        .reshaped(&[d.shape().iter().product()])
+        .and_then(|flat| cuda::sum_axis(&flat, 0, mean))
+        .and_then(|t| t.download());
+    total.unwrap_or_else(|e| panic!("{e}"))[0]
+}
 
 /// Lanes this short or shorter are summed in order; longer ones split in halves.
 const PAIRWISE_BLOCK: usize = 64;
@@ -37,6 +49,9 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn sum(&self) -> T {
+        if let Some(d) = self.device_storage() {
+            return device_total(d, false);
+        }
         T::from_acc(self.acc_sum())
     }
 
@@ -51,6 +66,9 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn mean(&self) -> T {
+        if let Some(d) = self.device_storage() {
+            return device_total(d, true);
+        }
         T::from_acc(self.acc_sum() / T::Acc::from_f64(self.len() as f64))
     }
 
@@ -117,6 +135,10 @@ impl<T: Element> Tensor<T> {
     ) -> Result<Tensor<T>> {
         if axis >= self.ndim() {
             return Err(Error::DimOutOfRange { op, dim: axis, ndim: self.ndim() });
+        }
+        if let Some(d) = self.device_storage() {
+            let mean = op == "Tensor::mean_axis";
+            return Ok(Tensor::from_device_storage(cuda::sum_axis(d, axis, mean)?));
         }
         let mut shape = self.shape().to_vec();
         let len = shape.remove(axis);

@@ -346,6 +346,28 @@ impl<T: Element> Tensor<T> {
         }
     }
 
+    /// Zeros of `shape` where this tensor lives: made on its GPU (no copy from the host) for a
+    /// tensor on a GPU, on the host otherwise.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] when it cannot be allocated; for a tensor on a GPU, what the GPU
+    /// fails with ([`Error::DeviceStatus`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Device, Tensor};
+    /// let t = Tensor::<f32>::random(&[2, 3], 1);
+    /// let z = t.zeros_like(&[4])?;
+    /// assert_eq!((z.device(), z.as_slice()), (Device::Host, &[0.0f32; 4][..]));
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn zeros_like(&self, shape: &[usize]) -> Result<Tensor<T>> {
+        match &self.data {
+            Storage::Device(d) => Ok(Tensor::from_device_storage(cuda::zeros_like(d, shape)?)),
+            Storage::Host(_) | Storage::Lent(_) => Tensor::try_zeros(shape),
+        }
+    }
+
     pub(crate) fn from_device_storage(data: DeviceStorage<T>) -> Tensor<T> {
         Tensor { data: Storage::Device(data) }
     }

@@ -15,6 +15,9 @@ use crate::shmem::Rank;
 use crate::tensor::Element;
 use crate::{Error, Result};
 
+pub(crate) use super::local::{
+    batched_matmul, binary, cast, norm, permute, softmax, sum_axis, unary, zeros_like,
+};
 pub(crate) use super::storage::DeviceData as DeviceStorage;
 pub(crate) use super::world::CudaWorld;
 
@@ -305,7 +308,9 @@ pub(crate) mod public {
         /// host little).
         ///
         /// # Errors
-        /// As [`synchronize`].
+        /// As [`synchronize`]; [`Error::InvalidArgument`] in a world whose ranks share a GPU
+        /// (`World::cuda(&[0, 0])`): ranks there take turns on one GPU, so a timing would say
+        /// nothing about the op.
         ///
         /// # Examples
         /// ```
@@ -324,6 +329,17 @@ pub(crate) mod public {
         /// ```
         pub fn new(rank: &Rank<'_>) -> Result<Timer> {
             let g = gpu_rank(rank)?;
+            if g.world.shares_devices() {
+                return Err(Error::InvalidArgument {
+                    op: "Timer::new",
+                    rank: rank.rank(),
+                    reason: format!(
+                        "the ranks of this world share cuda:{} (a world for correctness on one \
+                         GPU): their timings would mean nothing",
+                        g.gpu().ordinal
+                    ),
+                });
+            }
             Ok(Timer {
                 start: Event::new(true)?,
                 stop: Event::new(true)?,
@@ -448,7 +464,7 @@ pub(crate) mod public {
                 &mut n as *mut u64 as *mut std::ffi::c_void,
                 &mut s as *mut u64 as *mut std::ffi::c_void,
             ];
-            let grid = kernels::grid_for(g.gpu(), f, len.div_ceil(32 * 8));
+            let grid = g.grid_for(f, len.div_ceil(32 * 8));
             kernels::launch_raw(f, grid, kernels::BLOCK, g.stream(), &mut params)?;
         }
         Ok(Tensor::from_device_storage(data))

@@ -51,6 +51,71 @@ impl<T: Element> DeviceStorage<T> {
     }
 }
 
+pub(crate) fn unary<T: Element>(
+    x: &DeviceStorage<T>,
+    _op: super::Unary,
+    _scalar: f64,
+) -> Result<DeviceStorage<T>> {
+    match x.never {}
+}
+
+pub(crate) fn binary<T: Element>(
+    a: &DeviceStorage<T>,
+    _b: &DeviceStorage<T>,
+    _op: super::Binary,
+    _out_shape: &[usize],
+) -> Result<DeviceStorage<T>> {
+    match a.never {}
+}
+
+pub(crate) fn cast<T: Element, U: Element>(x: &DeviceStorage<T>) -> Result<DeviceStorage<U>> {
+    match x.never {}
+}
+
+pub(crate) fn softmax<T: Element>(x: &DeviceStorage<T>, _axis: usize) -> Result<DeviceStorage<T>> {
+    match x.never {}
+}
+
+pub(crate) fn norm<T: Element>(
+    x: &DeviceStorage<T>,
+    _weight: Option<&DeviceStorage<T>>,
+    _bias: Option<&DeviceStorage<T>>,
+    _eps: f64,
+    _layer: bool,
+) -> Result<DeviceStorage<T>> {
+    match x.never {}
+}
+
+pub(crate) fn sum_axis<T: Element>(
+    x: &DeviceStorage<T>,
+    _axis: usize,
+    _mean: bool,
+) -> Result<DeviceStorage<T>> {
+    match x.never {}
+}
+
+pub(crate) fn permute<T: Element>(
+    x: &DeviceStorage<T>,
+    _axes: &[usize],
+) -> Result<DeviceStorage<T>> {
+    match x.never {}
+}
+
+pub(crate) fn zeros_like<T: Element>(
+    like: &DeviceStorage<T>,
+    _shape: &[usize],
+) -> Result<DeviceStorage<T>> {
+    match like.never {}
+}
+
+pub(crate) fn batched_matmul<T: Element>(
+    a: &DeviceStorage<T>,
+    _b: &DeviceStorage<T>,
+    _batch: &[usize],
+) -> Result<DeviceStorage<T>> {
+    match a.never {}
+}
+
 pub(crate) fn open_world(_devices: &[usize], _wait_timeout: Duration) -> Result<Arc<CudaWorld>> {
     Err(unavailable("World::cuda"))
 }

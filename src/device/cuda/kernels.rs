@@ -29,6 +29,9 @@ pub(crate) enum Source {
     Exchange,
     /// `dt_reduce`.
     Reduce,
+    /// Local math on one tensor (`local.rs`): elementwise ops, casts, softmax, norms, sums,
+    /// permutations.
+    Local,
 }
 
 impl Source {
@@ -37,6 +40,7 @@ impl Source {
             Source::Signal => include_str!("kernels/signal.cu"),
             Source::Exchange => include_str!("kernels/exchange.cu"),
             Source::Reduce => include_str!("kernels/reduce.cu"),
+            Source::Local => include_str!("kernels/local.cu"),
         }
     }
 
@@ -45,6 +49,7 @@ impl Source {
             Source::Signal => "signal.cu",
             Source::Exchange => "exchange.cu",
             Source::Reduce => "reduce.cu",
+            Source::Local => "local.cu",
         }
     }
 }

@@ -1,7 +1,8 @@
 //! NVIDIA GPUs (feature `cuda`): the same `DistTensor` ops on GPUs joined by NVLink.
 //!
 //! [`World::cuda`](crate::World::cuda)`(&[0, 1])` makes a world of one rank per GPU (one thread
-//! each), with peer access both ways and a symmetric heap in device memory. Tensors move with
+//! each; a device listed twice holds two ranks, for correctness on one GPU), with peer access
+//! between distinct GPUs and a symmetric heap in device memory. Tensors move with
 //! [`Tensor::to_device`](crate::Tensor::to_device) / [`Tensor::to_host`](crate::Tensor::to_host);
 //! in a GPU world, `DistTensor::from_global` / `from_local` put each rank's part on its GPU, and
 //! `all_gather_matmul`, `matmul_reduce_scatter`, `all_to_all`, `to_global` and `redistribute` run
@@ -43,6 +44,8 @@ mod dummy;
 #[cfg(feature = "cuda")]
 mod kernels;
 #[cfg(feature = "cuda")]
+mod local;
+#[cfg(feature = "cuda")]
 mod memory;
 #[cfg(feature = "cuda")]
 mod nccl;
@@ -63,6 +66,39 @@ pub(crate) use api::*;
 pub(crate) use dummy::*;
 
 pub use public::*;
+
+/// An elementwise op of one tensor on a GPU (`Tensor`'s device arms); the scalar forms take the
+/// scalar beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unary {
+    Neg,
+    Relu,
+    Silu,
+    /// The exact GELU, computed in f64 as on the host.
+    Gelu,
+    GeluTanh,
+    /// `x + s`.
+    AddScalar,
+    /// `x - s`.
+    SubScalar,
+    /// `x * s`.
+    MulScalar,
+    /// `x / s`.
+    DivScalar,
+    /// `s - x`.
+    ScalarSub,
+    /// `s / x`.
+    ScalarDiv,
+}
+
+/// An elementwise op of two tensors on a GPU, broadcast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
 
 /// Rows per rank from which `all_gather_matmul` overlaps copies with per-rank GEMMs.
 pub const AG_OVERLAP_MIN_ROWS: usize = 1024;
@@ -128,6 +164,15 @@ impl crate::World {
     /// memory (capacity [`GPU_HEAP_BYTES_ENV`] or 4 GiB). Tensors of its ranks live on their GPUs;
     /// the `DistTensor` ops run there. For other settings (the wait timeout) use
     /// [`WorldBuilder::cuda`](crate::shmem::WorldBuilder::cuda).
+    ///
+    /// A device may be listed more than once (`World::cuda(&[0, 0, 0])`): those ranks share the
+    /// GPU, each with its own heap segment and streams, and no peer access is asked for between
+    /// them. That is for correctness on a machine with fewer GPUs than ranks: every kernel and
+    /// path runs unchanged, waiting kernels take a rank's share of the GPU's blocks so that all
+    /// ranks' kernels are resident at once, the unfused baselines use the world's own
+    /// collectives (NCCL refuses two ranks on one GPU), and
+    /// [`Timer::new`](crate::device::cuda::Timer::new) refuses to time (the ranks take turns on
+    /// one GPU, so a timing would say nothing).
     ///
     /// # Errors
     /// [`Error::LibraryNotFound`](crate::Error::LibraryNotFound) naming the NVIDIA driver and every

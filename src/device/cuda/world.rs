@@ -186,6 +186,10 @@ pub(crate) struct CudaWorld {
     states: Vec<Mutex<HashMap<&'static str, OpState>>>,
     /// A world of processes (one rank in this process): what its NCCL needs (see `process`).
     pub(crate) process: Option<super::process::ProcessPart>,
+    /// Per rank: how many ranks of this world run on its GPU (1 unless the world lists a device
+    /// more than once). Kernels that wait on peers take that share of the GPU's blocks, so that
+    /// every rank's waiting kernel is resident at once and none starves another of SMs.
+    sharing: Vec<u32>,
 }
 
 impl CudaWorld {
@@ -199,21 +203,17 @@ impl CudaWorld {
                 reason: format!("a GPU world has 1 to {MAX_RANKS} devices, not {}", devices.len()),
             });
         }
-        for (i, d) in devices.iter().enumerate() {
-            if devices[..i].contains(d) {
-                return Err(Error::InvalidArgument {
-                    op: "World::cuda",
-                    rank: i,
-                    reason: format!("device {d} is listed twice: one rank per GPU"),
-                });
-            }
-        }
+        // A device listed more than once holds several ranks (correctness on one GPU): each its
+        // own heap segment and streams; a device cannot enable peer access to itself, so only
+        // distinct devices are paired.
         let gpus = devices.iter().map(|&d| Gpu::get(d)).collect::<Result<Vec<_>>>()?;
         for a in &gpus {
-            for b in &gpus {
+            for b in gpus.iter().filter(|b| b.ordinal != a.ordinal) {
                 a.enable_peer_access(b)?;
             }
         }
+        let sharing: Vec<u32> =
+            devices.iter().map(|d| devices.iter().filter(|e| *e == d).count() as u32).collect();
         let heap_bytes = match std::env::var(GPU_HEAP_BYTES_ENV) {
             Ok(text) => text.trim().parse().map_err(|_| Error::InvalidArgument {
                 op: "World::cuda",
@@ -242,6 +242,7 @@ impl CudaWorld {
         }
         let streams = gpus.iter().map(|g| Streams::new(g).map(Arc::new)).collect::<Result<_>>()?;
         Ok(CudaWorld {
+            sharing,
             streams,
             gpus,
             heap,
@@ -287,6 +288,7 @@ impl CudaWorld {
             watch,
             claims,
             states: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
+            sharing: part.sharing.clone(),
             process: Some(part),
         })
     }
@@ -296,8 +298,25 @@ impl CudaWorld {
         self.gpus.len()
     }
 
+    /// Whether some GPU holds more than one rank of this world. NCCL refuses such a world
+    /// ("Duplicate GPU detected"), and timings in it mean nothing.
+    pub(crate) fn shares_devices(&self) -> bool {
+        self.sharing.iter().any(|&s| s > 1)
+    }
+
     /// The NCCL communicators of this world, made on first use.
+    ///
+    /// # Errors
+    /// [`Error::DeviceUnavailable`] when ranks share a GPU (callers use the world's own
+    /// collectives there instead).
     pub(crate) fn nccl(&self) -> Result<Arc<Nccl>> {
+        if self.shares_devices() {
+            return Err(Error::DeviceUnavailable {
+                op: "NCCL",
+                device: format!("cuda:{}", self.gpus[0].ordinal),
+                reason: "ranks of this world share a GPU, which NCCL refuses".into(),
+            });
+        }
         let mut guard = self.watch.nccl.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = guard.as_ref() {
             return Ok(n.clone());
@@ -351,6 +370,18 @@ impl<'w> GpuRank<'w> {
 
     pub(crate) fn num_ranks(&self) -> usize {
         self.world.num_ranks()
+    }
+
+    /// How many ranks share this rank's GPU (1 unless the world lists a device twice).
+    pub(crate) fn sharing(&self) -> u32 {
+        self.world.sharing[self.rank]
+    }
+
+    /// Grid for kernel `f` with `tasks` warp-sized tasks on this rank: `kernels::grid_for`, on
+    /// this rank's share of its GPU.
+    pub(crate) fn grid_for(&self, f: super::kernels::Function, tasks: u64) -> u32 {
+        let share = (self.gpu().sm_count as u32 * f.blocks_per_sm / self.sharing()).max(1);
+        super::kernels::grid_for(self.gpu(), f, tasks).min(share)
     }
 
     pub(crate) fn stream(&self) -> sys::CUstream {

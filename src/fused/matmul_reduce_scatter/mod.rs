@@ -240,7 +240,7 @@ pub(crate) fn run<'a, T: Element>(
             out.map(host)
         })(),
         DeviceWorld::Cuda(gpus) => (|| {
-            let (x, w) = (x.on_device(rank)?, w.on_device(rank)?);
+            let (x, w) = (x.on_device_matrix(rank)?, w.on_device_matrix(rank)?);
             let (x, w) = (device_data(&x), device_data(&w));
             cuda::matmul_reduce_scatter(gpus, rank, x, w, rows.counts(), fused, path)
                 .map(Tensor::from_device_storage)

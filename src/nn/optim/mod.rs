@@ -86,6 +86,17 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
                 });
             }
             let Some(grad) = grad else { continue };
+            // The updates are host loops over the elements; a GPU kernel for them is not
+            // written yet.
+            if value.device() != crate::Device::Host {
+                return Err(Error::DeviceUnavailable {
+                    op,
+                    device: value.device().to_string(),
+                    reason: "the optimizers update parameters on the host: a world of GPUs has \
+                             no optimizer kernel yet (move the parameters with to_host())"
+                        .into(),
+                });
+            }
             slot.steps += 1;
             if TypeId::of::<T>() == TypeId::of::<A>() {
                 let values = value.as_mut_slice();

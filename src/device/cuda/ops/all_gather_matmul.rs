@@ -149,7 +149,8 @@ pub(crate) fn all_gather_matmul<T: Element>(
     Ok(outs)
 }
 
-/// The unfused baseline: NCCL all_gather of the rows, then one cuBLASLt GEMM per weight.
+/// The unfused baseline: NCCL all_gather of the rows, then one cuBLASLt GEMM per weight. In a
+/// world whose ranks share a GPU (which NCCL refuses) the gather is the world's own all_gather.
 pub(crate) fn all_gather_matmul_unfused<T: Element>(
     g: &GpuRank<'_>,
     x: &DeviceData<T>,
@@ -167,6 +168,8 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
     let es = size_of::<T>();
     let gathered = if n == 1 {
         x.clone()
+    } else if g.world.shares_devices() {
+        super::collectives::all_gather(g, x, 0, splits)?
     } else {
         let gathered: DeviceData<T> = out_tensor(g, &[m, k])?;
         let nccl = g.world.nccl()?;

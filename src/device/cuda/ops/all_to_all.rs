@@ -174,7 +174,8 @@ pub(crate) fn all_to_all<T: Element>(
 }
 
 /// The unfused baseline a user would write: permute into one contiguous part per rank, NCCL
-/// all_to_all (grouped send/recv), permute into the output layout.
+/// all_to_all (grouped send/recv), permute into the output layout. In a world whose ranks share
+/// a GPU (which NCCL refuses) it is the world's own exchange kernel.
 pub(crate) fn all_to_all_unfused<T: Element>(
     g: &GpuRank<'_>,
     x: &DeviceData<T>,
@@ -184,6 +185,10 @@ pub(crate) fn all_to_all_unfused<T: Element>(
 ) -> Result<DeviceData<T>> {
     g.check()?;
     check_here(x, scatter, gather)?;
+    if g.world.shares_devices() {
+        // NCCL refuses ranks that share a GPU: the world's own exchange (the fused kernel).
+        return all_to_all(g, x, scatter, gather, g_split);
+    }
     let (n, r) = (g.num_ranks(), g.rank);
     let geo = Geometry::new(x.shape(), scatter, gather, g_split, n);
     let out: DeviceData<T> = out_tensor(g, &geo.out_shape(x.shape(), scatter, gather, r))?;

@@ -165,7 +165,8 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     Ok(out)
 }
 
-/// The unfused baseline: one cuBLASLt GEMM into the element type, then NCCL reduce_scatter.
+/// The unfused baseline: one cuBLASLt GEMM into the element type, then NCCL reduce_scatter. In a
+/// world whose ranks share a GPU (which NCCL refuses) the reduction is the world's own.
 pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
     g: &GpuRank<'_>,
     a: &DeviceData<T>,
@@ -193,6 +194,14 @@ pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
     )?;
     if n == 1 {
         return Ok(product);
+    }
+    if g.world.shares_devices() {
+        // NCCL refuses ranks that share a GPU: the world's own reduction, summed in rank order.
+        if splits == super::array_split(m, n) {
+            return super::collectives::reduce_sum(g, &product, Some(0));
+        }
+        let sum = super::collectives::reduce_sum(g, &product, None)?;
+        return super::collectives::slice(g, &sum, 0, off[r], splits[r]);
     }
     let out: DeviceData<T> = out_tensor(g, &[splits[r], big_n])?;
     let nccl = g.world.nccl()?;

@@ -94,7 +94,7 @@ pub(crate) fn exchange<T: Element>(
         args.prefix[i + 1] = args.prefix[i] + r.tasks();
     }
     args.peers[..peers.len()].copy_from_slice(peers);
-    let grid = kernels::grid_for(g.gpu(), f, args.prefix[parts.len()]);
+    let grid = g.grid_for(f, args.prefix[parts.len()]);
     kernels::launch(f, grid, kernels::BLOCK, stream, &args)
 }
 
@@ -124,7 +124,7 @@ pub(crate) fn reduce<T: Element>(
         ..ReduceArgs::default()
     };
     args.parts[..parts.len()].copy_from_slice(parts);
-    let grid = kernels::grid_for(g.gpu(), f, runs.tasks());
+    let grid = g.grid_for(f, runs.tasks());
     kernels::launch(f, grid, kernels::BLOCK, stream, &args)
 }
 

@@ -1,0 +1,635 @@
+//! Local math on one GPU tensor: the device arms of `Tensor`'s elementwise ops, activations,
+//! casts, softmax, normalizations, reductions, permutations and batched products. Each launches
+//! a kernel of `kernels/local.cu` on the input's stream (the stream that wrote it, so no wait is
+//! needed) and returns a new tensor of the same home; nothing waits for the GPU here.
+
+use std::ffi::c_void;
+
+use super::blas;
+use super::driver::{Check, Event, stream_wait};
+use super::kernels::{self, Function, Source};
+use super::storage::DeviceData;
+use super::{Binary, Unary};
+use crate::tensor::{DType, Element};
+use crate::{Error, Result};
+
+/// Most dimensions the broadcast and permutation kernels take (`DT_MAX_DIMS`) after merging.
+const MAX_DIMS: usize = 8;
+
+fn function<T: Element>(x: &DeviceData<T>, name: &'static str) -> Result<Function> {
+    x.gpu().bind()?;
+    kernels::function(x.gpu(), Source::Local, T::DTYPE, name)
+}
+
+/// Grid for `items` elements walked `per_thread` at a time by a grid-stride kernel.
+fn grid<T: Element>(x: &DeviceData<T>, f: Function, items: usize, per_thread: usize) -> u32 {
+    kernels::grid_for(x.gpu(), f, (items.div_ceil(per_thread) as u64).div_ceil(32))
+}
+
+/// Elements per 16-byte vector.
+fn vec_len<T>() -> usize {
+    16 / size_of::<T>()
+}
+
+/// A new tensor of `shape` where `like` lives.
+fn output<T: Element, U: Element>(like: &DeviceData<T>, shape: &[usize]) -> Result<DeviceData<U>> {
+    DeviceData::uninit(like.gpu(), shape, like.home())
+}
+
+/// `op` on every element of `x` (with `scalar` for the scalar forms).
+pub(crate) fn unary<T: Element>(
+    x: &DeviceData<T>,
+    op: Unary,
+    scalar: f64,
+) -> Result<DeviceData<T>> {
+    let out = output::<T, T>(x, x.shape())?;
+    let n = x.len();
+    if n == 0 {
+        return Ok(out);
+    }
+    let name = match op {
+        Unary::Neg => "dt_neg",
+        Unary::Relu => "dt_relu",
+        Unary::Silu => "dt_silu",
+        Unary::Gelu => "dt_gelu",
+        Unary::GeluTanh => "dt_gelu_tanh",
+        Unary::AddScalar => "dt_add_s",
+        Unary::SubScalar => "dt_sub_s",
+        Unary::MulScalar => "dt_mul_s",
+        Unary::DivScalar => "dt_div_s",
+        Unary::ScalarSub => "dt_rsub_s",
+        Unary::ScalarDiv => "dt_rdiv_s",
+    };
+    let f = function(x, name)?;
+    let (mut o, mut i, mut len, mut s) = (out.ptr(), x.ptr(), n as u64, scalar);
+    let mut params = [
+        &mut o as *mut u64 as *mut c_void,
+        &mut i as *mut u64 as *mut c_void,
+        &mut len as *mut u64 as *mut c_void,
+        &mut s as *mut f64 as *mut c_void,
+    ];
+    let grid = grid(x, f, n, vec_len::<T>());
+    kernels::launch_raw(f, grid, kernels::BLOCK, x.stream(), &mut params)?;
+    Ok(out)
+}
+
+/// `BinaryArgs` in local.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct BinaryArgs {
+    out: u64,
+    a: u64,
+    b: u64,
+    n: u64,
+    shape: [u64; MAX_DIMS],
+    sa: [u64; MAX_DIMS],
+    sb: [u64; MAX_DIMS],
+    ndim: u32,
+    flat: u32,
+}
+
+/// Row-major strides of `shape` aligned to the last `ndim` dimensions, 0 where `shape` is 1 or
+/// missing (broadcast).
+fn broadcast_strides(shape: &[usize], ndim: usize) -> Vec<u64> {
+    let mut strides = vec![0u64; ndim];
+    let mut step = 1u64;
+    for (i, &d) in shape.iter().enumerate().rev() {
+        let at = ndim - (shape.len() - i);
+        strides[at] = if d == 1 { 0 } else { step };
+        step *= d as u64;
+    }
+    strides
+}
+
+/// Merges neighbouring dimensions that every stride list walks as one (so that most broadcasts
+/// fit the kernel's dimensions): `(shape, strides per operand)`.
+fn merged(shape: &[usize], strides: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<u64>>) {
+    let mut out_shape: Vec<u64> = Vec::new();
+    let mut out_strides: Vec<Vec<u64>> = vec![Vec::new(); strides.len()];
+    for (d, &len) in shape.iter().enumerate() {
+        if len == 1 {
+            continue;
+        }
+        let joins = !out_shape.is_empty()
+            && strides.iter().zip(&out_strides).all(|(s, o)| {
+                let last = *o.last().expect("same length as out_shape");
+                last == s[d] * len as u64
+            });
+        if joins {
+            *out_shape.last_mut().expect("not empty") *= len as u64;
+            for (s, o) in strides.iter().zip(out_strides.iter_mut()) {
+                *o.last_mut().expect("not empty") = s[d];
+            }
+        } else {
+            out_shape.push(len as u64);
+            for (s, o) in strides.iter().zip(out_strides.iter_mut()) {
+                o.push(s[d]);
+            }
+        }
+    }
+    (out_shape, out_strides)
+}
+
+/// The arguments of the broadcasting kernel for `a` and `b` broadcast to `out` (pointers
+/// left for the caller): flat when both have the output's shape, else the output's dimensions
+/// merged where both inputs allow, with each input's strides (0 where it is broadcast).
+fn binary_plan(a: &[usize], b: &[usize], out: &[usize]) -> Result<BinaryArgs> {
+    let n: usize = out.iter().product();
+    let mut args = BinaryArgs { n: n as u64, ..Default::default() };
+    if a == out && b == out {
+        args.flat = 1;
+        return Ok(args);
+    }
+    let nd = out.len();
+    let strides = [broadcast_strides(a, nd), broadcast_strides(b, nd)];
+    let (shape, strides) = merged(out, &strides);
+    if shape.len() > MAX_DIMS {
+        return Err(Error::InvalidShape {
+            op: "Tensor arithmetic",
+            reason: format!(
+                "broadcasting {a:?} with {b:?} needs {} dimensions on a GPU (at most {MAX_DIMS})",
+                shape.len()
+            ),
+        });
+    }
+    args.ndim = shape.len() as u32;
+    args.shape[..shape.len()].copy_from_slice(&shape);
+    args.sa[..shape.len()].copy_from_slice(&strides[0]);
+    args.sb[..shape.len()].copy_from_slice(&strides[1]);
+    Ok(args)
+}
+
+/// `a op b`, broadcast to `out_shape` (which the caller computed).
+pub(crate) fn binary<T: Element>(
+    a: &DeviceData<T>,
+    b: &DeviceData<T>,
+    op: Binary,
+    out_shape: &[usize],
+) -> Result<DeviceData<T>> {
+    same_gpu("Tensor arithmetic", a, b)?;
+    let out = output::<T, T>(a, out_shape)?;
+    let n: usize = out_shape.iter().product();
+    if n == 0 {
+        return Ok(out);
+    }
+    let name = match op {
+        Binary::Add => "dt_add",
+        Binary::Sub => "dt_sub",
+        Binary::Mul => "dt_mul",
+        Binary::Div => "dt_div",
+    };
+    let f = function(a, name)?;
+    let mut args = binary_plan(a.shape(), b.shape(), out_shape)?;
+    (args.out, args.a, args.b) = (out.ptr(), a.ptr(), b.ptr());
+    let flat = args.flat == 1;
+    after(a, b)?;
+    let per_thread = if flat { vec_len::<T>() } else { 1 };
+    let grid = grid(a, f, n, per_thread);
+    kernels::launch(f, grid, kernels::BLOCK, a.stream(), &args)?;
+    Ok(out)
+}
+
+/// Orders work queued next on `a`'s stream after the work that writes `b`, when `b` was written
+/// on another stream (a tensor made outside the world, or by another rank on the same GPU).
+fn after<T: Element>(a: &DeviceData<T>, b: &DeviceData<T>) -> Result<()> {
+    if a.stream() == b.stream() {
+        return Ok(());
+    }
+    let event = Event::new(false)?;
+    event.record(b.stream())?;
+    stream_wait(a.stream(), &event)
+}
+
+fn same_gpu<T: Element>(op: &'static str, a: &DeviceData<T>, b: &DeviceData<T>) -> Result<()> {
+    if a.ordinal() != b.ordinal() {
+        return Err(Error::InvalidArgument {
+            op,
+            rank: 0,
+            reason: format!(
+                "operands on different devices: cuda:{} and cuda:{}",
+                a.ordinal(),
+                b.ordinal()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Every element converted to `U` (through f64, rounded once, as on the host).
+pub(crate) fn cast<T: Element, U: Element>(x: &DeviceData<T>) -> Result<DeviceData<U>> {
+    let out = output::<T, U>(x, x.shape())?;
+    let n = x.len();
+    if n == 0 {
+        return Ok(out);
+    }
+    let name = match U::DTYPE {
+        DType::F32 => "dt_cast_f32",
+        DType::F64 => "dt_cast_f64",
+        DType::F16 => "dt_cast_f16",
+        DType::BF16 => "dt_cast_bf16",
+    };
+    let f = function(x, name)?;
+    let (mut o, mut i, mut len) = (out.ptr(), x.ptr(), n as u64);
+    let mut params = [
+        &mut o as *mut u64 as *mut c_void,
+        &mut i as *mut u64 as *mut c_void,
+        &mut len as *mut u64 as *mut c_void,
+    ];
+    let grid = grid(x, f, n, 1);
+    kernels::launch_raw(f, grid, kernels::BLOCK, x.stream(), &mut params)?;
+    Ok(out)
+}
+
+/// `LaneArgs` in local.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct LaneArgs {
+    out: u64,
+    x: u64,
+    w: u64,
+    b: u64,
+    outer: u64,
+    n: u64,
+    inner: u64,
+    eps: f64,
+    mode: u32,
+}
+
+/// `(outer, n, inner)` of `shape` around `axis`.
+fn lanes(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
+}
+
+/// Launches a lane kernel with one block per lane (at most a full GPU of blocks).
+fn launch_lanes<T: Element>(
+    x: &DeviceData<T>,
+    name: &'static str,
+    args: &LaneArgs,
+    blocks: usize,
+) -> Result<()> {
+    let f = function(x, name)?;
+    let full = x.gpu().sm_count as u64 * f.blocks_per_sm as u64;
+    let grid = (blocks as u64).clamp(1, full) as u32;
+    kernels::launch(f, grid, kernels::BLOCK, x.stream(), args)
+}
+
+/// Softmax along `axis` (checked by the caller).
+pub(crate) fn softmax<T: Element>(x: &DeviceData<T>, axis: usize) -> Result<DeviceData<T>> {
+    let out = output::<T, T>(x, x.shape())?;
+    if x.len() == 0 {
+        return Ok(out);
+    }
+    let (outer, n, inner) = lanes(x.shape(), axis);
+    let args = LaneArgs {
+        out: out.ptr(),
+        x: x.ptr(),
+        outer: outer as u64,
+        n: n as u64,
+        inner: inner as u64,
+        ..Default::default()
+    };
+    launch_lanes(x, "dt_softmax", &args, outer * inner)?;
+    Ok(out)
+}
+
+/// rms_norm (`layer` false: no mean, no bias) or layer_norm over the last axis; the caller
+/// checked the parameters' shapes.
+pub(crate) fn norm<T: Element>(
+    x: &DeviceData<T>,
+    weight: Option<&DeviceData<T>>,
+    bias: Option<&DeviceData<T>>,
+    eps: f64,
+    layer: bool,
+) -> Result<DeviceData<T>> {
+    for p in weight.iter().chain(bias.iter()) {
+        same_gpu("Tensor::layer_norm", x, p)?;
+        after(x, p)?;
+    }
+    let out = output::<T, T>(x, x.shape())?;
+    if x.len() == 0 {
+        return Ok(out);
+    }
+    let n = *x.shape().last().expect("checked by the caller");
+    let args = LaneArgs {
+        out: out.ptr(),
+        x: x.ptr(),
+        w: weight.map_or(0, |w| w.ptr()),
+        b: bias.map_or(0, |b| b.ptr()),
+        outer: (x.len() / n) as u64,
+        n: n as u64,
+        inner: 1,
+        eps,
+        mode: u32::from(weight.is_some()) | u32::from(bias.is_some()) << 1 | u32::from(layer) << 2,
+    };
+    launch_lanes(x, "dt_norm", &args, x.len() / n)?;
+    Ok(out)
+}
+
+/// Sum (or mean) over `axis`, which is removed.
+pub(crate) fn sum_axis<T: Element>(
+    x: &DeviceData<T>,
+    axis: usize,
+    mean: bool,
+) -> Result<DeviceData<T>> {
+    let mut shape = x.shape().to_vec();
+    shape.remove(axis);
+    let out = output::<T, T>(x, &shape)?;
+    let (outer, n, inner) = lanes(x.shape(), axis);
+    if outer * inner == 0 {
+        return Ok(out);
+    }
+    let args = LaneArgs {
+        out: out.ptr(),
+        x: x.ptr(),
+        outer: outer as u64,
+        n: n as u64,
+        inner: inner as u64,
+        mode: u32::from(mean),
+        ..Default::default()
+    };
+    let blocks = if inner == 1 { outer } else { (outer * inner).div_ceil(kernels::BLOCK as usize) };
+    launch_lanes(x, "dt_sum", &args, blocks)?;
+    Ok(out)
+}
+
+/// `PermuteArgs` in local.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct PermuteArgs {
+    out: u64,
+    x: u64,
+    n: u64,
+    shape: [u64; MAX_DIMS],
+    sx: [u64; MAX_DIMS],
+    ndim: u32,
+}
+
+/// How a permutation moves the elements.
+#[derive(Debug, PartialEq, Eq)]
+enum PermutePlan {
+    /// Not at all (only axes of length 1 move): a reshape.
+    Reshape,
+    /// `[batch, rows, cols] -> [batch, cols, rows]`: the tiled transpose.
+    Transpose { batch: u64, rows: u64, cols: u64 },
+    /// Anything else: each output element reads its input offset (pointers left unset).
+    General(PermuteArgs),
+}
+
+/// The plan for `permute(axes)` of a row-major tensor of `shape` (axes checked by the caller).
+fn permute_plan(shape: &[usize], axes: &[usize]) -> Result<PermutePlan> {
+    let out: Vec<usize> = axes.iter().map(|&a| shape[a]).collect();
+    let nd = shape.len();
+    let mut in_strides = vec![0u64; nd];
+    let mut step = 1u64;
+    for d in (0..nd).rev() {
+        in_strides[d] = step;
+        step *= shape[d] as u64;
+    }
+    let strides: Vec<u64> = axes.iter().map(|&a| in_strides[a]).collect();
+    let row_major = broadcast_strides(&out, nd);
+    let (mshape, mstrides) = merged(&out, &[strides, row_major]);
+    if mshape.len() <= 1 || mstrides[0] == mstrides[1] {
+        return Ok(PermutePlan::Reshape);
+    }
+    let k = mshape.len();
+    // The output's last axis walks the input's rows (stride `cols` in the input) and its
+    // second-to-last the input's columns (stride 1); leading axes in the same order.
+    let (rows, cols) = (mshape[k - 1], mshape[k - 2]);
+    let batch_ok = (0..k - 2).all(|d| mstrides[0][d] == mstrides[1][d]);
+    if batch_ok && mstrides[0][k - 2] == 1 && mstrides[0][k - 1] == cols {
+        let n: u64 = mshape.iter().product();
+        return Ok(PermutePlan::Transpose { batch: n / (rows * cols), rows, cols });
+    }
+    if k > MAX_DIMS {
+        return Err(Error::InvalidShape {
+            op: "Tensor::permute",
+            reason: format!(
+                "{axes:?} of {shape:?} needs {k} dimensions on a GPU (at most {MAX_DIMS})"
+            ),
+        });
+    }
+    let mut args = PermuteArgs { n: mshape.iter().product(), ndim: k as u32, ..Default::default() };
+    args.shape[..k].copy_from_slice(&mshape);
+    args.sx[..k].copy_from_slice(&mstrides[0]);
+    Ok(PermutePlan::General(args))
+}
+
+/// Axis `i` of the result is axis `axes[i]` of `x` (a valid permutation, checked by the caller).
+/// No copy when the order of the elements does not change (only axes of length 1 move); a
+/// swap of the last two axes (after merging) goes through the tiled transpose.
+pub(crate) fn permute<T: Element>(x: &DeviceData<T>, axes: &[usize]) -> Result<DeviceData<T>> {
+    let shape: Vec<usize> = axes.iter().map(|&a| x.shape()[a]).collect();
+    if x.len() == 0 {
+        return x.reshaped(&shape);
+    }
+    let plan = permute_plan(x.shape(), axes)?;
+    let out = output::<T, T>(x, &shape)?;
+    match plan {
+        PermutePlan::Reshape => return x.reshaped(&shape),
+        PermutePlan::Transpose { batch, rows, cols } => {
+            let f = function(x, "dt_transpose")?;
+            let (mut o, mut i, mut b, mut r, mut c) = (out.ptr(), x.ptr(), batch, rows, cols);
+            let mut params = [
+                &mut o as *mut u64 as *mut c_void,
+                &mut i as *mut u64 as *mut c_void,
+                &mut b as *mut u64 as *mut c_void,
+                &mut r as *mut u64 as *mut c_void,
+                &mut c as *mut u64 as *mut c_void,
+            ];
+            let tiles = batch * rows.div_ceil(32) * cols.div_ceil(32);
+            let full = x.gpu().sm_count as u64 * f.blocks_per_sm as u64;
+            let grid = tiles.clamp(1, full) as u32;
+            kernels::launch_raw(f, grid, kernels::BLOCK, x.stream(), &mut params)?;
+        }
+        PermutePlan::General(mut args) => {
+            let f = function(x, "dt_permute")?;
+            (args.out, args.x) = (out.ptr(), x.ptr());
+            let grid = grid(x, f, x.len(), 1);
+            kernels::launch(f, grid, kernels::BLOCK, x.stream(), &args)?;
+        }
+    }
+    Ok(out)
+}
+
+/// A tensor of zeros of `shape` where `like` lives.
+pub(crate) fn zeros_like<T: Element>(
+    like: &DeviceData<T>,
+    shape: &[usize],
+) -> Result<DeviceData<T>> {
+    let out = output::<T, T>(like, shape)?;
+    let bytes = out.len() * size_of::<T>();
+    if bytes > 0 {
+        like.gpu().bind()?;
+        // SAFETY: the buffer holds `bytes` bytes; zero bits are zero in every element type.
+        unsafe { cudarc::driver::result::memset_d8_async(out.ptr(), 0, bytes, out.stream()) }
+            .check("cuMemsetD8Async")?;
+    }
+    Ok(out)
+}
+
+/// `a[..., m, k] @ b[..., k, n]` with the batch dimensions broadcast (`batch` is their
+/// broadcast shape, computed and checked by the caller): one cuBLASLt GEMM per matrix of the
+/// batch, each reading its operands in place.
+pub(crate) fn batched_matmul<T: Element>(
+    a: &DeviceData<T>,
+    b: &DeviceData<T>,
+    batch: &[usize],
+) -> Result<DeviceData<T>> {
+    same_gpu("Tensor::matmul", a, b)?;
+    after(a, b)?;
+    let (sa, sb) = (a.shape(), b.shape());
+    let (m, k, n) = (sa[sa.len() - 2], sa[sa.len() - 1], sb[sb.len() - 1]);
+    let mut shape = batch.to_vec();
+    shape.extend([m, n]);
+    let out = output::<T, T>(a, &shape)?;
+    let count: usize = batch.iter().product();
+    let nd = batch.len();
+    let (stride_a, stride_b) =
+        (broadcast_strides(&sa[..sa.len() - 2], nd), broadcast_strides(&sb[..sb.len() - 2], nd));
+    let es = size_of::<T>() as u64;
+    a.gpu().bind()?;
+    for i in 0..count {
+        let (mut rest, mut ia, mut ib) = (i, 0u64, 0u64);
+        for d in (0..nd).rev() {
+            let c = (rest % batch[d]) as u64;
+            rest /= batch[d];
+            ia += c * stride_a[d];
+            ib += c * stride_b[d];
+        }
+        blas::matmul(
+            a.gpu(),
+            a.stream(),
+            (
+                a.ptr() + ia * (m * k) as u64 * es,
+                b.ptr() + ib * (k * n) as u64 * es,
+                out.ptr() + (i * m * n) as u64 * es,
+            ),
+            (m, n, k),
+            T::DTYPE,
+            T::DTYPE,
+        )?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The host side of the kernels' index math, run here the way the kernels walk it (the
+    //! kernels themselves run in tests/cuda_tensor_math.rs where a GPU is).
+    use super::*;
+    use ndarray::{ArrayD, IxDyn};
+
+    /// The input offsets `dt_add` (not flat) reads for output element `i`, as the kernel
+    /// computes them.
+    fn binary_offsets(p: &BinaryArgs, i: u64) -> (u64, u64) {
+        let (mut rest, mut ia, mut ib) = (i, 0, 0);
+        for d in (0..p.ndim as usize).rev() {
+            let c = rest % p.shape[d];
+            rest /= p.shape[d];
+            ia += c * p.sa[d];
+            ib += c * p.sb[d];
+        }
+        (ia, ib)
+    }
+
+    fn numbered(shape: &[usize]) -> ArrayD<u64> {
+        ArrayD::from_shape_vec(IxDyn(shape), (0..shape.iter().product::<usize>() as u64).collect())
+            .unwrap()
+    }
+
+    #[test]
+    fn broadcast_offsets_follow_numpy() {
+        let cases: [(&[usize], &[usize]); 9] = [
+            (&[2, 3], &[3]),
+            (&[3, 1, 5], &[4, 1]),
+            (&[7, 1], &[1, 11]),
+            (&[5, 2, 3], &[5, 1, 3]),
+            (&[1], &[4, 6]),
+            (&[2, 3, 4, 5], &[1, 3, 1, 5]),
+            (&[6], &[1]),
+            (&[1, 1], &[1]),
+            (&[2, 1, 2, 1, 2, 1, 2, 1], &[1, 2, 1, 2, 1, 2, 1, 2]),
+        ];
+        for (a, b) in cases {
+            let out = crate::tensor::broadcast_shape(a, b).unwrap();
+            let p = binary_plan(a, b, &out).unwrap();
+            let (na, nb) = (numbered(a), numbered(b));
+            let (wa, wb) = (na.broadcast(IxDyn(&out)).unwrap(), nb.broadcast(IxDyn(&out)).unwrap());
+            for (i, (x, y)) in wa.iter().zip(wb.iter()).enumerate() {
+                assert_eq!(binary_offsets(&p, i as u64), (*x, *y), "{a:?} with {b:?}, element {i}");
+            }
+            assert_eq!(p.flat, 0);
+        }
+        assert_eq!(binary_plan(&[4, 5], &[4, 5], &[4, 5]).unwrap().flat, 1);
+        // Nine dimensions that no merging joins are more than the kernel takes: a typed error.
+        let (a, b) = ([2, 1, 2, 1, 2, 1, 2, 1, 2], [1, 2, 1, 2, 1, 2, 1, 2, 1]);
+        let err = binary_plan(&a, &b, &[2; 9]).unwrap_err();
+        assert!(matches!(err, Error::InvalidShape { .. }), "{err}");
+    }
+
+    #[test]
+    fn permutations_read_the_right_elements() {
+        let shapes: [&[usize]; 5] =
+            [&[2, 3, 4], &[3, 37, 45], &[1, 5, 1, 7], &[2, 3, 4, 5], &[6, 1]];
+        for shape in shapes {
+            let nd = shape.len();
+            let x = numbered(shape);
+            let mut axes: Vec<usize> = (0..nd).collect();
+            // Every permutation, by Heap's algorithm.
+            let mut perms = Vec::new();
+            fn heap(k: usize, a: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+                if k <= 1 {
+                    out.push(a.clone());
+                    return;
+                }
+                for i in 0..k {
+                    heap(k - 1, a, out);
+                    let j = if k.is_multiple_of(2) { i } else { 0 };
+                    a.swap(j, k - 1);
+                }
+            }
+            heap(nd, &mut axes, &mut perms);
+            for axes in perms {
+                let want = x.clone().permuted_axes(IxDyn(&axes)).as_standard_layout().into_owned();
+                let got: Vec<u64> = match permute_plan(shape, &axes).unwrap() {
+                    PermutePlan::Reshape => x.iter().copied().collect(),
+                    PermutePlan::Transpose { batch, rows, cols } => {
+                        // dt_transpose: out[b][c][r] = x[b][r][c].
+                        let src: Vec<u64> = x.iter().copied().collect();
+                        let mut out = vec![0; src.len()];
+                        for b in 0..batch {
+                            for r in 0..rows {
+                                for c in 0..cols {
+                                    let base = b * rows * cols;
+                                    out[(base + c * rows + r) as usize] =
+                                        src[(base + r * cols + c) as usize];
+                                }
+                            }
+                        }
+                        out
+                    }
+                    PermutePlan::General(p) => {
+                        let src: Vec<u64> = x.iter().copied().collect();
+                        (0..p.n)
+                            .map(|i| {
+                                let (mut rest, mut ix) = (i, 0);
+                                for d in (0..p.ndim as usize).rev() {
+                                    ix += (rest % p.shape[d]) * p.sx[d];
+                                    rest /= p.shape[d];
+                                }
+                                src[ix as usize]
+                            })
+                            .collect()
+                    }
+                };
+                assert_eq!(got, want.iter().copied().collect::<Vec<_>>(), "{shape:?} {axes:?}");
+            }
+        }
+        // The last two axes of a batch take the tiled transpose.
+        assert!(matches!(
+            permute_plan(&[3, 37, 45], &[0, 2, 1]).unwrap(),
+            PermutePlan::Transpose { batch: 3, rows: 37, cols: 45 }
+        ));
+        assert_eq!(permute_plan(&[1, 5, 1], &[2, 1, 0]).unwrap(), PermutePlan::Reshape);
+    }
+}
