@@ -58,7 +58,7 @@ pub(crate) struct RankState {
 }
 
 /// One rank of an Ascend world: its device and the handles made for it.
-pub(crate) struct NpuRank {
+pub(crate) struct AscendRankHandles {
     pub(crate) device: u32,
     pub(crate) context: Handle,
     pub(crate) stream: Handle,
@@ -74,7 +74,7 @@ pub(crate) struct AscendRank<'a> {
 
 impl<'a> AscendRank<'a> {
     /// This rank's NPU state.
-    pub(crate) fn npu(&self) -> &'a NpuRank {
+    pub(crate) fn npu(&self) -> &'a AscendRankHandles {
         &self.world.ranks[self.rank.rank()]
     }
 
@@ -326,7 +326,7 @@ impl<'a> AscendRank<'a> {
     }
 }
 
-impl NpuRank {
+impl AscendRankHandles {
     /// Frees everything the rank's ops kept on its device (its context bound), except the
     /// symmetric memory, which Ascend SHMEM's finalisation releases.
     pub(crate) fn release(&self, world: &AscendWorld) {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
 
 use super::kernels::{self, KernelCache};
-use super::npu::{Handle, NpuRank, RankState};
+use super::npu::{AscendRankHandles, Handle, RankState};
 use super::sys::{self, Acl, Hccl, Nnop, Rtc, Shmem};
 use super::{Ascend, AscendDevice, result};
 use crate::shmem::DeviceWorld;
@@ -129,7 +129,7 @@ enum Heap {
 /// [`World`] (see [`World::ascend`]) and dropped with it.
 pub(crate) struct AscendWorld {
     runtime: Ascend,
-    pub(crate) ranks: Vec<NpuRank>,
+    pub(crate) ranks: Vec<AscendRankHandles>,
     hccl: std::result::Result<Arc<Hccl>, Error>,
     heap: Heap,
     shmem_ready: bool,
@@ -475,7 +475,7 @@ impl AscendWorldBuilder {
                     return Err(e);
                 }
             };
-            world.ranks.push(NpuRank {
+            world.ranks.push(AscendRankHandles {
                 device,
                 context,
                 stream,

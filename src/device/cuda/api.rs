@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::driver::{self, Event, Gpu};
+use super::driver::{self, CudaDevice, Event};
 use super::ops::{
     all_gather_matmul as ag, all_to_all as a2a, collectives, matmul_reduce_scatter as rs,
 };
 use super::storage::Home;
-use super::world::GpuRank;
+use super::world::CudaRank;
 use crate::fused::{AgPath, RsPath};
 use crate::shmem::Rank;
 use crate::tensor::Element;
@@ -18,7 +18,7 @@ use crate::{Error, Result};
 pub(crate) use super::local::{
     batched_matmul, binary, cast, norm, permute, softmax, sum_axis, unary, zeros_like,
 };
-pub(crate) use super::storage::DeviceData as DeviceStorage;
+pub(crate) use super::storage::DeviceStorage;
 pub(crate) use super::world::CudaWorld;
 
 /// Opens a GPU world of `devices`.
@@ -39,7 +39,7 @@ pub(crate) fn world_failed(world: &CudaWorld, rank: usize, reason: &str) {
 /// At the end of a rank's part of `World::run`: waits until its GPU work is done, so that no
 /// kernel outlives the run and a failure on the GPU is the run's error.
 pub(crate) fn finish_rank(world: &CudaWorld, rank: usize) -> Result<()> {
-    GpuRank::new(world, rank)?.synchronize()
+    CudaRank::new(world, rank)?.synchronize()
 }
 
 /// The CUDA ordinal of `rank`'s GPU.
@@ -55,10 +55,10 @@ pub(crate) fn upload<T: Element>(
     shape: &[usize],
     world: Option<(&CudaWorld, usize)>,
 ) -> Result<DeviceStorage<T>> {
-    let gpu = Gpu::get(ordinal)?;
+    let gpu = CudaDevice::get(ordinal)?;
     gpu.bind()?;
     let home = match world {
-        Some((w, r)) if w.gpus[r].ordinal == ordinal => GpuRank::new(w, r)?.home(),
+        Some((w, r)) if w.gpus[r].ordinal == ordinal => CudaRank::new(w, r)?.home(),
         _ => Home::default(),
     };
     DeviceStorage::upload(&gpu, host, shape, home)
@@ -73,8 +73,8 @@ pub(crate) fn matmul<T: Element>(
     ag::matmul(a, b, a.home())
 }
 
-fn rank_of<'w>(world: &'w CudaWorld, rank: &'w Rank<'w>) -> Result<GpuRank<'w>> {
-    GpuRank::of(world, rank)
+fn rank_of<'w>(world: &'w CudaWorld, rank: &'w Rank<'w>) -> Result<CudaRank<'w>> {
+    CudaRank::of(world, rank)
 }
 
 /// `DistTensor::all_gather_matmul(_many)` (or `_unfused`) on GPUs.
@@ -164,9 +164,9 @@ pub(crate) fn slice<T: Element>(
     collectives::slice(&rank_of(world, rank)?, x, dim, start, len)
 }
 
-fn gpu_rank<'a>(rank: &'a Rank<'a>) -> Result<GpuRank<'a>> {
+fn gpu_rank<'a>(rank: &'a Rank<'a>) -> Result<CudaRank<'a>> {
     match rank.cuda_world() {
-        Some(world) => GpuRank::of(world, rank),
+        Some(world) => CudaRank::of(world, rank),
         None => Err(Error::DeviceUnavailable {
             op: "device::cuda",
             device: "cuda".into(),
@@ -211,7 +211,7 @@ pub(crate) mod public {
     /// }
     /// ```
     pub fn memory_info(ordinal: usize) -> Result<(usize, usize)> {
-        let gpu = Gpu::get(ordinal)?;
+        let gpu = CudaDevice::get(ordinal)?;
         gpu.bind()?;
         let (mut free, mut total) = (0, 0);
         // SAFETY: a context is current; both are written.
@@ -356,7 +356,7 @@ pub(crate) mod public {
             self.start.record(g.stream())
         }
 
-        fn on<'a>(&self, rank: &'a Rank<'a>) -> Result<GpuRank<'a>> {
+        fn on<'a>(&self, rank: &'a Rank<'a>) -> Result<CudaRank<'a>> {
             let g = gpu_rank(rank)?;
             if g.gpu().ordinal != self.ordinal {
                 return Err(Error::InvalidArgument {

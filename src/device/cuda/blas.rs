@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::{result as cu, sys};
 
-use super::driver::{Check, Gpu, guarded, require_library};
+use super::driver::{Check, CudaDevice, guarded, require_library};
 use super::memory::DeviceBuffer;
 use crate::tensor::DType;
 use crate::{Error, Result};
@@ -93,7 +93,7 @@ fn alignment(ptr: u64) -> u32 {
 }
 
 impl Blas {
-    fn new(gpu: &Arc<Gpu>, stream: sys::CUstream) -> Result<Blas> {
+    fn new(gpu: &Arc<CudaDevice>, stream: sys::CUstream) -> Result<Blas> {
         require_library("cuBLASLt (libcublasLt)", "cublasLt", lt_sys::is_culib_present)?;
         // The handle belongs to the context current now: bind this GPU's first (a handle made
         // under another GPU's context fails with EXECUTION_FAILED).
@@ -108,7 +108,7 @@ impl Blas {
         })
     }
 
-    fn plan(&mut self, gpu: &Arc<Gpu>, key: PlanKey) -> Result<&Plan> {
+    fn plan(&mut self, gpu: &Arc<CudaDevice>, key: PlanKey) -> Result<&Plan> {
         if !self.plans.contains_key(&key) {
             let plan = self.make_plan(gpu, key)?;
             self.plans.insert(key, plan);
@@ -116,7 +116,7 @@ impl Blas {
         Ok(&self.plans[&key])
     }
 
-    fn make_plan(&self, gpu: &Arc<Gpu>, key: PlanKey) -> Result<Plan> {
+    fn make_plan(&self, gpu: &Arc<CudaDevice>, key: PlanKey) -> Result<Plan> {
         let (compute, scale) = if key.input == DType::F64 {
             (lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F, lt_sys::cudaDataType::CUDA_R_64F)
         } else {
@@ -208,7 +208,7 @@ impl Blas {
     /// than half the time of the whole).
     fn fastest(
         &self,
-        gpu: &Arc<Gpu>,
+        gpu: &Arc<CudaDevice>,
         key: PlanKey,
         plan: &Plan,
         algos: &[lt_sys::cublasLtMatmulAlgo_t],
@@ -227,7 +227,7 @@ impl Blas {
 
     fn time_candidates(
         &self,
-        gpu: &Arc<Gpu>,
+        gpu: &Arc<CudaDevice>,
         key: PlanKey,
         plan: &Plan,
         algos: &[lt_sys::cublasLtMatmulAlgo_t],
@@ -338,7 +338,7 @@ impl Blas {
 /// `b`, `output` the type of `c` (the input type, or its accumulator type for partials).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
-    gpu: &Arc<Gpu>,
+    gpu: &Arc<CudaDevice>,
     stream: sys::CUstream,
     (a, b, c): (u64, u64, u64),
     (m, n, k): (usize, usize, usize),

@@ -1,4 +1,4 @@
-//! The CUDA driver, loaded at run time: typed errors, the libraries' presence, one [`Gpu`] per
+//! The CUDA driver, loaded at run time: typed errors, the libraries' presence, one [`CudaDevice`] per
 //! device per process (its context, streams and caches), events and host-mapped memory.
 //!
 //! Everything here goes through cudarc's `result` / `sys` layers. cudarc panics when a library
@@ -92,7 +92,7 @@ pub(crate) fn device_count() -> Result<usize> {
 /// One GPU of this process: its primary context, a stream for tensors outside GPU worlds (each
 /// world has streams of its own, see `Streams`), a cache of freed device memory, compiled modules
 /// and cuBLASLt plans.
-pub(crate) struct Gpu {
+pub(crate) struct CudaDevice {
     pub(crate) ordinal: usize,
     pub(crate) dev: sys::CUdevice,
     pub(crate) ctx: sys::CUcontext,
@@ -110,24 +110,24 @@ pub(crate) struct Gpu {
 
 // SAFETY: the raw handles are plain identifiers of driver objects, usable from any thread once
 // the context is bound there (`bind`); the mutable caches are behind mutexes.
-unsafe impl Send for Gpu {}
+unsafe impl Send for CudaDevice {}
 // SAFETY: as for Send.
-unsafe impl Sync for Gpu {}
+unsafe impl Sync for CudaDevice {}
 
-impl Gpu {
-    /// The process's `Gpu` for device `ordinal`, opened on first use.
-    pub(crate) fn get(ordinal: usize) -> Result<Arc<Gpu>> {
-        static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
+impl CudaDevice {
+    /// The process's `CudaDevice` for device `ordinal`, opened on first use.
+    pub(crate) fn get(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        static GPUS: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
         let mut gpus = GPUS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
         if let Some(gpu) = gpus.get(&ordinal) {
             return Ok(gpu.clone());
         }
-        let gpu = Arc::new(Gpu::open(ordinal)?);
+        let gpu = Arc::new(CudaDevice::open(ordinal)?);
         gpus.insert(ordinal, gpu.clone());
         Ok(gpu)
     }
 
-    fn open(ordinal: usize) -> Result<Gpu> {
+    fn open(ordinal: usize) -> Result<CudaDevice> {
         let count = device_count()?;
         if ordinal >= count {
             return Err(Error::DeviceUnavailable {
@@ -154,7 +154,7 @@ impl Gpu {
         let name = cu::device::get_name(dev).check("cuDeviceGetName")?;
         let stream =
             cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
-        Ok(Gpu {
+        Ok(CudaDevice {
             ordinal,
             dev,
             ctx,
@@ -175,7 +175,7 @@ impl Gpu {
     }
 
     /// Lets this GPU's kernels and copies reach `peer`'s memory ("already enabled" is success).
-    pub(crate) fn enable_peer_access(&self, peer: &Gpu) -> Result<()> {
+    pub(crate) fn enable_peer_access(&self, peer: &CudaDevice) -> Result<()> {
         if peer.ordinal == self.ordinal {
             return Ok(());
         }
@@ -208,7 +208,7 @@ impl Gpu {
     }
 }
 
-impl Drop for Gpu {
+impl Drop for CudaDevice {
     fn drop(&mut self) {
         // Process-wide GPUs live until exit; this runs only if one is ever dropped.
         let _ = self.bind();
@@ -227,7 +227,7 @@ impl Drop for Gpu {
 /// every tensor made there (so that a tensor outlives its world); destroyed, once idle, when the
 /// last owner goes.
 pub(crate) struct Streams {
-    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) gpu: Arc<CudaDevice>,
     pub(crate) main: sys::CUstream,
     pub(crate) copy: sys::CUstream,
 }
@@ -238,7 +238,7 @@ unsafe impl Send for Streams {}
 unsafe impl Sync for Streams {}
 
 impl Streams {
-    pub(crate) fn new(gpu: &Arc<Gpu>) -> Result<Streams> {
+    pub(crate) fn new(gpu: &Arc<CudaDevice>) -> Result<Streams> {
         gpu.bind()?;
         let main =
             cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;

@@ -9,7 +9,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::driver::{result as cu, sys};
 use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
 
-use super::driver::{Check, Gpu, guarded, require_library};
+use super::driver::{Check, CudaDevice, guarded, require_library};
 use crate::tensor::DType;
 use crate::{Error, Result};
 
@@ -151,7 +151,7 @@ impl Function {
 
 /// Kernel `name` of `source` for `dtype` on `gpu`, compiled and loaded on first use.
 pub(crate) fn function(
-    gpu: &Gpu,
+    gpu: &CudaDevice,
     source: Source,
     dtype: DType,
     name: &'static str,
@@ -363,7 +363,7 @@ pub(crate) struct SignalArgs {
 
 /// Grid for a kernel with `tasks` warp-sized tasks: enough blocks to fill the GPU (from its
 /// multiprocessor count and the kernel's occupancy), fewer when there is less work.
-pub(crate) fn grid_for(gpu: &Gpu, f: Function, tasks: u64) -> u32 {
+pub(crate) fn grid_for(gpu: &CudaDevice, f: Function, tasks: u64) -> u32 {
     let full = gpu.sm_count as u64 * f.blocks_per_sm as u64;
     let warps_per_block = (BLOCK / 32) as u64;
     tasks.div_ceil(warps_per_block).clamp(1, full) as u32

@@ -8,7 +8,7 @@ use std::ffi::c_void;
 use super::blas;
 use super::driver::{Check, Event, stream_wait};
 use super::kernels::{self, Function, Source};
-use super::storage::DeviceData;
+use super::storage::DeviceStorage;
 use super::{Binary, Unary};
 use crate::tensor::{DType, Element};
 use crate::{Error, Result};
@@ -16,13 +16,13 @@ use crate::{Error, Result};
 /// Most dimensions the broadcast and permutation kernels take (`DT_MAX_DIMS`) after merging.
 const MAX_DIMS: usize = 8;
 
-fn function<T: Element>(x: &DeviceData<T>, name: &'static str) -> Result<Function> {
+fn function<T: Element>(x: &DeviceStorage<T>, name: &'static str) -> Result<Function> {
     x.gpu().bind()?;
     kernels::function(x.gpu(), Source::Local, T::DTYPE, name)
 }
 
 /// Grid for `items` elements walked `per_thread` at a time by a grid-stride kernel.
-fn grid<T: Element>(x: &DeviceData<T>, f: Function, items: usize, per_thread: usize) -> u32 {
+fn grid<T: Element>(x: &DeviceStorage<T>, f: Function, items: usize, per_thread: usize) -> u32 {
     kernels::grid_for(x.gpu(), f, (items.div_ceil(per_thread) as u64).div_ceil(32))
 }
 
@@ -32,16 +32,19 @@ fn vec_len<T>() -> usize {
 }
 
 /// A new tensor of `shape` where `like` lives.
-fn output<T: Element, U: Element>(like: &DeviceData<T>, shape: &[usize]) -> Result<DeviceData<U>> {
-    DeviceData::uninit(like.gpu(), shape, like.home())
+fn output<T: Element, U: Element>(
+    like: &DeviceStorage<T>,
+    shape: &[usize],
+) -> Result<DeviceStorage<U>> {
+    DeviceStorage::uninit(like.gpu(), shape, like.home())
 }
 
 /// `op` on every element of `x` (with `scalar` for the scalar forms).
 pub(crate) fn unary<T: Element>(
-    x: &DeviceData<T>,
+    x: &DeviceStorage<T>,
     op: Unary,
     scalar: f64,
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     let out = output::<T, T>(x, x.shape())?;
     let n = x.len();
     if n == 0 {
@@ -161,11 +164,11 @@ fn binary_plan(a: &[usize], b: &[usize], out: &[usize]) -> Result<BinaryArgs> {
 
 /// `a op b`, broadcast to `out_shape` (which the caller computed).
 pub(crate) fn binary<T: Element>(
-    a: &DeviceData<T>,
-    b: &DeviceData<T>,
+    a: &DeviceStorage<T>,
+    b: &DeviceStorage<T>,
     op: Binary,
     out_shape: &[usize],
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     same_gpu("Tensor arithmetic", a, b)?;
     let out = output::<T, T>(a, out_shape)?;
     let n: usize = out_shape.iter().product();
@@ -191,7 +194,7 @@ pub(crate) fn binary<T: Element>(
 
 /// Orders work queued next on `a`'s stream after the work that writes `b`, when `b` was written
 /// on another stream (a tensor made outside the world, or by another rank on the same GPU).
-fn after<T: Element>(a: &DeviceData<T>, b: &DeviceData<T>) -> Result<()> {
+fn after<T: Element>(a: &DeviceStorage<T>, b: &DeviceStorage<T>) -> Result<()> {
     if a.stream() == b.stream() {
         return Ok(());
     }
@@ -200,7 +203,11 @@ fn after<T: Element>(a: &DeviceData<T>, b: &DeviceData<T>) -> Result<()> {
     stream_wait(a.stream(), &event)
 }
 
-fn same_gpu<T: Element>(op: &'static str, a: &DeviceData<T>, b: &DeviceData<T>) -> Result<()> {
+fn same_gpu<T: Element>(
+    op: &'static str,
+    a: &DeviceStorage<T>,
+    b: &DeviceStorage<T>,
+) -> Result<()> {
     if a.ordinal() != b.ordinal() {
         return Err(Error::InvalidArgument {
             op,
@@ -216,7 +223,7 @@ fn same_gpu<T: Element>(op: &'static str, a: &DeviceData<T>, b: &DeviceData<T>) 
 }
 
 /// Every element converted to `U` (through f64, rounded once, as on the host).
-pub(crate) fn cast<T: Element, U: Element>(x: &DeviceData<T>) -> Result<DeviceData<U>> {
+pub(crate) fn cast<T: Element, U: Element>(x: &DeviceStorage<T>) -> Result<DeviceStorage<U>> {
     let out = output::<T, U>(x, x.shape())?;
     let n = x.len();
     if n == 0 {
@@ -262,7 +269,7 @@ fn lanes(shape: &[usize], axis: usize) -> (usize, usize, usize) {
 
 /// Launches a lane kernel with one block per lane (at most a full GPU of blocks).
 fn launch_lanes<T: Element>(
-    x: &DeviceData<T>,
+    x: &DeviceStorage<T>,
     name: &'static str,
     args: &LaneArgs,
     blocks: usize,
@@ -274,7 +281,7 @@ fn launch_lanes<T: Element>(
 }
 
 /// Softmax along `axis` (checked by the caller).
-pub(crate) fn softmax<T: Element>(x: &DeviceData<T>, axis: usize) -> Result<DeviceData<T>> {
+pub(crate) fn softmax<T: Element>(x: &DeviceStorage<T>, axis: usize) -> Result<DeviceStorage<T>> {
     let out = output::<T, T>(x, x.shape())?;
     if x.len() == 0 {
         return Ok(out);
@@ -295,12 +302,12 @@ pub(crate) fn softmax<T: Element>(x: &DeviceData<T>, axis: usize) -> Result<Devi
 /// rms_norm (`layer` false: no mean, no bias) or layer_norm over the last axis; the caller
 /// checked the parameters' shapes.
 pub(crate) fn norm<T: Element>(
-    x: &DeviceData<T>,
-    weight: Option<&DeviceData<T>>,
-    bias: Option<&DeviceData<T>>,
+    x: &DeviceStorage<T>,
+    weight: Option<&DeviceStorage<T>>,
+    bias: Option<&DeviceStorage<T>>,
     eps: f64,
     layer: bool,
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     for p in weight.iter().chain(bias.iter()) {
         same_gpu("Tensor::layer_norm", x, p)?;
         after(x, p)?;
@@ -327,10 +334,10 @@ pub(crate) fn norm<T: Element>(
 
 /// Sum (or mean) over `axis`, which is removed.
 pub(crate) fn sum_axis<T: Element>(
-    x: &DeviceData<T>,
+    x: &DeviceStorage<T>,
     axis: usize,
     mean: bool,
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     let mut shape = x.shape().to_vec();
     shape.remove(axis);
     let out = output::<T, T>(x, &shape)?;
@@ -417,7 +424,10 @@ fn permute_plan(shape: &[usize], axes: &[usize]) -> Result<PermutePlan> {
 /// Axis `i` of the result is axis `axes[i]` of `x` (a valid permutation, checked by the caller).
 /// No copy when the order of the elements does not change (only axes of length 1 move); a
 /// swap of the last two axes (after merging) goes through the tiled transpose.
-pub(crate) fn permute<T: Element>(x: &DeviceData<T>, axes: &[usize]) -> Result<DeviceData<T>> {
+pub(crate) fn permute<T: Element>(
+    x: &DeviceStorage<T>,
+    axes: &[usize],
+) -> Result<DeviceStorage<T>> {
     let shape: Vec<usize> = axes.iter().map(|&a| x.shape()[a]).collect();
     if x.len() == 0 {
         return x.reshaped(&shape);
@@ -453,9 +463,9 @@ pub(crate) fn permute<T: Element>(x: &DeviceData<T>, axes: &[usize]) -> Result<D
 
 /// A tensor of zeros of `shape` where `like` lives.
 pub(crate) fn zeros_like<T: Element>(
-    like: &DeviceData<T>,
+    like: &DeviceStorage<T>,
     shape: &[usize],
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     let out = output::<T, T>(like, shape)?;
     let bytes = out.len() * size_of::<T>();
     if bytes > 0 {
@@ -471,10 +481,10 @@ pub(crate) fn zeros_like<T: Element>(
 /// broadcast shape, computed and checked by the caller): one cuBLASLt GEMM per matrix of the
 /// batch, each reading its operands in place.
 pub(crate) fn batched_matmul<T: Element>(
-    a: &DeviceData<T>,
-    b: &DeviceData<T>,
+    a: &DeviceStorage<T>,
+    b: &DeviceStorage<T>,
     batch: &[usize],
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     same_gpu("Tensor::matmul", a, b)?;
     after(a, b)?;
     let (sa, sb) = (a.shape(), b.shape());

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result as cu, sys};
 
-use super::driver::{Check, Gpu};
+use super::driver::{Check, CudaDevice};
 use crate::{Error, Result};
 
 /// Sizes are rounded up to this, so that freed buffers serve later requests of similar size.
@@ -24,14 +24,18 @@ fn bucket(bytes: usize) -> usize {
 pub(crate) struct DeviceBuffer {
     pub(crate) ptr: sys::CUdeviceptr,
     pub(crate) bytes: usize,
-    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) gpu: Arc<CudaDevice>,
     stream: usize,
 }
 
 impl DeviceBuffer {
     /// At least `bytes` bytes on `gpu` (none for zero bytes), contents unspecified, for work
     /// queued on `stream`.
-    pub(crate) fn new(gpu: &Arc<Gpu>, bytes: usize, stream: sys::CUstream) -> Result<DeviceBuffer> {
+    pub(crate) fn new(
+        gpu: &Arc<CudaDevice>,
+        bytes: usize,
+        stream: sys::CUstream,
+    ) -> Result<DeviceBuffer> {
         let stream = stream as usize;
         if bytes == 0 {
             return Ok(DeviceBuffer { ptr: 0, bytes: 0, gpu: gpu.clone(), stream });
@@ -72,7 +76,7 @@ impl DeviceBuffer {
 }
 
 /// Frees every cached buffer of `gpu`.
-fn release_cache(gpu: &Gpu) -> Result<()> {
+fn release_cache(gpu: &CudaDevice) -> Result<()> {
     let cached = std::mem::take(&mut *gpu.free_cache.lock().unwrap_or_else(|p| p.into_inner()));
     gpu.synchronize_now()?;
     for ptr in cached.into_values().flatten() {
@@ -92,7 +96,7 @@ impl Drop for DeviceBuffer {
 }
 
 /// Frees the cached buffers of `stream` on `gpu` (the stream is going away; it must be idle).
-pub(crate) fn release_stream_cache(gpu: &Gpu, stream: sys::CUstream) {
+pub(crate) fn release_stream_cache(gpu: &CudaDevice, stream: sys::CUstream) {
     let mut cache = gpu.free_cache.lock().unwrap_or_else(|p| p.into_inner());
     let keys: Vec<(usize, usize)> =
         cache.keys().filter(|k| k.0 == stream as usize).copied().collect();
@@ -116,7 +120,7 @@ pub(crate) struct SymmRegion {
 /// every rank and `symm_at(region, peer)` is the peer's base plus that offset.
 pub(crate) struct SymmetricHeap {
     bases: Vec<sys::CUdeviceptr>,
-    gpus: Vec<Arc<Gpu>>,
+    gpus: Vec<Arc<CudaDevice>>,
     capacity: usize,
     /// Per rank: free blocks (offset, bytes), sorted by offset.
     free: Vec<Mutex<Vec<(usize, usize)>>>,
@@ -132,7 +136,7 @@ const HEAP_ALIGN: usize = 256;
 
 impl SymmetricHeap {
     /// `capacity` bytes on every GPU of `gpus`, rank `r` on `gpus[r]`.
-    pub(crate) fn new(gpus: &[Arc<Gpu>], capacity: usize) -> Result<SymmetricHeap> {
+    pub(crate) fn new(gpus: &[Arc<CudaDevice>], capacity: usize) -> Result<SymmetricHeap> {
         let capacity = capacity.div_ceil(HEAP_ALIGN) * HEAP_ALIGN;
         let mut bases = Vec::new();
         for gpu in gpus {
@@ -160,7 +164,7 @@ impl SymmetricHeap {
     /// A heap whose segments `mapping` already holds: rank `r`'s at `bases[r]`, each of
     /// `capacity` bytes (a world of processes: its own segment and every peer's, imported).
     pub(crate) fn from_mapped(
-        gpus: &[Arc<Gpu>],
+        gpus: &[Arc<CudaDevice>],
         bases: Vec<sys::CUdeviceptr>,
         capacity: usize,
         mapping: Box<dyn Send + Sync>,

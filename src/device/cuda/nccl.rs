@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 use cudarc::nccl::{result as nc, sys as nc_sys};
 
-use super::driver::{Gpu, guarded, require_library};
+use super::driver::{CudaDevice, guarded, require_library};
 use crate::tensor::DType;
 use crate::{Error, Result};
 
@@ -36,7 +36,7 @@ pub(crate) struct Nccl {
 }
 
 impl Nccl {
-    pub(crate) fn new(gpus: &[Arc<Gpu>]) -> Result<Nccl> {
+    pub(crate) fn new(gpus: &[Arc<CudaDevice>]) -> Result<Nccl> {
         require_library("NCCL (libnccl)", "nccl", nc_sys::is_culib_present)?;
         let devices: Vec<i32> = gpus.iter().map(|g| g.ordinal as i32).collect();
         let mut comms = vec![std::ptr::null_mut(); gpus.len()];
@@ -57,7 +57,7 @@ impl Nccl {
     /// Collective: every rank calls it. The other ranks' slots stay empty (they are other
     /// processes).
     pub(crate) fn init_rank(
-        gpu: &Gpu,
+        gpu: &CudaDevice,
         n: usize,
         rank: usize,
         id: nc_sys::ncclUniqueId,

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{result as cu, sys};
 use cudarc::nccl::sys as nc_sys;
 
-use super::driver::{Check, Gpu, HostMapped};
+use super::driver::{Check, CudaDevice, HostMapped};
 use super::memory::{SymmRegion, SymmetricHeap};
 use super::nccl::Nccl;
 use super::vmm::{self, Handle, Window};
@@ -108,7 +108,7 @@ impl ProcessPart {
     }
 
     /// This rank's NCCL communicator (collective: every rank's first unfused op calls it).
-    pub(crate) fn nccl(&self, gpu: &Gpu, n: usize) -> Result<Nccl> {
+    pub(crate) fn nccl(&self, gpu: &CudaDevice, n: usize) -> Result<Nccl> {
         if self.shares_devices() {
             return Err(Error::DeviceUnavailable {
                 op: "NCCL",
@@ -137,7 +137,7 @@ impl ProcessPart {
 /// registered with the driver so that kernels read and write them.
 struct SharedWords {
     map: Mapping,
-    gpu: Arc<Gpu>,
+    gpu: Arc<CudaDevice>,
     device: sys::CUdeviceptr,
 }
 
@@ -146,7 +146,7 @@ impl SharedWords {
         ((2 + n * FAULT_WORDS) * 8).div_ceil(4096) * 4096
     }
 
-    fn register(gpu: &Arc<Gpu>, map: Mapping) -> Result<Arc<SharedWords>> {
+    fn register(gpu: &Arc<CudaDevice>, map: Mapping) -> Result<Arc<SharedWords>> {
         gpu.bind()?;
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
         // SAFETY: the mapping is page-aligned and lives as long as the registration (Drop).
@@ -206,7 +206,7 @@ pub(crate) fn open_process_world(job: &ProcessJob<'_>) -> Result<Arc<CudaWorld>>
             reason: "this process sees no CUDA device (CUDA_VISIBLE_DEVICES?)".into(),
         });
     }
-    let gpu = Gpu::get(job.local_rank % count)?;
+    let gpu = CudaDevice::get(job.local_rank % count)?;
     let grain = vmm::granularity(&gpu)?;
     let capacity = match std::env::var(super::GPU_HEAP_BYTES_ENV) {
         Ok(text) => text.trim().parse().map_err(|_| Error::InvalidArgument {
@@ -330,7 +330,7 @@ fn common_address(bases: &[u64], size: usize, align: usize) -> u64 {
 }
 
 /// The window at `at`: `window` itself when it is there, else a new reservation there.
-fn move_window(gpu: &Gpu, window: Window, size: usize, at: u64) -> Result<Window> {
+fn move_window(gpu: &CudaDevice, window: Window, size: usize, at: u64) -> Result<Window> {
     if window.base == at {
         return Ok(window);
     }
@@ -341,7 +341,7 @@ fn move_window(gpu: &Gpu, window: Window, size: usize, at: u64) -> Result<Window
 #[allow(clippy::too_many_arguments)] // the rendezvous's inputs, named at its one call
 fn host(
     job: &ProcessJob<'_>,
-    gpu: &Gpu,
+    gpu: &CudaDevice,
     capacity: usize,
     uuid: [u64; 2],
     own_fd: OwnedFd,
@@ -476,7 +476,7 @@ fn host(
 #[allow(clippy::too_many_arguments)] // the rendezvous's inputs, named at its one call
 fn guest(
     job: &ProcessJob<'_>,
-    gpu: &Gpu,
+    gpu: &CudaDevice,
     capacity: usize,
     uuid: [u64; 2],
     own_fd: OwnedFd,

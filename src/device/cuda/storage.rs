@@ -8,7 +8,7 @@ use cudarc::driver::result as cu;
 
 use cudarc::driver::sys;
 
-use super::driver::{Check, Event, Gpu, Streams};
+use super::driver::{Check, CudaDevice, Event, Streams};
 use super::memory::DeviceBuffer;
 use super::world::Watch;
 use crate::tensor::Element;
@@ -16,7 +16,7 @@ use crate::{Error, Result};
 
 /// A tensor's elements on a GPU. Immutable once written (ops make new tensors), so clones share
 /// the buffer.
-pub(crate) struct DeviceData<T> {
+pub(crate) struct DeviceStorage<T> {
     buf: Arc<DeviceBuffer>,
     shape: Vec<usize>,
     /// The world rank's streams that write it; `None`: the GPU's own stream (outside worlds).
@@ -32,9 +32,9 @@ pub(crate) struct Home {
     pub(crate) watch: Option<(Arc<Watch>, usize)>,
 }
 
-impl<T> Clone for DeviceData<T> {
+impl<T> Clone for DeviceStorage<T> {
     fn clone(&self) -> Self {
-        DeviceData {
+        DeviceStorage {
             buf: self.buf.clone(),
             shape: self.shape.clone(),
             streams: self.streams.clone(),
@@ -44,14 +44,14 @@ impl<T> Clone for DeviceData<T> {
     }
 }
 
-impl<T: Element> DeviceData<T> {
+impl<T: Element> DeviceStorage<T> {
     /// Room for a tensor of `shape` on `gpu`, contents unspecified (for outputs an op writes
     /// entirely).
-    pub(crate) fn uninit(gpu: &Arc<Gpu>, shape: &[usize], home: Home) -> Result<Self> {
+    pub(crate) fn uninit(gpu: &Arc<CudaDevice>, shape: &[usize], home: Home) -> Result<Self> {
         let len: usize = shape.iter().product();
         let stream = home.streams.as_ref().map_or(gpu.stream, |s| s.main);
         let buf = DeviceBuffer::new(gpu, len * size_of::<T>(), stream)?;
-        Ok(DeviceData {
+        Ok(DeviceStorage {
             buf: Arc::new(buf),
             shape: shape.to_vec(),
             streams: home.streams,
@@ -68,7 +68,12 @@ impl<T: Element> DeviceData<T> {
     /// A copy of `host` (row-major, of `shape`) on `gpu`.
     /// Outside a world (`home` without streams) this waits until the copy is done, so that a
     /// world's streams may use the tensor without ordering against the GPU's own stream.
-    pub(crate) fn upload(gpu: &Arc<Gpu>, host: &[T], shape: &[usize], home: Home) -> Result<Self> {
+    pub(crate) fn upload(
+        gpu: &Arc<CudaDevice>,
+        host: &[T],
+        shape: &[usize],
+        home: Home,
+    ) -> Result<Self> {
         let outside = home.streams.is_none();
         let data = Self::uninit(gpu, shape, home)?;
         if !host.is_empty() {
@@ -133,7 +138,7 @@ impl<T: Element> DeviceData<T> {
         self.shape.iter().product()
     }
 
-    pub(crate) fn gpu(&self) -> &Arc<Gpu> {
+    pub(crate) fn gpu(&self) -> &Arc<CudaDevice> {
         &self.buf.gpu
     }
 
@@ -149,7 +154,7 @@ impl<T: Element> DeviceData<T> {
                 reason: format!("cannot reshape {:?} into {shape:?}", self.shape),
             });
         }
-        Ok(DeviceData { shape: shape.to_vec(), ..self.clone() })
+        Ok(DeviceStorage { shape: shape.to_vec(), ..self.clone() })
     }
 
     /// Whether both are the same device buffer.

@@ -16,10 +16,10 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 use cudarc::driver::sys;
 
-use super::driver::{Check, Gpu};
+use super::driver::{Check, CudaDevice};
 use crate::{Error, Result};
 
-fn properties(gpu: &Gpu) -> sys::CUmemAllocationProp {
+fn properties(gpu: &CudaDevice) -> sys::CUmemAllocationProp {
     // SAFETY: a plain C struct for which all zeroes is a valid (empty) value.
     let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -32,7 +32,7 @@ fn properties(gpu: &Gpu) -> sys::CUmemAllocationProp {
 
 /// Whether `gpu` can share memory with other processes through file descriptors, and the
 /// granularity its segments are made in.
-pub(crate) fn granularity(gpu: &Gpu) -> Result<usize> {
+pub(crate) fn granularity(gpu: &CudaDevice) -> Result<usize> {
     use sys::CUdevice_attribute::*;
     let attr = |a| {
         let mut v = 0;
@@ -84,7 +84,7 @@ unsafe impl Sync for Handle {}
 impl Handle {
     /// New memory of `bytes` (a multiple of [`granularity`]) on `gpu`, and the fd that lets
     /// other processes map it.
-    pub(crate) fn create(gpu: &Gpu, bytes: usize) -> Result<(Handle, OwnedFd)> {
+    pub(crate) fn create(gpu: &CudaDevice, bytes: usize) -> Result<(Handle, OwnedFd)> {
         gpu.bind()?;
         let prop = properties(gpu);
         let mut handle = 0;
@@ -117,7 +117,7 @@ impl Handle {
     }
 
     /// A peer's memory of `bytes` from the fd it exported (the fd may close afterwards).
-    pub(crate) fn import(gpu: &Gpu, fd: &OwnedFd, bytes: usize) -> Result<Handle> {
+    pub(crate) fn import(gpu: &CudaDevice, fd: &OwnedFd, bytes: usize) -> Result<Handle> {
         use std::os::fd::AsRawFd;
         gpu.bind()?;
         let mut handle = 0;
@@ -160,7 +160,7 @@ unsafe impl Sync for Window {}
 
 impl Window {
     /// Reserves `size` bytes of addresses: anywhere (`at` = 0), or exactly at `at`.
-    pub(crate) fn reserve(gpu: &Gpu, size: usize, at: sys::CUdeviceptr) -> Result<Window> {
+    pub(crate) fn reserve(gpu: &CudaDevice, size: usize, at: sys::CUdeviceptr) -> Result<Window> {
         gpu.bind()?;
         let align = granularity(gpu)?;
         let mut base = 0;
@@ -181,7 +181,7 @@ impl Window {
     }
 
     /// Maps `handle` at `offset` of the window, read-write for `gpu`; returns its address.
-    pub(crate) fn map(&mut self, gpu: &Gpu, offset: usize, handle: Handle) -> Result<u64> {
+    pub(crate) fn map(&mut self, gpu: &CudaDevice, offset: usize, handle: Handle) -> Result<u64> {
         let bytes = handle.bytes;
         assert!(offset + bytes <= self.size, "a segment outside its window");
         let ptr = self.base + offset as u64;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 
-use super::driver::{Event, Gpu, HostMapped, Streams};
+use super::driver::{CudaDevice, Event, HostMapped, Streams};
 use super::kernels::{Ctl, MAX_RANKS, SyncArgs};
 use super::memory::{DeviceBuffer, SymmRegion, SymmetricHeap};
 use super::nccl::Nccl;
@@ -175,7 +175,7 @@ pub(crate) struct OpState {
 
 /// A world of GPUs, one rank per GPU.
 pub(crate) struct CudaWorld {
-    pub(crate) gpus: Vec<Arc<Gpu>>,
+    pub(crate) gpus: Vec<Arc<CudaDevice>>,
     /// Per rank: the streams its ops run on (a world of its own, so that two worlds on the same
     /// GPUs never queue behind each other's waits).
     pub(crate) streams: Vec<Arc<Streams>>,
@@ -206,7 +206,7 @@ impl CudaWorld {
         // A device listed more than once holds several ranks (correctness on one GPU): each its
         // own heap segment and streams; a device cannot enable peer access to itself, so only
         // distinct devices are paired.
-        let gpus = devices.iter().map(|&d| Gpu::get(d)).collect::<Result<Vec<_>>>()?;
+        let gpus = devices.iter().map(|&d| CudaDevice::get(d)).collect::<Result<Vec<_>>>()?;
         for a in &gpus {
             for b in gpus.iter().filter(|b| b.ordinal != a.ordinal) {
                 a.enable_peer_access(b)?;
@@ -257,7 +257,7 @@ impl CudaWorld {
     /// `gpus` holds it: this process has no other), `heap` maps every rank's segment, `abort`
     /// and `faults` are words every process of the world maps (see `process`).
     pub(crate) fn assemble(
-        gpu: &Arc<Gpu>,
+        gpu: &Arc<CudaDevice>,
         heap: SymmetricHeap,
         abort: HostMapped,
         faults: Vec<HostMapped>,
@@ -332,7 +332,7 @@ impl CudaWorld {
 
 /// One rank's view of a GPU world, for the duration of an op on that rank's thread.
 #[derive(Clone, Copy)]
-pub(crate) struct GpuRank<'w> {
+pub(crate) struct CudaRank<'w> {
     pub(crate) world: &'w CudaWorld,
     pub(crate) rank: usize,
     /// The rank in the world's runtime, whose one exchange the ranks agree through; absent only
@@ -340,18 +340,18 @@ pub(crate) struct GpuRank<'w> {
     host: Option<&'w Rank<'w>>,
 }
 
-impl<'w> GpuRank<'w> {
+impl<'w> CudaRank<'w> {
     /// Rank `rank` of `world` on its own, with its GPU's context bound to this thread.
     pub(crate) fn new(world: &'w CudaWorld, rank: usize) -> Result<Self> {
         world.gpus[rank].bind()?;
-        Ok(GpuRank { world, rank, host: None })
+        Ok(CudaRank { world, rank, host: None })
     }
 
     /// `host`'s rank of `world`, with its GPU's context bound to this thread.
     pub(crate) fn of(world: &'w CudaWorld, host: &'w Rank<'w>) -> Result<Self> {
         let rank = host.rank();
         world.gpus[rank].bind()?;
-        Ok(GpuRank { world, rank, host: Some(host) })
+        Ok(CudaRank { world, rank, host: Some(host) })
     }
 
     /// The rank in the world's runtime, for its exchange.
@@ -364,7 +364,7 @@ impl<'w> GpuRank<'w> {
         })
     }
 
-    pub(crate) fn gpu(&self) -> &'w Arc<Gpu> {
+    pub(crate) fn gpu(&self) -> &'w Arc<CudaDevice> {
         &self.world.gpus[self.rank]
     }
 

@@ -20,8 +20,8 @@ use super::{SMALL_CHUNK_BYTES, copy, exchange, offsets, out_tensor, signal};
 use crate::device::cuda::all_gather_matmul_path;
 use crate::device::cuda::blas;
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
-use crate::device::cuda::storage::{DeviceData, Home};
-use crate::device::cuda::world::{GpuRank, OP_ALL_GATHER_MATMUL};
+use crate::device::cuda::storage::{DeviceStorage, Home};
+use crate::device::cuda::world::{CudaRank, OP_ALL_GATHER_MATMUL};
 use crate::fused::AgPath;
 use crate::tensor::Element;
 use crate::{Error, Result};
@@ -29,7 +29,7 @@ use crate::{Error, Result};
 const OP: &str = "all_gather_matmul";
 
 /// Checks the weights against `k`; the problem, if any, for the agreement exchange.
-fn weight_problem<T: Element>(k: usize, ws: &[&DeviceData<T>]) -> Option<String> {
+fn weight_problem<T: Element>(k: usize, ws: &[&DeviceStorage<T>]) -> Option<String> {
     ws.iter().enumerate().find_map(|(i, w)| {
         (w.shape().len() != 2 || w.shape()[0] != k)
             .then(|| format!("weight {i} has shape {:?}; expected [{k}, n]", w.shape()))
@@ -39,12 +39,12 @@ fn weight_problem<T: Element>(k: usize, ws: &[&DeviceData<T>]) -> Option<String>
 /// The fused op: `x` is this rank's `[splits[rank], K]` rows, each of `ws` this rank's `[K, n_j]`;
 /// returns `[M, n_j]` per weight.
 pub(crate) fn all_gather_matmul<T: Element>(
-    g: &GpuRank<'_>,
-    x: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    x: &DeviceStorage<T>,
     splits: &[usize],
-    ws: &[&DeviceData<T>],
+    ws: &[&DeviceStorage<T>],
     forced: Option<AgPath>,
-) -> Result<Vec<DeviceData<T>>> {
+) -> Result<Vec<DeviceStorage<T>>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let k = x.shape()[1];
@@ -60,7 +60,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
     let off = offsets(splits);
     let m = off[n];
     let es = size_of::<T>();
-    let outs: Vec<DeviceData<T>> =
+    let outs: Vec<DeviceStorage<T>> =
         ws.iter().map(|w| out_tensor(g, &[m, w.shape()[1]])).collect::<Result<_>>()?;
     let gemm = |a: u64, rows: usize, row0: usize| -> Result<()> {
         for (w, out) in ws.iter().zip(&outs) {
@@ -152,11 +152,11 @@ pub(crate) fn all_gather_matmul<T: Element>(
 /// The unfused baseline: NCCL all_gather of the rows, then one cuBLASLt GEMM per weight. In a
 /// world whose ranks share a GPU (which NCCL refuses) the gather is the world's own all_gather.
 pub(crate) fn all_gather_matmul_unfused<T: Element>(
-    g: &GpuRank<'_>,
-    x: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    x: &DeviceStorage<T>,
     splits: &[usize],
-    ws: &[&DeviceData<T>],
-) -> Result<Vec<DeviceData<T>>> {
+    ws: &[&DeviceStorage<T>],
+) -> Result<Vec<DeviceStorage<T>>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let k = x.shape()[1];
@@ -171,7 +171,7 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
     } else if g.world.shares_devices() {
         super::collectives::all_gather(g, x, 0, splits)?
     } else {
-        let gathered: DeviceData<T> = out_tensor(g, &[m, k])?;
+        let gathered: DeviceStorage<T> = out_tensor(g, &[m, k])?;
         let nccl = g.world.nccl()?;
         if splits.iter().all(|&s| s == splits[0]) {
             nccl.all_gather(r, g.stream(), T::DTYPE, x.ptr(), gathered.ptr(), splits[r] * k)?;
@@ -186,7 +186,7 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
     };
     ws.iter()
         .map(|w| {
-            let out: DeviceData<T> = out_tensor(g, &[m, w.shape()[1]])?;
+            let out: DeviceStorage<T> = out_tensor(g, &[m, w.shape()[1]])?;
             blas::matmul(
                 g.gpu(),
                 g.stream(),
@@ -203,10 +203,10 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
 /// A local GEMM `a[m, k] @ b[k, n]` on this rank's GPU: the one-GPU ceiling of the report, and
 /// `Tensor::matmul` for tensors on a GPU.
 pub(crate) fn matmul<T: Element>(
-    a: &DeviceData<T>,
-    b: &DeviceData<T>,
+    a: &DeviceStorage<T>,
+    b: &DeviceStorage<T>,
     home: Home,
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     let gpu = a.gpu();
     let (sa, sb) = (a.shape(), b.shape());
     if sa.len() != 2 || sb.len() != 2 {
@@ -236,7 +236,7 @@ pub(crate) fn matmul<T: Element>(
         });
     }
     gpu.bind()?;
-    let out = DeviceData::uninit(gpu, &[sa[0], sb[1]], home)?;
+    let out = DeviceStorage::uninit(gpu, &[sa[0], sb[1]], home)?;
     blas::matmul(
         gpu,
         out.stream(),

@@ -7,8 +7,8 @@
 
 use super::{CHUNK_BYTES, exchange, offsets, out_tensor};
 use crate::device::cuda::kernels::Runs;
-use crate::device::cuda::storage::DeviceData;
-use crate::device::cuda::world::{GpuRank, OP_ALL_TO_ALL};
+use crate::device::cuda::storage::DeviceStorage;
+use crate::device::cuda::world::{CudaRank, OP_ALL_TO_ALL};
 use crate::tensor::Element;
 use crate::{Error, Result};
 
@@ -133,7 +133,7 @@ fn check_dims(shape: &[usize], scatter: usize, gather: usize) -> Option<String> 
 
 /// The dimensions were agreed by the caller through the world's one exchange; checked here
 /// against this rank's tensor.
-fn check_here<T: Element>(x: &DeviceData<T>, scatter: usize, gather: usize) -> Result<()> {
+fn check_here<T: Element>(x: &DeviceStorage<T>, scatter: usize, gather: usize) -> Result<()> {
     match check_dims(x.shape(), scatter, gather) {
         Some(reason) => Err(Error::InvalidShape { op: OP, reason }),
         None => Ok(()),
@@ -143,12 +143,12 @@ fn check_here<T: Element>(x: &DeviceData<T>, scatter: usize, gather: usize) -> R
 /// The fused op: `x` is this rank's part, sharded on `gather` with sizes `g_split`; the result is
 /// sharded on `scatter` (`array_split`) and whole along `gather`.
 pub(crate) fn all_to_all<T: Element>(
-    g: &GpuRank<'_>,
-    x: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    x: &DeviceStorage<T>,
     scatter: usize,
     gather: usize,
     g_split: &[usize],
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     g.check()?;
     check_here(x, scatter, gather)?;
     let (n, r) = (g.num_ranks(), g.rank);
@@ -159,7 +159,7 @@ pub(crate) fn all_to_all<T: Element>(
         });
     }
     let geo = Geometry::new(x.shape(), scatter, gather, g_split, n);
-    let out: DeviceData<T> = out_tensor(g, &geo.out_shape(x.shape(), scatter, gather, r))?;
+    let out: DeviceStorage<T> = out_tensor(g, &geo.out_shape(x.shape(), scatter, gather, r))?;
     let es = size_of::<T>();
     let parts: Vec<Runs> = (0..n).map(|i| geo.runs((r + i) % n, r, es, false)).collect();
     if n == 1 {
@@ -177,12 +177,12 @@ pub(crate) fn all_to_all<T: Element>(
 /// all_to_all (grouped send/recv), permute into the output layout. In a world whose ranks share
 /// a GPU (which NCCL refuses) it is the world's own exchange kernel.
 pub(crate) fn all_to_all_unfused<T: Element>(
-    g: &GpuRank<'_>,
-    x: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    x: &DeviceStorage<T>,
     scatter: usize,
     gather: usize,
     g_split: &[usize],
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     g.check()?;
     check_here(x, scatter, gather)?;
     if g.world.shares_devices() {
@@ -191,14 +191,14 @@ pub(crate) fn all_to_all_unfused<T: Element>(
     }
     let (n, r) = (g.num_ranks(), g.rank);
     let geo = Geometry::new(x.shape(), scatter, gather, g_split, n);
-    let out: DeviceData<T> = out_tensor(g, &geo.out_shape(x.shape(), scatter, gather, r))?;
+    let out: DeviceStorage<T> = out_tensor(g, &geo.out_shape(x.shape(), scatter, gather, r))?;
     let es = size_of::<T>();
     let send_len: Vec<usize> = (0..n).map(|d| geo.part_len(r, d)).collect();
     let recv_len: Vec<usize> = (0..n).map(|s| geo.part_len(s, r)).collect();
     let send_off = offsets(&send_len);
     let recv_off = offsets(&recv_len);
-    let send: DeviceData<T> = out_tensor(g, &[send_off[n]])?;
-    let recv: DeviceData<T> = out_tensor(g, &[recv_off[n]])?;
+    let send: DeviceStorage<T> = out_tensor(g, &[send_off[n]])?;
+    let recv: DeviceStorage<T> = out_tensor(g, &[recv_off[n]])?;
     let pack: Vec<Runs> = (0..n).map(|d| geo.pack_runs(r, d, es, send_off[d])).collect();
     exchange::<T>(g, None, OP_ALL_TO_ALL, 0, x.ptr(), send.ptr(), &pack, &[], g.stream())?;
     let nccl = g.world.nccl()?;

@@ -5,8 +5,8 @@
 
 use super::{CHUNK_BYTES, agree, exchange, offsets, out_tensor, reduce};
 use crate::device::cuda::kernels::Runs;
-use crate::device::cuda::storage::DeviceData;
-use crate::device::cuda::world::{GpuRank, OP_ALL_GATHER, OP_BARRIER, OP_BROADCAST, OP_REDUCE};
+use crate::device::cuda::storage::DeviceStorage;
+use crate::device::cuda::world::{CudaRank, OP_ALL_GATHER, OP_BARRIER, OP_BROADCAST, OP_REDUCE};
 use crate::tensor::Element;
 use crate::{Error, Result};
 
@@ -16,7 +16,7 @@ fn outer_inner(shape: &[usize], dim: usize) -> (usize, usize) {
 
 /// A device barrier: a kernel on every rank that publishes, waits for every peer, and ends when
 /// all have. Work queued after it on any rank starts after every rank reached it.
-pub(crate) fn barrier(g: &GpuRank<'_>) -> Result<()> {
+pub(crate) fn barrier(g: &CudaRank<'_>) -> Result<()> {
     g.check()?;
     agree(g, "barrier", &[], None)?;
     if g.num_ranks() == 1 {
@@ -31,11 +31,11 @@ pub(crate) fn barrier(g: &GpuRank<'_>) -> Result<()> {
 
 /// Concatenates every rank's `x` along `dim` (sizes `splits`), on every rank.
 pub(crate) fn all_gather<T: Element>(
-    g: &GpuRank<'_>,
-    x: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    x: &DeviceStorage<T>,
     dim: usize,
     splits: &[usize],
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     g.check()?;
     let shape = x.shape().to_vec();
     let problem = (dim >= shape.len()).then(|| format!("dim {dim} of a {}-D tensor", shape.len()));
@@ -45,7 +45,7 @@ pub(crate) fn all_gather<T: Element>(
     let off = offsets(splits);
     let mut out_shape = shape.clone();
     out_shape[dim] = off[n];
-    let out: DeviceData<T> = out_tensor(g, &out_shape)?;
+    let out: DeviceStorage<T> = out_tensor(g, &out_shape)?;
     let (outer, inner) = outer_inner(&shape, dim);
     let es = size_of::<T>();
     let parts: Vec<Runs> = (0..n)
@@ -76,10 +76,10 @@ pub(crate) fn all_gather<T: Element>(
 /// Sums every rank's `x` (same shape on each) in rank order: all of it (`dim` = None, an
 /// all_reduce) or this rank's `array_split` share along `dim` (a reduce_scatter).
 pub(crate) fn reduce_sum<T: Element>(
-    g: &GpuRank<'_>,
-    x: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    x: &DeviceStorage<T>,
     dim: Option<usize>,
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     g.check()?;
     let shape = x.shape().to_vec();
     let problem =
@@ -114,7 +114,7 @@ pub(crate) fn reduce_sum<T: Element>(
             )
         }
     };
-    let out: DeviceData<T> = out_tensor(g, &out_shape)?;
+    let out: DeviceStorage<T> = out_tensor(g, &out_shape)?;
     if n == 1 {
         exchange::<T>(g, None, OP_REDUCE, 0, x.ptr(), out.ptr(), &[runs], &[], g.stream())?;
         return Ok(out);
@@ -128,17 +128,17 @@ pub(crate) fn reduce_sum<T: Element>(
 
 /// Rank `root`'s `x` on every rank (every rank passes a tensor of the same shape).
 pub(crate) fn broadcast<T: Element>(
-    g: &GpuRank<'_>,
-    x: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    x: &DeviceStorage<T>,
     root: usize,
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let problem = (root >= n).then(|| format!("root {root} in a world of {n}"));
     let all = agree(g, "broadcast", &[root as u64, x.len() as u64], problem)?;
     all.agree("broadcast", 0, "root")?;
     all.agree("broadcast", 1, "length")?;
-    let out: DeviceData<T> = out_tensor(g, x.shape())?;
+    let out: DeviceStorage<T> = out_tensor(g, x.shape())?;
     let es = size_of::<T>();
     let parts: Vec<Runs> = (0..n)
         .map(|i| {
@@ -162,12 +162,12 @@ pub(crate) fn broadcast<T: Element>(
 
 /// Elements `[start, start + len)` of `x` along `dim`, copied into a new tensor (local).
 pub(crate) fn slice<T: Element>(
-    g: &GpuRank<'_>,
-    x: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    x: &DeviceStorage<T>,
     dim: usize,
     start: usize,
     len: usize,
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     let shape = x.shape();
     if dim >= shape.len() || start + len > shape[dim] {
         return Err(Error::InvalidShape {
@@ -178,7 +178,7 @@ pub(crate) fn slice<T: Element>(
     let (outer, inner) = outer_inner(shape, dim);
     let mut s = shape.to_vec();
     s[dim] = len;
-    let out: DeviceData<T> = out_tensor(g, &s)?;
+    let out: DeviceStorage<T> = out_tensor(g, &s)?;
     let es = size_of::<T>();
     let runs = Runs::new(
         (outer, 1, 1),

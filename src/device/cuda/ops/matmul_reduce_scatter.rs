@@ -19,15 +19,15 @@ use super::{SMALL_CHUNK_BYTES, copy, offsets, out_tensor, reduce, signal};
 use crate::device::cuda::blas::{self, dtype_bytes};
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::matmul_reduce_scatter_path;
-use crate::device::cuda::storage::DeviceData;
-use crate::device::cuda::world::{GpuRank, OP_MATMUL_REDUCE_SCATTER};
+use crate::device::cuda::storage::DeviceStorage;
+use crate::device::cuda::world::{CudaRank, OP_MATMUL_REDUCE_SCATTER};
 use crate::fused::RsPath;
 use crate::tensor::{DType, Element};
 use crate::{Error, Result};
 
 const OP: &str = "matmul_reduce_scatter";
 
-fn shape_problem<T: Element>(a: &DeviceData<T>, w: &DeviceData<T>) -> Option<String> {
+fn shape_problem<T: Element>(a: &DeviceStorage<T>, w: &DeviceStorage<T>) -> Option<String> {
     let (sa, sw) = (a.shape(), w.shape());
     if sa.len() != 2 || sw.len() != 2 || sa[1] != sw[0] {
         Some(format!("a has shape {sa:?} and w {sw:?}; expected [M, k] and [k, N]"))
@@ -44,12 +44,12 @@ fn partial_type(d: DType) -> DType {
 /// The fused op: `a` is this rank's `[M, k_r]` (a column shard), `w` its `[k_r, N]`; returns this
 /// rank's `[splits[rank], N]` rows of the sum over ranks, `splits` being `array_split(M)`.
 pub(crate) fn matmul_reduce_scatter<T: Element>(
-    g: &GpuRank<'_>,
-    a: &DeviceData<T>,
-    w: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    a: &DeviceStorage<T>,
+    w: &DeviceStorage<T>,
     splits: &[usize],
     forced: Option<RsPath>,
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let problem = shape_problem(a, w);
@@ -66,7 +66,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     }
     let off = offsets(splits);
     let es = size_of::<T>();
-    let out: DeviceData<T> = out_tensor(g, &[splits[r], big_n])?;
+    let out: DeviceStorage<T> = out_tensor(g, &[splits[r], big_n])?;
     if n == 1 {
         blas::matmul(
             g.gpu(),
@@ -168,11 +168,11 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
 /// The unfused baseline: one cuBLASLt GEMM into the element type, then NCCL reduce_scatter. In a
 /// world whose ranks share a GPU (which NCCL refuses) the reduction is the world's own.
 pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
-    g: &GpuRank<'_>,
-    a: &DeviceData<T>,
-    w: &DeviceData<T>,
+    g: &CudaRank<'_>,
+    a: &DeviceStorage<T>,
+    w: &DeviceStorage<T>,
     splits: &[usize],
-) -> Result<DeviceData<T>> {
+) -> Result<DeviceStorage<T>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let problem = shape_problem(a, w);
@@ -183,7 +183,7 @@ pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
     }
     let off = offsets(splits);
     let es = size_of::<T>();
-    let product: DeviceData<T> = out_tensor(g, &[m, big_n])?;
+    let product: DeviceStorage<T> = out_tensor(g, &[m, big_n])?;
     blas::matmul(
         g.gpu(),
         g.stream(),
@@ -203,7 +203,7 @@ pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
         let sum = super::collectives::reduce_sum(g, &product, None)?;
         return super::collectives::slice(g, &sum, 0, off[r], splits[r]);
     }
-    let out: DeviceData<T> = out_tensor(g, &[splits[r], big_n])?;
+    let out: DeviceStorage<T> = out_tensor(g, &[splits[r], big_n])?;
     let nccl = g.world.nccl()?;
     if splits.iter().all(|&s| s == splits[0]) {
         nccl.reduce_scatter(r, g.stream(), T::DTYPE, product.ptr(), out.ptr(), splits[r] * big_n)?;

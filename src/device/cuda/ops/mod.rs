@@ -15,8 +15,8 @@ use cudarc::driver::{result as cu, sys};
 
 use super::driver::Check;
 use super::kernels::{self, ExchangeArgs, MAX_RANKS, ReduceArgs, Runs, SignalArgs, Source};
-use super::storage::DeviceData;
-use super::world::{GpuRank, OpState};
+use super::storage::DeviceStorage;
+use super::world::{CudaRank, OpState};
 use crate::Result;
 use crate::shmem::{Call, Exchanged};
 use crate::tensor::{DType, Element};
@@ -47,7 +47,7 @@ pub(crate) fn array_split(len: usize, n: usize) -> Vec<usize> {
 /// other world's: ranks in different calls fail with [`Error::OpMismatch`](crate::Error)), and
 /// fails every rank if any had a `problem`; returns every rank's words.
 pub(crate) fn agree(
-    g: &GpuRank<'_>,
+    g: &CudaRank<'_>,
     op: &'static str,
     words: &[u64],
     problem: Option<String>,
@@ -56,15 +56,18 @@ pub(crate) fn agree(
 }
 
 /// The watch new tensors of this rank carry.
-pub(crate) fn out_tensor<T: Element>(g: &GpuRank<'_>, shape: &[usize]) -> Result<DeviceData<T>> {
-    DeviceData::uninit(g.gpu(), shape, g.home())
+pub(crate) fn out_tensor<T: Element>(
+    g: &CudaRank<'_>,
+    shape: &[usize],
+) -> Result<DeviceStorage<T>> {
+    DeviceStorage::uninit(g.gpu(), shape, g.home())
 }
 
 /// Launches `dt_exchange`: `parts[i]` are the runs for rank (rank + i) % world; `peers[i]` that
 /// rank's output in mode 2 (empty otherwise).
 #[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
 pub(crate) fn exchange<T: Element>(
-    g: &GpuRank<'_>,
+    g: &CudaRank<'_>,
     state: Option<&OpState>,
     op: u32,
     mode: u32,
@@ -101,7 +104,7 @@ pub(crate) fn exchange<T: Element>(
 /// Launches `dt_reduce` (see reduce.cu for the modes).
 #[allow(clippy::too_many_arguments)] // the kernel's arguments, named at each call
 pub(crate) fn reduce<T: Element>(
-    g: &GpuRank<'_>,
+    g: &CudaRank<'_>,
     state: &OpState,
     op: u32,
     mode: u32,
@@ -131,7 +134,7 @@ pub(crate) fn reduce<T: Element>(
 /// Launches `dt_signal` on `stream`: wait until every `waits` word (with its signal number) is
 /// at least `want`, then set every `notifies` word to `value`.
 pub(crate) fn signal(
-    g: &GpuRank<'_>,
+    g: &CudaRank<'_>,
     op: u32,
     stream: sys::CUstream,
     want: u64,
