@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::sync::{Cell, WaitOutcome, wait_until};
 use super::transport::Put;
 use super::{Rank, SignalOp};
-use crate::tensor::{Element, Pod};
+use crate::tensor::{Element, Pod, short_type_name};
 use crate::{Error, Result};
 
 /// Most argument words a call sends to every rank.
@@ -94,12 +94,6 @@ pub(crate) fn dtype_name<T: Element>() -> &'static str {
         crate::DType::F16 => "f16",
         crate::DType::BF16 => "bf16",
     }
-}
-
-/// The last path segment of a type's name: `half::binary16::f16` is `f16`.
-pub(crate) fn short_type_name<T>() -> &'static str {
-    let name = std::any::type_name::<T>();
-    name.rsplit("::").next().unwrap_or(name)
 }
 
 /// Bytes each rank's segment keeps for the exchange (and so for every barrier); with inboxes for

@@ -39,7 +39,7 @@ pub use buffer::{
 pub use device_process::DEVICE_ENV;
 pub(crate) use device_process::ProcessJob;
 pub(crate) use device_world::DeviceWorld;
-pub(crate) use exchange::{Call, Exchanged, digest, short_type_name};
+pub(crate) use exchange::{Call, Exchanged, digest};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
 pub use group::Group;
 #[cfg(test)]

@@ -589,3 +589,24 @@ impl std::fmt::Debug for Rank<'_> {
             .finish()
     }
 }
+
+// `Tensor::to_rank` lives with the runtime, so that `tensor` knows nothing of ranks or worlds.
+impl<T: crate::tensor::Element> crate::tensor::Tensor<T> {
+    /// A copy on `rank`'s device (its GPU in a GPU world, the host otherwise); waiting for it
+    /// reports the world's failure instead of hanging.
+    ///
+    /// # Errors
+    /// As [`Tensor::to_device`](crate::tensor::Tensor::to_device).
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Device, Tensor, World};
+    /// let t = Tensor::<f32>::random(&[2, 2], 1);
+    /// let back = World::threads(1)?.run(|rank| t.to_rank(rank))?;
+    /// assert_eq!(back[0].device(), Device::Host);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn to_rank(&self, rank: &Rank<'_>) -> Result<crate::tensor::Tensor<T>> {
+        self.to_device_in(rank.tensor_device(), rank.cuda_world().map(|w| (w, rank.rank())))
+    }
+}

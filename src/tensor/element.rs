@@ -273,3 +273,9 @@ macro_rules! half_element {
 
 half_element!(f16, DType::F16);
 half_element!(bf16, DType::BF16);
+
+/// The last path segment of a type's name: `half::binary16::f16` is `f16`.
+pub(crate) fn short_type_name<T>() -> &'static str {
+    let name = std::any::type_name::<T>();
+    name.rsplit("::").next().unwrap_or(name)
+}

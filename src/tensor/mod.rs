@@ -28,6 +28,7 @@ pub use attention::{
     scaled_dot_product_attention_lse,
 };
 pub use dense::Tensor;
+pub(crate) use element::short_type_name;
 pub use element::{Accumulator, DType, Element};
 pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;
 #[cfg(all(test, feature = "cuda"))]

@@ -12,7 +12,7 @@
 use std::any::{Any, TypeId};
 use std::sync::{Mutex, OnceLock};
 
-use super::Element;
+use super::{Element, short_type_name};
 use crate::{Error, Result};
 
 /// Smallest buffer worth keeping, in bytes.
@@ -124,7 +124,7 @@ fn lock() -> std::sync::MutexGuard<'static, Pool> {
 /// [`Error::OutOfMemory`] naming `op` and the bytes when the allocator refuses the request or its
 /// size overflows: never an abort.
 pub(crate) fn take<T: Element>(op: &'static str, len: usize) -> Result<Vec<T>> {
-    let elems = || format!("{len} elements of {}", crate::shmem::short_type_name::<T>());
+    let elems = || format!("{len} elements of {}", short_type_name::<T>());
     let bytes = len.checked_mul(size_of::<T>()).ok_or_else(|| Error::OutOfMemory {
         op,
         bytes: usize::MAX,

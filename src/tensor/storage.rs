@@ -16,7 +16,6 @@ use ndarray::{ArcArray, ArrayD, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 use super::{Element, Tensor};
 use crate::device::Device;
 use crate::device::cuda::{self, DeviceStorage};
-use crate::shmem::Rank;
 use crate::{Error, Result};
 
 /// The elements of a tensor.
@@ -285,24 +284,6 @@ impl<T: Element> Tensor<T> {
     /// ```
     pub fn to_device(&self, device: Device) -> Result<Tensor<T>> {
         self.to_device_in(device, None)
-    }
-
-    /// A copy on `rank`'s device (its GPU in a GPU world, the host otherwise); waiting for it
-    /// reports the world's failure instead of hanging.
-    ///
-    /// # Errors
-    /// As [`Tensor::to_device`].
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::{Device, Tensor, World};
-    /// let t = Tensor::<f32>::random(&[2, 2], 1);
-    /// let back = World::threads(1)?.run(|rank| t.to_rank(rank))?;
-    /// assert_eq!(back[0].device(), Device::Host);
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    pub fn to_rank(&self, rank: &Rank<'_>) -> Result<Tensor<T>> {
-        self.to_device_in(rank.tensor_device(), rank.cuda_world().map(|w| (w, rank.rank())))
     }
 
     pub(crate) fn to_device_in(
