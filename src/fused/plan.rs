@@ -145,12 +145,6 @@ pub(crate) fn scratch<T: Element>(
     Ok(Array2::from_shape_vec((rows, cols), pool::take(op, len)?).expect("rows x cols"))
 }
 
-/// Elements a fused op puts to a rank of another node at once (a world joined by MPI), the same
-/// for every op: each put is one message through the proxies and MPI, whose cost per message is
-/// tens of microseconds (measured over loopback TCP, see `perf_report --mpi`), so these chunks
-/// are larger than the copies within a node.
-pub(crate) const REMOTE_CHUNK_ELEMS: usize = 256 * 1024;
-
 /// Most rows per tile of a product, and most columns: tiles large enough that the `gemm` crate's
 /// packing of each weight block is amortized over many rows, small enough that a program's tiles
 /// are spread over every computing lane and that each call's blocks stay in cache.
