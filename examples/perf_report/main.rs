@@ -14,6 +14,10 @@
 //! across fake nodes of this host beside the unfused baselines a user of MPI writes, with the
 //! transport measured per path and a model fitted (see `mpi.rs`; `--quick`, `--shapes 4x1,4x2`).
 //!
+//! Under the table it prints the host schedule each fused product took on rank 0 and why
+//! (`fused::last_schedule`); the rows marked "forced" run the other choice through the call's
+//! options, so that the cost of each choice is measured on this machine (`--only forced`).
+//!
 //! The limits are measured again right before each row, and each row's ratio to its roofline
 //! uses those. `--runs N` repeats the whole report N times and prints one table over all of them:
 //! medians, and the quartiles of the pair-by-pair ratios.
