@@ -219,3 +219,61 @@ fn local_on_several_ranks_is_an_error() {
         }
     }
 }
+
+/// Both `all_gather_matmul` paths with a transposed weight (`transpose_weights`: `w` is `[N, K]`)
+/// and the gathered input kept: the product against `x @ w^T` in f64, the kept input equal to `x`
+/// bit for bit.
+fn transposed_kept_case<T: Element>(
+    n: usize,
+    (m, k, nc): (usize, usize, usize),
+    path: AgPath,
+) -> Option<String> {
+    let x = Tensor::<T>::random(&[m, k], 7);
+    let w = Tensor::<T>::random(&[nc, k], 8); // [N, K]
+    let (want, scale) = product(f64s2(&x).view(), f64s2(&w).t());
+    let what =
+        format!("all_gather_matmul w^T, kept input, {} world {n} {m}x{k}x{nc} {path}", T::DTYPE);
+    let outs = World::threads(n).unwrap().run(|rank| {
+        let xd = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+        let wd = DistTensor::from_global(rank, &w, Placement::Shard(0))?; // rows of w: columns of the product
+        let opts = MatmulOptions::new().transpose_weights(true).all_gather_matmul_path(path);
+        let (ys, input) = xd.all_gather_matmul_keep_input(&[wd.local()], &opts)?;
+        let ran = last_schedule(rank)?.map(|s| s.path);
+        Ok((ys[0].to_global()?, input.into_local(), ran))
+    });
+    let outs = match outs {
+        Ok(outs) => outs,
+        Err(e) => return Some(format!("{what}: {e}")),
+    };
+    let mut fails = Vec::new();
+    for (r, (y, input, ran)) in outs.iter().enumerate() {
+        if *ran != Some(PathTaken::AllGatherMatmul(path)) {
+            fails.push(format!("{what}: rank {r} ran {ran:?}"));
+        }
+        if *input != x {
+            fails.push(format!("{what}: rank {r}'s kept input differs from x"));
+        }
+        fails.extend(check(
+            &format!("{what} rank {r}"),
+            &f64s2(y),
+            &want,
+            &scale,
+            tolerance::<T>(k),
+        ));
+    }
+    (!fails.is_empty()).then(|| fails.join("\n"))
+}
+
+#[test]
+fn transposed_weights_and_kept_input_on_every_path() {
+    let mut fails = Vec::new();
+    for n in [2, 3] {
+        for shape in [(5, 9, 7), (787, 19, 11)] {
+            for path in [AgPath::Gather, AgPath::Overlap] {
+                fails.extend(transposed_kept_case::<f32>(n, shape, path));
+                fails.extend(transposed_kept_case::<bf16>(n, shape, path));
+            }
+        }
+    }
+    assert_none(fails);
+}
