@@ -30,11 +30,11 @@ use ndarray::{Array2, ArrayView2};
 
 use super::AgPath;
 use super::operand::Operand;
-use super::plan::scratch;
 use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, WeightData, compute_lanes,
     computing_programs,
 };
+use super::plan::{row_major_copy, scratch};
 use super::routing::{GatherRoutes, REMOTE_CHUNK_ELEMS};
 use super::schedule::{self, AgShape, HostMachine, PathTaken, Schedule};
 use crate::collectives;
@@ -340,11 +340,7 @@ pub(crate) fn run<'a, T: Element>(
             let out = if let Some((path, why)) = schedule {
                 match path {
                     AgPath::Gather if rank.num_ranks() > 1 => {
-                        let x = x.as_standard_layout();
-                        collectives::all_gather(rank, x.as_slice().expect("standard layout"))
-                            .and_then(|gathered| {
-                                products(op, rank, gathered, agreed, &ws, keep_input)
-                            })
+                        gather_then_gemm(rank, agreed, x, &ws, keep_input)
                     }
                     _ => rank.with_workspace(AgMatmulWorkspace::<T>::new, |work| {
                         run_fused(rank, work, &agreed, x, &ws, keep_input)
@@ -430,6 +426,31 @@ fn host_path<T: Element>(
         min_shard_rows: MIN_SHARD_ROWS,
     };
     schedule::all_gather_matmul_path(&agreed.machine, &shape)
+}
+
+/// [`AgPath::Gather`] on the host: the collective, then one GEMM per weight over all rows, a
+/// transposed weight first copied once into row-major order when the GEMM has more rows than
+/// one tile (as the tile kernel does).
+fn gather_then_gemm<T: Element>(
+    rank: &Rank<'_>,
+    agreed: Agreed,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+    keep_input: bool,
+) -> Result<AgMatmulOutput<T>> {
+    let x = x.as_standard_layout();
+    let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
+    let copies: Vec<Option<Array2<T>>> = weights
+        .iter()
+        .map(|w| row_major_copy(OP, *w, agreed.rows.total()))
+        .collect::<Result<_>>()?;
+    let views: Vec<ArrayView2<T>> =
+        weights.iter().zip(&copies).map(|(w, c)| c.as_ref().map_or(*w, |c| c.view())).collect();
+    let out = products(OP, rank, gathered, agreed, &views, keep_input);
+    for copy in copies.into_iter().flatten() {
+        pool::give(copy.into_raw_vec_and_offset().0);
+    }
+    out
 }
 
 /// The host views of the operands (no copy).
