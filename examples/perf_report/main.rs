@@ -18,6 +18,10 @@
 //! parallelism over all 4 ranks, and the dp averaging the backward pass does not hide (see
 //! `mesh.rs`; `--quick`).
 //!
+//! Under the table it prints the host schedule each fused product took on rank 0 and why
+//! (`fused::last_schedule`); the rows marked "forced" run the other choice through the call's
+//! options, so that the cost of each choice is measured on this machine (`--only forced`).
+//!
 //! The limits are measured again right before each row, and each row's ratio to its roofline
 //! uses those. `--runs N` repeats the whole report N times and prints one table over all of them:
 //! medians, and the quartiles of the pair-by-pair ratios.
@@ -30,7 +34,8 @@ mod mpi;
 
 use std::time::Duration;
 
-use dist_tensor::{DType, DistTensor, Element, Placement, Result, Tensor, World};
+use dist_tensor::fused::{AgPath, RsPath};
+use dist_tensor::{DType, DistTensor, Element, MatmulOptions, Placement, Result, Tensor, World};
 use half::bf16;
 
 use machine::{Cpu, Limits};
@@ -66,7 +71,21 @@ struct Case {
     dtype: DType,
     shape: String,
     work: Work,
-    run: Box<dyn Fn(usize) -> Result<Vec<Pair>>>,
+    run: Box<dyn Fn(usize) -> Result<Ran>>,
+}
+
+/// A row's pairs (rank 0's), and the schedule its fused op took on rank 0
+/// (`fused::last_schedule`), for the products.
+type Ran = (Vec<Pair>, Option<String>);
+
+/// Rank 0's pairs and schedule, from every rank's.
+fn first(ran: Vec<Ran>) -> Ran {
+    ran.into_iter().next().expect("rank 0")
+}
+
+/// The schedule the last fused product took on this rank, as the report prints it.
+fn schedule(rank: &dist_tensor::Rank<'_>) -> Result<Option<String>> {
+    Ok(dist_tensor::fused::last_schedule(rank)?.map(|s| s.to_string()))
 }
 
 fn gemm_work<T: Element>(world: usize, (m, k, n): (usize, usize, usize), gathered: bool) -> Work {
@@ -77,9 +96,27 @@ fn gemm_work<T: Element>(world: usize, (m, k, n): (usize, usize, usize), gathere
     Work::Gemm { flops: 2.0 * m * k * n, bytes: e * (x_reads * m * k + k * n + m * n) }
 }
 
-fn all_gather_matmul<T: Element>(world: usize, (m, k, n): (usize, usize, usize)) -> Case {
+fn all_gather_matmul<T: Element>(world: usize, shape: (usize, usize, usize)) -> Case {
+    all_gather_matmul_on::<T>(world, shape, None)
+}
+
+/// An all_gather_matmul row; with `path`, its fused side runs that host path (the other choice
+/// of the schedule, measured against the same unfused baseline).
+fn all_gather_matmul_on<T: Element>(
+    world: usize,
+    (m, k, n): (usize, usize, usize),
+    path: Option<AgPath>,
+) -> Case {
+    let op = match path {
+        None => "all_gather_matmul",
+        Some(AgPath::Overlap) => "all_gather_matmul, overlap forced",
+        Some(AgPath::Gather) => "all_gather_matmul, gather forced",
+        Some(AgPath::Local) => "all_gather_matmul, local forced",
+    };
+    let opts =
+        path.map_or_else(MatmulOptions::new, |p| MatmulOptions::new().all_gather_matmul_path(p));
     Case {
-        op: "all_gather_matmul",
+        op,
         world,
         dtype: T::DTYPE,
         shape: format!("M={m} K={k} N={n}"),
@@ -90,21 +127,39 @@ fn all_gather_matmul<T: Element>(world: usize, (m, k, n): (usize, usize, usize))
             let pairs = world_of(world)?.run(|rank| {
                 let x = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
                 let w = DistTensor::from_global(rank, &w, Placement::Shard(1))?.into_local();
-                measure::pairs(
+                let pairs = measure::pairs(
                     rank,
                     reps,
-                    || x.all_gather_matmul(&w).map(drop),
+                    || x.all_gather_matmul_with(&[&w], &opts).map(drop),
                     || x.all_gather_matmul_unfused(&w).map(drop),
-                )
+                )?;
+                Ok((pairs, schedule(rank)?))
             })?;
-            Ok(pairs.into_iter().next().expect("rank 0"))
+            Ok(first(pairs))
         }),
     }
 }
 
-fn matmul_reduce_scatter<T: Element>(world: usize, (m, k, n): (usize, usize, usize)) -> Case {
+fn matmul_reduce_scatter<T: Element>(world: usize, shape: (usize, usize, usize)) -> Case {
+    matmul_reduce_scatter_on::<T>(world, shape, None)
+}
+
+/// A matmul_reduce_scatter row; with `path`, its fused side runs that host path.
+fn matmul_reduce_scatter_on<T: Element>(
+    world: usize,
+    (m, k, n): (usize, usize, usize),
+    path: Option<RsPath>,
+) -> Case {
+    let op = match path {
+        None => "matmul_reduce_scatter",
+        Some(RsPath::Single) => "matmul_reduce_scatter, single forced",
+        Some(RsPath::Chunked) => "matmul_reduce_scatter, chunked forced",
+        Some(RsPath::Local) => "matmul_reduce_scatter, local forced",
+    };
+    let opts = path
+        .map_or_else(MatmulOptions::new, |p| MatmulOptions::new().matmul_reduce_scatter_path(p));
     Case {
-        op: "matmul_reduce_scatter",
+        op,
         world,
         dtype: T::DTYPE,
         shape: format!("M={m} K={k} N={n}"),
@@ -115,14 +170,15 @@ fn matmul_reduce_scatter<T: Element>(world: usize, (m, k, n): (usize, usize, usi
             let pairs = world_of(world)?.run(|rank| {
                 let h = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
                 let w = DistTensor::from_global(rank, &w, Placement::Shard(0))?.into_local();
-                measure::pairs(
+                let pairs = measure::pairs(
                     rank,
                     reps,
-                    || h.matmul_reduce_scatter(&w).map(drop),
+                    || h.matmul_reduce_scatter_with(&w, &opts).map(drop),
                     || h.matmul_reduce_scatter_unfused(&w).map(drop),
-                )
+                )?;
+                Ok((pairs, schedule(rank)?))
             })?;
-            Ok(pairs.into_iter().next().expect("rank 0"))
+            Ok(first(pairs))
         }),
     }
 }
@@ -138,14 +194,15 @@ fn ulysses(world: usize, (b, s, h, d): (usize, usize, usize, usize)) -> Case {
             let q = Tensor::<f32>::random(&[b, s, h, d], 1);
             let pairs = world_of(world)?.run(|rank| {
                 let q = DistTensor::from_global(rank, &q, Placement::Shard(1))?;
-                measure::pairs(
+                let pairs = measure::pairs(
                     rank,
                     reps,
                     || q.all_to_all(2, 1).map(drop),
                     || q.all_to_all_unfused(2, 1).map(drop),
-                )
+                )?;
+                Ok((pairs, None))
             })?;
-            Ok(pairs.into_iter().next().expect("rank 0"))
+            Ok(first(pairs))
         }),
     }
 }
@@ -192,9 +249,11 @@ fn train_step(world: usize, (m, e, f): (usize, usize, usize)) -> Case {
                     mlp.backward(saved, &dy)?;
                     adam.step(mlp.parameters_mut())
                 };
-                measure::pairs(rank, reps, || step(&mut fused), || step(&mut unfused))
+                let pairs = measure::pairs(rank, reps, || step(&mut fused), || step(&mut unfused))?;
+                // The step's last fused product: the input gradient of its first layer.
+                Ok((pairs, schedule(rank)?))
             })?;
-            Ok(pairs.into_iter().next().expect("rank 0"))
+            Ok(first(pairs))
         }),
     }
 }
@@ -214,6 +273,11 @@ fn cases() -> Vec<Case> {
         ulysses(2, sequence),
         ulysses(4, sequence),
         train_step(2, (2048, 1024, 4096)),
+        // The other choice of each host schedule, on the large rows (`--only forced`).
+        all_gather_matmul_on::<f32>(2, square, Some(AgPath::Overlap)),
+        all_gather_matmul_on::<f32>(4, square, Some(AgPath::Overlap)),
+        matmul_reduce_scatter_on::<f32>(2, square, Some(RsPath::Single)),
+        matmul_reduce_scatter_on::<f32>(4, square, Some(RsPath::Single)),
     ]
 }
 
@@ -323,7 +387,7 @@ fn main() -> Result<()> {
         // One rank of one row of `--processes`: it runs the row and reports its fused median
         // (the parent reads rank 0's, as a thread world reports rank 0's).
         let case = &cases[row.unwrap_or(0)];
-        let pairs = (case.run)(reps)?;
+        let (pairs, _) = (case.run)(reps)?;
         println!("ROW {}", Spread::of(pairs.iter().map(|p| p.fused)).median);
         return Ok(());
     }
@@ -332,6 +396,8 @@ fn main() -> Result<()> {
     let mut as_processes: Vec<Vec<f64>> = cases.iter().map(|_| Vec::new()).collect();
     // Per case: each run's limit (seconds) and pairs.
     let mut results: Vec<Vec<(f64, Vec<Pair>)>> = cases.iter().map(|_| Vec::new()).collect();
+    // Per case: the schedule its fused op took on rank 0 in each run.
+    let mut schedules: Vec<Vec<String>> = cases.iter().map(|_| Vec::new()).collect();
     // One core: a large product, and decode's per-rank product with its weight in L2, from
     // memory, and from memory with rows that are not a power of two apart (cache aliasing).
     let core_shapes = [(2048, 2048, 2048), (16, 256, 1024), (16, 4096, 2048), (16, 4096, 2304)];
@@ -345,7 +411,11 @@ fn main() -> Result<()> {
             limits.push(l);
             // The buffer cache keeps what earlier rows gave back: a row's first calls evict it
             // (least recently used first), as in a program that moves from one op to another.
-            out.push((case.work.limit(&l).0, (case.run)(reps)?));
+            let (pairs, ran) = (case.run)(reps)?;
+            out.push((case.work.limit(&l).0, pairs));
+            if let Some(ran) = ran {
+                schedules[i].push(ran);
+            }
             if processes {
                 as_processes[i].push(row_as_processes(case, i, reps, only.as_deref())?);
             }
@@ -425,6 +495,25 @@ fn main() -> Result<()> {
             over_unfused.ratio(),
             over_limit.ratio(),
         );
+    }
+    println!();
+    let machine = dist_tensor::fused::HostMachine::get();
+    println!(
+        "Schedules (fused::last_schedule on rank 0; the host chooses from {} cores, a {:.1} GFLOP/s \
+         one-core GEMM and a {:.1} GB/s one-core copy, measured once by this process):",
+        machine.cores,
+        machine.gemm_flops / 1e9,
+        machine.copy_bytes / 1e9
+    );
+    for (case, ran) in cases.iter().zip(&schedules) {
+        let mut distinct: Vec<&String> = ran.iter().collect();
+        distinct.dedup();
+        let what = if distinct.is_empty() {
+            "one tiled copy kernel (no schedule to choose)".to_string()
+        } else {
+            distinct.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; then ")
+        };
+        println!("- {} world {} {} {}: {what}", case.op, case.world, case.dtype, case.shape);
     }
     println!();
     println!(

@@ -80,6 +80,11 @@ impl Topology {
     /// compute programs match the machine's cores unless there are more ranks than cores.
     /// Vector-only kernels (memory-bound copies) run on every vector sub-core, twice the cores:
     /// more copies in flight hide more memory latency.
+    /// The communicating sub-cores of mix kernels are threads beside the computing ones, on the
+    /// same cores: where the ranks' computing threads fill the machine (the default whenever the
+    /// world size divides the cores, and 4 ranks on 2 cores), copies that run beside a GEMM take
+    /// their time from it, so the fused products choose their schedule per call from the cores
+    /// left over (see [`fused::all_gather_matmul_path`](crate::fused::all_gather_matmul_path)).
     ///
     /// # Examples
     /// ```

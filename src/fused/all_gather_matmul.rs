@@ -30,11 +30,13 @@ use ndarray::{Array2, ArrayView2, CowArray, Ix2};
 
 use super::AgPath;
 use super::operand::Operand;
-use super::plan::scratch;
 use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, WeightData, compute_lanes,
     computing_programs,
 };
+use super::plan::{row_major_copy, scratch};
+use super::routing::{GatherRoutes, REMOTE_CHUNK_ELEMS};
+use super::schedule::{self, AgShape, HostMachine, PathTaken, Schedule};
 use crate::collectives;
 use crate::device::ascend;
 use crate::device::capability::{self, Feature};
@@ -111,6 +113,10 @@ struct Agreed {
     rows: Shards,
     k: usize,
     col_counts: Vec<Vec<usize>>,
+    /// The path the call's options ask for (the same on every rank).
+    path: Option<AgPath>,
+    /// Rank 0's machine figures, from which every rank chooses the host path.
+    machine: HostMachine,
 }
 
 /// Exchanges shapes and checks them on every rank, so that all fail together.
@@ -131,8 +137,13 @@ fn agree<T: Element>(
         let (k, n) = w.dim();
         words.extend([k as u64, n as u64]);
     }
-    // Last: the path the call's options ask for (0: by shape), the same on every rank.
+    // Then the path the call's options ask for (0: by shape), the same on every rank, and last
+    // this rank's machine figures (rank 0's decide the host path on every rank).
     words.push(path);
+    // Only the fused op on the host measures them (once per process).
+    let host = matches!(rank.device_world(), DeviceWorld::Host);
+    let machine_words = if op == OP && host { HostMachine::get().words() } else { [1; 3] };
+    words.extend(machine_words);
     let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     for (r, w) in all.iter().enumerate() {
         let (m, k) = (w[0] as usize, w[1] as usize);
@@ -151,10 +162,20 @@ fn agree<T: Element>(
     }
     let k = all.agree(OP, 1, "K (columns of x)")? as usize;
     all.agree(OP, 2, "number of weights")?;
-    all.agree(OP, words.len() - 1, "path asked for")?;
+    let asked = all.agree(OP, words.len() - 4, "path asked for")?;
+    let machine = HostMachine::from_words(&all[0][words.len() - 3..]);
     let col_counts =
         (0..weights.len()).map(|i| all.iter().map(|w| w[4 + 2 * i] as usize).collect()).collect();
-    Ok(Agreed { rows: Shards::new(all.iter().map(|w| w[0] as usize).collect()), k, col_counts })
+    let path = [AgPath::Local, AgPath::Gather, AgPath::Overlap]
+        .into_iter()
+        .find(|&p| AgPath::word(Some(p)) == asked);
+    Ok(Agreed {
+        rows: Shards::new(all.iter().map(|w| w[0] as usize).collect()),
+        k,
+        col_counts,
+        path,
+        machine,
+    })
 }
 
 /// `all_gather(x) @ w_i` for every weight: `x` is this rank's `[m_r, K]` row shard, each `w_i` a
@@ -305,7 +326,9 @@ pub(crate) fn run<'a, T: Element>(
         features.push(Feature::KeptInput);
     }
     capability::check_features(OP, backend, &features)?;
-    let problem = problem.or_else(|| capability::dtype_problem(OP, backend, T::DTYPE));
+    let problem = problem
+        .or_else(|| capability::dtype_problem(OP, backend, T::DTYPE))
+        .or_else(|| schedule::local_problem(rank, path == Some(AgPath::Local)));
     // Its own name in the exchange for the unfused baseline: a rank in the fused op and one in
     // the unfused one would otherwise agree on the shapes and then wait for each other in
     // different protocols.
@@ -315,9 +338,20 @@ pub(crate) fn run<'a, T: Element>(
             let (x, ws) = host_arrays(x, weights)?;
             let x = x.view();
             let ws: Vec<ArrayView2<T>> = ws.iter().map(|w| w.view()).collect();
-            let out = if fused {
-                rank.with_workspace(AgMatmulWorkspace::<T>::new, |work| {
-                    run_fused(rank, work, &agreed, x, &ws, keep_input)
+            let schedule = if fused { Some(host_path(rank, &agreed, &ws)) } else { None };
+            let out = if let Some((path, why)) = schedule {
+                match path {
+                    AgPath::Gather if rank.num_ranks() > 1 => {
+                        gather_then_gemm(rank, agreed, x, &ws, keep_input)
+                    }
+                    _ => rank.with_workspace(AgMatmulWorkspace::<T>::new, |work| {
+                        run_fused(rank, work, &agreed, x, &ws, keep_input)
+                    }),
+                }
+                .and_then(|out| {
+                    let path = PathTaken::AllGatherMatmul(path);
+                    schedule::record(rank, Schedule { path, why })?;
+                    Ok(out)
                 })
             } else {
                 let x = x.as_standard_layout();
@@ -373,6 +407,62 @@ pub(crate) fn run<'a, T: Element>(
         })(),
     };
     ran.inspect_err(|e| rank.fail_after_agreeing(e))
+}
+
+/// The path this call takes on the host, and why: the one the call's options ask for, else one
+/// rank's (rank 0's) machine decides, identically on every rank. Across nodes, the tile kernel
+/// (its routing is what crosses nodes once).
+fn host_path<T: Element>(
+    rank: &Rank<'_>,
+    agreed: &Agreed,
+    weights: &[ArrayView2<T>],
+) -> (AgPath, String) {
+    if let Some(path) = agreed.path {
+        return (path, "asked for by the call's options".into());
+    }
+    if rank.num_ranks() > 1 && rank.num_nodes() > 1 {
+        return (AgPath::Overlap, "several nodes: each shard crosses to each node once".into());
+    }
+    let (grid, sub_vec_num) = (rank.topology().aicore_num(), rank.topology().sub_vec_num());
+    let (comm, first_compute) = compute_lanes(sub_vec_num);
+    let shape = AgShape {
+        rows: agreed.rows.counts(),
+        k: agreed.k,
+        n: weights.iter().map(|w| w.ncols()).sum(),
+        elem_bytes: size_of::<T::Acc>(),
+        rank: rank.rank(),
+        ranks_here: rank.node_ranks(rank.node_of(rank.rank())).len(),
+        compute_lanes: computing_programs(grid, sub_vec_num),
+        // With one sub-core per AI core the copies run before the tiles, on the same thread.
+        comm_lanes: if first_compute > 0 { grid * comm } else { 0 },
+        min_shard_rows: MIN_SHARD_ROWS,
+    };
+    schedule::all_gather_matmul_path(&agreed.machine, &shape)
+}
+
+/// [`AgPath::Gather`] on the host: the collective, then one GEMM per weight over all rows, a
+/// transposed weight first copied once into row-major order when the GEMM has more rows than
+/// one tile (as the tile kernel does).
+fn gather_then_gemm<T: Element>(
+    rank: &Rank<'_>,
+    agreed: Agreed,
+    x: ArrayView2<T>,
+    weights: &[ArrayView2<T>],
+    keep_input: bool,
+) -> Result<AgMatmulOutput<T>> {
+    let x = x.as_standard_layout();
+    let gathered = collectives::all_gather(rank, x.as_slice().expect("standard layout"))?;
+    let copies: Vec<Option<Array2<T>>> = weights
+        .iter()
+        .map(|w| row_major_copy(OP, *w, agreed.rows.total()))
+        .collect::<Result<_>>()?;
+    let views: Vec<ArrayView2<T>> =
+        weights.iter().zip(&copies).map(|(w, c)| c.as_ref().map_or(*w, |c| c.view())).collect();
+    let out = products(OP, rank, gathered, agreed, &views, keep_input);
+    for copy in copies.into_iter().flatten() {
+        pool::give(copy.into_raw_vec_and_offset().0);
+    }
+    out
 }
 
 /// A matrix on the host, borrowed or copied there.
@@ -519,7 +609,7 @@ fn run_fused<T: Element>(
         rows,
         k,
         local: super::plan::row_chunks(k, PUSH_CHUNK_ELEMS),
-        remote: super::plan::row_chunks(k, super::plan::REMOTE_CHUNK_ELEMS),
+        remote: super::plan::row_chunks(k, REMOTE_CHUNK_ELEMS),
     };
     // The counts before this call: a forwarded chunk `c` of shard `s` has arrived once
     // `arrived[s]` passes `before[s] + c`.
@@ -534,17 +624,10 @@ fn run_fused<T: Element>(
             }
         }
     }
-    let routes = Routes::new(rank, per_shard);
-    // Who signals each shard's arrival here: the shard's rank itself when it is of this node or
-    // this rank stands in for it, else its stand-in on this node, which forwards it. A wait names
-    // that rank, so that only its leaving `run` early fails the wait.
-    let my_node = rank.node_of(me);
-    let signaller: Vec<usize> = (0..n)
-        .map(|s| {
-            let forwarder = rank.stand_in(my_node, s);
-            if rank.node_of(s) != my_node && forwarder != me { forwarder } else { s }
-        })
-        .collect();
+    let routes = GatherRoutes::new(rank, per_shard);
+    // Who signals each shard's arrival here (a wait names that rank, so that only its leaving
+    // `run` early fails the wait).
+    let signaller = routes.signallers(rank);
     // Row-major weights are read in place; transposed (column-major) ones too, or copied once
     // into row-major order when many blocks of rows would pack them (see `WeightData::new`).
     let w_data: Vec<WeightData<'_, T::Acc>> =
@@ -702,53 +785,6 @@ impl Chunking<'_> {
     }
 }
 
-/// Where a rank's rows go: copies to the ranks of its node, puts to its stand-ins on the other
-/// nodes, and the shards of other nodes it forwards on its node.
-struct Routes {
-    /// Ranks of this node that get this rank's rows by copy (itself too when tiles read the
-    /// gathered rows), rotated.
-    local: Vec<usize>,
-    /// This rank's stand-in on each other node, nodes in the order after this one.
-    remote: Vec<usize>,
-    /// Shards of other nodes this rank receives for its node, and the ranks it forwards them to.
-    forwards: Vec<usize>,
-    neighbours: Vec<usize>,
-}
-
-impl Routes {
-    fn new(rank: &Rank<'_>, per_shard: bool) -> Routes {
-        let (me, n) = (rank.rank(), rank.num_ranks());
-        let (nodes, node) = (rank.num_nodes(), rank.node_of(me));
-        let on_node = |r: usize| rank.node_of(r) == node;
-        let local: Vec<usize> = (1..n)
-            .map(|i| (me + i) % n)
-            .filter(|&r| on_node(r))
-            .chain((!per_shard).then_some(me))
-            .collect();
-        let remote = (1..nodes).map(|i| rank.stand_in((node + i) % nodes, me)).collect();
-        // Shards arrive from the nodes before this one first (each sends to its next node first).
-        let forwards = (1..nodes)
-            .flat_map(|i| rank.node_ranks((node + nodes - i) % nodes).to_vec())
-            .filter(|&s| rank.stand_in(node, s) == me)
-            .collect();
-        let neighbours = local.iter().copied().filter(|&r| r != me).collect();
-        Routes { local, remote, forwards, neighbours }
-    }
-
-    /// Shards in the order they become available here: own, this node's (rotated), then the
-    /// nodes before this one, nearest first.
-    fn arrival_order(&self, rank: &Rank<'_>) -> Vec<usize> {
-        let (me, n) = (rank.rank(), rank.num_ranks());
-        let (nodes, node) = (rank.num_nodes(), rank.node_of(me));
-        let mut order: Vec<usize> =
-            (0..n).map(|i| (me + i) % n).filter(|&r| rank.node_of(r) == node).collect();
-        for i in 1..nodes {
-            order.extend_from_slice(rank.node_ranks((node + nodes - i) % nodes));
-        }
-        order
-    }
-}
-
 /// Where the kept copy of the gathered input reads rows from: this rank's own (in `T` and in the
 /// accumulator type) from its input when tiles read them there, every other row from the
 /// `gathered` buffer.
@@ -833,7 +869,7 @@ fn push_rows<A: Element>(
     arrived: &SignalBuf,
     input: GlobalPtr<'_, A>,
     chunks: &Chunking<'_>,
-    routes: &Routes,
+    routes: &GatherRoutes,
 ) -> Result<()> {
     let me = p.rank();
     let (rows, k) = (chunks.rows, chunks.k);
@@ -873,7 +909,7 @@ fn forward_rows<A: Element>(
     gathered: &SymmBuf<A>,
     arrived: &SignalBuf,
     chunks: &Chunking<'_>,
-    routes: &Routes,
+    routes: &GatherRoutes,
     before: &[u64],
 ) -> Result<()> {
     let (rows, k) = (chunks.rows, chunks.k);

@@ -29,6 +29,7 @@
 use super::all_gather_matmul::device_data;
 use super::operand::to_world_device;
 use super::plan::row_chunks;
+use super::routing;
 use crate::collectives;
 use crate::device::capability;
 use crate::device::{LaunchMode, launch, tile};
@@ -544,11 +545,7 @@ fn run_fused<T: Element>(
     // Tasks: (peer i, a, b, row block), peers rotated; the same plan on every rank.
     let plan = |src: usize, dst: usize| {
         let block = layout.block(src, dst, 0, 0);
-        let chunk = if rank.node_of(src) == rank.node_of(dst) {
-            CHUNK_ELEMS
-        } else {
-            super::plan::REMOTE_CHUNK_ELEMS
-        };
+        let chunk = routing::chunk_elems(rank, src, dst, CHUNK_ELEMS);
         let rows_per_task = row_chunks(block.cols, chunk);
         let per_ab = if block.cols == 0 { 0 } else { block.rows.div_ceil(rows_per_task) };
         (rows_per_task, per_ab)

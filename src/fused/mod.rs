@@ -8,6 +8,8 @@ pub(crate) mod matmul_reduce_scatter;
 pub(crate) mod operand;
 mod path;
 mod plan;
+mod routing;
+mod schedule;
 
 pub use all_gather_matmul::{
     AgMatmulOutput, MAX_WEIGHTS, all_gather_matmul, all_gather_matmul_keep_input,
@@ -21,3 +23,7 @@ pub use matmul_reduce_scatter::{
 };
 pub use operand::Operand;
 pub use path::{AgPath, RsPath};
+pub use schedule::{
+    AgShape, HostMachine, PathTaken, Schedule, TILE_COST, all_gather_matmul_path, last_schedule,
+    matmul_reduce_scatter_path,
+};

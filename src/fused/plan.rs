@@ -84,7 +84,7 @@ impl<'a, A: Element> WeightData<'a, A> {
                 Ok(WeightData { data: AccData::new(op, data)?, strides })
             }
             Some((data, [1, ld])) => Ok(WeightData {
-                data: AccData::Widened(transposed(op, data, ld, w.dim())?),
+                data: AccData::Widened(transposed(op, data, ld, w.dim(), T::to_acc)?),
                 strides: [w.ncols(), 1],
             }),
             _ => {
@@ -108,27 +108,48 @@ impl<'a, A: Element> WeightData<'a, A> {
 /// output row's part is written whole (16 f32 are one 64-byte line), and the 16 columns read
 /// stay in the first-level cache. (Writing down a block's columns instead touches rows that lie a power of two
 /// apart, which share a cache set and evict each other: several times slower.)
-fn transposed<T: Element>(
+fn transposed<T: Element, U: Element>(
     op: &'static str,
     data: &[T],
     ld: usize,
     (rows, cols): (usize, usize),
-) -> Result<Vec<T::Acc>> {
+    convert: impl Fn(T) -> U,
+) -> Result<Vec<U>> {
     const BLOCK_I: usize = 32;
     const BLOCK_J: usize = 16;
-    let mut out = pool::take::<T::Acc>(op, rows * cols)?;
+    let mut out = pool::take::<U>(op, rows * cols)?;
     for i0 in (0..rows).step_by(BLOCK_I) {
         for j0 in (0..cols).step_by(BLOCK_J) {
             let js = j0..(j0 + BLOCK_J).min(cols);
             for i in i0..(i0 + BLOCK_I).min(rows) {
                 let row = &mut out[i * cols..(i + 1) * cols];
                 for j in js.clone() {
-                    row[j] = data[j * ld + i].to_acc();
+                    row[j] = convert(data[j * ld + i]);
                 }
             }
         }
     }
     Ok(out)
+}
+
+/// A row-major copy of a transposed (column-major) weight `w` for one GEMM over `rows` rows,
+/// when that GEMM has more rows than one tile (see [`WeightData::new`]: the `gemm` crate packs a
+/// column-major block much slower than a row-major one, and the copy is one pass); `None` when
+/// `w` is read as it is.
+pub(crate) fn row_major_copy<T: Element>(
+    op: &'static str,
+    w: ArrayView2<'_, T>,
+    rows: usize,
+) -> Result<Option<Array2<T>>> {
+    let strides = w.strides();
+    if rows <= BLOCK_ROWS || w.ncols() <= 1 || strides[0] != 1 {
+        return Ok(None);
+    }
+    let (Ok(ld), Some(data)) = (usize::try_from(strides[1]), w.to_slice_memory_order()) else {
+        return Ok(None);
+    };
+    let copy = transposed(op, data, ld, w.dim(), |v| v)?;
+    Ok(Some(Array2::from_shape_vec(w.dim(), copy).expect("rows x cols")))
 }
 
 /// An output array whose values are unspecified, from the buffer cache: every element is written
@@ -144,12 +165,6 @@ pub(crate) fn scratch<T: Element>(
     })?;
     Ok(Array2::from_shape_vec((rows, cols), pool::take(op, len)?).expect("rows x cols"))
 }
-
-/// Elements a fused op puts to a rank of another node at once (a world joined by MPI), the same
-/// for every op: each put is one message through the proxies and MPI, whose cost per message is
-/// tens of microseconds (measured over loopback TCP, see `perf_report --mpi`), so these chunks
-/// are larger than the copies within a node.
-pub(crate) const REMOTE_CHUNK_ELEMS: usize = 256 * 1024;
 
 /// Most rows per tile of a product, and most columns: tiles large enough that the `gemm` crate's
 /// packing of each weight block is amortized over many rows, small enough that a program's tiles

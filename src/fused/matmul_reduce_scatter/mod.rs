@@ -24,6 +24,7 @@ use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Shards, WeightData, compute_lanes, computing_programs,
     row_chunks,
 };
+use super::schedule::{self, PathTaken, Schedule};
 use crate::collectives::{self, ReduceOp};
 use crate::device::capability::{self, Feature};
 use crate::device::tile::{self, Tile};
@@ -99,7 +100,7 @@ fn agree<T: Element>(
     w: (usize, usize),
     (my_rows, path): (usize, u64),
     problem: Option<String>,
-) -> Result<(Shards, usize)> {
+) -> Result<(Shards, usize, Option<RsPath>)> {
     // Last: the path the call's options ask for (0: by shape), the same on every rank.
     let words = [x.0 as u64, x.1 as u64, w.0 as u64, w.1 as u64, my_rows as u64, path];
     let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
@@ -116,7 +117,10 @@ fn agree<T: Element>(
     }
     let m = all.agree(OP, 0, "M (rows of x)")? as usize;
     let n = all.agree(OP, 3, "N (columns of w)")? as usize;
-    all.agree(OP, 5, "path asked for")?;
+    let asked = all.agree(OP, 5, "path asked for")?;
+    let path = [RsPath::Local, RsPath::Single, RsPath::Chunked]
+        .into_iter()
+        .find(|&p| RsPath::word(Some(p)) == asked);
     let counts: Vec<usize> = all.iter().map(|v| v[4] as usize).collect();
     if counts.iter().sum::<usize>() != m {
         return Err(Error::InvalidArgument {
@@ -128,7 +132,7 @@ fn agree<T: Element>(
             ),
         });
     }
-    Ok((Shards::new(counts), n))
+    Ok((Shards::new(counts), n, path))
 }
 
 /// This rank's rows of an `m`-row output split as `numpy.array_split` splits it.
@@ -207,9 +211,12 @@ pub(crate) fn run<'a, T: Element>(
         features.push(Feature::TransposedWeight);
     }
     capability::check_features(OP, backend, &features)?;
-    let problem = problem.or_else(|| capability::dtype_problem(OP, backend, T::DTYPE));
+    let problem = problem
+        .or_else(|| capability::dtype_problem(OP, backend, T::DTYPE))
+        .or_else(|| schedule::local_problem(rank, path == Some(RsPath::Local)));
     // Its own name in the exchange for the unfused baseline, as in all_gather_matmul's.
-    let (rows, n) = agree::<T>(op, rank, x.dim(), w.dim(), (my_rows, RsPath::word(path)), problem)?;
+    let (rows, n, path) =
+        agree::<T>(op, rank, x.dim(), w.dim(), (my_rows, RsPath::word(path)), problem)?;
     let host = |out: Array2<T>| Tensor::from_array(out.into_dyn());
     let ran = match rank.device_world() {
         DeviceWorld::Host => (|| {
@@ -218,14 +225,25 @@ pub(crate) fn run<'a, T: Element>(
             if !fused {
                 unfused(rank, x, w, &rows, n).map(host)
             } else {
-                rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
-                    if rank.num_nodes() > 1 {
-                        nodes::run(rank, ws, &rows, n, x, w)
-                    } else {
-                        run_fused(rank, ws, &rows, n, x, w)
-                    }
+                let (path, why) = match path {
+                    Some(path) => (path, "asked for by the call's options".to_string()),
+                    None => schedule::matmul_reduce_scatter_path(rank.num_ranks()),
+                };
+                let out = match path {
+                    RsPath::Single if rank.num_ranks() > 1 => single(rank, x, w, &rows, n),
+                    _ => rank.with_workspace(MmRsWorkspace::<T>::new, |ws| {
+                        if rank.num_nodes() > 1 {
+                            nodes::run(rank, ws, &rows, n, x, w)
+                        } else {
+                            run_fused(rank, ws, &rows, n, x, w)
+                        }
+                    }),
+                };
+                out.and_then(|out| {
+                    let path = PathTaken::MatmulReduceScatter(path);
+                    schedule::record(rank, Schedule { path, why })?;
+                    Ok(host(out))
                 })
-                .map(host)
             }
         })(),
         DeviceWorld::Ascend(world) => (|| {
@@ -307,6 +325,33 @@ fn unfused<T: Element>(
     Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
 }
 
+/// [`RsPath::Single`] on the host: the unfused shape with the fused op's arithmetic: one GEMM over
+/// all rows on this rank's computing cores, in the accumulator type, then
+/// [`collectives::reduce_scatter_cols`], which adds the partials in rank order and rounds once.
+fn single<T: Element>(
+    rank: &Rank<'_>,
+    x: ArrayView2<T>,
+    w: ArrayView2<T>,
+    rows: &Shards,
+    n: usize,
+) -> Result<Array2<T>> {
+    let (m, k) = (rows.total(), x.ncols());
+    let x = x.as_standard_layout();
+    let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
+    let x_acc = ArrayView2::from_shape((m, k), &x_acc).expect("M x k_r");
+    let w = w.as_standard_layout();
+    let w_acc = AccData::new(OP, w.as_slice().expect("standard layout"))?;
+    let w_acc = ArrayView2::from_shape((k, n), &w_acc).expect("k_r x N");
+    let mut partial = scratch::<T::Acc>(OP, (m, n))?;
+    matmul_into(partial.view_mut(), x_acc, w_acc, false, rank.topology().aicore_num())?;
+    let counts: Vec<usize> = rows.counts().iter().map(|&c| c * n).collect();
+    let flat = partial.as_slice().expect("fresh array");
+    let mine = collectives::reduce_scatter_cols(rank, flat, 1, &counts, ReduceOp::Sum)?;
+    pool::give(partial.into_raw_vec_and_offset().0);
+    let mine: Vec<T> = mine.into_iter().map(T::from_acc).collect();
+    Ok(Array2::from_shape_vec((rows.count(rank.rank()), n), mine).expect("m_r x N"))
+}
+
 /// The unfused baseline as a user of MPI writes it: the local product on this rank's compute
 /// cores, then `MPI_Reduce_scatter` over the rows (run by the proxy, see
 /// [`World::from_env`](crate::World::from_env)). f32 and f64 are summed by MPI as they are; f16
@@ -340,7 +385,7 @@ pub fn matmul_reduce_scatter_unfused_mpi<'a, T: Element>(
     // the agreement, so that every rank fails together).
     let host = x.host().and_then(|x| Ok((x, w.host()?)));
     let problem = host.as_ref().err().map(ToString::to_string);
-    let (rows, n) = agree::<T>(MPI_OP, rank, x.dim(), w.dim(), (my_rows, 0), problem)?;
+    let (rows, n, _) = agree::<T>(MPI_OP, rank, x.dim(), w.dim(), (my_rows, 0), problem)?;
     let (x, w) = host.expect("a problem fails the agreement");
     let (x, w) = (x.view(), w.view());
     let mut partial =

@@ -29,56 +29,15 @@ use crate::Result;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, Program, launch};
 use crate::fused::plan::{
-    AccData, GemmTiles, MIN_SHARD_ROWS, REMOTE_CHUNK_ELEMS, Shards, compute_lanes,
-    computing_programs, row_chunks, scratch,
+    AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
+    scratch,
 };
+use crate::fused::routing::{REMOTE_CHUNK_ELEMS, ReducePlan};
 use crate::shmem::{
     GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalOp, SymmBuf, Token, WaitCmp, WaitSem,
     consume_token, symm_at,
 };
 use crate::tensor::Element;
-
-/// Who reduces what on this rank's node.
-struct Plan {
-    me: usize,
-    node: usize,
-    nodes: usize,
-    /// This node's ranks, in rank order.
-    locals: Vec<usize>,
-    /// Ranks of other nodes whose rows this rank reduces here, nodes after this one first.
-    served: Vec<usize>,
-    node_of: Vec<usize>,
-    /// `reducer[d]`: the rank of this node that reduces rank `d`'s rows here.
-    reducer: Vec<usize>,
-    /// `senders[c]`: the rank of node `c` that sends that node's sum of this rank's rows.
-    senders: Vec<usize>,
-}
-
-impl Plan {
-    fn new(rank: &Rank<'_>) -> Plan {
-        let (me, n) = (rank.rank(), rank.num_ranks());
-        let (nodes, node) = (rank.num_nodes(), rank.node_of(me));
-        let node_of: Vec<usize> = (0..n).map(|r| rank.node_of(r)).collect();
-        let reducer: Vec<usize> =
-            (0..n).map(|d| if node_of[d] == node { d } else { rank.stand_in(node, d) }).collect();
-        let served = (1..nodes)
-            .flat_map(|i| rank.node_ranks((node + i) % nodes).to_vec())
-            .filter(|&d| reducer[d] == me)
-            .collect();
-        let senders = (0..nodes).map(|c| rank.stand_in(c, me)).collect();
-        let locals = rank.node_ranks(node).to_vec();
-        Plan { me, node, nodes, locals, served, node_of, reducer, senders }
-    }
-
-    /// The (reducer, node of the rows) pairs a tile covering `owners` is announced to.
-    fn announce(&self, owners: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
-        let mut to: Vec<(usize, usize)> =
-            owners.map(|d| (self.reducer[d], self.node_of[d])).collect();
-        to.sort_unstable();
-        to.dedup();
-        to
-    }
-}
 
 /// The fused op on a world of several nodes (see the module docs).
 pub(super) fn run<T: Element>(
@@ -89,8 +48,8 @@ pub(super) fn run<T: Element>(
     x: ArrayView2<T>,
     w: ArrayView2<T>,
 ) -> Result<Array2<T>> {
-    let (me, world) = (rank.rank(), rank.num_ranks());
-    let plan = Plan::new(rank);
+    let me = rank.rank();
+    let plan = ReducePlan::new(rank);
     let (nodes, node) = (plan.nodes, plan.node);
     let (m, k) = (rows.total(), x.ncols());
     let x = x.as_standard_layout();
@@ -106,10 +65,7 @@ pub(super) fn run<T: Element>(
     rank.reserve_for("matmul_reduce_scatter incoming", &mut ws.incoming, incoming_len)?;
 
     // Tiles: the rows of the nodes after this one first, then this node's other ranks', own last.
-    let order: Vec<usize> = (1..nodes)
-        .flat_map(|i| rank.node_ranks((node + i) % nodes).to_vec())
-        .chain((1..=world).map(|i| (me + i) % world).filter(|&r| plan.node_of[r] == node))
-        .collect();
+    let order = plan.tile_order(rank);
     let per_owner = rows.counts().iter().all(|&c| c == 0 || c >= MIN_SHARD_ROWS);
     let segments: Vec<(usize, usize)> = if per_owner {
         order.iter().map(|&r| (rows.offset(r), rows.count(r))).collect()
@@ -207,7 +163,7 @@ struct Buffers<'a, A: Element> {
 fn wait_node<T: Element>(
     p: &Program<'_>,
     ws: &MmRsWorkspace<T>,
-    plan: &Plan,
+    plan: &ReducePlan,
     b: usize,
 ) -> Result<Option<Token>> {
     let mut token = None;
@@ -221,7 +177,7 @@ fn wait_node<T: Element>(
 /// Adds rows `row..row + count` of `d`'s rows over this node's ranks, in rank order, into `sum`.
 fn sum_node<A: crate::tensor::Accumulator>(
     bufs: &Buffers<'_, A>,
-    plan: &Plan,
+    plan: &ReducePlan,
     rows: &Shards,
     d: usize,
     (row, count): (usize, usize),
@@ -248,7 +204,7 @@ fn sum_node<A: crate::tensor::Accumulator>(
 fn send_node_sum<T: Element>(
     p: &Program<'_>,
     ws: &MmRsWorkspace<T>,
-    plan: &Plan,
+    plan: &ReducePlan,
     bufs: &Buffers<'_, T::Acc>,
     rows: &Shards,
     d: usize,
@@ -286,7 +242,7 @@ fn send_node_sum<T: Element>(
 fn reduce_own<T: Element>(
     p: &Program<'_>,
     ws: &MmRsWorkspace<T>,
-    plan: &Plan,
+    plan: &ReducePlan,
     bufs: &Buffers<'_, T::Acc>,
     rows: &Shards,
     node_before: &[u64],
