@@ -6,6 +6,8 @@
 //! The references are the input tensors themselves (values exact in every type: multiples of
 //! 1/8 below 64), never the library's own gather.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -889,32 +891,6 @@ fn e_inner(e: &Error) -> Error {
 
 // ---- GPU worlds --------------------------------------------------------------------------------
 
-/// A world of one rank per GPU (at most 2), or `None` after printing why there is none (no GPU,
-/// no driver, or a build without `--features cuda`).
-fn cuda_world(test: &str) -> Option<World> {
-    let count = match dist_tensor::device::cuda::device_count() {
-        Ok(count) if count > 0 => count,
-        Ok(_) => {
-            println!("SKIPPED {test}: no GPU on this machine");
-            return None;
-        }
-        Err(e) => {
-            println!("SKIPPED {test}: {e}");
-            return None;
-        }
-    };
-    let devices: Vec<usize> = (0..count.min(2)).collect();
-    match World::builder(devices.len()).cuda(&devices).wait_timeout(Duration::from_secs(30)).build()
-    {
-        Ok(world) => Some(world),
-        Err(e @ (Error::LibraryNotFound { .. } | Error::DeviceUnavailable { .. })) => {
-            println!("SKIPPED {test}: {e}");
-            None
-        }
-        Err(e) => panic!("{test}: World::cuda failed: {e}"),
-    }
-}
-
 /// This rank's part of `global` as `t` (loaded) is laid out, cut on the host.
 fn expected_part<T: Element>(global: &Tensor<T>, t: &DistTensor<'_, T>, rank: usize) -> Tensor<T> {
     match t.placement() {
@@ -992,7 +968,9 @@ fn cuda_round_trip<T: Element>(world: &World, global: &Tensor<T>) {
 /// why, without a GPU.
 #[test]
 fn a_gpu_world_saves_and_loads_resharded_on_gpus_and_hosts() {
-    let Some(world) = cuda_world("a_gpu_world_saves_and_loads_resharded_on_gpus_and_hosts") else {
+    let Some(world) =
+        common::gpu::cuda_world("a_gpu_world_saves_and_loads_resharded_on_gpus_and_hosts", 2)
+    else {
         return;
     };
     // 5 rows: uneven over 2 GPUs and 3 host ranks.

@@ -5,35 +5,11 @@
 //! Without a GPU (or a build without `--features cuda`) each test prints that it was skipped and
 //! why, and passes: `cargo test --release --features cuda --test cuda_dispatch -- --nocapture`.
 
-use std::time::Duration;
+mod common;
 
+use common::gpu::cuda_world;
 use dist_tensor::device::capability::Backend;
-use dist_tensor::{Device, Error, Tensor, World, collectives, fused};
-
-/// A world of one rank per GPU (at most 2), or `None` after printing why there is none.
-fn gpus(test: &str) -> Option<World> {
-    let count = match dist_tensor::device::cuda::device_count() {
-        Ok(count) if count > 0 => count,
-        Ok(_) => {
-            println!("SKIPPED {test}: no GPU on this machine");
-            return None;
-        }
-        Err(e) => {
-            println!("SKIPPED {test}: {e}");
-            return None;
-        }
-    };
-    let devices: Vec<usize> = (0..count.min(2)).collect();
-    match World::builder(devices.len()).cuda(&devices).wait_timeout(Duration::from_secs(30)).build()
-    {
-        Ok(world) => Some(world),
-        Err(e @ (Error::LibraryNotFound { .. } | Error::DeviceUnavailable { .. })) => {
-            println!("SKIPPED {test}: {e}");
-            None
-        }
-        Err(e) => panic!("{test}: World::cuda failed: {e}"),
-    }
-}
+use dist_tensor::{Device, Tensor, collectives, fused};
 
 fn worst(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len());
@@ -42,7 +18,7 @@ fn worst(got: &[f32], want: &[f64]) -> f64 {
 
 #[test]
 fn the_public_fused_all_gather_matmul_runs_on_the_gpus_of_a_cuda_world() {
-    let Some(world) = gpus("fused::all_gather_matmul") else { return };
+    let Some(world) = cuda_world("fused::all_gather_matmul", 2) else { return };
     let n = world.num_ranks();
     let (k, cols) = (13, 5);
     // Uneven row shards: rank r has 2 * r + 3 rows.
@@ -78,7 +54,7 @@ fn the_public_fused_all_gather_matmul_runs_on_the_gpus_of_a_cuda_world() {
 
 #[test]
 fn the_public_collectives_run_on_the_gpus_of_a_cuda_world() {
-    let Some(world) = gpus("collectives") else { return };
+    let Some(world) = cuda_world("collectives", 2) else { return };
     let n = world.num_ranks();
     let parts: Vec<Tensor<f32>> = (0..n).map(|r| Tensor::random(&[3, 7], 40 + r as u64)).collect();
     let want: Vec<f64> =
@@ -103,7 +79,9 @@ fn the_public_collectives_run_on_the_gpus_of_a_cuda_world() {
 
 #[test]
 fn device_tensors_reach_the_public_collectives_and_fused_ops_of_a_cuda_world() {
-    let Some(world) = gpus("device tensors into collectives and fused ops") else { return };
+    let Some(world) = cuda_world("device tensors into collectives and fused ops", 2) else {
+        return;
+    };
     let n = world.num_ranks();
     let (k, cols) = (11, 4);
     let rows: Vec<usize> = (0..n).map(|r| 3 * r + 2).collect();

@@ -30,21 +30,6 @@ const HEAP: &str = "268435456";
 /// GPU memory a job may seem to leave behind (the driver's own bookkeeping moves a little).
 const SLACK: usize = 64 << 20;
 
-/// Whether this machine has a GPU this build can use; prints why not.
-fn gpu_here(test: &str) -> bool {
-    match cuda::device_count() {
-        Ok(n) if n > 0 => true,
-        Ok(_) => {
-            println!("SKIPPED {test}: no GPU on this machine");
-            false
-        }
-        Err(e) => {
-            println!("SKIPPED {test}: {e}");
-            false
-        }
-    }
-}
-
 /// In a rank (a child of [`job`]): joins the job on its GPU, runs `body`, prints `RESULT <text>`
 /// or `ERROR <error>`, and returns true. In the test itself: returns false.
 fn in_rank(body: impl FnOnce(World) -> dist_tensor::Result<String>) -> bool {
@@ -213,7 +198,7 @@ fn the_ops_as_processes_sharing_a_gpu_match_the_f64_references_at_2_and_3_proces
     if in_rank(|world| Ok(world.run(battery)?.remove(0))) {
         return;
     }
-    if !gpu_here(NAME) {
+    if !common::gpu::gpu_here(NAME) {
         return;
     }
     for n in [2, 3] {
@@ -297,7 +282,7 @@ fn a_process_killed_mid_kernel_ends_the_others_device_waits_naming_it() {
     }) {
         return;
     }
-    if !gpu_here(NAME) {
+    if !common::gpu::gpu_here(NAME) {
         return;
     }
     let exits = job(NAME, 2, &[]);
@@ -312,7 +297,7 @@ fn a_panicking_process_ends_the_others_device_waits_naming_it() {
     if in_rank(|world| fault_body(world, |_| panic!("rank one gives up"))) {
         return;
     }
-    if !gpu_here(NAME) {
+    if !common::gpu::gpu_here(NAME) {
         return;
     }
     let exits = job(NAME, 2, &[]);
@@ -338,7 +323,7 @@ fn a_process_returning_early_ends_the_others_naming_it() {
     }) {
         return;
     }
-    if !gpu_here(NAME) {
+    if !common::gpu::gpu_here(NAME) {
         return;
     }
     let exits = job(NAME, 2, &[]);
@@ -357,7 +342,7 @@ fn a_process_that_never_joins_fails_the_others_at_the_join_timeout() {
         println!("RESULT {} ms | {err}", start.elapsed().as_millis());
         return;
     }
-    if !gpu_here(NAME) {
+    if !common::gpu::gpu_here(NAME) {
         return;
     }
     let exits = job(NAME, 2, &[(JOIN_TIMEOUT_ENV, "1500")]);
@@ -411,7 +396,7 @@ fn torchrun_variables_set_by_hand_start_a_gpu_world_of_processes() {
     if in_rank(launched_body) {
         return;
     }
-    if !gpu_here(NAME) {
+    if !common::gpu::gpu_here(NAME) {
         return;
     }
     let exe = std::env::current_exe().unwrap();
@@ -444,7 +429,7 @@ fn mpirun_starts_a_gpu_world_of_processes_without_the_mpi_feature() {
     if in_rank(launched_body) {
         return;
     }
-    if !gpu_here(NAME) {
+    if !common::gpu::gpu_here(NAME) {
         return;
     }
     if cfg!(feature = "mpi") {

@@ -6,40 +6,15 @@
 //! Without a GPU (or a build without `--features cuda`) each test prints that it was skipped and
 //! why, and passes: `cargo test --release --features cuda --test cuda_worlds -- --nocapture`.
 
-use std::time::Duration;
-
 use dist_tensor::collectives;
 use dist_tensor::device::cuda;
-use dist_tensor::{Device, DistTensor, Error, Placement, Rank, Tensor, World, fused};
+use dist_tensor::{Device, DistTensor, Placement, Rank, Tensor, fused};
 use half::bf16;
 
 mod common;
 
 use common::checks::{Checks, summed, widen};
 use common::{assert_none, seeded};
-
-/// A world of `n` ranks on GPU 0, or `None` after printing why there is none.
-fn shared_gpu(test: &str, n: usize) -> Option<World> {
-    match cuda::device_count() {
-        Ok(count) if count > 0 => {}
-        Ok(_) => {
-            println!("SKIPPED {test}: no GPU on this machine");
-            return None;
-        }
-        Err(e) => {
-            println!("SKIPPED {test}: {e}");
-            return None;
-        }
-    }
-    match World::builder(n).cuda(&vec![0; n]).wait_timeout(Duration::from_secs(30)).build() {
-        Ok(world) => Some(world),
-        Err(e @ (Error::LibraryNotFound { .. } | Error::DeviceUnavailable { .. })) => {
-            println!("SKIPPED {test}: {e}");
-            None
-        }
-        Err(e) => panic!("{test}: World::cuda(&[0; {n}]) failed: {e}"),
-    }
-}
 
 /// Every op of the battery on one rank; the failures its references found.
 fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<String>> {
@@ -183,7 +158,11 @@ fn dist_options(rank: &Rank<'_>, check: &mut Checks) -> dist_tensor::Result<()> 
 #[test]
 fn fused_ops_collectives_and_dist_tensors_run_with_ranks_sharing_one_gpu_at_worlds_1_to_3() {
     for n in 1..=3 {
-        let Some(world) = shared_gpu(&format!("world of {n} on one GPU"), n) else { return };
+        let Some(world) =
+            common::gpu::cuda_world_on(&format!("world of {n} on one GPU"), &vec![0; n])
+        else {
+            return;
+        };
         let fails = world.run(battery).unwrap_or_else(|e| panic!("world {n}: {e}"));
         assert_none(fails.into_iter().flatten().map(|f| format!("world {n}: {f}")).collect());
     }
@@ -191,13 +170,15 @@ fn fused_ops_collectives_and_dist_tensors_run_with_ranks_sharing_one_gpu_at_worl
 
 #[test]
 fn a_world_sharing_a_gpu_refuses_to_time_its_ops() {
-    let Some(world) = shared_gpu("timer in a shared world", 2) else { return };
+    let Some(world) = common::gpu::cuda_world_on("timer in a shared world", &[0, 0]) else {
+        return;
+    };
     let errs = world.run(|rank| Ok(cuda::Timer::new(rank).err().map(|e| e.to_string()))).unwrap();
     for e in errs {
         let e = e.expect("Timer::new must refuse a world whose ranks share a GPU");
         assert!(e.contains("share cuda:0"), "{e}");
     }
     // One rank on the GPU may time.
-    let Some(world) = shared_gpu("timer in a world of one", 1) else { return };
+    let Some(world) = common::gpu::cuda_world_on("timer in a world of one", &[0]) else { return };
     world.run(|rank| cuda::Timer::new(rank).map(drop)).unwrap();
 }

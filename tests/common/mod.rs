@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod checks;
+pub mod gpu;
 pub mod reference;
 
 use std::ops::Range;
