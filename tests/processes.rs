@@ -568,6 +568,34 @@ fn a_rank_between_two_runs_is_not_taken_for_gone() {
 }
 
 #[test]
+fn a_rank_killed_between_runs_ends_its_peers_next_run_at_once() {
+    if in_rank(|world| {
+        world.run(|rank| rank.barrier_all().map(drop))?;
+        if world.ranks_here().contains(&1) {
+            // Between runs: its state says it returned from the first, so only its process's
+            // end can tell the peers that it will never come to the second.
+            let me = rustix::process::getpid();
+            rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
+            unreachable!("killed")
+        }
+        std::thread::sleep(Duration::from_millis(200)); // the kill lands before the next run
+        let start = Instant::now();
+        let err = world.run(|rank| rank.barrier_all().map(drop)).unwrap_err();
+        Ok(format!("{} ms | {err}", start.elapsed().as_millis()))
+    }) {
+        return;
+    }
+    let exits = job("a_rank_killed_between_runs_ends_its_peers_next_run_at_once", 3, &[]);
+    assert_eq!(exits[1].describe(), "killed by signal 9");
+    for exit in [&exits[0], &exits[2]] {
+        let text = result(exit);
+        let ms: u128 = text.split(" ms").next().unwrap().parse().unwrap();
+        assert!(ms < BOUND.as_millis(), "rank {}: {text}", exit.rank);
+        assert!(text.contains("rank 1 ended between runs"), "rank {}: {text}", exit.rank);
+    }
+}
+
+#[test]
 fn a_rank_that_drops_its_world_ends_its_peers_next_run_at_once() {
     if in_rank(|world| {
         world.run(|rank| rank.barrier_all().map(drop))?;

@@ -235,23 +235,33 @@ impl Control {
         }
     }
 
-    /// Marks a running `rank` as died (a peer found its process gone); returns whether this
-    /// call changed it.
-    pub(crate) fn mark_died(&self, rank: usize, status: i32) -> bool {
+    /// Marks `rank` as died (a peer found its process gone) unless it already failed, died or
+    /// left its world in order; returns the state it was in when this call changed it. A rank
+    /// that was not running (before its first run or between two) gets [`DIED_BETWEEN_RUNS`] as
+    /// its status: it will never come to the next run, and a peer waiting for it there must
+    /// hear so at once rather than at the wait timeout.
+    pub(crate) fn mark_died(&self, rank: usize, status: i32) -> Option<RankState> {
         let cell = self.half(self.record(rank));
-        let changed = cell
-            .compare_exchange(
-                RankState::Running as u32,
+        let mut seen = cell.load(Ordering::Acquire);
+        let was = loop {
+            let was = RankState::from_u32(seen);
+            if !matches!(was, RankState::Idle | RankState::Running | RankState::Returned) {
+                return None;
+            }
+            match cell.compare_exchange(
+                seen,
                 RankState::Died as u32,
                 Ordering::AcqRel,
                 Ordering::Acquire,
-            )
-            .is_ok();
-        if changed {
-            self.exit_status(rank).store(status, Ordering::Release);
-            self.half(32).fetch_add(1, Ordering::AcqRel);
-        }
-        changed
+            ) {
+                Ok(_) => break was,
+                Err(now) => seen = now,
+            }
+        };
+        let status = if was == RankState::Running { status } else { DIED_BETWEEN_RUNS };
+        self.exit_status(rank).store(status, Ordering::Release);
+        self.half(32).fetch_add(1, Ordering::AcqRel);
+        Some(was)
     }
 
     /// Marks `rank` as died whatever it was doing, unless it already died or left its world in
@@ -305,8 +315,14 @@ impl Control {
 }
 
 /// A wait status in words: `exited with status 3`, `was killed by signal 9`.
+/// The exit status recorded for a rank whose process was found gone while it was not in a run.
+pub(crate) const DIED_BETWEEN_RUNS: i32 = -2;
+
 pub(crate) fn describe_status(status: i32) -> String {
-    if status < 0 {
+    if status == DIED_BETWEEN_RUNS {
+        "ended between runs (its process is gone: killed, or exited without dropping its world)"
+            .into()
+    } else if status < 0 {
         "ended without returning from run (its process is gone: killed, or exited inside run)"
             .into()
     } else if status & 0x7f == 0 {

@@ -24,7 +24,7 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags,
 };
 
-use super::control::{Control, describe_status};
+use super::control::{Control, RankState, describe_status};
 use super::heap::Heap;
 use super::job_env::{JobEnv, MAX_WORLD_SIZE};
 use super::mapping::Mapping;
@@ -994,9 +994,13 @@ impl PeerWatch {
             let Some(fd) = slot.as_ref() else { continue };
             let mut poll = [PollFd::new(fd, PollFlags::IN)];
             let zero = rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 };
-            if matches!(rustix::event::poll(&mut poll, Some(&zero)), Ok(1))
-                && control.mark_died(rank, -1)
-            {
+            if !matches!(rustix::event::poll(&mut poll, Some(&zero)), Ok(1)) {
+                continue;
+            }
+            // A rank gone inside a run fails the world; one gone between runs fails only the
+            // waits that need it (its state says died), since its peers may finish their own
+            // run without it.
+            if control.mark_died(rank, -1) == Some(RankState::Running) {
                 control.fail(rank, &format!("rank {rank} {}", describe_status(-1)));
             }
         }
