@@ -785,12 +785,6 @@ fn processes_save_and_threads_and_processes_load() {
 }
 
 #[test]
-#[cfg_attr(
-    feature = "mpi",
-    ignore = "the process world this test kills a rank of is the same without MPI, and the default \
-              build runs it; in the mpi build CI once saw none of 6 kills land inside a save (not \
-              yet understood), which fails the test's own check that it checked something"
-)]
 fn a_rank_killed_mid_save_leaves_the_last_good_checkpoint() {
     const COUNT: usize = 4;
     if in_rank(|world| {
