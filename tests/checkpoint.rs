@@ -531,6 +531,35 @@ fn ranks_saving_different_entries_disagree() {
     }
 }
 
+#[test]
+fn replicas_that_differ_between_ranks_are_named_not_saved() {
+    let dir = Dir::new("replicas");
+    let same = values::<f32>(&[3, 5], 2);
+    for world in [2, 3] {
+        let errs = World::threads(world)
+            .unwrap()
+            .run(|rank| {
+                // One replica equal everywhere, then one whose last rank's copy drifted by an ulp.
+                let mut drifted = values::<f64>(&[7], 3);
+                if rank.rank() == rank.num_ranks() - 1 {
+                    let v = drifted.as_mut_slice();
+                    v[6] = f64::from_bits(v[6].to_bits() + 1);
+                }
+                let a = DistTensor::from_local(rank, same.clone(), Placement::Replicate)?;
+                let b = DistTensor::from_local(rank, drifted, Placement::Replicate)?;
+                let e = [Entry::new("same", &a)?, Entry::new("drifted", &b)?];
+                Ok(checkpoint::save(rank, &dir.0, &e).unwrap_err())
+            })
+            .unwrap();
+        for e in errs {
+            let Error::RanksDisagree { rank_b, value_a, .. } = &e else { panic!("{e}") };
+            assert_eq!(*rank_b, world - 1, "{e}");
+            assert!(value_a.contains("\"drifted\""), "{e}");
+        }
+        assert!(!dir.0.join(checkpoint::INDEX_FILE).exists(), "nothing is saved");
+    }
+}
+
 // ---- bytes read ----------------------------------------------------------------------------
 
 #[test]

@@ -175,12 +175,12 @@ pub struct Saved {
 /// Saves `entries` into the checkpoint directory `dir` (made if missing), every rank its own
 /// slices, rank 0 the index last. Collective: every rank passes the same names in the same order
 /// (their parts differ), and `dir` must be one directory every rank sees. A replicated tensor is
-/// written once, by rank 0. Saving into a directory that holds a checkpoint replaces it only when
+/// written once, by rank 0, after the ranks checked that their copies are equal. Saving into a directory that holds a checkpoint replaces it only when
 /// the new one is complete (see the module docs).
 ///
 /// # Errors
 /// On every rank: [`Error::RanksDisagree`] when the ranks' entries differ (names, types,
-/// placements, the sizes of unsharded dimensions); [`Error::Checkpoint`] naming the rank, the file
+/// placements, the sizes of unsharded dimensions, the elements of a replicated tensor); [`Error::Checkpoint`] naming the rank, the file
 /// and the tensor when writing, syncing or renaming a file fails.
 ///
 /// # Examples
@@ -221,11 +221,30 @@ pub fn save(rank: &Rank<'_>, dir: impl AsRef<Path>, entries: &[Entry<'_>]) -> Re
     let clock = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let mut ex = WordExchange::new(rank, 3)?;
-    let words = [clock, entries.len() as u64, u64::from(digest.finalize())];
+    // Only rank 0's copy of a replicated tensor is written: the ranks check that theirs agree,
+    // so a replica that drifted is an error rather than silently dropped.
+    let replicas: Vec<u32> = entries
+        .iter()
+        .filter(|e| e.placement == Placement::Replicate)
+        .map(|e| crc32fast::hash(&e.bytes))
+        .collect();
+    let mut replica_digest = crc32fast::Hasher::new();
+    for crc in &replicas {
+        replica_digest.update(&crc.to_le_bytes());
+    }
+    let mut ex = WordExchange::new(rank, 4)?;
+    let words = [
+        clock,
+        entries.len() as u64,
+        u64::from(digest.finalize()),
+        u64::from(replica_digest.finalize()),
+    ];
     let all = ex.exchange_checked(rank, OP, &words, None)?;
     check_agree(OP, &all, 1, "number of entries")?;
     check_agree(OP, &all, 2, "digest of the entries' names, types and placements")?;
+    if check_agree(OP, &all, 3, "").is_err() {
+        return Err(name_differing_replica(rank, entries, &replicas));
+    }
     let generation = format!("{:016x}", all[0][0]);
     // The same names on every rank (checked above), so every rank finds the same problem.
     let mut seen = std::collections::BTreeSet::new();
@@ -263,6 +282,28 @@ pub fn save(rank: &Rank<'_>, dir: impl AsRef<Path>, entries: &[Entry<'_>]) -> Re
         if me == 0 { write_index(dir, &generation, n, entries, &layouts) } else { Ok(()) };
     agree(rank, OP, indexed)?;
     Ok(Saved { file: path, bytes })
+}
+
+/// Which replicated entry differs between ranks (their digests did): every rank exchanges each
+/// replica's checksum in turn, so all name the same first one.
+fn name_differing_replica(rank: &Rank<'_>, entries: &[Entry<'_>], replicas: &[u32]) -> Error {
+    let names = entries.iter().filter(|e| e.placement == Placement::Replicate).map(|e| &e.name);
+    for (name, &crc) in names.zip(replicas) {
+        let exchanged = WordExchange::new(rank, 1)
+            .and_then(|mut ex| ex.exchange_checked(rank, OP, &[u64::from(crc)], None));
+        match exchanged {
+            Ok(all) => {
+                let what = format!(
+                    "checksum (crc32) of the replicated tensor {name:?}, whose copies must be equal"
+                );
+                if let Err(e) = check_agree(OP, &all, 0, &what) {
+                    return e;
+                }
+            }
+            Err(e) => return e,
+        }
+    }
+    unreachable!("the replicas' digests differ, so one replica does")
 }
 
 /// The global shape and splits of an entry made from a local part: the ranks exchange shapes.
