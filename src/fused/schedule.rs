@@ -136,12 +136,18 @@ pub struct AgShape<'a> {
 
 /// The path `all_gather_matmul` takes on the host for `shape` on `machine`, and why.
 ///
-/// One rank: [`AgPath::Local`]. Shards shorter than the kernel's per-shard tiles (decoding):
-/// [`AgPath::Overlap`], the tile kernel, which then gathers every row and tiles over all of them
-/// in one launch (the unfused shape without a second launch). Otherwise [`AgPath::Overlap`] only
-/// when the communicating threads have cores of their own and the copies it hides take longer
-/// than the tiles cost ([`TILE_COST`] of the GEMM); else [`AgPath::Gather`]: the collective,
-/// then one GEMM over all rows.
+/// One rank: [`AgPath::Local`]. Where the ranks' computing threads fill the cores, whatever the
+/// shape: [`AgPath::Gather`], the collective, then one GEMM over all rows (the unfused code).
+/// Otherwise, shards shorter than the kernel's per-shard tiles (decoding): [`AgPath::Overlap`],
+/// the tile kernel, which then gathers every row and tiles over all of them in one launch (the
+/// unfused shape without a second launch); longer shards: [`AgPath::Overlap`] only when the
+/// copies it hides take longer than the tiles cost ([`TILE_COST`] of the GEMM), else
+/// [`AgPath::Gather`].
+///
+/// Decoding takes the same rule as long shards: on 2 cores (Zen 4, 2 and 4 ranks) its
+/// communicating threads, beside the computing ones, made the one-launch kernel 0 to 7% slower
+/// than the unfused op (perf_report's decode rows, medians of 5 interleaved rounds: 1.023 and
+/// 1.063), though both run the same product kernel.
 ///
 /// # Examples
 /// ```
@@ -162,16 +168,6 @@ pub fn all_gather_matmul_path(machine: &HostMachine, shape: &AgShape<'_>) -> (Ag
     if ranks <= 1 {
         return (AgPath::Local, "one rank: one GEMM".into());
     }
-    if shape.rows.iter().any(|&m| m > 0 && m < shape.min_shard_rows) {
-        return (
-            AgPath::Overlap,
-            format!(
-                "shards under {} rows: the kernel gathers every row and tiles over all of them, \
-                 one launch",
-                shape.min_shard_rows
-            ),
-        );
-    }
     let total: usize = shape.rows.iter().sum();
     let mine = shape.rows[shape.rank];
     let compute = shape.ranks_here * shape.compute_lanes;
@@ -191,6 +187,16 @@ pub fn all_gather_matmul_path(machine: &HostMachine, shape: &AgShape<'_>) -> (Ag
                 machine.cores,
                 ms(comm),
                 ms(gemm)
+            ),
+        );
+    }
+    if shape.rows.iter().any(|&m| m > 0 && m < shape.min_shard_rows) {
+        return (
+            AgPath::Overlap,
+            format!(
+                "shards under {} rows on spare cores: the kernel gathers every row and tiles \
+                 over all of them, one launch",
+                shape.min_shard_rows
             ),
         );
     }
