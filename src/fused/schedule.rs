@@ -144,10 +144,10 @@ pub struct AgShape<'a> {
 /// copies it hides take longer than the tiles cost ([`TILE_COST`] of the GEMM), else
 /// [`AgPath::Gather`].
 ///
-/// Decoding takes the same rule as long shards: on 2 cores (Zen 4, 2 and 4 ranks) its
-/// communicating threads, beside the computing ones, made the one-launch kernel 0 to 7% slower
-/// than the unfused op (perf_report's decode rows, medians of 5 interleaved rounds: 1.023 and
-/// 1.063), though both run the same product kernel.
+/// Decoding takes the same rule as long shards, so that where the cores are full the fused op is
+/// the unfused code: on 2 cores (Zen 4, 2 and 4 ranks) the one-launch kernel and the unfused op
+/// run level (perf_report's decode rows with the other choice forced: 1.005 and 0.994), the
+/// same product kernel behind both.
 ///
 /// # Examples
 /// ```
