@@ -162,6 +162,10 @@ pub struct AgShape<'a> {
 /// // With 8 cores the copies have cores of their own, and hide more than the tiles cost.
 /// let big = HostMachine { cores: 8, copy_bytes: 1e9, ..machine };
 /// assert_eq!(all_gather_matmul_path(&big, &shape).0, AgPath::Overlap);
+/// // Decoding (8 rows a rank): the unfused code where the cores are full, one launch elsewhere.
+/// let decode = AgShape { rows: &[8, 8], k: 4096, n: 2048, ..shape.clone() };
+/// assert_eq!(all_gather_matmul_path(&machine, &decode).0, AgPath::Gather);
+/// assert_eq!(all_gather_matmul_path(&big, &decode).0, AgPath::Overlap);
 /// ```
 pub fn all_gather_matmul_path(machine: &HostMachine, shape: &AgShape<'_>) -> (AgPath, String) {
     let ranks = shape.rows.len();
