@@ -37,9 +37,18 @@ pub fn pairs(
     // Warm: workspaces sized, buffers cached, pages touched.
     together(rank, &mut fused)?;
     together(rank, &mut unfused)?;
+    // Every other pair runs the unfused op first: whichever runs second finds what the first left
+    // (the pool's buffers, the weight's tail in the last-level cache), and alternating cancels
+    // that in the median ratio instead of crediting it to one side.
     (0..reps)
-        .map(|_| {
-            Ok(Pair { fused: together(rank, &mut fused)?, unfused: together(rank, &mut unfused)? })
+        .map(|i| {
+            Ok(if i % 2 == 0 {
+                let fused = together(rank, &mut fused)?;
+                Pair { fused, unfused: together(rank, &mut unfused)? }
+            } else {
+                let unfused = together(rank, &mut unfused)?;
+                Pair { fused: together(rank, &mut fused)?, unfused }
+            })
         })
         .collect()
 }

@@ -273,9 +273,11 @@ fn cases() -> Vec<Case> {
         ulysses(2, sequence),
         ulysses(4, sequence),
         train_step(2, (2048, 1024, 4096)),
-        // The other choice of each host schedule, on the large rows (`--only forced`).
+        // The other choice of each host schedule, on the large rows and decode (`--only forced`).
         all_gather_matmul_on::<f32>(2, square, Some(AgPath::Overlap)),
         all_gather_matmul_on::<f32>(4, square, Some(AgPath::Overlap)),
+        all_gather_matmul_on::<f32>(2, decode, Some(AgPath::Overlap)),
+        all_gather_matmul_on::<f32>(4, decode, Some(AgPath::Overlap)),
         matmul_reduce_scatter_on::<f32>(2, square, Some(RsPath::Single)),
         matmul_reduce_scatter_on::<f32>(4, square, Some(RsPath::Single)),
     ]

@@ -136,12 +136,18 @@ pub struct AgShape<'a> {
 
 /// The path `all_gather_matmul` takes on the host for `shape` on `machine`, and why.
 ///
-/// One rank: [`AgPath::Local`]. Shards shorter than the kernel's per-shard tiles (decoding):
-/// [`AgPath::Overlap`], the tile kernel, which then gathers every row and tiles over all of them
-/// in one launch (the unfused shape without a second launch). Otherwise [`AgPath::Overlap`] only
-/// when the communicating threads have cores of their own and the copies it hides take longer
-/// than the tiles cost ([`TILE_COST`] of the GEMM); else [`AgPath::Gather`]: the collective,
-/// then one GEMM over all rows.
+/// One rank: [`AgPath::Local`]. Where the ranks' computing threads fill the cores, whatever the
+/// shape: [`AgPath::Gather`], the collective, then one GEMM over all rows (the unfused code).
+/// Otherwise, shards shorter than the kernel's per-shard tiles (decoding): [`AgPath::Overlap`],
+/// the tile kernel, which then gathers every row and tiles over all of them in one launch (the
+/// unfused shape without a second launch); longer shards: [`AgPath::Overlap`] only when the
+/// copies it hides take longer than the tiles cost ([`TILE_COST`] of the GEMM), else
+/// [`AgPath::Gather`].
+///
+/// Decoding takes the same rule as long shards, so that where the cores are full the fused op is
+/// the unfused code: on 2 cores (Zen 4, 2 and 4 ranks) the one-launch kernel and the unfused op
+/// run level (perf_report's decode rows with the other choice forced: 1.005 and 0.994), the
+/// same product kernel behind both.
 ///
 /// # Examples
 /// ```
@@ -156,21 +162,15 @@ pub struct AgShape<'a> {
 /// // With 8 cores the copies have cores of their own, and hide more than the tiles cost.
 /// let big = HostMachine { cores: 8, copy_bytes: 1e9, ..machine };
 /// assert_eq!(all_gather_matmul_path(&big, &shape).0, AgPath::Overlap);
+/// // Decoding (8 rows a rank): the unfused code where the cores are full, one launch elsewhere.
+/// let decode = AgShape { rows: &[8, 8], k: 4096, n: 2048, ..shape.clone() };
+/// assert_eq!(all_gather_matmul_path(&machine, &decode).0, AgPath::Gather);
+/// assert_eq!(all_gather_matmul_path(&big, &decode).0, AgPath::Overlap);
 /// ```
 pub fn all_gather_matmul_path(machine: &HostMachine, shape: &AgShape<'_>) -> (AgPath, String) {
     let ranks = shape.rows.len();
     if ranks <= 1 {
         return (AgPath::Local, "one rank: one GEMM".into());
-    }
-    if shape.rows.iter().any(|&m| m > 0 && m < shape.min_shard_rows) {
-        return (
-            AgPath::Overlap,
-            format!(
-                "shards under {} rows: the kernel gathers every row and tiles over all of them, \
-                 one launch",
-                shape.min_shard_rows
-            ),
-        );
     }
     let total: usize = shape.rows.iter().sum();
     let mine = shape.rows[shape.rank];
@@ -191,6 +191,16 @@ pub fn all_gather_matmul_path(machine: &HostMachine, shape: &AgShape<'_>) -> (Ag
                 machine.cores,
                 ms(comm),
                 ms(gemm)
+            ),
+        );
+    }
+    if shape.rows.iter().any(|&m| m > 0 && m < shape.min_shard_rows) {
+        return (
+            AgPath::Overlap,
+            format!(
+                "shards under {} rows on spare cores: the kernel gathers every row and tiles \
+                 over all of them, one launch",
+                shape.min_shard_rows
             ),
         );
     }
