@@ -10,7 +10,10 @@ mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use dist_tensor::autograd::DVar;
-use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, UlyssesSelfAttention, mse_loss};
+use dist_tensor::nn::{
+    Activation, Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear,
+    UlyssesAttention, UlyssesSelfAttention, mse_loss,
+};
 use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
 
 fn train_step(c: &mut Criterion) {
@@ -140,7 +143,91 @@ fn autograd(c: &mut Criterion) {
             })
         });
     }
+    let xc = Tensor::<f32>::random(&[m, e], 3);
+    for form in ["hand", "autograd"] {
+        let id = format!("column/world2/M{m}_E{e}_F{f}");
+        group.bench_function(BenchmarkId::new(form, id), |b| {
+            b.iter_custom(|iters| {
+                common::on_ranks(&world, |rank| {
+                    let mut fc = ColumnParallelLinear::<f32>::new(rank, e, f, true, 3)?;
+                    let xs = DistTensor::from_global(rank, &xc, Placement::Shard(0))?;
+                    common::timed(rank, iters, || {
+                        if form == "hand" {
+                            let (y, saved) = fc.forward(&xs)?;
+                            fc.backward(saved, &y).map(drop)
+                        } else {
+                            let y = fc.forward_var(&DVar::param(xs.clone()))?;
+                            y.local().backward_with(y.value().local().clone())
+                        }
+                    })
+                })
+            })
+        });
+    }
+    let hr = Tensor::<f32>::random(&[m, f], 4);
+    for form in ["hand", "autograd"] {
+        let id = format!("row/world2/M{m}_F{f}_E{e}");
+        group.bench_function(BenchmarkId::new(form, id), |b| {
+            b.iter_custom(|iters| {
+                common::on_ranks(&world, |rank| {
+                    let mut fc = RowParallelLinear::<f32>::new(rank, f, e, true, 3)?;
+                    let hs = DistTensor::from_global(rank, &hr, Placement::Shard(1))?;
+                    common::timed(rank, iters, || {
+                        if form == "hand" {
+                            let (y, saved) = fc.forward(&hs)?;
+                            fc.backward(saved, &y).map(drop)
+                        } else {
+                            let y = fc.forward_var(&DVar::param(hs.clone()))?;
+                            y.local().backward_with(y.value().local().clone())
+                        }
+                    })
+                })
+            })
+        });
+    }
+    let d = e / heads;
+    let qa = Tensor::<f32>::random(&[1, s, heads, d], 5);
+    for form in ["hand", "autograd"] {
+        let id = format!("ulysses_core/world2/S{s}_H{heads}_D{d}");
+        group.bench_function(BenchmarkId::new(form, id), |b| {
+            b.iter_custom(|iters| {
+                common::on_ranks(&world, |rank| {
+                    let attn = UlyssesAttention::new(true);
+                    let qs = DistTensor::from_global(rank, &qa, Placement::Shard(1))?;
+                    common::timed(rank, iters, || {
+                        if form == "hand" {
+                            let (o, saved) = attn.forward(&qs, &qs, &qs)?;
+                            attn.backward(saved, &o).map(drop)
+                        } else {
+                            let [q, k, v] = [0; 3].map(|_| DVar::param(qs.clone()));
+                            let [qh, kh, vh] = [&q, &k, &v].map(|t| t.all_to_all(2, 1));
+                            let (kh, vh) = (kh?, vh?);
+
+                            let o = qh?.map(|q| {
+                                heads_first(q)?
+                                    .scaled_dot_product_attention(
+                                        &heads_first(kh.local())?,
+                                        &heads_first(vh.local())?,
+                                        true,
+                                    )?
+                                    .permute(&[0, 2, 1, 3])
+                            })?;
+                            let o = o.all_to_all(1, 2)?;
+                            o.local().backward_with(o.value().local().clone())
+                        }
+                    })
+                })
+            })
+        });
+    }
     group.finish();
+}
+
+/// `[B, S, h, D]` as `[B, h, S, D]`, what the fused attention takes.
+fn heads_first<'r>(
+    t: &dist_tensor::autograd::Var<'r, f32>,
+) -> dist_tensor::Result<dist_tensor::autograd::Var<'r, f32>> {
+    t.permute(&[0, 2, 1, 3])
 }
 
 criterion_group! { name = benches; config = common::config(); targets = train_step, backward_ops, autograd }

@@ -192,11 +192,23 @@ impl<'r, T: Element> DVar<'r, T> {
     /// # Errors
     /// As [`DistTensor::all_gather_matmul_keep_input`].
     pub fn all_gather_matmul(&self, w: &Var<'r, T>) -> Result<DVar<'r, T>> {
+        self.all_gather_matmul_fused(w, true)
+    }
+
+    /// [`DVar::all_gather_matmul`], with `fused == false` running the unfused baselines (all_gather,
+    /// then the product; the product, then reduce_scatter) forward and backward: what
+    /// [`nn`](crate::nn)'s layers do after `.fused(false)`.
+    pub(crate) fn all_gather_matmul_fused(
+        &self,
+        w: &Var<'r, T>,
+        fused: bool,
+    ) -> Result<DVar<'r, T>> {
+        let base = MatmulOptions::new().unfused(!fused);
         if !self.is_tracked() && !w.is_tracked() {
-            return Ok(DVar::constant(self.value.all_gather_matmul(w.value())?));
+            let mut h = self.value.all_gather_matmul_with(&[w.value()], &base)?;
+            return Ok(DVar::constant(h.remove(0)));
         }
-        let (mut h, gathered) =
-            self.value.all_gather_matmul_keep_input(&[w.value()], &MatmulOptions::new())?;
+        let (mut h, gathered) = self.value.all_gather_matmul_keep_input(&[w.value()], &base)?;
         let h = h.remove(0);
         let like = h.clone();
         let x = self.value.clone();
@@ -210,7 +222,7 @@ impl<'r, T: Element> DVar<'r, T> {
                 _ => (0, Vec::new()),
             };
             let dx = if need[0] {
-                let opts = MatmulOptions::new().transpose_weights(true);
+                let opts = base.transpose_weights(true);
                 let opts = if sizes.is_empty() { opts } else { opts.output_split(dim, sizes) };
                 let dx = dh.matmul_reduce_scatter_with(&wv, &opts)?;
                 Some(dx.into_local())
@@ -238,12 +250,23 @@ impl<'r, T: Element> DVar<'r, T> {
     /// # Errors
     /// As [`DistTensor::matmul_reduce_scatter`].
     pub fn matmul_reduce_scatter(&self, w: &Var<'r, T>) -> Result<DVar<'r, T>> {
-        let y = self.value.matmul_reduce_scatter(w.value())?;
+        self.matmul_reduce_scatter_fused(w, true)
+    }
+
+    /// [`DVar::matmul_reduce_scatter`], with `fused == false` running the unfused baselines
+    /// forward and backward (as [`DVar::all_gather_matmul_fused`]).
+    pub(crate) fn matmul_reduce_scatter_fused(
+        &self,
+        w: &Var<'r, T>,
+        fused: bool,
+    ) -> Result<DVar<'r, T>> {
+        let base = MatmulOptions::new().unfused(!fused);
+        let y = self.value.matmul_reduce_scatter_with(w.value(), &base)?;
         let like = y.clone();
         let (a, wv) = (self.local.value().clone(), w.value().clone());
         let local = record(y.local().clone(), &[&self.local, w], move |g, need| {
             let dy = like.map_local(|_| g.clone())?;
-            let opts = MatmulOptions::new().transpose_weights(true);
+            let opts = base.transpose_weights(true);
             let (mut da, dyg) = dy.all_gather_matmul_keep_input(&[&wv], &opts)?;
             let da = da.remove(0).into_local();
             let dw = if need[1] {
@@ -277,6 +300,29 @@ impl<'r, T: Element> DVar<'r, T> {
                 back.redistribute_split(gather_dim, sizes)?
             };
             Ok(back.into_local())
+        }))
+    }
+
+    /// `self` sharded on `dim` cut into `sizes` ([`DistTensor::redistribute_split`]; nothing
+    /// when it is cut so already); the backward pass cuts the gradient back as `self` was.
+    /// Collective.
+    pub(crate) fn resplit(&self, dim: usize, sizes: &[usize]) -> Result<DVar<'r, T>> {
+        if self.value.placement() == Placement::Shard(dim) && self.value.shard_sizes() == sizes {
+            return Ok(self.clone());
+        }
+        let y = self.value.redistribute_split(dim, sizes.to_vec())?;
+        if !self.is_tracked() {
+            return Ok(DVar::constant(y));
+        }
+        let back = match self.value.placement() {
+            Placement::Shard(i) => Some((i, self.value.shard_sizes().to_vec())),
+            _ => None,
+        };
+        let from = self.value.clone();
+        Ok(self.dual(y, move |g| match back {
+            // Same placement, other cut: `grad_back` would keep the cut.
+            Some((i, sizes)) => Ok(g.redistribute_split(i, sizes)?.into_local()),
+            None => grad_back(&from, g),
         }))
     }
 
