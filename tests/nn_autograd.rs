@@ -199,8 +199,24 @@ fn rows_matmul(x: &Var<'static, f64>, w: &Var<'static, f64>) -> Result<Var<'stat
     x.reshape(&[lead.iter().product(), *k])?.matmul(w)?.reshape(&shape)
 }
 
-/// Self-attention of `x: [B, S, E]` with `wqkv: [E, 3E]`, `wo: [E, E]` and `heads` heads, the
-/// naive way: scores, a mask of -1e30 above the diagonal when causal, softmax, product.
+/// Attention of `q`, `k`, `v`: `[B, S, H, D]` each, the naive way: scores, a mask of -1e30
+/// above the diagonal when causal, softmax, product.
+fn naive_attention(
+    q: &Var<'static, f64>,
+    k: &Var<'static, f64>,
+    v: &Var<'static, f64>,
+    causal: bool,
+) -> Result<Var<'static, f64>> {
+    let (s, d) = (q.shape()[1], q.shape()[3]);
+    let [q, k, v] = [q, k, v].map(|t| t.permute(&[0, 2, 1, 3]));
+    let mask: Vec<f64> =
+        (0..s * s).map(|ij| if causal && ij % s > ij / s { -1e30 } else { 0.0 }).collect();
+    let mask = Var::constant(Tensor::from_shape_vec(&[s, s], mask)?);
+    let scores = &q?.matmul(&k?.transpose(2, 3)?)?.scale(1.0 / (d as f64).sqrt()) + &mask;
+    scores.softmax(3)?.matmul(&v?)?.permute(&[0, 2, 1, 3])
+}
+
+/// Self-attention of `x: [B, S, E]` with `wqkv: [E, 3E]`, `wo: [E, E]` and `heads` heads.
 fn naive_self_attention(
     x: &Var<'static, f64>,
     wqkv: &Var<'static, f64>,
@@ -209,18 +225,10 @@ fn naive_self_attention(
     causal: bool,
 ) -> Result<Var<'static, f64>> {
     let [b, s, e] = [x.shape()[0], x.shape()[1], x.shape()[2]];
-    let d = e / heads;
-    let qkv = rows_matmul(x, wqkv)?.reshape(&[b, s, 3, heads, d])?;
-    let part = |i: usize| -> Result<Var<'static, f64>> {
-        qkv.narrow(2, i, 1)?.reshape(&[b, s, heads, d])?.permute(&[0, 2, 1, 3])
-    };
-    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
-    let mask: Vec<f64> =
-        (0..s * s).map(|ij| if causal && ij % s > ij / s { -1e30 } else { 0.0 }).collect();
-    let mask = Var::constant(Tensor::from_shape_vec(&[s, s], mask)?);
-    let scores = &q.matmul(&k.transpose(2, 3)?)?.scale(1.0 / (d as f64).sqrt()) + &mask;
-    let o = scores.softmax(3)?.matmul(&v)?.permute(&[0, 2, 1, 3])?.reshape(&[b, s, e])?;
-    rows_matmul(&o, wo)
+    let qkv = rows_matmul(x, wqkv)?.reshape(&[b, s, 3, heads, e / heads])?;
+    let part = |i: usize| qkv.narrow(2, i, 1)?.reshape(&[b, s, heads, e / heads]);
+    let o = naive_attention(&part(0)?, &part(1)?, &part(2)?, causal)?;
+    rows_matmul(&o.reshape(&[b, s, e])?, wo)
 }
 
 fn layers_case<T: Element>(world: usize) -> Result<Vec<String>> {
@@ -307,6 +315,55 @@ fn layers_match_one_rank_f64_models_both_ways() -> Result<()> {
         fails.extend(layers_case::<f64>(world)?);
     }
     fails.extend(layers_case::<f32>(3)?);
+    assert_none(fails);
+    Ok(())
+}
+
+/// The sequence cut otherwise than `all_to_all` cuts it (an empty shard among them): the
+/// output and the gradients of `q`, `k` and `v` come back cut as `q` was, and match the naive
+/// attention on one rank.
+#[test]
+fn ulysses_attention_keeps_an_uneven_sequence_split() -> Result<()> {
+    let shape = [2, 7, 3, 2]; // [B, S, H, D]
+    let [q, k, v, dout] = [1, 2, 3, 4].map(|seed| Tensor::<f64>::random(&shape, seed));
+    let mut fails = Vec::new();
+    for causal in [true, false] {
+        let want = {
+            let [qv, kv, vv] = [&q, &k, &v].map(|t| Var::param(t.clone()));
+            let out = naive_attention(&qv, &kv, &vv, causal)?;
+            out.backward_with(dout.clone())?;
+            let grads = [&qv, &kv, &vv].map(|t| t.grad().expect("reached"));
+            (out.into_value(), grads)
+        };
+        for sizes in [vec![6, 1], vec![5, 0, 2], vec![1, 3, 0, 3]] {
+            let world = sizes.len();
+            let got = World::threads(world)?.run(|rank| {
+                let cut =
+                    |t: &Tensor<f64>| DistTensor::from_global_split(rank, t, 1, sizes.clone());
+                let attention = dist_tensor::nn::UlyssesAttention::new(causal);
+                let (out, saved) = attention.forward(&cut(&q)?, &cut(&k)?, &cut(&v)?)?;
+                let (dq, dk, dv) = attention.backward(saved, &cut(&dout)?)?;
+                let mut fails = Vec::new();
+                for (what, t) in [("out", &out), ("dq", &dq), ("dk", &dk), ("dv", &dv)] {
+                    if t.shard_sizes() != sizes.as_slice() {
+                        fails.push(format!("{what} cut {:?}, q {sizes:?}", t.shard_sizes()));
+                    }
+                }
+                let whole = [&out, &dq, &dk, &dv].map(|t| t.to_global());
+                Ok((fails, whole))
+            })?;
+            for (r, (cut_fails, [out, dq, dk, dv])) in got.into_iter().enumerate() {
+                let tag = format!("causal {causal} split {sizes:?} rank {r}");
+                fails.extend(cut_fails.into_iter().map(|f| format!("{tag}: {f}")));
+                fails.extend(off(&format!("{tag}: out"), &out?, &want.0, 1e-12));
+                for (what, got, w) in
+                    [("dq", dq, &want.1[0]), ("dk", dk, &want.1[1]), ("dv", dv, &want.1[2])]
+                {
+                    fails.extend(off(&format!("{tag}: {what}"), &got?, w, 1e-12));
+                }
+            }
+        }
+    }
     assert_none(fails);
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! [`DVar`]: a [`DistTensor`] in a differentiable computation, its ops recording their duals
 //! (the table and what a gradient means per placement are on [`DVar`]).
 
+use ndarray::ArrayView2;
+
 use super::Var;
 use super::var::record;
 use crate::{DistTensor, Element, MatmulOptions, Placement, Result, Tensor};
@@ -230,10 +232,7 @@ impl<'r, T: Element> DVar<'r, T> {
                 None
             };
             let dw = if need[1] {
-                let xg = gathered.local();
-                let xg = as_rows(xg)?;
-                let g2 = as_rows(g)?;
-                Some(xg.transpose(0, 1)?.matmul(&g2)?)
+                Some(weight_grad(gathered.local(), g, like.rank().topology().aicore_num())?)
             } else {
                 None
             };
@@ -270,9 +269,7 @@ impl<'r, T: Element> DVar<'r, T> {
             let (mut da, dyg) = dy.all_gather_matmul_keep_input(&[&wv], &opts)?;
             let da = da.remove(0).into_local();
             let dw = if need[1] {
-                let a2 = as_rows(&a)?;
-                let dy2 = as_rows(dyg.local())?;
-                Some(a2.transpose(0, 1)?.matmul(&dy2)?)
+                Some(weight_grad(&a, dyg.local(), dyg.rank().topology().aicore_num())?)
             } else {
                 None
             };
@@ -361,6 +358,23 @@ impl<'r, T: Element> DVar<'r, T> {
 fn as_rows<T: Element>(x: &Tensor<T>) -> Result<Tensor<T>> {
     let (last, lead) = x.shape().split_last().expect("at least 1-D");
     x.reshape(&[lead.iter().product(), *last])
+}
+
+/// `a^T @ b` over the rows of `a: [..., p]` and `b: [..., q]`: `[p, q]`, the gradient of a
+/// weight, on `threads` threads (a rank's share of the cores, as the fused ops take). On the
+/// host `a` is read transposed in place, with no copy; on a GPU it is transposed there first.
+fn weight_grad<T: Element>(a: &Tensor<T>, b: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
+    let (a, b) = (as_rows(a)?, as_rows(b)?);
+    if a.device_storage().is_some() {
+        return a.transpose(0, 1)?.matmul(&b);
+    }
+    Ok(Tensor::from(crate::tensor::matmul(view2(&a).reversed_axes(), view2(&b), threads)?))
+}
+
+/// A 2-D host tensor as a matrix view.
+fn view2<T: Element>(t: &Tensor<T>) -> ArrayView2<'_, T> {
+    ArrayView2::from_shape((t.shape()[0], t.shape()[1]), t.as_slice())
+        .expect("a host tensor is contiguous")
 }
 
 /// `g`'s part under another placement (collective, as [`DistTensor::from_local`]).
