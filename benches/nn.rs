@@ -3,8 +3,10 @@
 //! products with every core (the ceiling); and the fused ops as the backward pass calls them
 //! (the weight read transposed, the gathered input kept) beside the plain ops. Throughput in
 //! FLOP (`Elements` counts floating-point operations of the products). The `autograd` group: the
-//! layers' hand-written forward and backward passes against their `forward_var` and a
-//! `backward()` through autograd (what decides whether the hand-written ones stay).
+//! layers' `forward` / `backward` pairs (`layer`: the pass recorded on autograd, run backward,
+//! the replicated parameters' gradients summed over the ranks) against their `forward_var` and
+//! a `backward()` through autograd (`forward_var`): what the pair's API costs. (Until 2026-12-01
+//! `layer` was a hand-written backward pass; none was faster, and they were deleted.)
 
 mod common;
 
@@ -93,21 +95,21 @@ fn backward_ops(c: &mut Criterion) {
     group.finish();
 }
 
-/// Forward and backward of `ParallelMlp` and `UlyssesSelfAttention` at world 2: hand-written
-/// against autograd (the output itself as its gradient).
+/// Forward and backward of each layer at world 2, its `forward` / `backward` pair against its
+/// `forward_var` and `backward()` (the output itself as its gradient).
 fn autograd(c: &mut Criterion) {
     let world = World::threads(2).unwrap();
     let mut group = c.benchmark_group("autograd");
     let (m, e, f) = (512, 256, 1024);
     let x = Tensor::<f32>::random(&[m, e], 1);
-    for form in ["hand", "autograd"] {
+    for form in ["layer", "forward_var"] {
         group.bench_function(BenchmarkId::new(form, format!("mlp/world2/M{m}_E{e}_F{f}")), |b| {
             b.iter_custom(|iters| {
                 common::on_ranks(&world, |rank| {
                     let mut mlp = ParallelMlp::<f32>::new(rank, e, f, Activation::Gelu, 3)?;
                     let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
                     common::timed(rank, iters, || {
-                        if form == "hand" {
+                        if form == "layer" {
                             let (y, saved) = mlp.forward(&xs)?;
                             mlp.backward(saved, &y).map(drop)
                         } else {
@@ -122,7 +124,7 @@ fn autograd(c: &mut Criterion) {
     }
     let (s, heads) = (512, 4);
     let xa = Tensor::<f32>::random(&[1, s, e], 2);
-    for form in ["hand", "autograd"] {
+    for form in ["layer", "forward_var"] {
         let id = format!("ulysses/world2/S{s}_E{e}_H{heads}");
         group.bench_function(BenchmarkId::new(form, id), |b| {
             b.iter_custom(|iters| {
@@ -130,7 +132,7 @@ fn autograd(c: &mut Criterion) {
                     let mut attn = UlyssesSelfAttention::<f32>::new(e, heads, true, 3)?;
                     let xs = DistTensor::from_global(rank, &xa, Placement::Shard(1))?;
                     common::timed(rank, iters, || {
-                        if form == "hand" {
+                        if form == "layer" {
                             let (y, saved) = attn.forward(&xs)?;
                             attn.backward(saved, &y).map(drop)
                         } else {
@@ -144,7 +146,7 @@ fn autograd(c: &mut Criterion) {
         });
     }
     let xc = Tensor::<f32>::random(&[m, e], 3);
-    for form in ["hand", "autograd"] {
+    for form in ["layer", "forward_var"] {
         let id = format!("column/world2/M{m}_E{e}_F{f}");
         group.bench_function(BenchmarkId::new(form, id), |b| {
             b.iter_custom(|iters| {
@@ -152,7 +154,7 @@ fn autograd(c: &mut Criterion) {
                     let mut fc = ColumnParallelLinear::<f32>::new(rank, e, f, true, 3)?;
                     let xs = DistTensor::from_global(rank, &xc, Placement::Shard(0))?;
                     common::timed(rank, iters, || {
-                        if form == "hand" {
+                        if form == "layer" {
                             let (y, saved) = fc.forward(&xs)?;
                             fc.backward(saved, &y).map(drop)
                         } else {
@@ -165,7 +167,7 @@ fn autograd(c: &mut Criterion) {
         });
     }
     let hr = Tensor::<f32>::random(&[m, f], 4);
-    for form in ["hand", "autograd"] {
+    for form in ["layer", "forward_var"] {
         let id = format!("row/world2/M{m}_F{f}_E{e}");
         group.bench_function(BenchmarkId::new(form, id), |b| {
             b.iter_custom(|iters| {
@@ -173,7 +175,7 @@ fn autograd(c: &mut Criterion) {
                     let mut fc = RowParallelLinear::<f32>::new(rank, f, e, true, 3)?;
                     let hs = DistTensor::from_global(rank, &hr, Placement::Shard(1))?;
                     common::timed(rank, iters, || {
-                        if form == "hand" {
+                        if form == "layer" {
                             let (y, saved) = fc.forward(&hs)?;
                             fc.backward(saved, &y).map(drop)
                         } else {
@@ -187,7 +189,7 @@ fn autograd(c: &mut Criterion) {
     }
     let d = e / heads;
     let qa = Tensor::<f32>::random(&[1, s, heads, d], 5);
-    for form in ["hand", "autograd"] {
+    for form in ["layer", "forward_var"] {
         let id = format!("ulysses_core/world2/S{s}_H{heads}_D{d}");
         group.bench_function(BenchmarkId::new(form, id), |b| {
             b.iter_custom(|iters| {
@@ -195,7 +197,7 @@ fn autograd(c: &mut Criterion) {
                     let attn = UlyssesAttention::new(true);
                     let qs = DistTensor::from_global(rank, &qa, Placement::Shard(1))?;
                     common::timed(rank, iters, || {
-                        if form == "hand" {
+                        if form == "layer" {
                             let (o, saved) = attn.forward(&qs, &qs, &qs)?;
                             attn.backward(saved, &o).map(drop)
                         } else {

@@ -46,7 +46,8 @@
 //! mixes these layers with those of [`autograd::gpt`](crate::autograd::gpt), differentiates it
 //! with one `backward()` and steps it with one [`AdamW::step`](crate::autograd::AdamW::step) (or
 //! [`Adam::step_module`], [`Sgd::step_module`]). A [`Param`]'s gradient is an autograd leaf's:
-//! the hand-written `backward` and autograd accumulate into the same place.
+//! a layer's `backward` and a `backward()` through its `forward_var` accumulate into the same
+//! place.
 //!
 //! The `forward` / `backward` pairs are autograd too: `forward` runs `forward_var` on a tracked
 //! copy of its input and keeps the record, and `backward` runs the record backward, seeded with
