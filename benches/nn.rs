@@ -3,14 +3,19 @@
 //! products with every core (the ceiling); and the fused ops as the backward pass calls them
 //! (the weight read transposed, the gathered input kept) beside the plain ops. Throughput in
 //! FLOP (`Elements` counts floating-point operations of the products). The `autograd` group: the
-//! layers' hand-written forward and backward passes against their `forward_var` and a
-//! `backward()` through autograd (what decides whether the hand-written ones stay).
+//! layers' `forward` / `backward` pairs (`layer`: the pass recorded on autograd, run backward,
+//! the replicated parameters' gradients summed over the ranks) against their `forward_var` and
+//! a `backward()` through autograd (`forward_var`): what the pair's API costs. (Until 2026-12-01
+//! `layer` was a hand-written backward pass; none was faster, and they were deleted.)
 
 mod common;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use dist_tensor::autograd::DVar;
-use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, UlyssesSelfAttention, mse_loss};
+use dist_tensor::nn::{
+    Activation, Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear,
+    UlyssesAttention, UlyssesSelfAttention, mse_loss,
+};
 use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};
 
 fn train_step(c: &mut Criterion) {
@@ -90,21 +95,21 @@ fn backward_ops(c: &mut Criterion) {
     group.finish();
 }
 
-/// Forward and backward of `ParallelMlp` and `UlyssesSelfAttention` at world 2: hand-written
-/// against autograd (the output itself as its gradient).
+/// Forward and backward of each layer at world 2, its `forward` / `backward` pair against its
+/// `forward_var` and `backward()` (the output itself as its gradient).
 fn autograd(c: &mut Criterion) {
     let world = World::threads(2).unwrap();
     let mut group = c.benchmark_group("autograd");
     let (m, e, f) = (512, 256, 1024);
     let x = Tensor::<f32>::random(&[m, e], 1);
-    for form in ["hand", "autograd"] {
+    for form in ["layer", "forward_var"] {
         group.bench_function(BenchmarkId::new(form, format!("mlp/world2/M{m}_E{e}_F{f}")), |b| {
             b.iter_custom(|iters| {
                 common::on_ranks(&world, |rank| {
                     let mut mlp = ParallelMlp::<f32>::new(rank, e, f, Activation::Gelu, 3)?;
                     let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
                     common::timed(rank, iters, || {
-                        if form == "hand" {
+                        if form == "layer" {
                             let (y, saved) = mlp.forward(&xs)?;
                             mlp.backward(saved, &y).map(drop)
                         } else {
@@ -119,7 +124,7 @@ fn autograd(c: &mut Criterion) {
     }
     let (s, heads) = (512, 4);
     let xa = Tensor::<f32>::random(&[1, s, e], 2);
-    for form in ["hand", "autograd"] {
+    for form in ["layer", "forward_var"] {
         let id = format!("ulysses/world2/S{s}_E{e}_H{heads}");
         group.bench_function(BenchmarkId::new(form, id), |b| {
             b.iter_custom(|iters| {
@@ -127,7 +132,7 @@ fn autograd(c: &mut Criterion) {
                     let mut attn = UlyssesSelfAttention::<f32>::new(e, heads, true, 3)?;
                     let xs = DistTensor::from_global(rank, &xa, Placement::Shard(1))?;
                     common::timed(rank, iters, || {
-                        if form == "hand" {
+                        if form == "layer" {
                             let (y, saved) = attn.forward(&xs)?;
                             attn.backward(saved, &y).map(drop)
                         } else {
@@ -140,7 +145,91 @@ fn autograd(c: &mut Criterion) {
             })
         });
     }
+    let xc = Tensor::<f32>::random(&[m, e], 3);
+    for form in ["layer", "forward_var"] {
+        let id = format!("column/world2/M{m}_E{e}_F{f}");
+        group.bench_function(BenchmarkId::new(form, id), |b| {
+            b.iter_custom(|iters| {
+                common::on_ranks(&world, |rank| {
+                    let mut fc = ColumnParallelLinear::<f32>::new(rank, e, f, true, 3)?;
+                    let xs = DistTensor::from_global(rank, &xc, Placement::Shard(0))?;
+                    common::timed(rank, iters, || {
+                        if form == "layer" {
+                            let (y, saved) = fc.forward(&xs)?;
+                            fc.backward(saved, &y).map(drop)
+                        } else {
+                            let y = fc.forward_var(&DVar::param(xs.clone()))?;
+                            y.local().backward_with(y.value().local().clone())
+                        }
+                    })
+                })
+            })
+        });
+    }
+    let hr = Tensor::<f32>::random(&[m, f], 4);
+    for form in ["layer", "forward_var"] {
+        let id = format!("row/world2/M{m}_F{f}_E{e}");
+        group.bench_function(BenchmarkId::new(form, id), |b| {
+            b.iter_custom(|iters| {
+                common::on_ranks(&world, |rank| {
+                    let mut fc = RowParallelLinear::<f32>::new(rank, f, e, true, 3)?;
+                    let hs = DistTensor::from_global(rank, &hr, Placement::Shard(1))?;
+                    common::timed(rank, iters, || {
+                        if form == "layer" {
+                            let (y, saved) = fc.forward(&hs)?;
+                            fc.backward(saved, &y).map(drop)
+                        } else {
+                            let y = fc.forward_var(&DVar::param(hs.clone()))?;
+                            y.local().backward_with(y.value().local().clone())
+                        }
+                    })
+                })
+            })
+        });
+    }
+    let d = e / heads;
+    let qa = Tensor::<f32>::random(&[1, s, heads, d], 5);
+    for form in ["layer", "forward_var"] {
+        let id = format!("ulysses_core/world2/S{s}_H{heads}_D{d}");
+        group.bench_function(BenchmarkId::new(form, id), |b| {
+            b.iter_custom(|iters| {
+                common::on_ranks(&world, |rank| {
+                    let attn = UlyssesAttention::new(true);
+                    let qs = DistTensor::from_global(rank, &qa, Placement::Shard(1))?;
+                    common::timed(rank, iters, || {
+                        if form == "layer" {
+                            let (o, saved) = attn.forward(&qs, &qs, &qs)?;
+                            attn.backward(saved, &o).map(drop)
+                        } else {
+                            let [q, k, v] = [0; 3].map(|_| DVar::param(qs.clone()));
+                            let [qh, kh, vh] = [&q, &k, &v].map(|t| t.all_to_all(2, 1));
+                            let (kh, vh) = (kh?, vh?);
+
+                            let o = qh?.map(|q| {
+                                heads_first(q)?
+                                    .scaled_dot_product_attention(
+                                        &heads_first(kh.local())?,
+                                        &heads_first(vh.local())?,
+                                        true,
+                                    )?
+                                    .permute(&[0, 2, 1, 3])
+                            })?;
+                            let o = o.all_to_all(1, 2)?;
+                            o.local().backward_with(o.value().local().clone())
+                        }
+                    })
+                })
+            })
+        });
+    }
     group.finish();
+}
+
+/// `[B, S, h, D]` as `[B, h, S, D]`, what the fused attention takes.
+fn heads_first<'r>(
+    t: &dist_tensor::autograd::Var<'r, f32>,
+) -> dist_tensor::Result<dist_tensor::autograd::Var<'r, f32>> {
+    t.permute(&[0, 2, 1, 3])
 }
 
 criterion_group! { name = benches; config = common::config(); targets = train_step, backward_ops, autograd }

@@ -1,6 +1,8 @@
 //! [`DVar`]: a [`DistTensor`] in a differentiable computation, its ops recording their duals
 //! (the table and what a gradient means per placement are on [`DVar`]).
 
+use ndarray::ArrayView2;
+
 use super::Var;
 use super::var::record;
 use crate::{DistTensor, Element, MatmulOptions, Placement, Result, Tensor};
@@ -192,11 +194,23 @@ impl<'r, T: Element> DVar<'r, T> {
     /// # Errors
     /// As [`DistTensor::all_gather_matmul_keep_input`].
     pub fn all_gather_matmul(&self, w: &Var<'r, T>) -> Result<DVar<'r, T>> {
+        self.all_gather_matmul_fused(w, true)
+    }
+
+    /// [`DVar::all_gather_matmul`], with `fused == false` running the unfused baselines (all_gather,
+    /// then the product; the product, then reduce_scatter) forward and backward: what
+    /// [`nn`](crate::nn)'s layers do after `.fused(false)`.
+    pub(crate) fn all_gather_matmul_fused(
+        &self,
+        w: &Var<'r, T>,
+        fused: bool,
+    ) -> Result<DVar<'r, T>> {
+        let base = MatmulOptions::new().unfused(!fused);
         if !self.is_tracked() && !w.is_tracked() {
-            return Ok(DVar::constant(self.value.all_gather_matmul(w.value())?));
+            let mut h = self.value.all_gather_matmul_with(&[w.value()], &base)?;
+            return Ok(DVar::constant(h.remove(0)));
         }
-        let (mut h, gathered) =
-            self.value.all_gather_matmul_keep_input(&[w.value()], &MatmulOptions::new())?;
+        let (mut h, gathered) = self.value.all_gather_matmul_keep_input(&[w.value()], &base)?;
         let h = h.remove(0);
         let like = h.clone();
         let x = self.value.clone();
@@ -210,7 +224,7 @@ impl<'r, T: Element> DVar<'r, T> {
                 _ => (0, Vec::new()),
             };
             let dx = if need[0] {
-                let opts = MatmulOptions::new().transpose_weights(true);
+                let opts = base.transpose_weights(true);
                 let opts = if sizes.is_empty() { opts } else { opts.output_split(dim, sizes) };
                 let dx = dh.matmul_reduce_scatter_with(&wv, &opts)?;
                 Some(dx.into_local())
@@ -218,10 +232,7 @@ impl<'r, T: Element> DVar<'r, T> {
                 None
             };
             let dw = if need[1] {
-                let xg = gathered.local();
-                let xg = as_rows(xg)?;
-                let g2 = as_rows(g)?;
-                Some(xg.transpose(0, 1)?.matmul(&g2)?)
+                Some(weight_grad(gathered.local(), g, like.rank().topology().aicore_num())?)
             } else {
                 None
             };
@@ -238,18 +249,27 @@ impl<'r, T: Element> DVar<'r, T> {
     /// # Errors
     /// As [`DistTensor::matmul_reduce_scatter`].
     pub fn matmul_reduce_scatter(&self, w: &Var<'r, T>) -> Result<DVar<'r, T>> {
-        let y = self.value.matmul_reduce_scatter(w.value())?;
+        self.matmul_reduce_scatter_fused(w, true)
+    }
+
+    /// [`DVar::matmul_reduce_scatter`], with `fused == false` running the unfused baselines
+    /// forward and backward (as [`DVar::all_gather_matmul_fused`]).
+    pub(crate) fn matmul_reduce_scatter_fused(
+        &self,
+        w: &Var<'r, T>,
+        fused: bool,
+    ) -> Result<DVar<'r, T>> {
+        let base = MatmulOptions::new().unfused(!fused);
+        let y = self.value.matmul_reduce_scatter_with(w.value(), &base)?;
         let like = y.clone();
         let (a, wv) = (self.local.value().clone(), w.value().clone());
         let local = record(y.local().clone(), &[&self.local, w], move |g, need| {
             let dy = like.map_local(|_| g.clone())?;
-            let opts = MatmulOptions::new().transpose_weights(true);
+            let opts = base.transpose_weights(true);
             let (mut da, dyg) = dy.all_gather_matmul_keep_input(&[&wv], &opts)?;
             let da = da.remove(0).into_local();
             let dw = if need[1] {
-                let a2 = as_rows(&a)?;
-                let dy2 = as_rows(dyg.local())?;
-                Some(a2.transpose(0, 1)?.matmul(&dy2)?)
+                Some(weight_grad(&a, dyg.local(), dyg.rank().topology().aicore_num())?)
             } else {
                 None
             };
@@ -277,6 +297,29 @@ impl<'r, T: Element> DVar<'r, T> {
                 back.redistribute_split(gather_dim, sizes)?
             };
             Ok(back.into_local())
+        }))
+    }
+
+    /// `self` sharded on `dim` cut into `sizes` ([`DistTensor::redistribute_split`]; nothing
+    /// when it is cut so already); the backward pass cuts the gradient back as `self` was.
+    /// Collective.
+    pub(crate) fn resplit(&self, dim: usize, sizes: &[usize]) -> Result<DVar<'r, T>> {
+        if self.value.placement() == Placement::Shard(dim) && self.value.shard_sizes() == sizes {
+            return Ok(self.clone());
+        }
+        let y = self.value.redistribute_split(dim, sizes.to_vec())?;
+        if !self.is_tracked() {
+            return Ok(DVar::constant(y));
+        }
+        let back = match self.value.placement() {
+            Placement::Shard(i) => Some((i, self.value.shard_sizes().to_vec())),
+            _ => None,
+        };
+        let from = self.value.clone();
+        Ok(self.dual(y, move |g| match back {
+            // Same placement, other cut: `grad_back` would keep the cut.
+            Some((i, sizes)) => Ok(g.redistribute_split(i, sizes)?.into_local()),
+            None => grad_back(&from, g),
         }))
     }
 
@@ -315,6 +358,23 @@ impl<'r, T: Element> DVar<'r, T> {
 fn as_rows<T: Element>(x: &Tensor<T>) -> Result<Tensor<T>> {
     let (last, lead) = x.shape().split_last().expect("at least 1-D");
     x.reshape(&[lead.iter().product(), *last])
+}
+
+/// `a^T @ b` over the rows of `a: [..., p]` and `b: [..., q]`: `[p, q]`, the gradient of a
+/// weight, on `threads` threads (a rank's share of the cores, as the fused ops take). On the
+/// host `a` is read transposed in place, with no copy; on a GPU it is transposed there first.
+fn weight_grad<T: Element>(a: &Tensor<T>, b: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
+    let (a, b) = (as_rows(a)?, as_rows(b)?);
+    if a.device_storage().is_some() {
+        return a.transpose(0, 1)?.matmul(&b);
+    }
+    Ok(Tensor::from(crate::tensor::matmul(view2(&a).reversed_axes(), view2(&b), threads)?))
+}
+
+/// A 2-D host tensor as a matrix view.
+fn view2<T: Element>(t: &Tensor<T>) -> ArrayView2<'_, T> {
+    ArrayView2::from_shape((t.shape()[0], t.shape()[1]), t.as_slice())
+        .expect("a host tensor is contiguous")
 }
 
 /// `g`'s part under another placement (collective, as [`DistTensor::from_local`]).

@@ -1,6 +1,7 @@
 //! [`ColumnParallelLinear`]: `y = x @ W + b` with `W` split by columns, input sharded by rows.
 
-use super::{Param, Parameters, bias_grad, check_rows, weight_grad};
+use super::recorded::Recorded;
+use super::{Param, Parameters};
 use crate::autograd::DVar;
 use crate::dist::{DistTensor, MatmulOptions, Split};
 use crate::shmem::Rank;
@@ -18,8 +19,11 @@ use crate::{Error, Result};
 ///   gradient, and gets it without a second gather.
 /// - **backward**: the input gradient `dx = reduce_scatter(dy @ W_r^T)` through the dual fused
 ///   op, `matmul_reduce_scatter`, with `W_r` read transposed and the rows split as `x`'s
-///   were; the weight gradient `X^T @ dy` (the gathered input, read transposed in place) and the
-///   bias gradient (`dy` summed over its rows) locally, with no exchange.
+///   were; the weight gradient `X^T @ dy` (the gathered input) and the bias gradient (`dy`
+///   summed over its rows) locally, with no exchange.
+///
+/// `forward` records the pass on autograd ([`ColumnParallelLinear::forward_var`] on a tracked
+/// copy of `x`) and `backward` runs that record backward: the two forms are one computation.
 ///
 /// # Examples
 /// ```
@@ -51,8 +55,10 @@ pub struct ColumnParallelLinear<T: Element> {
     fused: bool,
 }
 
-/// What [`ColumnParallelLinear::forward`] keeps for its backward pass: the gathered input, and
-/// how the input's rows were split (the input gradient comes back split the same way).
+/// What [`ColumnParallelLinear::forward`] keeps for its backward pass: the pass recorded on
+/// autograd (the gathered input, shared, and how the input's rows were split: the input
+/// gradient comes back split the same way). It borrows the rank, as the forward's output does.
+/// Consumed by the backward pass; a clone shares the record, which runs backward once.
 ///
 /// # Examples
 /// ```
@@ -63,7 +69,6 @@ pub struct ColumnParallelLinear<T: Element> {
 ///     let mut fc = ColumnParallelLinear::<f32>::new(rank, 4, 6, true, 1)?;
 ///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
 ///     let (y, saved) = fc.forward(&xs)?;
-///     assert_eq!(saved.input().shape(), &[2, 7, 4]); // every row, gathered once
 ///     let dx = fc.backward(saved, &y)?; // consumed by the backward pass
 ///     assert_eq!(dx.shard_sizes(), xs.shard_sizes());
 ///     Ok(())
@@ -71,31 +76,8 @@ pub struct ColumnParallelLinear<T: Element> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct ColumnParallelSaved<T: Element> {
-    input: Tensor<T>,
-    dim: usize,
-    sizes: Vec<usize>,
-}
-
-impl<T: Element> ColumnParallelSaved<T> {
-    /// The gathered input `[..., in]`, every row, in global order.
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::nn::ColumnParallelLinear;
-    /// use dist_tensor::{DistTensor, Placement, Split, Tensor, World};
-    /// let (x, w) = (Tensor::<f32>::random(&[3, 2], 1), Tensor::<f32>::random(&[2, 4], 2));
-    /// World::threads(3)?.run(|rank| {
-    ///     let fc = ColumnParallelLinear::from_global(rank, &w, None, Split::Even)?;
-    ///     let (_, saved) = fc.forward(&DistTensor::from_global(rank, &x, Placement::Shard(0))?)?;
-    ///     assert_eq!(saved.input(), &x);
-    ///     Ok(())
-    /// })?;
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    pub fn input(&self) -> &Tensor<T> {
-        &self.input
-    }
+pub struct ColumnParallelSaved<'r, T: Element> {
+    recorded: Recorded<'r, T>,
 }
 
 impl<T: Element> ColumnParallelLinear<T> {
@@ -271,17 +253,9 @@ impl<T: Element> ColumnParallelLinear<T> {
     pub fn forward<'r>(
         &self,
         x: &DistTensor<'r, T>,
-    ) -> Result<(DistTensor<'r, T>, ColumnParallelSaved<T>)> {
-        let opts = MatmulOptions::new().unfused(!self.fused);
-        let (mut outs, input) = x.all_gather_matmul_keep_input(&[self.weight.value()], &opts)?;
-        let y = self.add_bias(outs.remove(0))?;
-        let dim = match x.placement() {
-            crate::Placement::Shard(d) => d,
-            _ => unreachable!("all_gather_matmul takes row-sharded inputs only"),
-        };
-        let saved =
-            ColumnParallelSaved { input: input.into_local(), dim, sizes: x.shard_sizes().to_vec() };
-        Ok((y, saved))
+    ) -> Result<(DistTensor<'r, T>, ColumnParallelSaved<'r, T>)> {
+        let (y, recorded) = Recorded::forward([x], |[x]| self.forward_var(x))?;
+        Ok((y, ColumnParallelSaved { recorded }))
     }
 
     /// The forward pass without keeping anything for a backward pass (inference): the plain
@@ -309,9 +283,9 @@ impl<T: Element> ColumnParallelLinear<T> {
     }
 
     /// The forward pass on autograd: `x @ W_r + b_r` as [`ColumnParallelLinear::forward`]
-    /// computes it (one fused `all_gather_matmul`), recording its dual, so that a `backward()`
-    /// through the result reaches `x` and adds to this layer's gradients. Always fused.
-    /// Collective.
+    /// computes it (one fused `all_gather_matmul`, or the unfused baselines after
+    /// [`fused(false)`](ColumnParallelLinear::fused)), recording its dual, so that a `backward()`
+    /// through the result reaches `x` and adds to this layer's gradients. Collective.
     ///
     /// # Errors
     /// As [`DVar::all_gather_matmul`].
@@ -334,7 +308,7 @@ impl<T: Element> ColumnParallelLinear<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn forward_var<'r>(&self, x: &DVar<'r, T>) -> Result<DVar<'r, T>> {
-        let h = x.all_gather_matmul(&self.weight.var())?;
+        let h = x.all_gather_matmul_fused(&self.weight.var(), self.fused)?;
         match &self.bias {
             Some(b) => {
                 let b = b.var();
@@ -357,29 +331,18 @@ impl<T: Element> ColumnParallelLinear<T> {
     /// input's were) and adds the weight's and bias's gradients to theirs. Collective.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] when `dy`'s leading dimensions are not those of the saved input;
-    /// as [`DistTensor::matmul_reduce_scatter_with`].
+    /// [`Error::InvalidShape`] when `dy` is not laid out as the output was; as
+    /// [`DistTensor::matmul_reduce_scatter_with`].
     ///
     /// # Examples
     /// See [`ColumnParallelLinear`].
     pub fn backward<'r>(
         &mut self,
-        saved: ColumnParallelSaved<T>,
+        saved: ColumnParallelSaved<'r, T>,
         dy: &DistTensor<'r, T>,
     ) -> Result<DistTensor<'r, T>> {
-        const OP: &str = "ColumnParallelLinear::backward";
-        check_rows(OP, &saved.input, dy.local())?;
-        let opts = MatmulOptions::new()
-            .transpose_weights(true)
-            .unfused(!self.fused)
-            .output_split(saved.dim, saved.sizes);
-        let dx = dy.matmul_reduce_scatter_with(self.weight.value(), &opts)?;
-        let threads = dy.rank().topology().aicore_num();
-        self.weight.accumulate_grad(weight_grad(&saved.input, dy.local(), threads)?)?;
-        if let Some(b) = &mut self.bias {
-            b.accumulate_grad(bias_grad(dy.local())?)?;
-        }
-        Ok(dx)
+        let mut dx = saved.recorded.backward("ColumnParallelLinear::backward", &*self, dy)?;
+        Ok(dx.remove(0))
     }
 }
 

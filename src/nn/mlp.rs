@@ -1,14 +1,12 @@
 //! [`ParallelMlp`]: the tensor-parallel MLP block, column-parallel, activation, row-parallel.
 
-use super::{
-    Activation, ColumnParallelLinear, ColumnParallelSaved, Param, Parameters, RowParallelLinear,
-    RowParallelSaved,
-};
+use super::recorded::Recorded;
+use super::{Activation, ColumnParallelLinear, Param, Parameters, RowParallelLinear};
 use crate::Result;
 use crate::autograd::DVar;
 use crate::dist::DistTensor;
 use crate::shmem::Rank;
-use crate::tensor::{Element, Tensor};
+use crate::tensor::Element;
 
 /// The MLP block of a transformer, tensor-parallel with the sequence sharded:
 /// `y = act(x @ W1 + b1) @ W2 + b2`, with `W1: [E, F]` split by columns
@@ -44,8 +42,10 @@ pub struct ParallelMlp<T: Element> {
     fc2: RowParallelLinear<T>,
 }
 
-/// What [`ParallelMlp::forward`] keeps for its backward pass: the two layers' saved values and
-/// the activation's input.
+/// What [`ParallelMlp::forward`] keeps for its backward pass: the pass recorded on autograd
+/// (what the two layers' fused ops keep, and the activation's input). It borrows the rank, as
+/// the forward's output does. Consumed by the backward pass; a clone shares the record, which
+/// runs backward once.
 ///
 /// # Examples
 /// ```
@@ -65,10 +65,8 @@ pub struct ParallelMlp<T: Element> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct MlpSaved<T: Element> {
-    fc1: ColumnParallelSaved<T>,
-    pre_activation: Tensor<T>,
-    fc2: RowParallelSaved<T>,
+pub struct MlpSaved<'r, T: Element> {
+    recorded: Recorded<'r, T>,
 }
 
 impl<T: Element> ParallelMlp<T> {
@@ -196,18 +194,20 @@ impl<T: Element> ParallelMlp<T> {
     }
 
     /// `act(x @ W1 + b1) @ W2 + b2` for `x: [..., E]` sharded on a leading dimension: `[..., E]`,
-    /// sharded as `x`. Returns what the backward pass needs too. Collective.
+    /// sharded as `x`. Returns what the backward pass needs too: the pass recorded on autograd
+    /// ([`ParallelMlp::forward_var`] on a tracked copy of `x`). Collective.
     ///
     /// # Errors
     /// As [`ColumnParallelLinear::forward`] and [`RowParallelLinear::forward`].
     ///
     /// # Examples
     /// See [`ParallelMlp`].
-    pub fn forward<'r>(&self, x: &DistTensor<'r, T>) -> Result<(DistTensor<'r, T>, MlpSaved<T>)> {
-        let (h, fc1) = self.fc1.forward(x)?;
-        let a = h.map_local(|t| self.act.forward(t))?;
-        let (y, fc2) = self.fc2.forward(&a)?;
-        Ok((y, MlpSaved { fc1, pre_activation: h.into_local(), fc2 }))
+    pub fn forward<'r>(
+        &self,
+        x: &DistTensor<'r, T>,
+    ) -> Result<(DistTensor<'r, T>, MlpSaved<'r, T>)> {
+        let (y, recorded) = Recorded::forward([x], |[x]| self.forward_var(x))?;
+        Ok((y, MlpSaved { recorded }))
     }
 
     /// The forward pass without keeping anything for a backward pass (inference). Collective.
@@ -264,7 +264,9 @@ impl<T: Element> ParallelMlp<T> {
     }
 
     /// The backward pass: given `dy` (sharded as the output), returns the gradient with respect
-    /// to `x` (sharded as `x`) and accumulates every parameter's gradient. Collective.
+    /// to `x` (sharded as `x`) and accumulates every parameter's gradient, complete on every
+    /// rank (the replicated second bias's summed over the ranks). The recorded pass run
+    /// backward: through `fc2`'s dual, the activation's derivative and `fc1`'s dual. Collective.
     ///
     /// # Errors
     /// As [`RowParallelLinear::backward`] and [`ColumnParallelLinear::backward`].
@@ -292,13 +294,11 @@ impl<T: Element> ParallelMlp<T> {
     /// ```
     pub fn backward<'r>(
         &mut self,
-        saved: MlpSaved<T>,
+        saved: MlpSaved<'r, T>,
         dy: &DistTensor<'r, T>,
     ) -> Result<DistTensor<'r, T>> {
-        let da = self.fc2.backward(saved.fc2, dy)?;
-        let pre = saved.pre_activation;
-        let dh = da.try_map_local(|g| self.act.backward(&pre, g))?;
-        self.fc1.backward(saved.fc1, &dh)
+        let mut dx = saved.recorded.backward("ParallelMlp::backward", &*self, dy)?;
+        Ok(dx.remove(0))
     }
 }
 

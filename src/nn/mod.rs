@@ -1,7 +1,8 @@
 //! Tensor- and sequence-parallel layers that train: each has a forward pass that keeps what its
 //! backward pass needs, and a backward pass that returns the input gradient and accumulates the
-//! gradients of its parameters. No autograd engine: a model calls its layers' `backward` in
-//! reverse order, passing each the `Saved` value its `forward` returned.
+//! gradients of its parameters. A model calls its layers' `backward` in reverse order, passing
+//! each the `Saved` value its `forward` returned; or it runs every layer's `forward_var` and
+//! differentiates the whole model with autograd (see *On autograd* below).
 //!
 //! # The sequence-parallel arrangement (Megatron-LM with sequence parallelism)
 //!
@@ -34,8 +35,8 @@
 //! On the host worlds (threads, and processes of one host). In a GPU world the fused ops, the
 //! products and the sums run on the GPUs, but what has no GPU kernel yet (activation
 //! derivatives, the loss, the optimizers' updates, attention) returns
-//! [`Error::DeviceUnavailable`]; an Ascend world has no fused op that keeps the gathered input:
-//! the layers' calls return that error there, on every rank.
+//! [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable); an Ascend world has no fused
+//! op that keeps the gathered input: the layers' calls return that error there, on every rank.
 //!
 //! # On autograd
 //!
@@ -45,15 +46,19 @@
 //! mixes these layers with those of [`autograd::gpt`](crate::autograd::gpt), differentiates it
 //! with one `backward()` and steps it with one [`AdamW::step`](crate::autograd::AdamW::step) (or
 //! [`Adam::step_module`], [`Sgd::step_module`]). A [`Param`]'s gradient is an autograd leaf's:
-//! the hand-written `backward` and autograd accumulate into the same place.
+//! a layer's `backward` and a `backward()` through its `forward_var` accumulate into the same
+//! place.
 //!
-//! The hand-written `forward` / `backward` pairs stay for now, as the API the examples use;
-//! `tests/nn_autograd.rs` checks that both forms give the same output and gradients, and `cargo
-//! bench --bench nn -- autograd` times them (the autograd form was not the slower one where it
-//! was measured: the README has the figures). One difference: their gradients of replicated
-//! parameters (a row-parallel bias, the Ulysses projections) are complete on every rank, where
-//! autograd leaves the ranks' partial sums for [`sync_grads`](crate::autograd::sync_grads), as
-//! for every [`Sharing::Replicated`](crate::autograd::Sharing) parameter.
+//! The `forward` / `backward` pairs are autograd too: `forward` runs `forward_var` on a tracked
+//! copy of its input and keeps the record, and `backward` runs the record backward, seeded with
+//! the output gradient. No hand-written derivative is left: none was faster than autograd's
+//! (`cargo bench --bench nn -- autograd` timed both; the README has the figures), and one
+//! backward pass per layer is one to keep right. One difference remains between the two ways to
+//! call them: `backward` returns the gradients of replicated parameters (a row-parallel bias,
+//! the Ulysses projections) complete on every rank, summing this pass's parts over the ranks,
+//! where a `backward()` through `forward_var` leaves the ranks' parts for
+//! [`sync_grads`](crate::autograd::sync_grads), as for every
+//! [`Sharing::Replicated`](crate::autograd::Sharing) parameter.
 //!
 //! # Training
 //!
@@ -95,6 +100,7 @@ mod loss;
 mod mlp;
 mod optim;
 mod param;
+mod recorded;
 mod row_parallel;
 mod state;
 
@@ -108,69 +114,11 @@ pub use param::{Param, Parameters};
 pub use row_parallel::{RowParallelLinear, RowParallelSaved};
 pub use state::{NamedState, OptimizerState, load_training, save_training};
 
-use ndarray::ArrayView2;
-
 use crate::autograd::{Module, Sharing, Var};
 use crate::dist::Placement;
 
-use crate::tensor::{Element, Tensor, matmul};
-use crate::{Error, Result};
-
-/// A tensor `[..., n]` as its rows, `[rows, n]`, without a copy.
-fn rows_of<T: Element>(t: &Tensor<T>) -> ArrayView2<'_, T> {
-    let n = t.shape().last().copied().unwrap_or(1);
-    let rows = t.shape()[..t.ndim().saturating_sub(1)].iter().product();
-    ArrayView2::from_shape((rows, n), t.as_slice()).expect("a tensor is contiguous")
-}
-
-/// `t: [..., k] @ w` (`w: [k, n]`, any strides: a transposed weight is read in place):
-/// `[..., n]`.
-fn rows_matmul<T: Element>(
-    t: &Tensor<T>,
-    w: ArrayView2<'_, T>,
-    threads: usize,
-) -> Result<Tensor<T>> {
-    let mut shape = t.shape().to_vec();
-    *shape.last_mut().expect("at least 1-D") = w.ncols();
-    Tensor::from(matmul(rows_of(t), w, threads)?).reshape(&shape)
-}
-
-/// `[rows, n]` of a tensor `[..., n]`.
-fn rows_dims<T: Element>(t: &Tensor<T>) -> [usize; 2] {
-    let n = t.shape().last().copied().unwrap_or(1);
-    [t.shape()[..t.ndim().saturating_sub(1)].iter().product(), n]
-}
-
-/// `a^T @ b` over the rows of `a: [..., p]` and `b: [..., q]`: `[p, q]`, the gradient of a
-/// weight. On the host `a` is read transposed in place; on a GPU it is transposed there first.
-fn weight_grad<T: Element>(a: &Tensor<T>, b: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
-    if a.device_storage().is_some() {
-        return a.reshape(&rows_dims(a))?.transpose(0, 1)?.matmul(&b.reshape(&rows_dims(b))?);
-    }
-    Ok(Tensor::from(matmul(rows_of(a).reversed_axes(), rows_of(b), threads)?))
-}
-
-/// `dy: [..., n]` summed over its rows: `[n]`, the gradient of a bias.
-fn bias_grad<T: Element>(dy: &Tensor<T>) -> Result<Tensor<T>> {
-    dy.reshape(&rows_dims(dy))?.sum_axis(0)
-}
-
-/// Checks that `a` and `b` have the same leading dimensions (the same rows).
-fn check_rows<T: Element>(op: &'static str, a: &Tensor<T>, b: &Tensor<T>) -> Result<()> {
-    let lead = |t: &Tensor<T>| t.shape()[..t.ndim().saturating_sub(1)].to_vec();
-    if a.ndim() < 2 || lead(a) != lead(b) {
-        return Err(Error::InvalidShape {
-            op,
-            reason: format!(
-                "the gradient has shape {:?}, the saved input {:?}: their leading dimensions \
-                 (the rows) must agree",
-                b.shape(),
-                a.shape()
-            ),
-        });
-    }
-    Ok(())
-}
+use crate::Result;
+use crate::tensor::{Element, Tensor};
 
 /// A whole weight `[in, out]` and bias `[out]` initialised as PyTorch's `nn.Linear` is: uniform
 /// in `+-1/sqrt(in)`, from `seed` (the bias from the next seed).

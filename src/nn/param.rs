@@ -32,7 +32,7 @@ use crate::{Error, Result};
 ///
 /// The gradient lives in an autograd leaf: [`Param::var`] is the parameter as a tracked
 /// [`Var`], and a backward pass through it accumulates into this same gradient. So a layer's
-/// hand-written backward pass and autograd add up in one place, and a layer is an autograd
+/// `backward` and a `backward()` through its `forward_var` add up in one place, and a layer is an autograd
 /// [`Module`](crate::autograd::Module) whose parameters [`AdamW`](crate::autograd::AdamW) steps.
 pub struct Param<T: Element> {
     value: Tensor<T>,

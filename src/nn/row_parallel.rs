@@ -1,7 +1,8 @@
 //! [`RowParallelLinear`]: `y = h @ W + b` with `W` split by rows, output sharded by rows.
 
 use super::column_parallel::check_linear;
-use super::{Param, Parameters, bias_grad, check_rows, weight_grad};
+use super::recorded::Recorded;
+use super::{Param, Parameters};
 use crate::Result;
 use crate::autograd::DVar;
 use crate::dist::{DistTensor, MatmulOptions, Split};
@@ -19,8 +20,12 @@ use crate::tensor::{Element, Tensor};
 ///   copy) for the weight gradient.
 /// - **backward**: the input gradient `dh = all_gather(dy) @ W_r^T` through the dual fused op,
 ///   `all_gather_matmul`, with `W_r` read transposed; the fused op also hands back the
-///   gathered `dY`, from which the weight gradient `h^T @ dY` and the bias gradient (`dY` summed
-///   over its rows, the same on every rank) follow locally, with no second gather.
+///   gathered `dY`, from which the weight gradient `h^T @ dY` follows locally, with no second
+///   gather. The bias gradient, `dy` summed over this rank's rows, is summed over the ranks
+///   (one small all-reduce): complete, the same on every rank.
+///
+/// `forward` records the pass on autograd ([`RowParallelLinear::forward_var`] on a tracked copy
+/// of `h`) and `backward` runs that record backward: the two forms are one computation.
 ///
 /// # Examples
 /// ```
@@ -52,8 +57,10 @@ pub struct RowParallelLinear<T: Element> {
     fused: bool,
 }
 
-/// What [`RowParallelLinear::forward`] keeps for its backward pass: its input (this rank's
-/// columns of every row; shared with the caller's tensor, not copied).
+/// What [`RowParallelLinear::forward`] keeps for its backward pass: the pass recorded on
+/// autograd, with its input (this rank's columns of every row; shared with the caller's tensor,
+/// not copied). It borrows the rank, as the forward's output does. Consumed by the backward
+/// pass; a clone shares the record, which runs backward once.
 ///
 /// # Examples
 /// ```
@@ -71,11 +78,11 @@ pub struct RowParallelLinear<T: Element> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct RowParallelSaved<T: Element> {
-    input: Tensor<T>,
+pub struct RowParallelSaved<'r, T: Element> {
+    recorded: Recorded<'r, T>,
 }
 
-impl<T: Element> RowParallelSaved<T> {
+impl<T: Element> RowParallelSaved<'_, T> {
     /// The input `[..., in_r]` the forward pass saw (this rank's part).
     ///
     /// # Examples
@@ -92,7 +99,7 @@ impl<T: Element> RowParallelSaved<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn input(&self) -> &Tensor<T> {
-        &self.input
+        self.recorded.input(0).local()
     }
 }
 
@@ -265,9 +272,9 @@ impl<T: Element> RowParallelLinear<T> {
     pub fn forward<'r>(
         &self,
         h: &DistTensor<'r, T>,
-    ) -> Result<(DistTensor<'r, T>, RowParallelSaved<T>)> {
-        let y = self.infer(h)?;
-        Ok((y, RowParallelSaved { input: h.local().clone() }))
+    ) -> Result<(DistTensor<'r, T>, RowParallelSaved<'r, T>)> {
+        let (y, recorded) = Recorded::forward([h], |[h]| self.forward_var(h))?;
+        Ok((y, RowParallelSaved { recorded }))
     }
 
     /// The forward pass without keeping anything for a backward pass (inference). Collective.
@@ -303,31 +310,24 @@ impl<T: Element> RowParallelLinear<T> {
     /// and bias's gradients to theirs. Collective.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`](crate::Error::InvalidShape) when `dy`'s leading dimensions (all
-    /// of them, gathered) are not those of the saved input; as
-    /// [`DistTensor::all_gather_matmul_keep_input`].
+    /// [`Error::InvalidShape`](crate::Error::InvalidShape) when `dy` is not laid out as the
+    /// output was; as [`DistTensor::all_gather_matmul_keep_input`].
     ///
     /// # Examples
     /// See [`RowParallelLinear`].
     pub fn backward<'r>(
         &mut self,
-        saved: RowParallelSaved<T>,
+        saved: RowParallelSaved<'r, T>,
         dy: &DistTensor<'r, T>,
     ) -> Result<DistTensor<'r, T>> {
-        let opts = MatmulOptions::new().transpose_weights(true).unfused(!self.fused);
-        let (mut dh, dy_all) = dy.all_gather_matmul_keep_input(&[self.weight.value()], &opts)?;
-        check_rows("RowParallelLinear::backward", &saved.input, dy_all.local())?;
-        let threads = dy.rank().topology().aicore_num();
-        self.weight.accumulate_grad(weight_grad(&saved.input, dy_all.local(), threads)?)?;
-        if let Some(b) = &mut self.bias {
-            b.accumulate_grad(bias_grad(dy_all.local())?)?;
-        }
+        let mut dh = saved.recorded.backward("RowParallelLinear::backward", &*self, dy)?;
         Ok(dh.remove(0))
     }
 
     /// The forward pass on autograd: `reduce_scatter(h @ W_r) + b` as
-    /// [`RowParallelLinear::forward`] computes it (one fused `matmul_reduce_scatter`), recording
-    /// its dual. Always fused. The bias's gradient is this rank's rows' part: sum it over the
+    /// [`RowParallelLinear::forward`] computes it (one fused `matmul_reduce_scatter`, or the
+    /// unfused baselines after [`fused(false)`](RowParallelLinear::fused)), recording its dual.
+    /// The bias's gradient is this rank's rows' part: sum it over the
     /// ranks with [`sync_grads`](crate::autograd::sync_grads). Collective.
     ///
     /// # Errors
@@ -349,7 +349,7 @@ impl<T: Element> RowParallelLinear<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn forward_var<'r>(&self, h: &DVar<'r, T>) -> Result<DVar<'r, T>> {
-        let y = h.matmul_reduce_scatter(&self.weight.var())?;
+        let y = h.matmul_reduce_scatter_fused(&self.weight.var(), self.fused)?;
         match &self.bias {
             Some(b) => {
                 let b = b.var();

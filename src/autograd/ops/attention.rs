@@ -29,7 +29,18 @@ impl<'a, T: Element> Var<'a, T> {
         causal: bool,
     ) -> Result<Var<'a, T>> {
         let d = self.shape().last().copied().unwrap_or(1).max(1);
-        let scale = 1.0 / (d as f64).sqrt();
+        self.scaled_dot_product_attention_scaled(k, v, causal, 1.0 / (d as f64).sqrt())
+    }
+
+    /// [`Var::scaled_dot_product_attention`] with the scores scaled by `scale` instead of
+    /// `1 / sqrt(D)` ([`UlyssesAttention::scale`](crate::nn::UlyssesAttention::scale)).
+    pub(crate) fn scaled_dot_product_attention_scaled(
+        &self,
+        k: &Var<'a, T>,
+        v: &Var<'a, T>,
+        causal: bool,
+        scale: f64,
+    ) -> Result<Var<'a, T>> {
         let (o, lse) =
             scaled_dot_product_attention_lse(&self.value, &k.value, &v.value, causal, scale)?;
         let (qv, kv, vv, ov) = (self.value.clone(), k.value.clone(), v.value.clone(), o.clone());

@@ -1,25 +1,16 @@
 //! Sequence-parallel (Ulysses) attention with its backward pass: the core
 //! ([`UlyssesAttention`]) and the layer with its projections ([`UlyssesSelfAttention`]).
 
-mod local;
 mod self_attention;
 mod ulysses;
 
 pub use self_attention::{SelfAttentionSaved, UlyssesSelfAttention};
 pub use ulysses::{AttentionSaved, UlyssesAttention};
 
-use ndarray::{ArrayView4, ArrayViewMut4, Ix4};
-
+use crate::Error;
+use crate::Result;
 use crate::dist::DistTensor;
-use crate::tensor::{Element, Tensor};
-use crate::{Error, Result};
-
-/// Puts a tensor `[B, s, ...]` that came back from an `all_to_all` (its sequence cut as
-/// `numpy.array_split` cuts) onto the sequence split `sizes` of the tensor it answers, when
-/// they differ: one more exchange, only for an input that was not cut evenly.
-fn resplit<'r, T: Element>(t: DistTensor<'r, T>, sizes: &[usize]) -> Result<DistTensor<'r, T>> {
-    if t.shard_sizes() == sizes { Ok(t) } else { t.redistribute_split(1, sizes.to_vec()) }
-}
+use crate::tensor::Element;
 
 /// Checks that `t` is `[B, s_r, ...]` of `ndim` dimensions sharded on the sequence.
 fn check_sequence<T: Element>(
@@ -36,14 +27,4 @@ fn check_sequence<T: Element>(
         });
     }
     Ok(())
-}
-
-/// A 4-D tensor as a 4-D view.
-fn view4<T: Element>(t: &Tensor<T>) -> ArrayView4<'_, T> {
-    t.view().into_dimensionality::<Ix4>().expect("a 4-D tensor")
-}
-
-/// A 4-D tensor as a mutable 4-D view.
-fn view4_mut<T: Element>(t: &mut Tensor<T>) -> ArrayViewMut4<'_, T> {
-    t.view_mut().into_dimensionality::<Ix4>().expect("a 4-D tensor")
 }

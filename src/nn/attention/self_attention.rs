@@ -1,13 +1,11 @@
 //! [`UlyssesSelfAttention`]: the attention layer of a transformer with the sequence sharded, its
 //! projections and its backward pass.
 
-use ndarray::{Array3, ArrayView4, ArrayViewMut4, Axis, Ix5};
-
-use super::{UlyssesAttention, check_sequence, local, resplit, view4, view4_mut};
+use super::{UlyssesAttention, check_sequence};
 use crate::autograd::{DVar, Var};
-use crate::collectives;
-use crate::dist::{DistTensor, Placement};
-use crate::nn::{Param, Parameters, linear_init, rows_matmul, weight_grad};
+use crate::dist::DistTensor;
+use crate::nn::recorded::Recorded;
+use crate::nn::{Param, Parameters, linear_init};
 use crate::tensor::{Element, Tensor};
 use crate::{Error, Result};
 
@@ -15,16 +13,16 @@ use crate::{Error, Result};
 /// `y = attention(x W_q, x W_k, x W_v) W_o` for `x: [B, s_r, E]` (`Shard(1)`), `H` heads of
 /// `D = E / H`. The weights are replicated: every rank projects its own tokens with all of them.
 ///
-/// - **forward**: one local product `x @ W_qkv` (`W_qkv = [W_q | W_k | W_v]`, `[E, 3E]`) gives
-///   q, k and v packed as `[B, s_r, 3, H, D]`; *one* `all_to_all` trades the sequence for heads
-///   for all three (`[B, S, 3, h_r, D]`); each rank attends its heads over the whole sequence
-///   (q, k, v read in place from the packed tensor); one `all_to_all` brings the output back to
-///   `[B, s_r, H, D]`, and a local product with `W_o` ends it.
-/// - **backward**: the same exchanges the other way round (the output gradient to heads; the
-///   packed gradients of q, k and v back to sequence shards in one `all_to_all`); the input
-///   gradient `dqkv @ W_qkv^T` with the weight read transposed in place; the weight gradients
-///   from this rank's tokens, summed over the ranks in one `all_reduce` (rank order: equal on
-///   every rank, bit for bit).
+/// - **forward**: local products of this rank's tokens with `W_q`, `W_k` and `W_v` (the
+///   three side by side in `W_qkv`, `[E, 3E]`) give q, k and v as `[B, s_r, H, D]`;
+///   [`UlyssesAttention`] trades each for heads, attends and brings the output back to
+///   `[B, s_r, H, D]`; a local product with `W_o` ends it.
+/// - **backward**: the same exchanges the other way round; the weight gradients from this
+///   rank's tokens, summed over the ranks (the weights are replicated), so that they are
+///   complete and equal on every rank.
+///
+/// `forward` records the pass on autograd ([`UlyssesSelfAttention::forward_var`] on a tracked
+/// copy of `x`) and `backward` runs that record backward.
 ///
 /// # Examples
 /// ```
@@ -53,9 +51,11 @@ pub struct UlyssesSelfAttention<T: Element> {
     attention: UlyssesAttention,
 }
 
-/// What [`UlyssesSelfAttention::forward`] keeps for its backward pass: its input, the packed q,
-/// k and v of this rank's heads, each row's log-sum-exp, the attention output (the input of
-/// `W_o`), and the input's sequence split.
+/// What [`UlyssesSelfAttention::forward`] keeps for its backward pass: the pass recorded on
+/// autograd (its input, this rank's heads of q, k and v, each row's log-sum-exp, the attention
+/// output that is the input of `W_o`, and the input's sequence split). It borrows the rank, as
+/// the forward's output does. Consumed by the backward pass; a clone shares the record, which
+/// runs backward once.
 ///
 /// # Examples
 /// ```
@@ -66,7 +66,6 @@ pub struct UlyssesSelfAttention<T: Element> {
 ///     let mut attn = UlyssesSelfAttention::<f32>::new(8, 2, true, 1)?;
 ///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
 ///     let (y, saved) = attn.forward(&xs)?;
-///     assert_eq!(saved.packed_heads().shape(), &[2, 5, 3, 1, 4]); // one head of q, k, v each
 ///     let dx = attn.backward(saved, &y)?;
 ///     assert_eq!(dx.shard_sizes(), xs.shard_sizes());
 ///     Ok(())
@@ -74,39 +73,8 @@ pub struct UlyssesSelfAttention<T: Element> {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct SelfAttentionSaved<T: Element> {
-    x: Tensor<T>,
-    heads: Tensor<T>,
-    head_splits: Vec<usize>,
-    lse: Array3<T::Acc>,
-    ctx: Tensor<T>,
-    sizes: Vec<usize>,
-}
-
-impl<T: Element> SelfAttentionSaved<T> {
-    /// This rank's heads of q, k and v over the whole sequence, packed: `[B, S, 3, h_r, D]`.
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::nn::UlyssesSelfAttention;
-    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
-    /// let x = Tensor::<f32>::random(&[1, 5, 6], 1);
-    /// World::threads(2)?.run(|rank| {
-    ///     let attn = UlyssesSelfAttention::<f32>::new(6, 3, false, 1)?;
-    ///     let (_, saved) = attn.forward(&DistTensor::from_global(rank, &x, Placement::Shard(1))?)?;
-    ///     assert_eq!(saved.packed_heads().shape(), &[1, 5, 3, 2 - rank.rank(), 2]);
-    ///     Ok(())
-    /// })?;
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    pub fn packed_heads(&self) -> &Tensor<T> {
-        &self.heads
-    }
-}
-
-/// The q, k and v parts of a packed `[B, S, 3, h, D]` view.
-fn unpack<'a, T>(packed: ndarray::ArrayView5<'a, T>) -> [ArrayView4<'a, T>; 3] {
-    [0, 1, 2].map(|i| packed.index_axis_move(Axis(2), i))
+pub struct SelfAttentionSaved<'r, T: Element> {
+    recorded: Recorded<'r, T>,
 }
 
 impl<T: Element> UlyssesSelfAttention<T> {
@@ -241,38 +209,10 @@ impl<T: Element> UlyssesSelfAttention<T> {
     pub fn forward<'r>(
         &self,
         x: &DistTensor<'r, T>,
-    ) -> Result<(DistTensor<'r, T>, SelfAttentionSaved<T>)> {
-        let ([b, s, e], d) = self.dims("UlyssesSelfAttention::forward", x)?;
-        let (heads, threads) = (self.heads, x.rank().topology().aicore_num());
-        let wqkv = self.wqkv.value().view2("wqkv")?;
-        let qkv = x.try_map_local(|t| rows_matmul(t, wqkv, threads))?;
-        // One exchange for q, k and v: [B, s_r, 3, H, D] -> [B, S, 3, h_r, D].
-        let packed = qkv.reshape(&[b, s, 3, heads, d])?.all_to_all(3, 1)?;
-        let view = packed.local().view().into_dimensionality::<Ix5>().expect("5-D");
-        let [q, k, v] = unpack(view);
-        let mut ctx = Tensor::<T>::try_zeros(q.shape())?;
-        let scale = self.attention.scale_for(d);
-        let lse = local::forward(q, k, v, self.attention.is_causal(), scale, view4_mut(&mut ctx))?;
-        let head_splits = packed.shard_sizes().to_vec();
-        let ctx = DistTensor::new(
-            x.rank(),
-            ctx,
-            Placement::Shard(2),
-            vec![b, s, heads, d],
-            head_splits.clone(),
-        );
-        let ctx = resplit(ctx.all_to_all(1, 2)?, x.shard_sizes())?.reshape(&[b, s, e])?;
-        let wo = self.wo.value().view2("wo")?;
-        let y = ctx.try_map_local(|t| rows_matmul(t, wo, threads))?;
-        let saved = SelfAttentionSaved {
-            x: x.local().clone(),
-            heads: packed.into_local(),
-            head_splits,
-            lse,
-            ctx: ctx.into_local(),
-            sizes: x.shard_sizes().to_vec(),
-        };
-        Ok((y, saved))
+    ) -> Result<(DistTensor<'r, T>, SelfAttentionSaved<'r, T>)> {
+        self.dims("UlyssesSelfAttention::forward", x)?;
+        let (y, recorded) = Recorded::forward([x], |[x]| self.forward_var(x))?;
+        Ok((y, SelfAttentionSaved { recorded }))
     }
 
     /// The backward pass: given `dy` (`[B, s_r, E]`, split as the output), the gradient with
@@ -280,77 +220,28 @@ impl<T: Element> UlyssesSelfAttention<T> {
     /// Collective.
     ///
     /// # Errors
-    /// As [`UlyssesSelfAttention::forward`]; [`Error::InvalidShape`] when `dy`'s part is not the
-    /// shape of the saved input's.
+    /// As [`UlyssesSelfAttention::forward`]; [`Error::InvalidShape`] when `dy` is not laid out
+    /// as the output was.
     ///
     /// # Examples
     /// See [`UlyssesSelfAttention`].
     pub fn backward<'r>(
         &mut self,
-        saved: SelfAttentionSaved<T>,
+        saved: SelfAttentionSaved<'r, T>,
         dy: &DistTensor<'r, T>,
     ) -> Result<DistTensor<'r, T>> {
         const OP: &str = "UlyssesSelfAttention::backward";
-        let ([b, s, e], d) = self.dims(OP, dy)?;
-        if dy.local().shape() != saved.x.shape() {
-            return Err(Error::InvalidShape {
-                op: OP,
-                reason: format!(
-                    "the output gradient's part is {:?}, the input's was {:?}",
-                    dy.local().shape(),
-                    saved.x.shape()
-                ),
-            });
-        }
-        let (heads, threads, rank) = (self.heads, dy.rank().topology().aicore_num(), dy.rank());
-        let dwo = weight_grad(&saved.ctx, dy.local(), threads)?;
-        let wo_t = self.wo.value().view2("wo")?.reversed_axes();
-        let dctx =
-            dy.try_map_local(|t| rows_matmul(t, wo_t, threads))?.reshape(&[b, s, heads, d])?;
-        let dctx = dctx.all_to_all(2, 1)?; // [B, S, h_r, D]
-        let mut dpacked = Tensor::<T>::try_zeros(saved.heads.shape())?;
-        {
-            let packed = saved.heads.view().into_dimensionality::<Ix5>().expect("5-D");
-            let [q, k, v] = unpack(packed);
-            let grads = dpacked.view_mut().into_dimensionality::<Ix5>().expect("5-D");
-            let (dq, rest) = grads.split_at(Axis(2), 1);
-            let (dk, dv) = rest.split_at(Axis(2), 1);
-            let grads: (ArrayViewMut4<'_, T>, _, _) = (
-                dq.index_axis_move(Axis(2), 0),
-                dk.index_axis_move(Axis(2), 0),
-                dv.index_axis_move(Axis(2), 0),
-            );
-            let scale = self.attention.scale_for(d);
-            let causal = self.attention.is_causal();
-            local::backward(q, k, v, &saved.lse, view4(dctx.local()), causal, scale, grads)?;
-        }
-        let dpacked = DistTensor::new(
-            rank,
-            dpacked,
-            Placement::Shard(3),
-            vec![b, s, 3, heads, d],
-            saved.head_splits,
-        );
-        let dqkv = resplit(dpacked.all_to_all(1, 3)?, &saved.sizes)?.reshape(&[b, s, 3 * e])?;
-        let dwqkv = weight_grad(&saved.x, dqkv.local(), threads)?;
-        let wqkv_t = self.wqkv.value().view2("wqkv")?.reversed_axes();
-        let dx = dqkv.try_map_local(|t| rows_matmul(t, wqkv_t, threads))?;
-        // The weights are replicated: their gradients add up over the ranks' tokens.
-        let mut both = dwqkv.as_slice().to_vec();
-        both.extend_from_slice(dwo.as_slice());
-        let summed = collectives::all_reduce(rank, &both)?;
-        let (sum_qkv, sum_o) = summed.split_at(dwqkv.len());
-        self.wqkv.accumulate_grad(Tensor::from_shape_vec(dwqkv.shape(), sum_qkv.to_vec())?)?;
-        self.wo.accumulate_grad(Tensor::from_shape_vec(dwo.shape(), sum_o.to_vec())?)?;
-        Ok(dx)
+        self.dims(OP, dy)?;
+        let mut dx = saved.recorded.backward(OP, &*self, dy)?;
+        Ok(dx.remove(0))
     }
 
     /// The forward pass on autograd: the projections as local products of this rank's tokens,
-    /// q, k and v each traded for heads by an `all_to_all` (three exchanges where
-    /// [`UlyssesSelfAttention::forward`] packs them in one), the fused
+    /// q, k and v each traded for heads by an `all_to_all`, the fused
     /// [`scaled_dot_product_attention`](Var::scaled_dot_product_attention), the exchange back and
-    /// the output projection, each recording its backward. The weights' gradients are this
-    /// rank's tokens' parts: sum them with [`sync_grads`](crate::autograd::sync_grads).
+    /// the output projection (as [`UlyssesAttention::forward_var`] between them), each recording
+    /// its backward. The weights' gradients are this rank's tokens' parts: sum them with
+    /// [`sync_grads`](crate::autograd::sync_grads) ([`UlyssesSelfAttention::backward`] does).
     /// Collective.
     ///
     /// # Errors
@@ -366,9 +257,7 @@ impl<T: Element> UlyssesSelfAttention<T> {
     ///     let attn = UlyssesSelfAttention::<f64>::new(8, 2, true, 5)?;
     ///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
     ///     let y = attn.forward_var(&DVar::constant(xs.clone()))?;
-    ///     let want = attn.forward(&xs)?.0;
-    ///     let err = (y.value().local() - want.local()).as_slice().iter().fold(0.0f64, |m, d| m.max(d.abs()));
-    ///     assert!(err < 1e-12, "{err}");
+    ///     assert_eq!(y.value().local(), attn.forward(&xs)?.0.local());
     ///     Ok(())
     /// })?;
     /// # Ok::<(), dist_tensor::Error>(())
@@ -378,29 +267,15 @@ impl<T: Element> UlyssesSelfAttention<T> {
         let heads = self.heads;
         let s_r = x.local().shape()[1];
         let wqkv = self.wqkv.var();
-        // This rank's tokens times `w`, `[B, s_r, E]`, as heads `[B, S, h_r, D]`.
+        // This rank's tokens times `w`, `[B, s_r, E]`, as heads `[B, s_r, H, D]`.
         let project = |w: &Var<'r, T>| -> Result<DVar<'r, T>> {
             x.map(|x| x.reshape(&[b * s_r, e])?.matmul(w)?.reshape(&[b, s_r, e]))?
-                .reshape(&[b, s, heads, d])?
-                .all_to_all(2, 1)
+                .reshape(&[b, s, heads, d])
         };
         let [q, k, v] = [0, 1, 2].map(|i| wqkv.narrow(1, i * e, e).and_then(|w| project(&w)));
-        let (q, k, v) = (q?, k?, v?);
-        let causal = self.attention.is_causal();
-        let heads_first = |t: &Var<'r, T>| t.permute(&[0, 2, 1, 3]);
-        let o = q.map(|q| {
-            heads_first(q)?
-                .scaled_dot_product_attention(
-                    &heads_first(k.local())?,
-                    &heads_first(v.local())?,
-                    causal,
-                )?
-                .permute(&[0, 2, 1, 3])
-        })?;
-        let o = o.all_to_all(1, 2)?.reshape(&[b, s, e])?;
+        let o = self.attention.forward_var(&q?, &k?, &v?)?.reshape(&[b, s, e])?;
         let wo = self.wo.var();
-        let rows = o.local().shape()[1];
-        o.map(|o| o.reshape(&[b * rows, e])?.matmul(&wo)?.reshape(&[b, rows, e]))
+        o.map(|o| o.reshape(&[b * s_r, e])?.matmul(&wo)?.reshape(&[b, s_r, e]))
     }
 }
 

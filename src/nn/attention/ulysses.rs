@@ -1,22 +1,26 @@
 //! [`UlyssesAttention`]: attention with the sequence sharded, heads traded for sequence and back.
 
-use ndarray::Array3;
-
-use super::{check_sequence, local, resplit, view4, view4_mut};
+use super::check_sequence;
 use crate::Result;
+use crate::autograd::{DVar, Module, Sharing, Var};
 use crate::dist::DistTensor;
-use crate::tensor::{Element, Tensor};
+use crate::nn::recorded::Recorded;
+use crate::tensor::Element;
 
 /// Softmax attention over a sequence sharded on the ranks (DeepSpeed-Ulysses): `q`, `k`, `v` of
 /// `[B, s_r, H, D]` (`Shard(1)`) each go through one `all_to_all(2, 1)` to `[B, S, h_r, D]` (all
 /// of the sequence, this rank's whole heads), each rank attends its heads, and one
 /// `all_to_all(1, 2)` brings the output back to `[B, s_r, H, D]`, split as `q` was.
 ///
-/// The backward pass is the same exchanges the other way round: the output gradient goes to
-/// heads with `all_to_all(2, 1)`, the local attention's backward pass gives the gradients of
-/// this rank's heads of `q`, `k` and `v`, and three `all_to_all(1, 2)` bring them back to
-/// sequence shards. The forward pass keeps the heads it attended and each row's log-sum-exp;
-/// the backward pass recomputes the probabilities from them.
+/// Each rank attends with the fused
+/// [`scaled_dot_product_attention`](crate::autograd::Var::scaled_dot_product_attention) (no
+/// `S x S` scores). The backward pass is the same exchanges the other way round: the output
+/// gradient goes to heads with `all_to_all(2, 1)`, the local attention's backward pass gives
+/// the gradients of this rank's heads of `q`, `k` and `v`, and three `all_to_all(1, 2)` bring
+/// them back to sequence shards. The forward pass keeps the heads it attended and each row's
+/// log-sum-exp; the backward pass recomputes the probabilities from them. `forward` records the
+/// pass on autograd ([`UlyssesAttention::forward_var`] on tracked copies of `q`, `k`, `v`) and
+/// `backward` runs that record backward.
 ///
 /// `S` and `H` need not divide by the world size (with more ranks than heads, some attend
 /// none).
@@ -46,8 +50,10 @@ pub struct UlyssesAttention {
     scale: Option<f64>,
 }
 
-/// What [`UlyssesAttention::forward`] keeps for its backward pass: this rank's heads of `q`,
-/// `k` and `v` over the whole sequence, each row's log-sum-exp, and the input's sequence split.
+/// What [`UlyssesAttention::forward`] keeps for its backward pass: the pass recorded on
+/// autograd (this rank's heads of `q`, `k` and `v` over the whole sequence, each row's
+/// log-sum-exp, and the input's sequence split). It borrows the rank, as the forward's output
+/// does. Consumed by the backward pass; a clone shares the record, which runs backward once.
 ///
 /// # Examples
 /// ```
@@ -58,7 +64,6 @@ pub struct UlyssesAttention {
 ///     let qs = DistTensor::from_global(rank, &q, Placement::Shard(1))?;
 ///     let attention = UlyssesAttention::new(true);
 ///     let (out, saved) = attention.forward(&qs, &qs, &qs)?;
-///     assert_eq!(saved.query_heads().shape(), &[1, 6, 2, 2]); // all 6 tokens, 2 of the 4 heads
 ///     let (dq, _, _) = attention.backward(saved, &out)?;
 ///     assert_eq!(dq.shard_sizes(), qs.shard_sizes());
 ///     Ok(())
@@ -66,33 +71,8 @@ pub struct UlyssesAttention {
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 #[derive(Debug, Clone)]
-pub struct AttentionSaved<T: Element> {
-    q: Tensor<T>,
-    k: Tensor<T>,
-    v: Tensor<T>,
-    lse: Array3<T::Acc>,
-    sizes: Vec<usize>,
-}
-
-impl<T: Element> AttentionSaved<T> {
-    /// This rank's heads of `q`, `[B, S, h_r, D]`, as attention saw them.
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::nn::UlyssesAttention;
-    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
-    /// let q = Tensor::<f32>::random(&[1, 5, 3, 2], 1);
-    /// World::threads(2)?.run(|rank| {
-    ///     let qs = DistTensor::from_global(rank, &q, Placement::Shard(1))?;
-    ///     let (_, saved) = UlyssesAttention::new(false).forward(&qs, &qs, &qs)?;
-    ///     assert_eq!(saved.query_heads().shape(), &[1, 5, 2 - rank.rank(), 2]);
-    ///     Ok(())
-    /// })?;
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    pub fn query_heads(&self) -> &Tensor<T> {
-        &self.q
-    }
+pub struct AttentionSaved<'r, T: Element> {
+    recorded: Recorded<'r, T>,
 }
 
 impl UlyssesAttention {
@@ -144,38 +124,69 @@ impl UlyssesAttention {
     ///
     /// # Examples
     /// See [`UlyssesAttention`].
+    #[allow(clippy::type_complexity)]
     pub fn forward<'r, T: Element>(
         &self,
         q: &DistTensor<'r, T>,
         k: &DistTensor<'r, T>,
         v: &DistTensor<'r, T>,
-    ) -> Result<(DistTensor<'r, T>, AttentionSaved<T>)> {
+    ) -> Result<(DistTensor<'r, T>, AttentionSaved<'r, T>)> {
+        let (out, recorded) = Recorded::forward([q, k, v], |[q, k, v]| self.forward_var(q, k, v))?;
+        Ok((out, AttentionSaved { recorded }))
+    }
+
+    /// The forward pass on autograd: as [`UlyssesAttention::forward`], each exchange recording
+    /// the reverse one and the local attention its backward pass. Collective.
+    ///
+    /// # Errors
+    /// As [`UlyssesAttention::forward`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::autograd::DVar;
+    /// use dist_tensor::nn::UlyssesAttention;
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let q = Tensor::<f64>::random(&[1, 5, 2, 3], 1);
+    /// World::threads(2)?.run(|rank| {
+    ///     let q = DVar::param(DistTensor::from_global(rank, &q, Placement::Shard(1))?);
+    ///     let out = UlyssesAttention::new(true).forward_var(&q, &q, &q)?;
+    ///     out.local().sum().backward()?; // collective
+    ///     assert_eq!(q.grad().unwrap().shape(), q.value().local().shape());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn forward_var<'r, T: Element>(
+        &self,
+        q: &DVar<'r, T>,
+        k: &DVar<'r, T>,
+        v: &DVar<'r, T>,
+    ) -> Result<DVar<'r, T>> {
         const OP: &str = "UlyssesAttention::forward";
+        let dims = q.value().global_dims().to_vec();
         for (what, t) in [("q", q), ("k", k), ("v", v)] {
-            check_sequence(OP, what, t, 4)?;
-            if t.global_dims() != q.global_dims() {
+            check_sequence(OP, what, t.value(), 4)?;
+            if t.value().global_dims() != dims {
                 return Err(crate::Error::InvalidShape {
                     op: OP,
-                    reason: format!("q is {:?}, {what} {:?}", q.global_dims(), t.global_dims()),
+                    reason: format!("q is {dims:?}, {what} {:?}", t.value().global_dims()),
                 });
             }
         }
         let [qh, kh, vh] = [q, k, v].map(|t| t.all_to_all(2, 1));
         let (qh, kh, vh) = (qh?, kh?, vh?);
-        let scale = self.scale_for(q.global_dims()[3]);
-        let mut out = Tensor::<T>::try_zeros(qh.local().shape())?;
-        let (qv, kv, vv) = (view4(qh.local()), view4(kh.local()), view4(vh.local()));
-        let lse = local::forward(qv, kv, vv, self.causal, scale, view4_mut(&mut out))?;
-        let out = resplit(qh.map_local(|_| out)?.all_to_all(1, 2)?, q.shard_sizes())?;
-        let sizes = q.shard_sizes().to_vec();
-        let saved = AttentionSaved {
-            q: qh.into_local(),
-            k: kh.into_local(),
-            v: vh.into_local(),
-            lse,
-            sizes,
-        };
-        Ok((out, saved))
+        let (causal, scale) = (self.causal, self.scale_for(dims[3]));
+        let out = qh.map(|q| {
+            heads_first(q)?
+                .scaled_dot_product_attention_scaled(
+                    &heads_first(kh.local())?,
+                    &heads_first(vh.local())?,
+                    causal,
+                    scale,
+                )?
+                .permute(&[0, 2, 1, 3])
+        })?;
+        out.all_to_all(1, 2)?.resplit(1, q.value().shard_sizes())
     }
 
     /// The backward pass: given `dout`, the gradient with respect to the output (`[B, s_r, H,
@@ -184,38 +195,34 @@ impl UlyssesAttention {
     ///
     /// # Errors
     /// [`Error::UnsupportedPlacement`](crate::Error::UnsupportedPlacement) unless `dout` is 4-D
-    /// and `Shard(1)`; [`Error::InvalidShape`](crate::Error::InvalidShape) when its heads are not
-    /// those the forward pass attended; and as [`DistTensor::all_to_all`].
+    /// and `Shard(1)`; [`Error::InvalidShape`](crate::Error::InvalidShape) when it is not laid
+    /// out as the output was; and as [`DistTensor::all_to_all`].
     ///
     /// # Examples
     /// See [`UlyssesAttention`].
     #[allow(clippy::type_complexity)]
     pub fn backward<'r, T: Element>(
         &self,
-        saved: AttentionSaved<T>,
+        saved: AttentionSaved<'r, T>,
         dout: &DistTensor<'r, T>,
     ) -> Result<(DistTensor<'r, T>, DistTensor<'r, T>, DistTensor<'r, T>)> {
         const OP: &str = "UlyssesAttention::backward";
         check_sequence(OP, "the output gradient", dout, 4)?;
-        let dh = dout.all_to_all(2, 1)?;
-        if dh.local().shape() != saved.q.shape() {
-            return Err(crate::Error::InvalidShape {
-                op: OP,
-                reason: format!(
-                    "the output gradient's heads are {:?}, the forward pass attended {:?}",
-                    dh.local().shape(),
-                    saved.q.shape()
-                ),
-            });
-        }
-        let scale = self.scale_for(dout.global_dims()[3]);
-        let shape = saved.q.shape().to_vec();
-        let (mut dq, mut dk, mut dv) =
-            (Tensor::try_zeros(&shape)?, Tensor::try_zeros(&shape)?, Tensor::try_zeros(&shape)?);
-        let grads = (view4_mut(&mut dq), view4_mut(&mut dk), view4_mut(&mut dv));
-        let (q, k, v) = (view4(&saved.q), view4(&saved.k), view4(&saved.v));
-        local::backward(q, k, v, &saved.lse, view4(dh.local()), self.causal, scale, grads)?;
-        let back = |g: Tensor<T>| resplit(dh.map_local(|_| g)?.all_to_all(1, 2)?, &saved.sizes);
-        Ok((back(dq)?, back(dk)?, back(dv)?))
+        let mut grads = saved.recorded.backward(OP, self, dout)?.into_iter();
+        let mut next = || grads.next().expect("one gradient per input");
+        Ok((next(), next(), next()))
     }
+}
+
+/// `[B, S, h, D]` as `[B, h, S, D]`: heads as a batch dimension, as the fused attention takes
+/// them.
+fn heads_first<'r, T: Element>(t: &Var<'r, T>) -> Result<Var<'r, T>> {
+    t.permute(&[0, 2, 1, 3])
+}
+
+/// No parameters: a [`Module`] so that its backward pass runs as the layers' do.
+impl<'a, T: Element> Module<'a, T> for UlyssesAttention {
+    fn visit(&self, _prefix: &str, _f: &mut dyn FnMut(&str, &Var<'a, T>, Sharing)) {}
+
+    fn visit_mut(&mut self, _prefix: &str, _f: &mut dyn FnMut(&str, &mut Var<'a, T>, Sharing)) {}
 }
