@@ -1,6 +1,7 @@
 //! Sequence-parallel (Ulysses) attention with its backward pass: the core
 //! ([`UlyssesAttention`]) and the layer with its projections ([`UlyssesSelfAttention`]).
 
+mod device;
 mod local;
 mod self_attention;
 mod ulysses;

@@ -2,7 +2,7 @@
 
 use ndarray::Array3;
 
-use super::{check_sequence, local, resplit, view4, view4_mut};
+use super::{check_sequence, device, local, resplit, view4, view4_mut};
 use crate::Result;
 use crate::dist::DistTensor;
 use crate::tensor::{Element, Tensor};
@@ -72,6 +72,8 @@ pub struct AttentionSaved<T: Element> {
     v: Tensor<T>,
     lse: Array3<T::Acc>,
     sizes: Vec<usize>,
+    /// For heads on a GPU: what its backward pass reads (`lse` is then empty).
+    on_device: Option<device::DeviceSaved<T::Acc>>,
 }
 
 impl<T: Element> AttentionSaved<T> {
@@ -163,9 +165,16 @@ impl UlyssesAttention {
         let [qh, kh, vh] = [q, k, v].map(|t| t.all_to_all(2, 1));
         let (qh, kh, vh) = (qh?, kh?, vh?);
         let scale = self.scale_for(q.global_dims()[3]);
-        let mut out = Tensor::<T>::try_zeros(qh.local().shape())?;
-        let (qv, kv, vv) = (view4(qh.local()), view4(kh.local()), view4(vh.local()));
-        let lse = local::forward(qv, kv, vv, self.causal, scale, view4_mut(&mut out))?;
+        let (out, lse, on_device) = if qh.local().device_storage().is_some() {
+            let (out, saved) =
+                device::forward(qh.local(), kh.local(), vh.local(), self.causal, scale)?;
+            (out, Array3::from_elem((0, 0, 0), <T::Acc as crate::Element>::zero()), Some(saved))
+        } else {
+            let mut out = Tensor::<T>::try_zeros(qh.local().shape())?;
+            let (qv, kv, vv) = (view4(qh.local()), view4(kh.local()), view4(vh.local()));
+            let lse = local::forward(qv, kv, vv, self.causal, scale, view4_mut(&mut out))?;
+            (out, lse, None)
+        };
         let out = resplit(qh.map_local(|_| out)?.all_to_all(1, 2)?, q.shard_sizes())?;
         let sizes = q.shard_sizes().to_vec();
         let saved = AttentionSaved {
@@ -174,6 +183,7 @@ impl UlyssesAttention {
             v: vh.into_local(),
             lse,
             sizes,
+            on_device,
         };
         Ok((out, saved))
     }
@@ -209,12 +219,24 @@ impl UlyssesAttention {
             });
         }
         let scale = self.scale_for(dout.global_dims()[3]);
-        let shape = saved.q.shape().to_vec();
-        let (mut dq, mut dk, mut dv) =
-            (Tensor::try_zeros(&shape)?, Tensor::try_zeros(&shape)?, Tensor::try_zeros(&shape)?);
-        let grads = (view4_mut(&mut dq), view4_mut(&mut dk), view4_mut(&mut dv));
-        let (q, k, v) = (view4(&saved.q), view4(&saved.k), view4(&saved.v));
-        local::backward(q, k, v, &saved.lse, view4(dh.local()), self.causal, scale, grads)?;
+        let (dq, dk, dv) = match &saved.on_device {
+            Some(on_device) => {
+                let [dq, dk, dv] = device::backward(on_device, dh.local(), scale)?;
+                (dq, dk, dv)
+            }
+            None => {
+                let shape = saved.q.shape().to_vec();
+                let (mut dq, mut dk, mut dv) = (
+                    Tensor::try_zeros(&shape)?,
+                    Tensor::try_zeros(&shape)?,
+                    Tensor::try_zeros(&shape)?,
+                );
+                let grads = (view4_mut(&mut dq), view4_mut(&mut dk), view4_mut(&mut dv));
+                let (q, k, v) = (view4(&saved.q), view4(&saved.k), view4(&saved.v));
+                local::backward(q, k, v, &saved.lse, view4(dh.local()), self.causal, scale, grads)?;
+                (dq, dk, dv)
+            }
+        };
         let back = |g: Tensor<T>| resplit(dh.map_local(|_| g)?.all_to_all(1, 2)?, &saved.sizes);
         Ok((back(dq)?, back(dk)?, back(dv)?))
     }
