@@ -28,6 +28,14 @@
 //!
 //! `--processes N` runs the ranks as N processes of this program instead of threads (and only
 //! that world); under mpirun or torchrun each process is one rank (`World::from_env`).
+//!
+//! `--device cuda [--ranks N]` runs the block on GPUs (feature `cuda`): a world of N ranks (4 by
+//! default), dealt over the GPUs present (so N ranks share one GPU where there is one), every
+//! tensor of the block on the ranks' GPUs and every op between the fused ones a GPU kernel, and
+//! checked against the same f64 host reference.
+
+#[path = "common/device.rs"]
+mod device;
 
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Split, Tensor, World};
 use half::bf16;
@@ -82,6 +90,25 @@ impl Weights<f64> {
             g1: self.g1.cast(),
             g2: self.g2.cast(),
         }
+    }
+}
+
+impl<T: Element> Weights<T> {
+    /// A copy of every weight where `rank` computes (its GPU in a GPU world, else the host).
+    fn on(&self, rank: &Rank<'_>) -> Result<Weights<T>, Error> {
+        let here = |t: &Tensor<T>| {
+            Ok::<_, Error>(DistTensor::from_global(rank, t, Placement::Replicate)?.into_local())
+        };
+        Ok(Weights {
+            wq: here(&self.wq)?,
+            wk: here(&self.wk)?,
+            wv: here(&self.wv)?,
+            wo: here(&self.wo)?,
+            w1: here(&self.w1)?,
+            w2: here(&self.w2)?,
+            g1: here(&self.g1)?,
+            g2: here(&self.g2)?,
+        })
     }
 }
 
@@ -208,6 +235,8 @@ struct Outcome {
     output: Tensor<f64>,
     rows: Vec<usize>,
     heads: Vec<usize>,
+    /// Where the first rank computed.
+    device: String,
 }
 
 /// Runs one variant on `world` in `T`; the outcome is that of this process's first rank.
@@ -220,28 +249,43 @@ fn run<T: Element>(
     let (x, w, mask) = (x.cast::<T>(), weights.cast::<T>(), causal_mask::<T>());
     let mut outs = world.run(|rank| {
         let shards = Shards::of(rank, &w)?;
+        // The whole weights and the mask where this rank computes: its GPU in a GPU world.
+        let (w, mask) = (w.on(rank)?, DistTensor::from_global(rank, &mask, Placement::Replicate)?);
         let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?; // [B, s_r, E]
         let (y, heads) = match variant {
-            "tensor-parallel" => tensor_parallel(&xs, &w, &shards, &mask)?,
-            _ => ulysses(&xs, &w, &shards, &mask)?,
+            "tensor-parallel" => tensor_parallel(&xs, &w, &shards, mask.local())?,
+            _ => ulysses(&xs, &w, &shards, mask.local())?,
         };
         assert_eq!(y.shard_sizes(), xs.shard_sizes(), "the block keeps the rows");
-        Ok(Outcome { output: y.to_global()?.cast(), rows: y.shard_sizes().to_vec(), heads })
+        let output = y.to_global()?.cast::<f64>().to_host()?;
+        let device = rank.device().to_string();
+        Ok(Outcome { output, rows: y.shard_sizes().to_vec(), heads, device })
     })?;
     Ok(outs.swap_remove(0))
 }
 
 fn main() -> Result<(), Error> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(world) = World::from_args(&mut args, 4)? else { return Ok(()) };
+    let gpu = device::cuda_world_from_args(&mut args, 4)?;
+    let on_gpu = gpu.is_some();
+    let world = match gpu {
+        Some(world) => world,
+        None => match World::from_args(&mut args, 4)? {
+            Some(world) => world,
+            None => return Ok(()),
+        },
+    };
     if !args.is_empty() {
-        eprintln!("unknown arguments {args:?}; the only flag is --processes N");
+        eprintln!(
+            "unknown arguments {args:?}; the flags are --processes N, --device cuda [--ranks N]"
+        );
         std::process::exit(2);
     }
     let lead = world.ranks_here().contains(&0); // rank 0 prints
-    // Threads: 4 ranks, then 3 (8 heads split 3, 3, 2). Processes: the world of the job.
+    // Threads: 4 ranks, then 3 (8 heads split 3, 3, 2). Processes, or GPUs: the one world asked
+    // for.
     let mut worlds = vec![world];
-    if !World::launched() {
+    if !World::launched() && !on_gpu {
         worlds.push(World::threads(3)?);
     }
     if lead {
@@ -262,7 +306,7 @@ fn main() -> Result<(), Error> {
             // dozen times through the block. A torn head or misaligned row is off by the size of
             // an activation, about 1.
             for (dtype, tolerance) in [("f32", 1e-5), ("bf16", 2e-2)] {
-                let Outcome { output, rows, heads } = match dtype {
+                let Outcome { output, rows, heads, device } = match dtype {
                     "f32" => run::<f32>(world, &x, &weights, variant)?,
                     _ => run::<bf16>(world, &x, &weights, variant)?,
                 };
@@ -271,7 +315,7 @@ fn main() -> Result<(), Error> {
                 all_ok &= ok;
                 if lead {
                     println!(
-                        "{n} ranks, {variant:15} {dtype:4}: rows {rows:?}, heads {heads:?}: \
+                        "{n} ranks on {device}, {variant:15} {dtype:4}: rows {rows:?}, heads {heads:?}: \
                          largest difference {:.1e} of {size:.2} (tolerance {tolerance:.0e}){}",
                         worst / size,
                         if ok { "" } else { "  WRONG" }

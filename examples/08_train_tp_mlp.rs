@@ -22,6 +22,10 @@
 //! of this program instead; under mpirun or torchrun each process is one rank
 //! (`World::from_env`).
 //!
+//! `--device cuda` trains on GPUs (feature `cuda`): the N ranks dealt over the GPUs present (N
+//! ranks share one GPU where there is one), the weights, activations, gradients and Adam's state
+//! on the GPUs, the steps GPU kernels; checked against the same one-rank f64 curve on the host.
+//!
 //! `--mesh DPxTP` trains on a mesh of `DP x TP` ranks (their product the world's size): the MLP
 //! tensor-parallel over each `tp` group (inside a node), the tokens split into `DP` equal shares
 //! of the batch, one per `dp` coordinate, and the gradients averaged over each `dp` group in
@@ -36,6 +40,9 @@
 //! tolerance otherwise (and, as always, against the one-rank f64 curve). So
 //! `-- --steps 20 --save /tmp/ck` then `-- --steps 20 --resume /tmp/ck --ranks 2` is 40 steps,
 //! 20 on 4 ranks and 20 on 2.
+
+#[path = "common/device.rs"]
+mod device;
 
 use std::path::PathBuf;
 
@@ -191,6 +198,13 @@ fn parallel_run<T: Element>(
         // Each rank keeps its columns of W1 and b1, its rows of W2, and all of b2.
         let fc1 = ColumnParallelLinear::from_global(rank, &w1, Some(&b1), Split::Even)?;
         let fc2 = RowParallelLinear::from_global(rank, &w2, Some(&b2), Split::Even)?;
+        if rank.rank() == 0 && rank.device() != dist_tensor::Device::Host {
+            println!(
+                "rank 0 trains on {}: its W1 shard lives on {}",
+                rank.device(),
+                fc1.weight().value().device()
+            );
+        }
         let mut mlp = ParallelMlp::from_layers(fc1, Activation::Gelu, fc2);
         let mut adam = Adam::<T>::new(LR);
         let (mut start, mut saved_world) = (0, None);
@@ -298,6 +312,7 @@ fn mesh_run<T: Element>(
 
 fn main() -> Result<(), Error> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let gpu = device::cuda_world_from_args(&mut args, 4)?;
     let mut threads = 4;
     if let Some(at) = args.iter().position(|a| a == "--ranks") {
         let value = args.get(at + 1).cloned().unwrap_or_default();
@@ -307,7 +322,13 @@ fn main() -> Result<(), Error> {
         });
         args.drain(at..(at + 2).min(args.len()));
     }
-    let Some(world) = World::from_args(&mut args, threads)? else { return Ok(()) };
+    let world = match gpu {
+        Some(world) => world,
+        None => match World::from_args(&mut args, threads)? {
+            Some(world) => world,
+            None => return Ok(()),
+        },
+    };
     let config = parse(args).unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(2);

@@ -136,7 +136,7 @@ const TABLE: &[Row] = &[
     npu("redistribute_split", &[Feature::NdInput, Feature::UnevenSplit]),
     // The GPU kernels take [M, K] row-major operands: an N-D input is its rows (a reshape), a
     // transposed weight is transposed on the GPU first (one copy), a kept input is gathered
-    // again into a tensor of its own. Redistribution re-splits only evenly.
+    // again into a tensor of its own. An uneven re-split gathers the whole tensor and cuts it.
     gpu("all_gather_matmul", &[Feature::NdInput, Feature::TransposedWeight, Feature::KeptInput]),
     gpu("matmul_reduce_scatter", &[Feature::NdInput, Feature::TransposedWeight]),
     gpu("all_to_all", &[Feature::NdInput, Feature::UnevenSplit]),
@@ -144,7 +144,7 @@ const TABLE: &[Row] = &[
     gpu("reduce_scatter", &[Feature::NdInput, Feature::UnevenSplit]),
     gpu("all_reduce", &[Feature::NdInput]),
     gpu("broadcast", &[Feature::NdInput]),
-    gpu("redistribute_split", &[Feature::NdInput]),
+    gpu("redistribute_split", &[Feature::NdInput, Feature::UnevenSplit]),
 ];
 
 /// Why `backend` cannot run `op` on `dtype` with `features`, or `None` when it can: the reason

@@ -211,6 +211,13 @@ impl Rows {
         if self.outer <= 1 {
             return Ok(by_rank); // already in order (or empty)
         }
+        if let Some(d) = by_rank.device_storage() {
+            // On a GPU: reordered on the host (one round trip), then back where it was.
+            let like = d.clone();
+            let host = self.to_global_order(by_rank.to_host()?)?;
+            let back = crate::device::cuda::upload_like(&like, host.as_slice(), host.shape())?;
+            return Ok(Tensor::from_device_storage(back));
+        }
         // More than one outer block: an N-D input, computed on the host (the capability table
         // refuses it elsewhere).
         let by_rank: Array2<T> =
@@ -670,7 +677,15 @@ impl<'r, T: Element> DistTensor<'r, T> {
             // Rows grouped by the rank that keeps them: a host copy, so the table is asked
             // first whether this world takes an N-D input at all.
             capability::check_features(OP, self.rank.backend(), &[Feature::NdInput])?;
-            grouped = rows.to_rank_order(Operand::from(&self.local).view(OP)?)?;
+            // A part on a GPU is grouped on the host (the op moves it back at its entry).
+            let on_host;
+            let local = if self.local.device_storage().is_some() {
+                on_host = self.local.to_host()?;
+                &on_host
+            } else {
+                &self.local
+            };
+            grouped = rows.to_rank_order(Operand::from(local).view(OP)?)?;
             Operand::View(grouped.view())
         };
         let (mut weights, problem) = weight_operands(&[w], opts.transpose_weights);

@@ -99,7 +99,6 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Errors
     /// [`Error::DimOutOfRange`] when `dim` is not a dimension of the tensor;
     /// [`Error::InvalidArgument`] when the split does not fit its length (see [`Split::sizes`]);
-    /// [`Error::DeviceUnavailable`] in a GPU world for a split that is not the even one;
     /// otherwise as the collectives.
     ///
     /// # Examples
@@ -136,6 +135,9 @@ impl<'r, T: Element> DistTensor<'r, T> {
         }
         // Any other split is cut from this rank's part on the host.
         capability::check_features("redistribute_split", rank.backend(), &[Feature::UnevenSplit])?;
+        if self.local.device_storage().is_some() {
+            return self.resplit_on_device(dim, sizes);
+        }
         match self.placement {
             Placement::Shard(d) if d == dim => {
                 if self.splits == sizes {
@@ -180,6 +182,22 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 even.redistribute_split(dim, Split::Sizes(sizes))
             }
         }
+    }
+
+    /// Any placement to `Shard(dim)` split as `to`, for a part on a GPU: the whole tensor on every
+    /// rank (an all_gather of the shards, uneven as they are, or an all_reduce of partial sums,
+    /// on the GPU), then this rank's rows cut out. The whole tensor passes through every rank,
+    /// `n` times the traffic of the host's `all_to_all_v` (which the GPU has no kernel for); the
+    /// re-splits this serves (Ulysses' uneven sequence, heads in whole units) are small.
+    fn resplit_on_device(&self, dim: usize, to: Vec<usize>) -> Result<Self> {
+        let rank = self.rank;
+        let whole = match self.placement {
+            Placement::Replicate => self.local.clone(),
+            _ => self.redistribute(Placement::Replicate)?.into_local(),
+        };
+        let host = whole.to_host()?;
+        let local = to_world_device(rank, shard_of(host.view(), dim, &to, rank.rank()))?;
+        Ok(DistTensor::new(rank, local, Placement::Shard(dim), self.global_shape.clone(), to))
     }
 
     /// From `Shard(dim)` split as now to `Shard(dim)` split as `to`: each rank sends every peer

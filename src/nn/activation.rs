@@ -3,7 +3,8 @@
 use num_traits::Float;
 
 use crate::Result;
-use crate::tensor::{Element, Tensor};
+use crate::device::cuda::Unary;
+use crate::tensor::{Element, Tensor, device_activation_grad};
 
 /// `sqrt(2 / pi)`, for the tanh form of GELU.
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -84,6 +85,11 @@ impl Activation {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn backward<T: Element>(self, x: &Tensor<T>, dy: &Tensor<T>) -> Result<Tensor<T>> {
+        if let Some(on_gpu) =
+            device_activation_grad("Activation::backward", x, dy, self.device_op())
+        {
+            return on_gpu;
+        }
         match self {
             Activation::Gelu => x.zip_map(dy, |x, dy| {
                 let v = x.to_f64();
@@ -110,6 +116,19 @@ impl Activation {
                 })
             }
             Activation::Relu => x.zip_map(dy, |x, dy| if x > T::zero() { dy } else { T::zero() }),
+        }
+    }
+}
+
+impl Activation {
+    /// The GPU kernel family of this activation (its forward op; the backward kernel of the
+    /// same name computes the derivative).
+    pub(crate) fn device_op(self) -> Unary {
+        match self {
+            Activation::Gelu => Unary::Gelu,
+            Activation::GeluTanh => Unary::GeluTanh,
+            Activation::Silu => Unary::Silu,
+            Activation::Relu => Unary::Relu,
         }
     }
 }

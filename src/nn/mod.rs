@@ -32,11 +32,14 @@
 //!
 //! # Where they run
 //!
-//! On the host worlds (threads, and processes of one host). In a GPU world the fused ops, the
-//! products and the sums run on the GPUs, but what has no GPU kernel yet (activation
-//! derivatives, the loss, the optimizers' updates, attention) returns
-//! [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable); an Ascend world has no fused
-//! op that keeps the gathered input: the layers' calls return that error there, on every rank.
+//! On the host worlds (threads, and processes of one host), and on GPUs: in a GPU world the
+//! layers' parameters, gradients and saved activations live on the ranks' GPUs, and the fused
+//! ops, the products, the sums, the activations and their derivatives, [`mse_loss`],
+//! attention (autograd's scaled_dot_product_attention: on a GPU not yet a fused kernel, it
+//! keeps the probabilities, quadratic in the sequence) and the
+//! optimizers' updates ([`Sgd`], [`Adam`], f32 master weights for the half types) run there as
+//! GPU kernels. An Ascend world has no fused op that keeps the gathered input: the layers' calls
+//! return [`Error::DeviceUnavailable`] there, on every rank.
 //!
 //! # On autograd
 //!

@@ -132,7 +132,12 @@ impl<T: Element> RowParallelLinear<T> {
     ) -> Result<Self> {
         check_linear("RowParallelLinear::from_global", weight, bias)?;
         let rows = DistTensor::from_global_split(rank, weight, 0, split)?.into_local();
-        Self::from_local(rows, bias.cloned())
+        // The bias whole on every rank, where the world computes (its GPU in a GPU world).
+        let bias = match bias {
+            Some(b) => Some(DistTensor::from_global(rank, b, crate::Placement::Replicate)?),
+            None => None,
+        };
+        Self::from_local(rows, bias.map(DistTensor::into_local))
     }
 
     /// A layer of `in_features` inputs (split evenly) and `out_features` outputs initialised as

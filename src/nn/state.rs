@@ -204,7 +204,7 @@ impl<T: Element> OptimizerState<T> for Adam<T> {
         model: &M,
         prefix: &str,
     ) -> Result<Vec<Entry<'a>>> {
-        Ok(self.slots().entries(&layout_of(model), prefix, ["exp_avg", "exp_avg_sq"]))
+        self.slots().entries(&layout_of(model), prefix, ["exp_avg", "exp_avg_sq"])
     }
 
     fn load_optimizer_state<M: NamedState<T> + ?Sized>(
@@ -225,7 +225,7 @@ impl<T: Element> OptimizerState<T> for Sgd<T> {
         model: &M,
         prefix: &str,
     ) -> Result<Vec<Entry<'a>>> {
-        Ok(self.slots().entries(&layout_of(model), prefix, ["momentum_buffer"]))
+        self.slots().entries(&layout_of(model), prefix, ["momentum_buffer"])
     }
 
     fn load_optimizer_state<M: NamedState<T> + ?Sized>(

@@ -167,3 +167,46 @@ impl<T: Element> Tensor<T> {
         Ok(out)
     }
 }
+
+/// `dy * f'(x)` for the activation `act` computed on the GPU, when `x` or `dy` lives on one;
+/// `None` when both are on the host (the caller's host loop runs). The backward arm of the nn
+/// layers' and autograd's activations.
+///
+/// # Errors
+/// [`Error::InvalidShape`] when the shapes differ; [`Error::InvalidArgument`] when one is on
+/// the host and the other on a GPU, or they are on different GPUs.
+pub(crate) fn device_activation_grad<T: Element>(
+    op: &'static str,
+    x: &Tensor<T>,
+    dy: &Tensor<T>,
+    act: Unary,
+) -> Option<Result<Tensor<T>>> {
+    let (xd, dd) = (x.device_storage(), dy.device_storage());
+    if xd.is_none() && dd.is_none() {
+        return None;
+    }
+    Some((|| {
+        if x.shape() != dy.shape() {
+            return Err(Error::InvalidShape {
+                op,
+                reason: format!(
+                    "the input is {:?}, its gradient {:?}: one shape",
+                    x.shape(),
+                    dy.shape()
+                ),
+            });
+        }
+        let (Some(xd), Some(dd)) = (xd, dd) else {
+            return Err(Error::InvalidArgument {
+                op,
+                rank: 0,
+                reason: format!(
+                    "the input is on {}, its gradient on {}: both on one device",
+                    x.device(),
+                    dy.device()
+                ),
+            });
+        };
+        Ok(Tensor::from_device_storage(cuda::activation_grad(xd, dd, act)?))
+    })())
+}

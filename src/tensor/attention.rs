@@ -39,6 +39,16 @@ struct Dims {
 
 fn dims<T: Element>(q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>) -> Result<Dims> {
     let bad = |reason: String| Err(Error::InvalidShape { op: OP, reason });
+    if let Some(t) = [q, k, v].into_iter().find(|t| t.device_storage().is_some()) {
+        return Err(Error::DeviceUnavailable {
+            op: OP,
+            device: t.device().to_string(),
+            reason: "the fused attention kernel runs on the host; on a GPU, \
+                     autograd's Var::scaled_dot_product_attention runs it with the GPU's \
+                     products and softmax (or call Tensor::to_host() first)"
+                .into(),
+        });
+    }
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     if qs.len() < 2 || ks.len() != qs.len() || vs.len() != qs.len() {
         return bad(format!(

@@ -23,6 +23,7 @@ mod reduce;
 mod split;
 mod storage;
 
+pub(crate) use activation::device_activation_grad;
 pub use attention::{
     scaled_dot_product_attention, scaled_dot_product_attention_backward,
     scaled_dot_product_attention_lse,

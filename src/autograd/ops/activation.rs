@@ -3,6 +3,8 @@
 
 use crate::autograd::Var;
 use crate::autograd::var::record;
+use crate::device::cuda::Unary;
+use crate::tensor::device_activation_grad;
 use crate::{Element, Result, Tensor};
 
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
@@ -29,31 +31,36 @@ fn relu_grad(x: f64) -> f64 {
 }
 
 impl<'a, T: Element> Var<'a, T> {
-    fn elementwise(&self, value: Tensor<T>, d: fn(f64) -> f64) -> Var<'a, T> {
+    /// `act` forward (`value`), its derivative `d` on the host or `act`'s backward kernel on a
+    /// GPU.
+    fn elementwise(&self, value: Tensor<T>, d: fn(f64) -> f64, act: Unary) -> Var<'a, T> {
         let x = self.value.clone();
         record(value, &[self], move |g, _| {
+            if let Some(on_gpu) = device_activation_grad("Var activation backward", &x, g, act) {
+                return Ok(vec![Some(on_gpu?)]);
+            }
             Ok(vec![Some(g.zip_map(&x, |g, x| T::from_f64(g.to_f64() * d(x.to_f64())))?)])
         })
     }
 
     /// [`Tensor::gelu`].
     pub fn gelu(&self) -> Var<'a, T> {
-        self.elementwise(self.value.gelu(), gelu_grad)
+        self.elementwise(self.value.gelu(), gelu_grad, Unary::Gelu)
     }
 
     /// [`Tensor::gelu_tanh`].
     pub fn gelu_tanh(&self) -> Var<'a, T> {
-        self.elementwise(self.value.gelu_tanh(), gelu_tanh_grad)
+        self.elementwise(self.value.gelu_tanh(), gelu_tanh_grad, Unary::GeluTanh)
     }
 
     /// [`Tensor::silu`].
     pub fn silu(&self) -> Var<'a, T> {
-        self.elementwise(self.value.silu(), silu_grad)
+        self.elementwise(self.value.silu(), silu_grad, Unary::Silu)
     }
 
     /// [`Tensor::relu`].
     pub fn relu(&self) -> Var<'a, T> {
-        self.elementwise(self.value.relu(), relu_grad)
+        self.elementwise(self.value.relu(), relu_grad, Unary::Relu)
     }
 
     /// [`Tensor::softmax`]: `dx = y * (dy - sum(dy * y))` along `axis`.

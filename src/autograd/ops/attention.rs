@@ -2,6 +2,7 @@
 //! recomputes the probabilities from the log-sum-exp its forward pass keeps (linear in the
 //! sequence length, as the forward pass).
 
+use super::attention_device;
 use crate::autograd::Var;
 use crate::autograd::var::record;
 use crate::tensor::{scaled_dot_product_attention_backward, scaled_dot_product_attention_lse};
@@ -41,6 +42,14 @@ impl<'a, T: Element> Var<'a, T> {
         causal: bool,
         scale: f64,
     ) -> Result<Var<'a, T>> {
+        if self.value.device_storage().is_some() {
+            let (o, saved) =
+                attention_device::forward(&self.value, &k.value, &v.value, causal, scale)?;
+            return Ok(record(o, &[self, k, v], move |g, _| {
+                let [dq, dk, dv] = attention_device::backward(&saved, g, scale)?;
+                Ok(vec![Some(dq), Some(dk), Some(dv)])
+            }));
+        }
         let (o, lse) =
             scaled_dot_product_attention_lse(&self.value, &k.value, &v.value, causal, scale)?;
         let (qv, kv, vv, ov) = (self.value.clone(), k.value.clone(), v.value.clone(), o.clone());

@@ -3,6 +3,7 @@
 mod activation;
 pub(crate) mod arith;
 mod attention;
+mod attention_device;
 mod index;
 mod layout;
 mod matmul;

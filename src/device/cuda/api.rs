@@ -19,6 +19,7 @@ pub(crate) use super::local::{
     batched_matmul, binary, cast, norm, permute, softmax, sum_axis, unary, zeros_like,
 };
 pub(crate) use super::storage::DeviceStorage;
+pub(crate) use super::train::{activation_grad, optimizer_step, upload_like};
 pub(crate) use super::world::CudaWorld;
 
 /// Opens a GPU world of `devices`.

@@ -59,6 +59,32 @@ pub(crate) fn unary<T: Element>(
     match x.never {}
 }
 
+pub(crate) fn activation_grad<T: Element>(
+    x: &DeviceStorage<T>,
+    _dy: &DeviceStorage<T>,
+    _act: super::Unary,
+) -> Result<DeviceStorage<T>> {
+    match x.never {}
+}
+
+pub(crate) fn optimizer_step<T: Element, A: Element>(
+    value: &DeviceStorage<T>,
+    _master: Option<&DeviceStorage<A>>,
+    _grad: &DeviceStorage<T>,
+    _state: &[&DeviceStorage<A>],
+    _rule: super::OptimRule,
+) -> Result<DeviceStorage<T>> {
+    match value.never {}
+}
+
+pub(crate) fn upload_like<T: Element, U: Element>(
+    like: &DeviceStorage<T>,
+    _host: &[U],
+    _shape: &[usize],
+) -> Result<DeviceStorage<U>> {
+    match like.never {}
+}
+
 pub(crate) fn binary<T: Element>(
     a: &DeviceStorage<T>,
     _b: &DeviceStorage<T>,

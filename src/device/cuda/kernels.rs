@@ -32,6 +32,8 @@ pub(crate) enum Source {
     /// Local math on one tensor (`local.rs`): elementwise ops, casts, softmax, norms, sums,
     /// permutations.
     Local,
+    /// Training on one tensor (`train.rs`): activation derivatives, optimizer steps.
+    Train,
 }
 
 impl Source {
@@ -41,6 +43,7 @@ impl Source {
             Source::Exchange => include_str!("kernels/exchange.cu"),
             Source::Reduce => include_str!("kernels/reduce.cu"),
             Source::Local => include_str!("kernels/local.cu"),
+            Source::Train => include_str!("kernels/train.cu"),
         }
     }
 
@@ -50,6 +53,7 @@ impl Source {
             Source::Exchange => "exchange.cu",
             Source::Reduce => "reduce.cu",
             Source::Local => "local.cu",
+            Source::Train => "train.cu",
         }
     }
 }

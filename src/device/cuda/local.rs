@@ -16,13 +16,18 @@ use crate::{Error, Result};
 /// Most dimensions the broadcast and permutation kernels take (`DT_MAX_DIMS`) after merging.
 const MAX_DIMS: usize = 8;
 
-fn function<T: Element>(x: &DeviceStorage<T>, name: &'static str) -> Result<Function> {
+pub(super) fn function<T: Element>(x: &DeviceStorage<T>, name: &'static str) -> Result<Function> {
     x.gpu().bind()?;
     kernels::function(x.gpu(), Source::Local, T::DTYPE, name)
 }
 
 /// Grid for `items` elements walked `per_thread` at a time by a grid-stride kernel.
-fn grid<T: Element>(x: &DeviceStorage<T>, f: Function, items: usize, per_thread: usize) -> u32 {
+pub(super) fn grid<T: Element>(
+    x: &DeviceStorage<T>,
+    f: Function,
+    items: usize,
+    per_thread: usize,
+) -> u32 {
     kernels::grid_for(x.gpu(), f, (items.div_ceil(per_thread) as u64).div_ceil(32))
 }
 
@@ -32,7 +37,7 @@ fn vec_len<T>() -> usize {
 }
 
 /// A new tensor of `shape` where `like` lives.
-fn output<T: Element, U: Element>(
+pub(super) fn output<T: Element, U: Element>(
     like: &DeviceStorage<T>,
     shape: &[usize],
 ) -> Result<DeviceStorage<U>> {
@@ -194,7 +199,10 @@ pub(crate) fn binary<T: Element>(
 
 /// Orders work queued next on `a`'s stream after the work that writes `b`, when `b` was written
 /// on another stream (a tensor made outside the world, or by another rank on the same GPU).
-fn after<T: Element>(a: &DeviceStorage<T>, b: &DeviceStorage<T>) -> Result<()> {
+pub(super) fn after<T: Element, U: Element>(
+    a: &DeviceStorage<T>,
+    b: &DeviceStorage<U>,
+) -> Result<()> {
     if a.stream() == b.stream() {
         return Ok(());
     }
@@ -203,10 +211,10 @@ fn after<T: Element>(a: &DeviceStorage<T>, b: &DeviceStorage<T>) -> Result<()> {
     stream_wait(a.stream(), &event)
 }
 
-fn same_gpu<T: Element>(
+pub(super) fn same_gpu<T: Element, U: Element>(
     op: &'static str,
     a: &DeviceStorage<T>,
-    b: &DeviceStorage<T>,
+    b: &DeviceStorage<U>,
 ) -> Result<()> {
     if a.ordinal() != b.ordinal() {
         return Err(Error::InvalidArgument {

@@ -6,7 +6,9 @@
 //! The update is computed in the accumulator type (f32 for f16 and bf16). For f16 and bf16
 //! parameters the optimizer keeps f32 *master weights* (made from the values at the first step)
 //! and rounds them into the parameter after each step, so that small updates are not lost to
-//! the half type's rounding; f32 and f64 parameters are updated in place.
+//! the half type's rounding; f32 and f64 parameters are updated in place. Parameters on a GPU
+//! are stepped there, by one kernel per parameter (`kernels/train.cu`) computing the same update
+//! in the same accumulator type, their state kept on that GPU.
 
 mod adam;
 mod sgd;
@@ -19,20 +21,54 @@ use std::any::TypeId;
 
 use super::Param;
 use crate::autograd::Module;
-use crate::tensor::{Accumulator, Element};
+use crate::device::cuda::{self, OptimRule};
+use crate::tensor::{Accumulator, Element, Tensor};
 use crate::{Error, Result};
 
 /// One parameter's optimizer state: its master weights (half types only), `N` buffers of its
-/// size (momentum; Adam's two moments), and the steps taken.
-pub(crate) struct Slot<A, const N: usize> {
-    master: Option<Vec<A>>,
-    buffers: [Vec<A>; N],
+/// size (momentum; Adam's two moments), and the steps taken. The tensors live where the
+/// parameter does: on the host, or on its GPU (a state loaded from a checkpoint moves there at
+/// the next step).
+pub(crate) struct Slot<A: Element, const N: usize> {
+    master: Option<Tensor<A>>,
+    buffers: [Tensor<A>; N],
     steps: u64,
 }
 
 /// The state of every parameter, matched to them by position.
-pub(crate) struct Slots<A, const N: usize> {
+pub(crate) struct Slots<A: Element, const N: usize> {
     slots: Vec<Slot<A, N>>,
+}
+
+/// A state buffer of `value`'s length, zeros, where `value` lives.
+fn zeros_like<T: Element, A: Element>(value: &Tensor<T>) -> Result<Tensor<A>> {
+    let n = value.len();
+    if value.device_storage().is_some() {
+        return value.cast::<A>().zeros_like(&[n]);
+    }
+    Tensor::try_zeros(&[n])
+}
+
+/// `t` where `value` lives (a state loaded on the host, for a parameter on a GPU).
+fn beside<T: Element, A: Element>(t: Tensor<A>, value: &Tensor<T>) -> Result<Tensor<A>> {
+    match (value.device_storage(), t.device_storage()) {
+        (Some(v), None) => {
+            let host = t.as_slice();
+            Ok(Tensor::from_device_storage(cuda::upload_like(v, host, t.shape())?))
+        }
+        (None, Some(_)) => t.to_host(),
+        _ => Ok(t),
+    }
+}
+
+/// Moves every buffer where `value` lives, where it is not there yet.
+fn move_beside<T: Element, A: Element>(buffers: &mut [Tensor<A>], value: &Tensor<T>) -> Result<()> {
+    for b in buffers {
+        if b.device() != value.device() {
+            *b = beside(b.clone(), value)?;
+        }
+    }
+    Ok(())
 }
 
 impl<A: Accumulator, const N: usize> Slots<A, N> {
@@ -43,21 +79,26 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
     /// Runs `update(value, grad, buffers, step)` on every parameter that has a gradient, with its
     /// value in the accumulator type (the parameter itself for f32 and f64, its master weights
     /// for half types, rounded back into it afterwards). Creates the state at the first call.
+    /// A parameter on a GPU is stepped there instead, by the kernel of `rule(step)`: the rule
+    /// and how many of the buffers it uses.
     fn step<T: Element<Acc = A>>(
         &mut self,
         op: &'static str,
         params: Vec<&mut Param<T>>,
-        mut update: impl FnMut(&mut [A], &[T], &mut [Vec<A>; N], u64),
+        mut update: impl FnMut(&mut [A], &[T], &mut [&mut [A]; N], u64),
+        mut rule: impl FnMut(u64) -> (OptimRule, usize),
     ) -> Result<()> {
         if self.slots.is_empty() {
-            self.slots = params
-                .iter()
-                .map(|p| Slot {
-                    master: None,
-                    buffers: std::array::from_fn(|_| vec![<A as Element>::zero(); p.value().len()]),
-                    steps: 0,
-                })
-                .collect();
+            let mut slots = Vec::with_capacity(params.len());
+            for p in &params {
+                let mut buffers = Vec::with_capacity(N);
+                for _ in 0..N {
+                    buffers.push(zeros_like::<T, A>(p.value())?);
+                }
+                let buffers = buffers.try_into().unwrap_or_else(|_| unreachable!("N buffers"));
+                slots.push(Slot { master: None, buffers, steps: 0 });
+            }
+            self.slots = slots;
         }
         if params.len() != self.slots.len() {
             return Err(Error::InvalidArgument {
@@ -73,44 +114,66 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
         }
         for (i, (param, slot)) in params.into_iter().zip(&mut self.slots).enumerate() {
             let (value, grad) = param.value_and_grad();
-            if value.len() != slot.buffers.first().map_or(value.len(), Vec::len) {
+            let state_len = slot.buffers.first().map_or(value.len(), Tensor::len);
+            if value.len() != state_len {
                 return Err(Error::InvalidArgument {
                     op,
                     rank: 0,
                     reason: format!(
-                        "parameter {i} has {} elements, its state {}: the same parameters, in \
-                         the same order (or reset the optimizer)",
+                        "parameter {i} has {} elements, its state {state_len}: the same \
+                         parameters, in the same order (or reset the optimizer)",
                         value.len(),
-                        slot.buffers[0].len()
                     ),
                 });
             }
             let Some(grad) = grad else { continue };
-            // The updates are host loops over the elements; a GPU kernel for them is not
-            // written yet.
-            if value.device() != crate::Device::Host {
-                return Err(Error::DeviceUnavailable {
+            if value.device() != grad.device() {
+                return Err(Error::InvalidArgument {
                     op,
-                    device: value.device().to_string(),
-                    reason: "the optimizers update parameters on the host: a world of GPUs has \
-                             no optimizer kernel yet (move the parameters with to_host())"
-                        .into(),
+                    rank: 0,
+                    reason: format!(
+                        "parameter {i} lives on {}, its gradient on {}: both on one device",
+                        value.device(),
+                        grad.device()
+                    ),
                 });
             }
             slot.steps += 1;
+            if let (Some(v), Some(g)) = (value.device_storage(), grad.device_storage()) {
+                move_beside(&mut slot.buffers, value)?;
+                let master = match slot.master.take() {
+                    _ if TypeId::of::<T>() == TypeId::of::<A>() => None,
+                    Some(m) => Some(beside(m, value)?),
+                    None => Some(value.cast::<A>()),
+                };
+                let (rule, used) = rule(slot.steps);
+                let state: Vec<_> = slot.buffers[..used]
+                    .iter()
+                    .map(|b| b.device_storage().expect("moved beside the parameter"))
+                    .collect();
+                let m = master.as_ref().map(|m| m.device_storage().expect("on the GPU"));
+                let stepped = cuda::optimizer_step(v, m, g, &state, rule)?;
+                slot.master = master;
+                *value = Tensor::from_device_storage(stepped);
+                continue;
+            }
+            move_beside(&mut slot.buffers, value)?;
+            let mut buffers = slot.buffers.each_mut().map(|b| b.as_mut_slice());
             if TypeId::of::<T>() == TypeId::of::<A>() {
                 let values = value.as_mut_slice();
                 // SAFETY: `T` is `A` (checked), so the slice is reinterpreted as itself.
                 let values = unsafe {
                     std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<A>(), values.len())
                 };
-                update(values, grad.as_slice(), &mut slot.buffers, slot.steps);
+                update(values, grad.as_slice(), &mut buffers, slot.steps);
             } else {
-                let master = slot
-                    .master
-                    .get_or_insert_with(|| value.as_slice().iter().map(|v| v.to_acc()).collect());
-                update(master, grad.as_slice(), &mut slot.buffers, slot.steps);
-                for (v, &m) in value.as_mut_slice().iter_mut().zip(master.iter()) {
+                let master = match slot.master.take() {
+                    Some(m) => beside(m, value)?,
+                    None => value.cast::<A>(),
+                };
+                let master = slot.master.insert(master);
+                update(master.as_mut_slice(), grad.as_slice(), &mut buffers, slot.steps);
+                for (v, &m) in value.as_mut_slice().iter_mut().zip(master.as_slice()) {
                     *v = T::from_acc(m);
                 }
             }

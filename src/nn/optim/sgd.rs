@@ -2,6 +2,7 @@
 
 use super::Slots;
 use crate::Result;
+use crate::device::cuda::OptimRule;
 use crate::nn::Param;
 use crate::tensor::{Accumulator, Element};
 
@@ -195,18 +196,26 @@ impl<T: Element> Sgd<T> {
         let acc = <T::Acc as Element>::from_f64;
         let (lr, momentum, decay) = (acc(self.lr), acc(self.momentum), acc(self.weight_decay));
         let zero = <T::Acc as num_traits::Zero>::zero();
-        self.slots.step("Sgd::step", params, |values, grads, [velocity], _| {
-            for ((p, &g), v) in values.iter_mut().zip(grads).zip(velocity.iter_mut()) {
-                let g = sgd_grad::<T::Acc>(g.to_acc(), *p, decay);
-                let d = if momentum == zero {
-                    g
-                } else {
-                    *v = momentum * *v + g;
-                    *v
-                };
-                *p = *p - lr * d;
-            }
-        })
+        let (lr_f64, momentum_f64, decay_f64) = (self.lr, self.momentum, self.weight_decay);
+        let rule = move |_: u64| {
+            let rule =
+                OptimRule::Sgd { lr: lr_f64, momentum: momentum_f64, weight_decay: decay_f64 };
+            (rule, usize::from(momentum_f64 != 0.0))
+        };
+        let update =
+            |values: &mut [T::Acc], grads: &[T], [velocity]: &mut [&mut [T::Acc]; 1], _: u64| {
+                for ((p, &g), v) in values.iter_mut().zip(grads).zip(velocity.iter_mut()) {
+                    let g = sgd_grad::<T::Acc>(g.to_acc(), *p, decay);
+                    let d = if momentum == zero {
+                        g
+                    } else {
+                        *v = momentum * *v + g;
+                        *v
+                    };
+                    *p = *p - lr * d;
+                }
+            };
+        self.slots.step("Sgd::step", params, update, rule)
     }
 }
 

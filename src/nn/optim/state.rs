@@ -16,23 +16,23 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
         params: &[(String, Placement, Vec<usize>)],
         prefix: &str,
         names: [&str; N],
-    ) -> Vec<Entry<'a>> {
+    ) -> Result<Vec<Entry<'a>>> {
         let mut out = Vec::new();
         for (slot, (param, placement, shape)) in self.slots.iter().zip(params) {
             let base = join(prefix, param);
             for (buffer, name) in slot.buffers.iter().zip(names) {
-                let values = Cow::Borrowed(buffer.as_slice());
+                let values = host_values(buffer)?;
                 out.push(Entry::from_values(join(&base, name), values, shape, *placement));
             }
             if let Some(master) = &slot.master {
-                let values = Cow::Borrowed(master.as_slice());
+                let values = host_values(master)?;
                 out.push(Entry::from_values(join(&base, "master"), values, shape, *placement));
             }
             // The step count, exact in f64 up to 2^53 steps.
             let step = Cow::Owned(vec![slot.steps as f64]);
             out.push(Entry::from_values(join(&base, "step"), step, &[1], Placement::Replicate));
         }
-        out
+        Ok(out)
     }
 
     /// Replaces the state by the checkpoint's for `params` (cut as `targets` say); fresh when
@@ -53,10 +53,11 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
         let mut slots = Vec::with_capacity(params.len());
         for ((param, _, _), target) in params.iter().zip(targets) {
             let base = join(prefix, param);
-            let mut buffers: [Vec<A>; N] = std::array::from_fn(|_| Vec::new());
-            for (buffer, name) in buffers.iter_mut().zip(names) {
-                *buffer = values::<A>(ck, &join(&base, name), target)?;
+            let mut buffers = Vec::with_capacity(N);
+            for name in names {
+                buffers.push(values::<A>(ck, &join(&base, name), target)?);
             }
+            let buffers = buffers.try_into().unwrap_or_else(|_| unreachable!("N names"));
             let master_name = join(&base, "master");
             let master = if ck.contains(&master_name) {
                 Some(values::<A>(ck, &master_name, target)?)
@@ -72,8 +73,19 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
     }
 }
 
-/// Tensor `name` as this rank's part of `target`, its elements.
-fn values<A: Element>(ck: &Checkpoint<'_>, name: &str, target: &Target) -> Result<Vec<A>> {
+/// Tensor `name` as this rank's part of `target`, its elements (1-D), on the host: the next
+/// step moves them where the parameter lives.
+fn values<A: Element>(ck: &Checkpoint<'_>, name: &str, target: &Target) -> Result<Tensor<A>> {
     let part: Tensor<A> = ck.load::<A>(name, target.clone())?.into_local();
-    Ok(part.as_slice().to_vec())
+    let part = if part.device_storage().is_some() { part.to_host()? } else { part };
+    let len = part.len();
+    part.reshape(&[len])
+}
+
+/// A state tensor's elements on the host: borrowed there, copied from a GPU.
+fn host_values<A: Element>(t: &Tensor<A>) -> Result<Cow<'_, [A]>> {
+    if t.device_storage().is_some() {
+        return Ok(Cow::Owned(t.to_host()?.as_slice().to_vec()));
+    }
+    Ok(Cow::Borrowed(t.as_slice()))
 }

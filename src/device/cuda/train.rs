@@ -1,0 +1,162 @@
+//! Training on one GPU tensor: the device arms of the activations' backward pass and of the
+//! optimizers' steps (`kernels/train.cu`). Each launches on the first input's stream, after the
+//! streams that wrote the others, and returns without waiting.
+
+use std::ffi::c_void;
+
+use super::kernels::{self, Source};
+use super::local::{after, grid, output, same_gpu};
+use super::storage::DeviceStorage;
+use super::{OptimRule, Unary};
+use crate::tensor::{DType, Element};
+use crate::{Error, Result};
+
+/// `dy * f'(x)` for the activation `f` (`Unary::Gelu`, `GeluTanh`, `Silu` or `Relu`), elementwise;
+/// `x` and `dy` have one shape (checked by the caller).
+pub(crate) fn activation_grad<T: Element>(
+    x: &DeviceStorage<T>,
+    dy: &DeviceStorage<T>,
+    act: Unary,
+) -> Result<DeviceStorage<T>> {
+    same_gpu("activation backward", x, dy)?;
+    let name = match act {
+        Unary::Gelu => "dt_gelu_grad",
+        Unary::GeluTanh => "dt_gelu_tanh_grad",
+        Unary::Silu => "dt_silu_grad",
+        Unary::Relu => "dt_relu_grad",
+        other => {
+            return Err(Error::InvalidArgument {
+                op: "activation backward",
+                rank: 0,
+                reason: format!("{other:?} is not an activation"),
+            });
+        }
+    };
+    let out = output::<T, T>(x, x.shape())?;
+    let n = x.len();
+    if n == 0 {
+        return Ok(out);
+    }
+    after(x, dy)?;
+    x.gpu().bind()?;
+    let f = kernels::function(x.gpu(), Source::Train, T::DTYPE, name)?;
+    let (mut o, mut xi, mut di, mut len) = (out.ptr(), x.ptr(), dy.ptr(), n as u64);
+    let mut params = [
+        &mut o as *mut u64 as *mut c_void,
+        &mut xi as *mut u64 as *mut c_void,
+        &mut di as *mut u64 as *mut c_void,
+        &mut len as *mut u64 as *mut c_void,
+    ];
+    let grid = grid(x, f, n, 1);
+    kernels::launch_raw(f, grid, kernels::BLOCK, x.stream(), &mut params)?;
+    Ok(out)
+}
+
+/// `OptArgs` in train.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct OptArgs {
+    out: u64,
+    p: u64,
+    master: u64,
+    g: u64,
+    s0: u64,
+    s1: u64,
+    n: u64,
+    lr: f64,
+    a: f64,
+    b: f64,
+    eps: f64,
+    shrink: f64,
+    root: f64,
+    mode: u32,
+}
+
+/// One optimizer step of the parameter `value` with gradient `grad`: returns the new value (a
+/// new buffer, since the old one may be shared with saved activations or a caller's clone). The
+/// optimizer's own buffers are updated in place: `master` (the f32 copy of a half-type
+/// parameter, `None` for f32 and f64) and `state` (`[velocity]` for SGD with momentum, `[m, v]`
+/// for Adam, `[]` for plain SGD), all in `A`, the parameter's accumulator type.
+pub(crate) fn optimizer_step<T: Element, A: Element>(
+    value: &DeviceStorage<T>,
+    master: Option<&DeviceStorage<A>>,
+    grad: &DeviceStorage<T>,
+    state: &[&DeviceStorage<A>],
+    rule: OptimRule,
+) -> Result<DeviceStorage<T>> {
+    const OP: &str = "optimizer step";
+    let acc = if T::DTYPE == DType::F64 { DType::F64 } else { DType::F32 };
+    let wanted = match rule {
+        OptimRule::Sgd { momentum, .. } => usize::from(momentum != 0.0),
+        OptimRule::Adam { .. } => 2,
+    };
+    if A::DTYPE != acc || state.len() != wanted {
+        return Err(Error::InvalidArgument {
+            op: OP,
+            rank: 0,
+            reason: format!(
+                "a {} parameter steps with {acc} state ({wanted} buffers), given {} ({})",
+                T::DTYPE,
+                A::DTYPE,
+                state.len()
+            ),
+        });
+    }
+    let n = value.len();
+    let lens = master.iter().map(|m| m.len()).chain(state.iter().map(|s| s.len()));
+    if grad.len() != n || lens.clone().any(|l| l != n) {
+        return Err(Error::InvalidShape {
+            op: OP,
+            reason: format!(
+                "a parameter of {n} elements with a gradient of {} and state of {:?}",
+                grad.len(),
+                lens.collect::<Vec<_>>()
+            ),
+        });
+    }
+    same_gpu(OP, value, grad)?;
+    after(value, grad)?;
+    for s in master.iter().chain(state) {
+        same_gpu(OP, value, *s)?;
+        after(value, *s)?;
+    }
+    let out = output::<T, T>(value, value.shape())?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let mut args = OptArgs {
+        out: out.ptr(),
+        p: value.ptr(),
+        master: master.map_or(0, |m| m.ptr()),
+        g: grad.ptr(),
+        s0: state.first().map_or(0, |s| s.ptr()),
+        s1: state.get(1).map_or(0, |s| s.ptr()),
+        n: n as u64,
+        ..Default::default()
+    };
+    match rule {
+        OptimRule::Sgd { lr, momentum, weight_decay } => {
+            (args.lr, args.a, args.b) = (lr, momentum, weight_decay);
+            args.mode = u32::from(momentum != 0.0);
+        }
+        OptimRule::Adam { step, beta1, beta2, eps, shrink, root } => {
+            (args.lr, args.a, args.b, args.eps) = (step, beta1, beta2, eps);
+            (args.shrink, args.root, args.mode) = (shrink, root, 2);
+        }
+    }
+    value.gpu().bind()?;
+    let f = kernels::function(value.gpu(), Source::Train, T::DTYPE, "dt_optim")?;
+    let grid = grid(value, f, n, 1);
+    kernels::launch(f, grid, kernels::BLOCK, value.stream(), &args)?;
+    Ok(out)
+}
+
+/// `host` (of `shape`) copied to the GPU where `like` lives, in its world (its streams): the
+/// optimizers' state loaded from a checkpoint, for parameters on that GPU.
+pub(crate) fn upload_like<T: Element, U: Element>(
+    like: &DeviceStorage<T>,
+    host: &[U],
+    shape: &[usize],
+) -> Result<DeviceStorage<U>> {
+    DeviceStorage::upload(like.gpu(), host, shape, like.home())
+}
