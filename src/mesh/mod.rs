@@ -13,7 +13,10 @@
 //! different groups run at once, independently.
 
 pub mod data_parallel;
+mod tensor;
 pub mod zero;
+
+pub use tensor::MeshTensor;
 
 use crate::collectives::{all_gather, all_reduce};
 use crate::shmem::Group;
