@@ -282,15 +282,10 @@ fn train_with(
                 // Layer by layer: fc2's gradients are ready (and go) before fc1's are computed.
                 let backward = |buckets: &mut data_parallel::GradBuckets<f64>| {
                     let da = fc2.backward(s2, &dy)?;
-                    for p in fc2.parameters() {
-                        buckets.ready(&p.grad().expect("a gradient"));
-                    }
+                    buckets.ready_all(&fc2)?;
                     let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
                     fc1.backward(s1, &dh)?;
-                    for p in fc1.parameters() {
-                        buckets.ready(&p.grad().expect("a gradient"));
-                    }
-                    Ok(())
+                    buckets.ready_all(&fc1)
                 };
                 let grads = if overlap {
                     data_parallel::overlapped(&dpr, bucket, backward)?.1
