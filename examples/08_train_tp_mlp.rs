@@ -283,15 +283,10 @@ fn mesh_run<T: Element>(
             // Layer by layer: fc2's gradients go to be averaged while fc1's are computed.
             let ((), mean) = data_parallel::overlapped(&dpr, 16 << 10, |buckets| {
                 let da = fc2.backward(s2, &dy)?;
-                fc2.parameters()
-                    .into_iter()
-                    .for_each(|p| buckets.ready(&p.grad().expect("a grad")));
+                buckets.ready_all(&fc2)?;
                 let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
                 fc1.backward(s1, &dh)?;
-                fc1.parameters()
-                    .into_iter()
-                    .for_each(|p| buckets.ready(&p.grad().expect("a grad")));
-                Ok(())
+                buckets.ready_all(&fc1)
             })?;
             let mut params = fc2.parameters_mut();
             params.extend(fc1.parameters_mut());

@@ -282,15 +282,10 @@ fn train_with(
                 // Layer by layer: fc2's gradients are ready (and go) before fc1's are computed.
                 let backward = |buckets: &mut data_parallel::GradBuckets<f64>| {
                     let da = fc2.backward(s2, &dy)?;
-                    for p in fc2.parameters() {
-                        buckets.ready(&p.grad().expect("a gradient"));
-                    }
+                    buckets.ready_all(&fc2)?;
                     let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
                     fc1.backward(s1, &dh)?;
-                    for p in fc1.parameters() {
-                        buckets.ready(&p.grad().expect("a gradient"));
-                    }
-                    Ok(())
+                    buckets.ready_all(&fc1)
                 };
                 let grads = if overlap {
                     data_parallel::overlapped(&dpr, bucket, backward)?.1
@@ -380,4 +375,171 @@ fn zero1_equals_adam_on_every_rank_bit_for_bit() {
     let mesh = train_with(&World::threads(4).unwrap(), 2, 2, steps, true, Optimizer::Zero1);
     let diff = mesh[0].iter().zip(&one[0]).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
     assert!(diff < 1e-12 * one[0][0], "{:?} vs {:?}", mesh[0], one[0]);
+}
+
+/// The placements of a 2-D tensor along one mesh dimension.
+const PLACEMENTS: [Placement; 4] =
+    [Placement::Replicate, Placement::Partial, Placement::Shard(0), Placement::Shard(1)];
+
+/// The piece of `g` that mesh coordinates `coords` of a mesh of `shape` hold under `placements`
+/// (every `Partial` ignored): each `Shard` cuts the previous one's piece as numpy.array_split
+/// cuts, in the mesh's order.
+fn piece_of(
+    g: &ndarray::ArrayD<f64>,
+    placements: &[Placement],
+    shape: &[usize],
+    coords: &[usize],
+) -> ndarray::ArrayD<f64> {
+    let mut out = g.clone();
+    for (d, p) in placements.iter().enumerate() {
+        if let Placement::Shard(k) = *p {
+            let range = common::pieces(out.shape()[k], shape[d])[coords[d]].clone();
+            out = out.slice_axis(ndarray::Axis(k), ndarray::Slice::from(range)).to_owned();
+        }
+    }
+    out
+}
+
+/// The addend of the global tensor that the ranks at `coords` hold along the `Partial`
+/// dimensions of `placements` (one seeded tensor per combination of their coordinates, rounded
+/// to `T`), widened to f64.
+fn addend<T: Element>(
+    gshape: &[usize],
+    placements: &[Placement],
+    coords: &[usize],
+) -> ndarray::ArrayD<f64> {
+    let seed = placements
+        .iter()
+        .zip(coords)
+        .enumerate()
+        .filter(|(_, (p, _))| **p == Placement::Partial)
+        .fold(17u64, |s, (d, (_, &c))| s + (c as u64 + 1) * 10u64.pow(d as u32 + 1));
+    common::f64s(&Tensor::<f64>::random(gshape, seed).cast::<T>())
+}
+
+/// On a `dp x tp` mesh in `T`: a tensor made with `from_local` under every pair of placements
+/// (the `Partial` ones holding different addends), gathered, and redistributed to `targets(i)`
+/// of its pairs; every global tensor and every sharded part against the f64 reference.
+fn mesh_tensor_case<T: Element>(
+    dp: usize,
+    tp: usize,
+    gshape: &[usize],
+    targets: impl Fn(usize) -> Vec<usize> + Sync,
+) -> Vec<String> {
+    use dist_tensor::mesh::MeshTensor;
+    let shape = [dp, tp];
+    let pairs: Vec<[Placement; 2]> =
+        PLACEMENTS.iter().flat_map(|&a| PLACEMENTS.iter().map(move |&b| [a, b])).collect();
+    let fails = World::threads(dp * tp)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
+            let coords = mesh.coords().to_vec();
+            let mut fails = Vec::new();
+            for (i, from) in pairs.iter().enumerate() {
+                // The global tensor: the sum of the addends over every Partial coordinate.
+                let mut want = ndarray::ArrayD::<f64>::zeros(gshape);
+                let mut terms = 0;
+                for c in (0..dp * tp).map(|p| [p / tp, p % tp]) {
+                    let first_elsewhere =
+                        (0..2).any(|d| from[d] != Placement::Partial && c[d] != 0);
+                    if !first_elsewhere {
+                        want += &addend::<T>(gshape, from, &c);
+                        terms += 1;
+                    }
+                }
+                let mine = piece_of(&addend::<T>(gshape, from, &coords), from, &shape, &coords);
+                let local = Tensor::from_array(mine.mapv(T::from_f64));
+                let x = MeshTensor::from_local(&mesh, local, from)?;
+                let tol = tolerance::<T>(terms) * 4.0;
+                let mut check = |what: String, got: &Tensor<T>, want: &ndarray::ArrayD<f64>| {
+                    let (got, want) = (common::f64s(got), want.clone());
+                    if got.shape() != want.shape() {
+                        fails.push(format!(
+                            "{what}: shape {:?}, want {:?}",
+                            got.shape(),
+                            want.shape()
+                        ));
+                        return;
+                    }
+                    let scale = vec![(terms as f64) * 4.0; want.len()];
+                    let (got, want): (Vec<f64>, Vec<f64>) =
+                        (got.iter().copied().collect(), want.iter().copied().collect());
+                    fails.extend(off(&what, &got, &want, &scale, tol));
+                };
+                let at = format!("{dp}x{tp} {} rank {} {from:?}", T::DTYPE, rank.rank());
+                if x.global_shape() != gshape {
+                    fails.push(format!("{at}: global shape {:?}", x.global_shape()));
+                    continue;
+                }
+                check(format!("{at} to_global"), &x.to_global()?, &want);
+                for j in targets(i) {
+                    let to = &pairs[j];
+                    let y = x.redistribute(to)?;
+                    if !to.contains(&Placement::Partial) {
+                        check(
+                            format!("{at} -> {to:?} local"),
+                            y.local(),
+                            &piece_of(&want, to, &shape, &coords),
+                        );
+                    }
+                    check(format!("{at} -> {to:?} to_global"), &y.to_global()?, &want);
+                }
+            }
+            Ok(fails)
+        })
+        .unwrap();
+    fails.into_iter().flatten().collect()
+}
+
+#[test]
+fn mesh_tensors_redistribute_between_placements_on_every_mesh() {
+    let start = Instant::now();
+    let mut fails = Vec::new();
+    for (dp, tp) in MESHES {
+        // Every pair to every pair in f64, uneven ([5, 7]) and fewer rows than ranks ([1, 3]).
+        fails.extend(mesh_tensor_case::<f64>(dp, tp, &[5, 7], |_| (0..16).collect()));
+        fails.extend(mesh_tensor_case::<f64>(dp, tp, &[1, 3], |i| vec![(i * 5 + 3) % 16]));
+        // Every pair to three others in the other dtypes.
+        let some = |i: usize| (1..4).map(|k| (i + 5 * k) % 16).collect();
+        fails.extend(mesh_tensor_case::<f32>(dp, tp, &[5, 7], some));
+        fails.extend(mesh_tensor_case::<half::f16>(dp, tp, &[5, 7], some));
+        fails.extend(mesh_tensor_case::<bf16>(dp, tp, &[5, 7], some));
+    }
+    assert!(fails.is_empty(), "{} failures: {:#?}", fails.len(), &fails[..fails.len().min(20)]);
+    eprintln!("mesh tensors: {:?}", start.elapsed());
+}
+
+#[test]
+fn mesh_tensor_placements_are_checked() {
+    use dist_tensor::mesh::MeshTensor;
+    let global = Tensor::<f32>::random(&[3, 4], 1);
+    let err = World::threads(4)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+            MeshTensor::from_global(&mesh, &global, &[Placement::Replicate]).map(drop)
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("1 placements for a mesh of 2"), "{err}");
+    let err = World::threads(4)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+            let x = MeshTensor::from_global(&mesh, &global, &[Placement::Replicate; 2])?;
+            x.redistribute(&[Placement::Shard(2), Placement::Replicate]).map(drop)
+        })
+        .unwrap_err();
+    assert!(matches!(err.rank_error(), Error::DimOutOfRange { dim: 2, .. }), "{err}");
+    // Parts whose sizes disagree outside the sharded dimension: every rank refuses.
+    let err = World::threads(4)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+            let local = Tensor::<f32>::zeros(&[2, 2 + rank.rank() % 2]);
+            MeshTensor::from_local(&mesh, local, &[Placement::Shard(0), Placement::Replicate])
+                .map(drop)
+        })
+        .unwrap_err();
+    assert!(matches!(err.rank_error(), Error::RanksDisagree { .. }), "{err}");
 }

@@ -774,3 +774,174 @@ fn over_a_throttled_network_the_fused_ops_give_the_same_results_and_still_overla
         misses.join("\n")
     );
 }
+
+// ---- data parallelism over a slow network ------------------------------------------------------
+
+/// One training step's gradients of the MLP of example 08 on this rank's `mesh` (`dp x tp`; no
+/// update, so every step computes the same ones), averaged over `dp` in buckets during the
+/// backward pass (`overlap`) or in the same buckets after it; with the step's milliseconds.
+fn dp_step(
+    mesh: &dist_tensor::mesh::DeviceMesh<'_>,
+    layers: &mut (
+        dist_tensor::nn::ColumnParallelLinear<f32>,
+        dist_tensor::nn::RowParallelLinear<f32>,
+    ),
+    xs: &DistTensor<'_, f32>,
+    ts: &DistTensor<'_, f32>,
+    overlap: bool,
+) -> dist_tensor::Result<(Vec<Tensor<f32>>, f64)> {
+    use dist_tensor::mesh::data_parallel;
+    use dist_tensor::nn::{Activation, Parameters, mse_loss};
+    let (fc1, fc2) = layers;
+    let dp = mesh.averager("dp")?;
+    // Buckets of 256 KiB: fc2's gradients (half a MiB) go while fc1's backward runs.
+    let bucket = 256 << 10;
+    let _ = xs.rank().barrier_all()?;
+    let start = Instant::now();
+    let (h, s1) = fc1.forward(xs)?;
+    let a = h.map_local(|t| Activation::Gelu.forward(t))?;
+    let (y, s2) = fc2.forward(&a)?;
+    let (_, dy) = mse_loss(&y, ts)?;
+    fc1.zero_grad();
+    fc2.zero_grad();
+    let pre = h.into_local();
+    let backward = |buckets: &mut data_parallel::GradBuckets<f32>| {
+        let da = fc2.backward(s2, &dy)?;
+        buckets.ready_all(&*fc2)?;
+        let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
+        fc1.backward(s1, &dh)?;
+        buckets.ready_all(&*fc1)
+    };
+    let grads = if overlap {
+        data_parallel::overlapped(&dp, bucket, backward)?.1
+    } else {
+        let mut local = data_parallel::GradBuckets::collect();
+        backward(&mut local)?;
+        data_parallel::all_reduce_mean(&dp, bucket, &local.into_grads())?
+    };
+    let _ = xs.rank().barrier_all()?;
+    Ok((grads, start.elapsed().as_secs_f64() * 1e3))
+}
+
+/// DP training steps on a 2 x 2 mesh whose `dp` groups cross the nodes: overlapped and after the
+/// backward pass in pairs. Prints whether every step's gradients were the same bits, their
+/// digest (a dp group's members must agree), the median of the pairs' ratios and the times.
+fn dp_overlap_body(world: &World) -> dist_tensor::Result<String> {
+    use dist_tensor::mesh::DeviceMesh;
+    use dist_tensor::nn::{ColumnParallelLinear, RowParallelLinear};
+    let (tokens, hidden, ffn) = (256, 256, 1024);
+    let x = Tensor::<f32>::random(&[tokens, hidden], 1);
+    let target = Tensor::<f32>::random(&[tokens, hidden], 2);
+    let w1 = Tensor::<f32>::random(&[hidden, ffn], 3) * 0.06;
+    let b1 = Tensor::<f32>::random(&[ffn], 4) * 0.1;
+    let w2 = Tensor::<f32>::random(&[ffn, hidden], 5) * 0.03;
+    let b2 = Tensor::<f32>::random(&[hidden], 6) * 0.1;
+    let out = world.run(|rank| {
+        let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+        let tp = mesh.rank_of("tp")?;
+        let mut layers = (
+            ColumnParallelLinear::from_global(&tp, &w1, Some(&b1), dist_tensor::Split::Even)?,
+            RowParallelLinear::from_global(&tp, &w2, Some(&b2), dist_tensor::Split::Even)?,
+        );
+        let share = tokens / 2;
+        let rows = |t: &Tensor<f32>| {
+            let at = mesh.coord("dp")? * share * hidden;
+            Tensor::from_shape_vec(&[share, hidden], t.as_slice()[at..at + share * hidden].to_vec())
+        };
+        let xs = DistTensor::from_global(&tp, &rows(&x)?, Placement::Shard(0))?;
+        let ts = DistTensor::from_global(&tp, &rows(&target)?, Placement::Shard(0))?;
+        let digest_of = |grads: &[Tensor<f32>]| {
+            grads.iter().map(|g| digest(g.as_slice())).collect::<Vec<_>>().join(",")
+        };
+        // The first step sizes the workspaces; its gradients are what every step must give.
+        let first = digest_of(&dp_step(&mesh, &mut layers, &xs, &ts, true)?.0);
+        let mut same = true;
+        let (mut ratios, mut over, mut after) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..9 {
+            let (g, o) = dp_step(&mesh, &mut layers, &xs, &ts, true)?;
+            same &= digest_of(&g) == first;
+            let (g, a) = dp_step(&mesh, &mut layers, &xs, &ts, false)?;
+            same &= digest_of(&g) == first;
+            ratios.push(o / a);
+            over.push(o);
+            after.push(a);
+        }
+        // A rank that drops its world while its last puts are still in a throttled proxy was
+        // seen to end its peer's wait for them ("rank 1 dropped its world while rank 3 waits on
+        // signal 1", after the last all-gather; after a barrier, "while rank 0 waits in
+        // barrier_all"): the notice of leaving overtakes the throttled data. Until the world
+        // waits for its puts to land before it leaves, the ranks meet, then give the proxies
+        // time to deliver (a barrier's few bytes take well under a millisecond here).
+        let _ = rank.barrier_all()?;
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(format!(
+            "same {same} | ratio {:.3} | ms {:.1}/{:.1} | grads {first}",
+            median(ratios),
+            median(over),
+            median(after)
+        ))
+    })?;
+    Ok(out[0].clone())
+}
+
+/// The test whose ranks run [`dp_overlap_body`] (for the ignored timing test too: a rank started
+/// by name would skip an ignored test).
+const DP_OVERLAP_TEST: &str =
+    "over_a_throttled_network_dp_averaging_across_nodes_is_the_same_overlapped_or_not";
+
+/// One job of [`dp_overlap_body`]: every rank's line, checked for correctness (the same
+/// gradients on every step and within each dp group), and the mean of the ranks' ratios
+/// (overlapped over after).
+fn dp_overlap_job(attempt: usize) -> (f64, String) {
+    // The dp groups {0, 2} and {1, 3} cross the two nodes, so their averaging goes through the
+    // throttled proxies; the tp groups stay inside a node.
+    let env = [(THROTTLE_DELAY_ENV, "100"), (THROTTLE_BANDWIDTH_ENV, "200000000")];
+    let job = mpirun(DP_OVERLAP_TEST, 4, Shape::NodesOfTwo, &env, &[]);
+    let texts: Vec<String> = (0..4).map(|r| job.result(r)).collect();
+    for (r, text) in texts.iter().enumerate() {
+        println!("attempt {attempt}, rank {r}: {text}");
+        assert!(text.starts_with("same true"), "rank {r}: {text}");
+    }
+    // A dp group's members hold the same averaged gradients; the two tp ranks different shards.
+    let grads = |r: usize| texts[r].split("grads ").nth(1).unwrap().to_string();
+    assert_eq!(grads(0), grads(2), "dp group {{0, 2}}");
+    assert_eq!(grads(1), grads(3), "dp group {{1, 3}}");
+    assert_ne!(grads(0), grads(1));
+    let ratios: Vec<f64> = texts
+        .iter()
+        .map(|t| t.split("ratio ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    let mean = ratios.iter().sum::<f64>() / 4.0;
+    (mean, format!("ratios {ratios:?}, mean {mean:.3}"))
+}
+
+#[test]
+fn over_a_throttled_network_dp_averaging_across_nodes_is_the_same_overlapped_or_not() {
+    if in_rank(dp_overlap_body) {
+        return;
+    }
+    let (_, ratios) = dp_overlap_job(1);
+    println!("{ratios}");
+}
+
+/// The timing of the overlap: ignored in CI, as on this 2-core host shared with other builds the
+/// gain (fc2's averaging hidden behind fc1's backward; the proxies need the same cores) came
+/// and went with the load: means of 0.78 to 0.89 on some runs, 0.98 to 1.06 on others, where
+/// a path without overlap measured 0.95 to 1.02. Run with `--ignored` on a quiet machine.
+#[test]
+#[ignore = "timing: needs a host whose cores are not shared with other work"]
+fn over_a_throttled_network_dp_buckets_overlap_the_backward_pass() {
+    // Correct on every attempt; faster on one of five jobs (see the fused ops' throttle test:
+    // the gain here is smaller, fc2's averaging hidden behind fc1's backward, so more tries).
+    let mut misses = Vec::new();
+    for attempt in 1..=5 {
+        let (mean, ratios) = dp_overlap_job(attempt);
+        // Without overlap both ways are the same work and the ratios are about 1: their mean
+        // must be clearly below.
+        if mean < 0.95 {
+            return;
+        }
+        misses.push(format!("attempt {attempt}: {ratios}"));
+    }
+    panic!("overlapped dp steps not faster in any of 5 attempts:\n{}", misses.join("\n"));
+}

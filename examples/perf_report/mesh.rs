@@ -1,15 +1,22 @@
 //! `perf_report --mesh`: a training step of the MLP of example 08 (forward, backward, gradients
-//! averaged over `dp`, plain SGD) on a 2 x 2 mesh of threads beside the same step with tensor
-//! parallelism over all 4 ranks (1 x 4) and data parallelism over all 4 (4 x 1); and, on the
-//! 2 x 2 mesh, the part of the dp averaging that the backward pass does not hide: the step with
-//! the averaging overlapped, minus the step without any averaging, beside the averaging alone
-//! (after the backward pass). Medians over the repetitions; the ranks are threads of this host.
+//! averaged over `dp`, plain SGD) on a 2 x 2 mesh beside the same step with tensor parallelism
+//! over all 4 ranks (1 x 4) and data parallelism over all 4 (4 x 1); and, on the 2 x 2 mesh, the
+//! part of the dp averaging that the backward pass does not hide: the step with the averaging
+//! overlapped, minus the step without any averaging, beside the averaging alone (after the
+//! backward pass). Medians over the repetitions.
+//!
+//! The rows run three times: on 4 threads of this host, on 4 processes of this program
+//! (`World::local_job`), and, built with feature `mpi`, under mpirun as 4 processes on two fake
+//! nodes of 2 ranks (`DIST_TENSOR_RANKS_PER_NODE=2`, TCP between them): the `tp` groups inside a
+//! node, the `dp` groups across (their averaging through the world's node routing). A launched
+//! rank runs every row on its world and rank 0 prints them.
 
 use std::time::Instant;
 
 use dist_tensor::mesh::{DeviceMesh, data_parallel};
 use dist_tensor::nn::{Activation, ColumnParallelLinear, Parameters, RowParallelLinear, mse_loss};
-use dist_tensor::{DistTensor, Placement, Result, Split, Tensor, World};
+use dist_tensor::shmem::job_env::RANKS_PER_NODE_ENV;
+use dist_tensor::{DistTensor, Error, Placement, Result, Split, Tensor, World};
 
 /// How a step averages the gradients over dp.
 #[derive(Clone, Copy, PartialEq)]
@@ -22,8 +29,14 @@ enum Averaging {
     Skipped,
 }
 
-/// Median seconds of a training step on a `dp x tp` mesh of 4 threads.
-fn step_seconds(dp: usize, tp: usize, averaging: Averaging, reps: usize) -> Result<f64> {
+/// Median seconds of a training step on a `dp x tp` mesh of `world`'s 4 ranks (rank 0's).
+fn step_seconds(
+    world: &World,
+    dp: usize,
+    tp: usize,
+    averaging: Averaging,
+    reps: usize,
+) -> Result<f64> {
     let (tokens, hidden, ffn) = (256, 256, 1024);
     let x = Tensor::<f32>::random(&[tokens, hidden], 1);
     let target = Tensor::<f32>::random(&[tokens, hidden], 2);
@@ -32,7 +45,7 @@ fn step_seconds(dp: usize, tp: usize, averaging: Averaging, reps: usize) -> Resu
     let w2 = Tensor::<f32>::random(&[ffn, hidden], 5) * 0.03;
     let b2 = Tensor::<f32>::random(&[hidden], 6) * 0.1;
     let bucket = 256 << 10;
-    let times = World::threads(dp * tp)?.run(|rank| {
+    let times = world.run(|rank| {
         let mesh = DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
         let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.averager("dp")?);
         let mut fc1 = ColumnParallelLinear::from_global(&tpr, &w1, Some(&b1), Split::Even)?;
@@ -57,11 +70,10 @@ fn step_seconds(dp: usize, tp: usize, averaging: Averaging, reps: usize) -> Resu
             let pre = h.into_local();
             let backward = |buckets: &mut data_parallel::GradBuckets<f32>| {
                 let da = fc2.backward(s2, &dy)?;
-                fc2.parameters().into_iter().for_each(|p| buckets.ready(&p.grad().expect("grad")));
+                buckets.ready_all(&fc2)?;
                 let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
                 fc1.backward(s1, &dh)?;
-                fc1.parameters().into_iter().for_each(|p| buckets.ready(&p.grad().expect("grad")));
-                Ok(())
+                buckets.ready_all(&fc1)
             };
             let grads = match averaging {
                 Averaging::Overlapped => data_parallel::overlapped(&dpr, bucket, backward)?.1,
@@ -91,30 +103,105 @@ fn step_seconds(dp: usize, tp: usize, averaging: Averaging, reps: usize) -> Resu
     Ok(times[0])
 }
 
-/// Prints the mesh rows.
+/// The rows on `world` (4 ranks), as lines. `tp_over_all` false skips tensor parallelism over
+/// all 4 ranks (on two MPI nodes its groups would cross them, which groups cannot yet).
+fn rows(world: &World, kind: &str, reps: usize, tp_over_all: bool) -> Result<Vec<String>> {
+    let mesh = step_seconds(world, 2, 2, Averaging::Overlapped, reps)?;
+    let tp = if tp_over_all {
+        step_seconds(world, 1, 4, Averaging::Overlapped, reps)?
+    } else {
+        f64::NAN
+    };
+    let dp = step_seconds(world, 4, 1, Averaging::Overlapped, reps)?;
+    let after = step_seconds(world, 2, 2, Averaging::After, reps)?;
+    let none = step_seconds(world, 2, 2, Averaging::Skipped, reps)?;
+    let (alone, unhidden) = (after - none, mesh - none);
+    Ok(vec![
+        format!("{kind}: mesh 2x2 (dp averaged during backward): {:8.3} ms", mesh * 1e3),
+        if tp_over_all {
+            format!("{kind}: tp over 4 (1x4):                        {:8.3} ms", tp * 1e3)
+        } else {
+            format!("{kind}: tp over 4 (1x4): not run (its tp groups would cross the nodes)")
+        },
+        format!("{kind}: dp over 4 (4x1, averaged during bwd):   {:8.3} ms", dp * 1e3),
+        format!(
+            "{kind}: 2x2: dp averaging after the backward pass {:.3} ms; overlapped, the part \
+             not hidden {:.3} ms ({:.0}% of it alone)",
+            alone * 1e3,
+            unhidden * 1e3,
+            100.0 * unhidden / alone
+        ),
+    ])
+}
+
+/// The program's arguments for a launched rank.
+fn rank_args(quick: bool, kind: &str) -> Vec<String> {
+    let mut args = vec!["--mesh".to_string(), "--mesh-kind".into(), kind.into()];
+    if quick {
+        args.push("--quick".into());
+    }
+    args
+}
+
+/// Prints the mesh rows: threads, processes, and MPI fake nodes where built with `mpi`.
 pub fn main(quick: bool) -> Result<()> {
     let reps = if quick { 3 } else { 15 };
+    if World::launched() {
+        // One rank of the processes' or MPI's job: every row, rank 0 prints them.
+        let argv: Vec<String> = std::env::args().collect();
+        let kind = argv.iter().position(|a| a == "--mesh-kind").and_then(|i| argv.get(i + 1));
+        let world = World::from_env()?;
+        let kind = kind.map_or("launched", |k| k.as_str());
+        let lines = rows(&world, kind, reps, !kind.starts_with("mpi"))?;
+        if world.ranks_here().start == 0 {
+            lines.iter().for_each(|l| println!("{l}"));
+        }
+        return Ok(());
+    }
     println!(
-        "training step of the MLP (256 tokens, 256 -> 1024 -> 256, f32) on 4 threads, median of \
+        "training step of the MLP (256 tokens, 256 -> 1024 -> 256, f32) on 4 ranks, median of \
          {reps} steps; load {}",
         super::measure::load_1min()
     );
-    let mesh = step_seconds(2, 2, Averaging::Overlapped, reps)?;
-    let tp = step_seconds(1, 4, Averaging::Overlapped, reps)?;
-    let dp = step_seconds(4, 1, Averaging::Overlapped, reps)?;
-    println!("mesh 2x2 (dp averaged during backward): {:8.3} ms", mesh * 1e3);
-    println!("tp over 4 (1x4):                        {:8.3} ms", tp * 1e3);
-    println!("dp over 4 (4x1, averaged during bwd):   {:8.3} ms", dp * 1e3);
-    let after = step_seconds(2, 2, Averaging::After, reps)?;
-    let none = step_seconds(2, 2, Averaging::Skipped, reps)?;
-    let alone = after - none;
-    let unhidden = mesh - none;
-    println!(
-        "2x2: dp averaging after the backward pass {:.3} ms; overlapped, the part not hidden \
-         {:.3} ms ({:.0}% of it alone)",
-        alone * 1e3,
-        unhidden * 1e3,
-        100.0 * unhidden / alone
-    );
+    for line in rows(&World::threads(4)?, "threads", reps, true)? {
+        println!("{line}");
+    }
+    let exits = World::local_job(4)
+        .args(rank_args(quick, "processes"))
+        .timeout(std::time::Duration::from_secs(600))
+        .run()?;
+    if let Some(bad) = exits.iter().find(|e| !e.success()) {
+        return Err(Error::user(format!(
+            "perf_report --mesh, rank {} of the processes: {}\n{}",
+            bad.rank,
+            bad.describe(),
+            bad.stderr_text()
+        )));
+    }
+    print!("{}", exits[0].stdout_text());
+    if cfg!(feature = "mpi") {
+        let status = std::process::Command::new("mpirun")
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                "4",
+                "--mca",
+                "btl",
+                "self,tcp",
+            ])
+            .args(["-x", &format!("{RANKS_PER_NODE_ENV}=2")])
+            .arg(std::env::current_exe()?)
+            .args(rank_args(quick, "mpi 2 nodes of 2"))
+            .status()
+            .map_err(|e| {
+                Error::user(format!("perf_report --mesh runs mpirun, which failed: {e}"))
+            })?;
+        if !status.success() {
+            return Err(Error::user(format!("perf_report --mesh under mpirun: {status}")));
+        }
+    } else {
+        println!("mpi: not built (build with --features mpi for the rows on fake MPI nodes)");
+    }
     Ok(())
 }

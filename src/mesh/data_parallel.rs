@@ -17,6 +17,7 @@
 use std::sync::mpsc;
 
 use super::Averager;
+use crate::nn::Parameters;
 use crate::{Element, Error, Result, Tensor};
 
 /// Bytes a bucket holds before it is sent (PyTorch's DDP uses 25 MiB; the models here are small).
@@ -32,11 +33,14 @@ pub struct GradBuckets<T: Element> {
     buckets: usize,
     /// The full buckets, when nothing reduces them during the pass ([`all_reduce_mean`]).
     kept: Vec<Vec<T>>,
+    /// This rank's index in the data-parallel group (0 for [`GradBuckets::collect`]), for errors.
+    rank: usize,
 }
 
 impl<T: Element> GradBuckets<T> {
-    fn new(send: Option<mpsc::Sender<Vec<T>>>, bucket_bytes: usize) -> Self {
+    fn new(send: Option<mpsc::Sender<Vec<T>>>, bucket_bytes: usize, rank: usize) -> Self {
         GradBuckets {
+            rank,
             send,
             bucket_elems: (bucket_bytes / size_of::<T>()).max(1),
             pending: Vec::new(),
@@ -57,6 +61,27 @@ impl<T: Element> GradBuckets<T> {
         }
     }
 
+    /// Hands in the gradient of every parameter of `layer` (in [`Parameters::parameters`]'
+    /// order), once the layer's backward is done: [`GradBuckets::ready`] for each.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the first parameter without a gradient (its backward
+    /// has not run), and this rank's index in the data-parallel group; the parameters before it
+    /// are handed in.
+    pub fn ready_all(&mut self, layer: &impl Parameters<T>) -> Result<()> {
+        for (i, p) in layer.parameters().into_iter().enumerate() {
+            let grad = p.grad().ok_or_else(|| Error::InvalidArgument {
+                op: "GradBuckets::ready_all",
+                rank: self.rank,
+                reason: format!(
+                    "parameter {i} of the layer has no gradient: run its backward first"
+                ),
+            })?;
+            self.ready(&grad);
+        }
+        Ok(())
+    }
+
     fn flush(&mut self) {
         if self.pending.is_empty() {
             return;
@@ -74,7 +99,7 @@ impl<T: Element> GradBuckets<T> {
     /// Buckets that only collect the gradients handed in, for [`all_reduce_mean`] after the
     /// backward pass (see [`GradBuckets::into_grads`]).
     pub fn collect() -> Self {
-        GradBuckets::new(None, usize::MAX)
+        GradBuckets::new(None, usize::MAX, 0)
     }
 
     /// The gradients handed in, as they were (unreduced), in order.
@@ -144,7 +169,7 @@ where
                 what: "cannot start the thread that reduces the buckets".into(),
                 source: std::sync::Arc::new(e),
             })?;
-        let mut buckets = GradBuckets::new(Some(send), bucket_bytes);
+        let mut buckets = GradBuckets::new(Some(send), bucket_bytes, dp.rank());
         let outcome = backward(&mut buckets);
         buckets.flush();
         buckets.send = None; // the reducing thread ends once it has the last bucket
@@ -167,7 +192,7 @@ pub fn all_reduce_mean<T: Element>(
     bucket_bytes: usize,
     grads: &[Tensor<T>],
 ) -> Result<Vec<Tensor<T>>> {
-    let mut buckets = GradBuckets::new(None, bucket_bytes);
+    let mut buckets = GradBuckets::new(None, bucket_bytes, dp.rank());
     for g in grads {
         buckets.ready(g);
     }

@@ -11,9 +11,16 @@
 //! Each group is a world of its own (see [`Rank::split`]): every collective, fused op and
 //! [`DistTensor`](crate::DistTensor) runs over it through [`DeviceMesh::rank_of`], and calls on
 //! different groups run at once, independently.
+//!
+//! A [`MeshTensor`] places a tensor over the whole mesh, one [`Placement`](crate::Placement) per
+//! dimension (`[Replicate, Shard(1)]` on `[dp, tp]`), and redistributes it dimension by
+//! dimension over the groups.
 
 pub mod data_parallel;
+mod tensor;
 pub mod zero;
+
+pub use tensor::MeshTensor;
 
 use crate::collectives::{all_gather, all_reduce};
 use crate::shmem::Group;
