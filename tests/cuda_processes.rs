@@ -210,8 +210,9 @@ fn rank0_waits(rank: &Rank<'_>) -> String {
     format!("{} ms | {waited}", start.elapsed().as_millis())
 }
 
-/// The body of the fault tests: rank 1 fills its GPU's queue with work (150 products of 4096 x
-/// 4096 f32 matrices, about 2 ms each on an H200), then every rank meets on the host; rank 1
+/// The body of the fault tests: after a first barrier, rank 1 fills its GPU's queue with work
+/// (150 products of 4096 x 4096 f32 matrices, about 3 ms each on an H200), then every rank
+/// meets on the host; rank 1
 /// queues the device barrier behind its work (so its barrier kernel cannot signal before the
 /// fault), lets rank 0 get well into its barrier kernel's wait for it (50 ms), then does
 /// `fault`. Rank 0 times its barrier and device wait ([`rank0_waits`]).
@@ -221,6 +222,10 @@ fn fault_body(
 ) -> dist_tensor::Result<String> {
     const LEAD: Duration = Duration::from_millis(50);
     rank0_sees(world, |rank| {
+        // One barrier first, so that the timed one launches at once: its kernel compiled, its
+        // state made (both took longer than rank 1's queue of work in a first GPU run).
+        cuda::barrier(rank)?;
+        cuda::synchronize(rank)?;
         let work = if rank.rank() == 1 {
             let a = cuda::random::<f32>(rank, &[4096, 4096], 1)?;
             let mut b = a.clone();
@@ -231,7 +236,7 @@ fn fault_body(
         } else {
             None
         };
-        rank.barrier_all()?; // everyone is in (on the host: the GPU queue stays full)
+        let _ = rank.barrier_all()?; // everyone is in (on the host: the GPU queue stays full)
         if rank.rank() == 1 {
             cuda::barrier(rank)?;
             std::thread::sleep(LEAD);
