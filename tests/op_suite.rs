@@ -563,7 +563,9 @@ test_worlds!(
 /// `DistTensor::matmul_reduce_scatter` with rank 1's inner shard empty: rank 1's kernel waited
 /// for rank 0's signal until the 30 s wait timeout while rank 0's work queued before its own
 /// kernel did not finish (suspected: rank 1's spinning kernel holding the multiprocessors rank
-/// 0's cuBLASLt product needs; not yet shown). World 1 passed the whole suite in that run.
+/// 0's cuBLASLt product needs; not yet shown). World 1 passed the whole suite in that run. With
+/// waiting kernels on a share of the SMs (`CudaRank::grid_for`), a run at 00:07 UTC did not
+/// finish it within the 40 s left to it: not yet known whether it hangs still or is slow.
 #[test]
 #[ignore = "ranks sharing one GPU hung in f16 matmul_reduce_scatter with an empty inner shard"]
 fn suite_cuda_ranks_sharing_one_gpu() {

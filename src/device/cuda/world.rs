@@ -381,9 +381,10 @@ impl<'w> CudaRank<'w> {
     /// this rank's share of its GPU. Where ranks share the GPU, the share is one block per SM of
     /// `1 / sharing` of the SMs: a rank's waiting kernel then leaves the other SMs free of its
     /// blocks for the work a peer must finish before it signals. (With `blocks_per_sm` blocks
-    /// of each share spread over every SM, a peer's cuBLASLt f16 product, whose blocks need a
-    /// whole SM's registers, found no SM to run on: a world of 2 ranks on one H200 hung in
-    /// `matmul_reduce_scatter` until the wait timeout.)
+    /// of each share spread over every SM, a world of 2 ranks on one H200 hung in f16
+    /// `matmul_reduce_scatter` until the wait timeout, one rank's kernel spinning while the
+    /// other's cuBLASLt product did not finish; suspected, not shown: the product's blocks,
+    /// which can need a whole SM's registers, found no SM to run on.)
     pub(crate) fn grid_for(&self, f: super::kernels::Function, tasks: u64) -> u32 {
         let sms = self.gpu().sm_count as u32;
         let share = match self.sharing() {
