@@ -105,7 +105,8 @@ fn main() -> Result<(), Error> {
         let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
         let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?.into_local();
         let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?.into_local();
-        let y = mlp(&xs, &w1s, &w2s, true)?.to_global()?;
+        // Where the world keeps it (a GPU world: the rank's GPU), then on the host to check.
+        let y = mlp(&xs, &w1s, &w2s, true)?.to_global()?.to_host()?;
         let (mut fused, mut unfused) = (Vec::new(), Vec::new());
         for _ in 0..reps {
             for (is_fused, times) in [(true, &mut fused), (false, &mut unfused)] {

@@ -19,10 +19,9 @@ use half::{bf16, f16};
 mod common;
 
 use common::checks::{Checks, summed, widen};
+use common::jobs::{CHILD_TIMEOUT, in_rank, printed, result, run_job, test_args};
 use common::{digest, seeded};
 
-/// Every child is killed past this: a hang fails the test.
-const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a fault may take to end the other ranks' device waits.
 const BOUND: Duration = Duration::from_secs(2);
 /// Each rank's GPU heap segment in these tests (small: several processes share one GPU).
@@ -30,80 +29,30 @@ const HEAP: &str = "268435456";
 /// GPU memory a job may seem to leave behind (the driver's own bookkeeping moves a little).
 const SLACK: usize = 64 << 20;
 
-/// In a rank (a child of [`job`]): joins the job on its GPU, runs `body`, prints `RESULT <text>`
-/// or `ERROR <error>`, and returns true. In the test itself: returns false.
-fn in_rank(body: impl FnOnce(World) -> dist_tensor::Result<String>) -> bool {
-    if !World::launched() {
-        return false;
-    }
-    match World::from_env().and_then(body) {
-        Ok(text) => println!("RESULT {text}"),
-        Err(err) => println!("ERROR {err}"),
-    }
-    true
-}
-
 fn free_gpu_memory() -> usize {
     cuda::memory_info(0).expect("cuMemGetInfo").0
 }
 
-/// Checks that the processes are gone and the GPU has its memory back.
-fn check_nothing_left(exits: &[RankExit], free_before: usize) {
-    for exit in exits {
-        assert!(!exit.timed_out, "rank {} hung: {}", exit.rank, exit.stderr_text());
-        assert!(
-            !std::path::Path::new(&format!("/proc/{}", exit.pid)).exists(),
-            "rank {}'s process {} is left",
-            exit.rank,
-            exit.pid
-        );
-    }
+/// Runs test `name` as `n` ranks on the GPU with extra `env`; checks that no process is left and
+/// that the GPU has its memory back.
+fn job(name: &str, n: usize, env: &[(&str, &str)]) -> Vec<RankExit> {
+    let before = free_gpu_memory();
+    let mut all = vec![("DIST_TENSOR_DEVICE", "cuda"), ("DIST_TENSOR_GPU_HEAP_BYTES", HEAP)];
+    all.extend_from_slice(env);
+    let exits = run_job(name, n, &all);
     // The driver frees a dead process's memory asynchronously: give it a moment.
     let start = Instant::now();
     let mut free = free_gpu_memory();
-    while free + SLACK < free_before && start.elapsed() < Duration::from_secs(5) {
+    while free + SLACK < before && start.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(50));
         free = free_gpu_memory();
     }
     assert!(
-        free + SLACK >= free_before,
+        free + SLACK >= before,
         "the job left {} MiB of GPU memory behind",
-        (free_before - free) >> 20
+        (before - free) >> 20
     );
-}
-
-/// Runs test `name` as `n` ranks on the GPU with extra `env`; checks that nothing is left.
-fn job(name: &str, n: usize, env: &[(&str, &str)]) -> Vec<RankExit> {
-    let before = free_gpu_memory();
-    let mut job = World::local_job(n)
-        .args([name, "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .env("DIST_TENSOR_DEVICE", "cuda")
-        .env("DIST_TENSOR_GPU_HEAP_BYTES", HEAP)
-        .timeout(CHILD_TIMEOUT);
-    for (key, value) in env {
-        job = job.env(key, value);
-    }
-    let exits = job.run().unwrap();
-    check_nothing_left(&exits, before);
     exits
-}
-
-/// What rank `exit` printed after `tag` (`RESULT` or `ERROR`).
-fn printed(exit: &RankExit, tag: &str) -> Option<String> {
-    let prefix = format!("{tag} ");
-    exit.stdout_text().lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
-}
-
-fn result(exit: &RankExit) -> String {
-    printed(exit, "RESULT").unwrap_or_else(|| {
-        panic!(
-            "rank {} ({}) printed no result:\n{}\n{}",
-            exit.rank,
-            exit.describe(),
-            exit.stdout_text(),
-            exit.stderr_text()
-        )
-    })
 }
 
 // ---- the ops, against the f64 references ----------------------------------------------------
@@ -170,9 +119,10 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     let s_r = 3 + me % 2;
     let q = Tensor::from_shape_vec(&[2, s_r, 7, 8], seeded::<f32>(me, 2 * s_r * 7 * 8, 13))?;
     let shape = |r: usize| [2, 3 + r % 2, 7, 8];
-    let heads = fused::all_to_all(rank, &q, 2, 1)?;
-    check.heads_all_to_all("ulysses all_to_all", heads.output.as_slice(), (me, n), shape, 13);
-    out.push(digest(heads.output.as_slice()));
+    // A tensor result stays on the rank's GPU: read it on the host.
+    let heads = fused::all_to_all(rank, &q, 2, 1)?.output.to_host()?;
+    check.heads_all_to_all("ulysses all_to_all", heads.as_slice(), (me, n), shape, 13);
+    out.push(digest(heads.as_slice()));
     // The DistTensor layer: an MLP block end to end, fewer rows than some worlds have ranks.
     let x = Tensor::<f32>::random(&[29, 16], 1);
     let w1 = Tensor::<f32>::random(&[16, 40], 2);
@@ -181,7 +131,7 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
     let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
     let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
-    let y = y.to_global()?;
+    let y = y.to_global()?.to_host()?;
     check.mlp_block("mlp block", &y, [&x, &w1, &w2], n);
     out.push(digest(y.as_slice()));
     Ok(format!("{}|{}", out.join(","), check.fails.join("; ")))
@@ -226,48 +176,96 @@ fn the_ops_as_processes_sharing_a_gpu_match_the_f64_references_at_2_and_3_proces
 
 // ---- faults -----------------------------------------------------------------------------------
 
-/// The body of every fault test: every rank is in; rank 1 fills its GPU's queue with seconds of
-/// work, queues a device barrier behind it (so that its barrier kernel never signals before it
-/// is gone), then does `fault`. The others queue the barrier and wait for their GPU, inside the
-/// barrier kernel's wait for rank 1. Rank 0 prints how long that wait took to fail, and the
-/// error.
+/// Runs `body` as every rank of `world`; `body` returns rank 0's text (how long it waited, `ms |
+/// `, and the error it saw). In rank 0's process: that text, then ` | run: ` and what
+/// `World::run` returned (once a peer failed, every rank's run fails with the first failure,
+/// even where the closure itself returned `Ok`). In the other processes: what `run` returned.
+fn rank0_sees(
+    world: World,
+    body: impl Fn(&Rank<'_>) -> dist_tensor::Result<Option<String>> + Sync,
+) -> dist_tensor::Result<String> {
+    let seen = std::sync::Mutex::new(None);
+    let run = world.run(|rank| {
+        if let Some(text) = body(rank)? {
+            *seen.lock().unwrap() = Some(text);
+        }
+        Ok(())
+    });
+    match seen.into_inner().unwrap() {
+        Some(text) => {
+            let run = run.map_or_else(|e| e.to_string(), |_| "Ok".to_string());
+            Ok(format!("{text} | run: {run}"))
+        }
+        None => run.map(|_| "a rank other than 0 went on".to_string()),
+    }
+}
+
+/// Rank 0's device barrier and its wait for the GPU, timed, as the text [`rank0_sees`] wants.
+fn rank0_waits(rank: &Rank<'_>) -> String {
+    let start = Instant::now();
+    let waited = match cuda::barrier(rank).and_then(|()| cuda::synchronize(rank)) {
+        Ok(()) => "no error: the device barrier ended as if rank 1 were still there".to_string(),
+        Err(err) => err.to_string(),
+    };
+    format!("{} ms | {waited}", start.elapsed().as_millis())
+}
+
+/// The body of the fault tests: after a first barrier, rank 1 fills its GPU's queue with work
+/// (150 products of 4096 x 4096 f32 matrices, about 3 ms each on an H200), then every rank
+/// meets on the host; rank 1
+/// queues the device barrier behind its work (so its barrier kernel cannot signal before the
+/// fault), lets rank 0 get well into its barrier kernel's wait for it (50 ms), then does
+/// `fault`. Rank 0 times its barrier and device wait ([`rank0_waits`]).
 fn fault_body(
     world: World,
     fault: impl Fn(&Rank<'_>) -> dist_tensor::Result<()> + Sync,
 ) -> dist_tensor::Result<String> {
-    let out = world.run(|rank| {
-        collectives::all_gather(rank, &[rank.rank() as f32])?; // everyone is in
-        if rank.rank() == 1 {
+    const LEAD: Duration = Duration::from_millis(50);
+    rank0_sees(world, |rank| {
+        // One barrier first, so that the timed one launches at once: its kernel compiled, its
+        // state made (both took longer than rank 1's queue of work in a first GPU run).
+        cuda::barrier(rank)?;
+        cuda::synchronize(rank)?;
+        let work = if rank.rank() == 1 {
             let a = cuda::random::<f32>(rank, &[4096, 4096], 1)?;
             let mut b = a.clone();
-            for _ in 0..60 {
+            for _ in 0..150 {
                 b = b.matmul(&a)?; // queued, not waited for
             }
+            Some(b)
+        } else {
+            None
+        };
+        let _ = rank.barrier_all()?; // everyone is in (on the host: the GPU queue stays full)
+        if rank.rank() == 1 {
             cuda::barrier(rank)?;
+            std::thread::sleep(LEAD);
             fault(rank)?;
-            drop(b);
-            return Ok("rank 1 went on".to_string());
+            drop(work);
+            return Ok(None);
         }
-        cuda::barrier(rank)?;
-        let start = Instant::now();
-        let err = cuda::synchronize(rank).unwrap_err();
-        Ok(format!("{} ms | {err}", start.elapsed().as_millis()))
-    })?;
-    Ok(out[0].clone())
+        Ok((rank.rank() == 0).then(|| rank0_waits(rank)))
+    })
 }
 
 /// Checks rank 0: its device wait ended within the bound, naming rank 1 and saying one of
-/// `says`; and rank 1 ended as `rank1` says.
-fn check_fault(exits: &[RankExit], says: &[&str], rank1: impl Fn(&RankExit) -> bool) {
+/// `says`, and its run ended as `run_says`; and rank 1 ended as `rank1` says.
+fn check_fault(
+    exits: &[RankExit],
+    says: &[&str],
+    run_says: &str,
+    rank1: impl Fn(&RankExit) -> bool,
+) {
     let one = &exits[1];
     assert!(rank1(one), "rank 1 {}: {}{}", one.describe(), one.stdout_text(), one.stderr_text());
     let text = result(&exits[0]);
     let ms: u128 = text.split(" ms").next().unwrap().parse().expect(&text);
     assert!(ms < BOUND.as_millis(), "rank 0: {text}");
-    let err = text.split_once(" | ").unwrap().1;
-    assert!(err.contains("rank 1"), "rank 0: {err}");
-    assert!(says.iter().any(|s| err.contains(s)), "rank 0: {err}");
-    println!("rank 0's device wait ended after {ms} ms: {err}");
+    let (err, run) = text.split_once(" | ").unwrap().1.split_once(" | run: ").expect(&text);
+    assert!(err.contains("rank 1"), "rank 0's device wait: {text}");
+    assert!(says.iter().any(|s| err.contains(s)), "rank 0's device wait: {text}");
+    assert!(run.starts_with(run_says), "rank 0's run: {text}");
+    println!("rank 0's device barrier ended after {ms} ms: {err}; its run: {run}");
 }
 
 #[test]
@@ -286,7 +284,7 @@ fn a_process_killed_mid_kernel_ends_the_others_device_waits_naming_it() {
         return;
     }
     let exits = job(NAME, 2, &[]);
-    check_fault(&exits, &["ended without returning from run"], |e| {
+    check_fault(&exits, &["ended without returning from run"], "rank 1 failed first", |e| {
         e.describe() == "killed by signal 9"
     });
 }
@@ -301,7 +299,7 @@ fn a_panicking_process_ends_the_others_device_waits_naming_it() {
         return;
     }
     let exits = job(NAME, 2, &[]);
-    check_fault(&exits, &["rank one gives up"], |e| {
+    check_fault(&exits, &["rank one gives up"], "rank 1 failed first", |e| {
         printed(e, "ERROR").is_some_and(|t| t.contains("panicked"))
     });
 }
@@ -310,16 +308,10 @@ fn a_panicking_process_ends_the_others_device_waits_naming_it() {
 fn a_process_returning_early_ends_the_others_naming_it() {
     const NAME: &str = "a_process_returning_early_ends_the_others_naming_it";
     if in_rank(|world| {
-        let out = world.run(|rank| {
+        rank0_sees(world, |rank| {
             collectives::all_gather(rank, &[rank.rank() as f32])?;
-            if rank.rank() == 1 {
-                return Ok("rank 1 returned".to_string());
-            }
-            let start = Instant::now();
-            let err = cuda::barrier(rank).and_then(|_| cuda::synchronize(rank)).unwrap_err();
-            Ok(format!("{} ms | {err}", start.elapsed().as_millis()))
-        })?;
-        Ok(out[0].clone())
+            Ok((rank.rank() == 0).then(|| rank0_waits(rank)))
+        })
     }) {
         return;
     }
@@ -327,7 +319,9 @@ fn a_process_returning_early_ends_the_others_naming_it() {
         return;
     }
     let exits = job(NAME, 2, &[]);
-    check_fault(&exits, &["returned from run", "dropped its world"], |e| e.success());
+    // Returning early is no failure: rank 0's barrier fails, naming rank 1, but the world's
+    // run is Ok (rank 0's closure returned what it saw).
+    check_fault(&exits, &["returned from run", "dropped its world"], "Ok", |e| e.success());
 }
 
 #[test]
@@ -384,10 +378,6 @@ fn wait_all(mut children: Vec<std::process::Child>) -> Vec<String> {
         outs.push(String::from_utf8_lossy(&out.stderr).into_owned());
     }
     outs
-}
-
-fn test_args(name: &str) -> [&str; 5] {
-    [name, "--exact", "--nocapture", "--test-threads=1", "-q"]
 }
 
 #[test]

@@ -14,7 +14,7 @@
 //! why, and passes: `cargo test --release --features cuda --test cuda_tensor_math`.
 
 use dist_tensor::nn::Activation;
-use dist_tensor::{Device, Element, Error, Tensor};
+use dist_tensor::{DType, Device, Element, Error, Tensor};
 use half::{bf16, f16};
 use ndarray::{ArrayD, Axis, IxDyn};
 
@@ -69,9 +69,23 @@ fn check<T: Element>(
         fails.push(format!("{what}: shape {:?}, want {:?}", host.shape(), want.shape()));
         return;
     }
-    let scale: Vec<f64> = scale.iter().map(|s| s.max(f64::MIN_POSITIVE)).collect();
+    // Below T's smallest normal a rounding is off by up to half the subnormal spacing, however
+    // small the value (2.28882e-5 is the f16 nearest 2.29096e-5: 2.1e-8 from it, under half
+    // the spacing 2^-24): that much is allowed on top of the relative bound.
+    let floor = if tol > 0.0 { smallest_subnormal::<T>() / 2.0 / tol } else { 0.0 };
+    let scale: Vec<f64> = scale.iter().map(|s| s.max(f64::MIN_POSITIVE) + floor).collect();
     let want: Vec<f64> = want.iter().copied().collect();
     fails.extend(off(&what, &widen(host.as_slice()), &want, &scale, tol));
+}
+
+/// The spacing of `T`'s values next to zero (its smallest positive subnormal).
+fn smallest_subnormal<T: Element>() -> f64 {
+    match T::DTYPE {
+        DType::F64 => f64::from_bits(1),
+        DType::F32 => f64::from(f32::from_bits(1)),
+        DType::F16 => f16::from_bits(1).to_f64(),
+        DType::BF16 => bf16::from_bits(1).to_f64(),
+    }
 }
 
 /// The final rounding to `T` (half types only) plus `c` roundings in the accumulator type.
@@ -476,19 +490,28 @@ fn check_norms<T: Element>(fails: &mut Vec<String>, seed: u64) {
         let flat = x.to_shape((rows, n)).unwrap().to_owned();
         let mut rms = flat.clone();
         let mut layer = flat.clone();
+        // Each layer_norm entry's size, what its roundings are relative to (as in
+        // tests/tensor_math.rs): |x - mean| / sigma * |w| + |b| bounded by its terms' sizes.
+        let mut layer_scale = flat.clone();
         for (r, row) in flat.rows().into_iter().enumerate() {
             let ms = row.iter().map(|v| v * v).sum::<f64>() / n as f64;
             let mean = row.sum() / n as f64;
             let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+            let inv = 1.0 / (var + eps).sqrt();
             for j in 0..n {
                 rms[[r, j]] = row[j] / (ms + eps).sqrt() * wv[j];
-                layer[[r, j]] = (row[j] - mean) / (var + eps).sqrt() * wv[j] + bv[j];
+                layer[[r, j]] = (row[j] - mean) * inv * wv[j] + bv[j];
+                layer_scale[[r, j]] = (row[j].abs() + mean.abs()) * inv * wv[j].abs() + bv[j].abs();
             }
         }
         let rms = rms.into_shape_with_order(IxDyn(shape)).unwrap();
         let layer = layer.into_shape_with_order(IxDyn(shape)).unwrap();
-        // Normalized values are about 1: an absolute bound of n + 16 roundings.
+        // Normalized values are about 1: an absolute bound of n + 16 roundings, relative to
+        // the entry itself where it is larger (the final rounding to a half type is relative
+        // to the entry: a layer_norm entry of 2.2 in bf16 may be off by half of 2^-6).
         let ones = rms.mapv(|v| v.abs().max(1.0));
+        let layer_ones =
+            layer_scale.mapv(|v| v.max(1.0)).into_shape_with_order(IxDyn(shape)).unwrap();
         let c = n as f64 + 16.0;
         check(
             fails,
@@ -503,7 +526,7 @@ fn check_norms<T: Element>(fails: &mut Vec<String>, seed: u64) {
             &format!("layer_norm {shape:?}"),
             &da.layer_norm(Some(&dw), Some(&db), eps).unwrap(),
             &layer,
-            &ones,
+            &layer_ones,
             tol::<T>(c),
         );
     }

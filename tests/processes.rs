@@ -16,25 +16,11 @@ use half::{bf16, f16};
 mod common;
 
 use common::checks::{Checks, summed, widen};
+use common::jobs::{in_rank, printed, result, run_job};
 use common::{digest, seeded};
 
-/// Every child is killed past this: a hang fails the test.
-const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a fault may take to end every other rank (the wait timeout stays at its 60 s default).
 const BOUND: Duration = Duration::from_secs(1);
-
-/// In a rank (a child of [`job`]): joins the job, runs `body`, prints `RESULT <text>` or
-/// `ERROR <error>`, and returns true. In the test itself: returns false.
-fn in_rank(body: impl FnOnce(World) -> dist_tensor::Result<String>) -> bool {
-    if !World::launched() {
-        return false;
-    }
-    match World::from_env().and_then(body) {
-        Ok(text) => println!("RESULT {text}"),
-        Err(err) => println!("ERROR {err}"),
-    }
-    true
-}
 
 /// Files a crash could leave: anything of ours in `/dev/shm` or `/tmp`.
 fn our_files() -> BTreeSet<String> {
@@ -51,43 +37,10 @@ fn our_files() -> BTreeSet<String> {
 /// Runs test `name` as `n` ranks with extra `env`; checks that no file and no process is left.
 fn job(name: &str, n: usize, env: &[(&str, &str)]) -> Vec<RankExit> {
     let before = our_files();
-    let mut job = World::local_job(n)
-        .args([name, "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .timeout(CHILD_TIMEOUT);
-    for (key, value) in env {
-        job = job.env(key, value);
-    }
-    let exits = job.run().unwrap();
-    for exit in &exits {
-        assert!(!exit.timed_out, "rank {} hung: {}", exit.rank, exit.stderr_text());
-        assert!(
-            !std::path::Path::new(&format!("/proc/{}", exit.pid)).exists(),
-            "rank {}'s process {} is left",
-            exit.rank,
-            exit.pid
-        );
-    }
+    let exits = run_job(name, n, env);
     let after = our_files();
     assert!(after.is_subset(&before), "left behind: {:?}", after.difference(&before));
     exits
-}
-
-/// What rank `exit` printed after `tag` (`RESULT` or `ERROR`).
-fn printed(exit: &RankExit, tag: &str) -> Option<String> {
-    let prefix = format!("{tag} ");
-    exit.stdout_text().lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
-}
-
-fn result(exit: &RankExit) -> String {
-    printed(exit, "RESULT").unwrap_or_else(|| {
-        panic!(
-            "rank {} ({}) printed no result:\n{}\n{}",
-            exit.rank,
-            exit.describe(),
-            exit.stdout_text(),
-            exit.stderr_text()
-        )
-    })
 }
 
 // ---- the same numbers as threads ------------------------------------------------------------

@@ -7,6 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::DeviceWorld;
+use super::control::{Control, RankState, describe_status};
 use super::job_env::JobEnv;
 use super::world::WorldShared;
 use crate::{Error, Result};
@@ -109,6 +110,7 @@ pub(crate) fn watch_device(shared: &Arc<WorldShared>) {
         return;
     }
     let weak: Weak<WorldShared> = Arc::downgrade(shared);
+    let mut exiting = Exiting::new(shared.num_ranks());
     let spawned =
         std::thread::Builder::new().name("dist-tensor gpu watch".into()).spawn(move || {
             loop {
@@ -116,6 +118,7 @@ pub(crate) fn watch_device(shared: &Arc<WorldShared>) {
                 if let Some(tick) = &shared.on_tick {
                     tick(&shared.control);
                 }
+                exiting.check(&shared.control);
                 if let DeviceWorld::Cuda(gpus) = &shared.device
                     && shared.control.failed()
                     && let Some((rank, reason)) = shared.control.first_failure()
@@ -131,6 +134,71 @@ pub(crate) fn watch_device(shared: &Arc<WorldShared>) {
         // Without the thread, kernels still end at their wait timeout; say why it is slower.
         eprintln!("dist-tensor: no GPU watch thread ({e}): a dead peer ends waits at the timeout");
     }
+}
+
+/// The kernel's flag of a task that has begun to exit (`PF_EXITING`, include/linux/sched.h),
+/// field 9 of `/proc/<pid>/stat`.
+const PF_EXITING: u64 = 0x4;
+
+/// Finds peers whose process has begun to exit while their rank runs (killed, or exited inside
+/// `run`), before the process is gone. A process that had GPU work queued leaves only once the
+/// driver has torn down its GPU context, which can take as long as the work it left queued, and
+/// only then does the pid watch (a pidfd) see it gone: meanwhile the work it left could even
+/// complete a barrier with the survivors, as if the rank were still there. The task's
+/// `PF_EXITING` flag is set at once, at the start of the exit.
+struct Exiting {
+    /// By rank: `/proc/<pid>/stat` of its process, opened once (the file stays that process's
+    /// after its pid is reused), `None` until its pid is known, and for this process.
+    stats: Vec<Option<std::fs::File>>,
+    /// Whether rank `r`'s pid was looked at (its file opened, or found to be this process).
+    opened: Vec<bool>,
+}
+
+impl Exiting {
+    fn new(n: usize) -> Exiting {
+        Exiting { stats: (0..n).map(|_| None).collect(), opened: vec![false; n] }
+    }
+
+    /// Marks every running rank whose process is exiting as died, which fails the world naming
+    /// it (as the pid watch does once the process is gone).
+    fn check(&mut self, control: &Control) {
+        for rank in 0..self.stats.len() {
+            if !self.opened[rank] {
+                let pid = control.pid(rank).load(std::sync::atomic::Ordering::Acquire);
+                if pid == 0 {
+                    continue;
+                }
+                self.opened[rank] = true;
+                if pid != std::process::id() {
+                    self.stats[rank] = std::fs::File::open(format!("/proc/{pid}/stat")).ok();
+                }
+            }
+            let Some(stat) = &self.stats[rank] else { continue };
+            if control.state(rank) != RankState::Running || !is_exiting(stat) {
+                continue;
+            }
+            if control.mark_died(rank, -1) {
+                control.fail(rank, &format!("rank {rank} {}", describe_status(-1)));
+            }
+        }
+    }
+}
+
+/// Whether the process whose `/proc/<pid>/stat` this is has begun to exit (false once it is
+/// gone: the file then reads nothing).
+fn is_exiting(stat: &std::fs::File) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 512];
+    let Ok(len) = stat.read_at(&mut buf, 0) else { return false };
+    stat_flags(&buf[..len]).is_some_and(|flags| flags & PF_EXITING != 0)
+}
+
+/// Field 9 (flags) of a `/proc/<pid>/stat` line: the seventh after the command, which may hold
+/// spaces and parentheses, so counted from the last `)`.
+fn stat_flags(line: &[u8]) -> Option<u64> {
+    let after = line.iter().rposition(|&b| b == b')')? + 1;
+    let rest = std::str::from_utf8(&line[after..]).ok()?;
+    rest.split_ascii_whitespace().nth(6)?.parse().ok()
 }
 
 #[cfg(test)]
@@ -153,5 +221,17 @@ mod tests {
         assert!(!cuda_from_args(&args));
         // `cuda` as another flag's value is not the device.
         assert!(!cuda_from_args(&["--name".into(), "cuda".into()]));
+    }
+
+    #[test]
+    fn the_flags_of_a_stat_line_are_read_after_the_command() {
+        let line = b"4242 (a (b) c) S 1 4242 4242 0 -1 4194564 120 0 0 0 1 2 0 0 20 0 1 0 5\n";
+        assert_eq!(stat_flags(line), Some(4_194_564));
+        assert_eq!(stat_flags(line).map(|f| f & PF_EXITING != 0), Some(true));
+        assert_eq!(stat_flags(b"4242 (x) R 1 2 3 0 -1 4194560 0"), Some(4_194_560));
+        assert_eq!(stat_flags(b"garbage"), None);
+        // This process is running, not exiting.
+        let own = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(!is_exiting(&own));
     }
 }

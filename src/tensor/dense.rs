@@ -94,6 +94,8 @@ impl<T: Element> Tensor<T> {
     /// let t = Tensor::<f32>::zeros(&[2, 2]);
     /// assert_eq!(t.to_array().shape(), &[2, 2]);
     /// ```
+    // On a device tensor these panic ("call Tensor::to_host()"): the panic names the caller.
+    #[track_caller]
     pub fn to_array(&self) -> ArrayD<T> {
         self.data.to_array()
     }
@@ -106,6 +108,7 @@ impl<T: Element> Tensor<T> {
     /// let a = Tensor::<f32>::zeros(&[3]).into_array();
     /// assert_eq!(a.len(), 3);
     /// ```
+    #[track_caller]
     pub fn into_array(mut self) -> ArrayD<T> {
         std::mem::replace(&mut self.data, Storage::Host(empty())).into_array()
     }
@@ -292,6 +295,7 @@ impl<T: Element> Tensor<T> {
     /// use dist_tensor::Tensor;
     /// assert_eq!(Tensor::<f32>::zeros(&[2]).as_slice(), &[0.0, 0.0]);
     /// ```
+    #[track_caller]
     pub fn as_slice(&self) -> &[T] {
         self.data.as_slice()
     }
@@ -305,6 +309,7 @@ impl<T: Element> Tensor<T> {
     /// t.as_mut_slice()[1] = 5.0;
     /// assert_eq!(t.as_slice(), &[0.0, 5.0]);
     /// ```
+    #[track_caller]
     pub fn as_mut_slice(&mut self) -> &mut [T] {
         self.data.as_mut_slice()
     }
@@ -316,6 +321,7 @@ impl<T: Element> Tensor<T> {
     /// use dist_tensor::Tensor;
     /// assert_eq!(Tensor::<f32>::zeros(&[2, 3]).view().ndim(), 2);
     /// ```
+    #[track_caller]
     pub fn view(&self) -> ArrayViewD<'_, T> {
         self.data.view()
     }
@@ -329,6 +335,7 @@ impl<T: Element> Tensor<T> {
     /// t.view_mut()[[1, 0]] = 3.0;
     /// assert_eq!(t.as_slice(), &[0.0, 0.0, 3.0, 0.0]);
     /// ```
+    #[track_caller]
     pub fn view_mut(&mut self) -> ArrayViewMutD<'_, T> {
         self.data.view_mut()
     }

@@ -11,6 +11,7 @@
 
 pub mod checks;
 pub mod gpu;
+pub mod jobs;
 pub mod reference;
 
 use std::ops::Range;

@@ -296,6 +296,28 @@ fn socket(job: &ProcessJob<'_>) -> Result<SocketAddr> {
         .map_err(system(job.rank, "cannot name the GPU rendezvous socket"))
 }
 
+/// The error of a rank whose peer's GPU heap segment differs from its own: `theirs` and `ours`
+/// name whose size is whose in the message.
+fn heap_differs(
+    job: &ProcessJob<'_>,
+    peer: String,
+    (whose, theirs): (&str, u64),
+    (mine, ours): (&str, usize),
+) -> Error {
+    Error::BadPeerMessage {
+        op: "World::from_env",
+        rank: job.rank,
+        job: job.job_id.to_string(),
+        peer,
+        field: "gpu heap bytes",
+        reason: format!(
+            "{whose} GPU heap segment is {theirs} bytes, {mine} {ours} (set {} the same on every \
+             rank)",
+            super::GPU_HEAP_BYTES_ENV
+        ),
+    }
+}
+
 /// Gives up when the deadline passed or the host world failed meanwhile.
 fn give_up(job: &ProcessJob<'_>, deadline: Instant, waiting_for: &str) -> Option<Error> {
     if let Some((rank, reason)) = (job.failed)() {
@@ -392,19 +414,8 @@ fn host(
             continue;
         }
         if w[2] != capacity as u64 {
-            return Err(Error::BadPeerMessage {
-                op: "World::from_env",
-                rank: 0,
-                job: job.job_id.to_string(),
-                peer: format!("rank {rank} (pid {pid})"),
-                field: "gpu heap bytes",
-                reason: format!(
-                    "its GPU heap segment is {} bytes, rank 0's {capacity} (set {} the same on \
-                     every rank)",
-                    w[2],
-                    super::GPU_HEAP_BYTES_ENV
-                ),
-            });
+            let peer = format!("rank {rank} (pid {pid})");
+            return Err(heap_differs(job, peer, ("its", w[2]), ("rank 0's", capacity)));
         }
         let (tag, fd) = recv_fd(&stream).map_err(system(0, "receiving a GPU segment"))?;
         if tag != rank as u64 {
@@ -536,15 +547,8 @@ fn guest(
         return Err(bad("magic", format!("{:#x}: another version of dist-tensor?", w[0])));
     }
     if w[1] != capacity as u64 {
-        return Err(bad(
-            "gpu heap bytes",
-            format!(
-                "rank 0's GPU heap segment is {} bytes, this rank's {capacity} (set {} the same \
-                 on every rank)",
-                w[1],
-                super::GPU_HEAP_BYTES_ENV
-            ),
-        ));
+        let peer = format!("rank 0 (pid {pid})");
+        return Err(heap_differs(job, peer, ("rank 0's", w[1]), ("this rank's", capacity)));
     }
     let nccl_id = (w[3] != 0).then(|| {
         let mut id = [0u8; NCCL_ID_BYTES];

@@ -187,7 +187,7 @@ pub(crate) struct CudaWorld {
     /// A world of processes (one rank in this process): what its NCCL needs (see `process`).
     pub(crate) process: Option<super::process::ProcessPart>,
     /// Per rank: how many ranks of this world run on its GPU (1 unless the world lists a device
-    /// more than once). Kernels that wait on peers take that share of the GPU's blocks, so that
+    /// more than once). Kernels that wait on peers take that share of the GPU's SMs, so that
     /// every rank's waiting kernel is resident at once and none starves another of SMs.
     sharing: Vec<u32>,
 }
@@ -378,10 +378,20 @@ impl<'w> CudaRank<'w> {
     }
 
     /// Grid for kernel `f` with `tasks` warp-sized tasks on this rank: `kernels::grid_for`, on
-    /// this rank's share of its GPU.
+    /// this rank's share of its GPU. Where ranks share the GPU, the share is one block per SM of
+    /// `1 / sharing` of the SMs: a rank's waiting kernel then leaves the other SMs free of its
+    /// blocks for the work a peer must finish before it signals. (With `blocks_per_sm` blocks
+    /// of each share spread over every SM, a world of 2 ranks on one H200 hung in f16
+    /// `matmul_reduce_scatter` until the wait timeout, one rank's kernel spinning while the
+    /// other's cuBLASLt product did not finish; suspected, not shown: the product's blocks,
+    /// which can need a whole SM's registers, found no SM to run on.)
     pub(crate) fn grid_for(&self, f: super::kernels::Function, tasks: u64) -> u32 {
-        let share = (self.gpu().sm_count as u32 * f.blocks_per_sm / self.sharing()).max(1);
-        super::kernels::grid_for(self.gpu(), f, tasks).min(share)
+        let sms = self.gpu().sm_count as u32;
+        let share = match self.sharing() {
+            1 => sms * f.blocks_per_sm,
+            sharing => sms / sharing,
+        };
+        super::kernels::grid_for(self.gpu(), f, tasks).min(share.max(1))
     }
 
     pub(crate) fn stream(&self) -> sys::CUstream {
