@@ -177,7 +177,7 @@ impl Exiting {
             if control.state(rank) != RankState::Running || !is_exiting(stat) {
                 continue;
             }
-            if control.mark_died(rank, -1) {
+            if control.mark_died(rank, -1) == Some(RankState::Running) {
                 control.fail(rank, &format!("rank {rank} {}", describe_status(-1)));
             }
         }
