@@ -39,7 +39,7 @@
 //! keeps the probabilities, quadratic in the sequence) and the
 //! optimizers' updates ([`Sgd`], [`Adam`], f32 master weights for the half types) run there as
 //! GPU kernels. An Ascend world has no fused op that keeps the gathered input: the layers' calls
-//! return [`Error::DeviceUnavailable`] there, on every rank.
+//! return [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable) there, on every rank.
 //!
 //! # On autograd
 //!
