@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::jobs::{in_rank, printed, run_job};
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -690,44 +692,17 @@ fn a_file_written_by_python_safetensors_loads_sharded() {
 
 // ---- process worlds, and crash safety ------------------------------------------------------
 
-/// Every child is killed past this: a hang fails the test.
-const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
 /// Where a process test's ranks find their directories.
 const DIR_ENV: &str = "DIST_TENSOR_CKPT_TEST_DIR";
+
 /// How long (µs) the killed rank waits before killing itself; unset in other jobs.
 const KILL_ENV: &str = "DIST_TENSOR_CKPT_TEST_KILL_US";
 
-/// In a rank (a child of [`job`]): runs `body`, prints `RESULT <text>` or `ERROR <error>`, and
-/// returns true. In the test itself: returns false.
-fn in_rank(body: impl FnOnce(World) -> dist_tensor::Result<String>) -> bool {
-    if !World::launched() {
-        return false;
-    }
-    match World::from_env().and_then(body) {
-        Ok(text) => println!("RESULT {text}"),
-        Err(err) => println!("ERROR {err}"),
-    }
-    true
-}
-
-/// Runs test `name` as `n` ranks with extra `env`.
+/// Runs test `name` as `n` ranks with extra `env` (the shared launcher, which bounds every rank
+/// by a timeout and checks that no process is left).
 fn job(name: &str, n: usize, env: &[(&str, String)]) -> Vec<RankExit> {
-    let mut job = World::local_job(n)
-        .args([name, "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .timeout(CHILD_TIMEOUT);
-    for (key, value) in env {
-        job = job.env(key, value);
-    }
-    let exits = job.run().unwrap();
-    for exit in &exits {
-        assert!(!exit.timed_out, "rank {} hung: {}", exit.rank, exit.stderr_text());
-    }
-    exits
-}
-
-fn printed(exit: &RankExit, tag: &str) -> Option<String> {
-    let prefix = format!("{tag} ");
-    exit.stdout_text().lines().find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    run_job(name, n, &env)
 }
 
 /// The tensors of the process tests: 768 KiB each in f32 (a few checksum chunks per
