@@ -211,12 +211,10 @@ impl Rows {
         if self.outer <= 1 {
             return Ok(by_rank); // already in order (or empty)
         }
-        if let Some(d) = by_rank.device_storage() {
+        if by_rank.device_storage().is_some() {
             // On a GPU: reordered on the host (one round trip), then back where it was.
-            let like = d.clone();
             let host = self.to_global_order(by_rank.to_host()?)?;
-            let back = crate::device::cuda::upload_like(&like, host.as_slice(), host.shape())?;
-            return Ok(Tensor::from_device_storage(back));
+            return host.into_place_of(&by_rank);
         }
         // More than one outer block: an N-D input, computed on the host (the capability table
         // refuses it elsewhere).

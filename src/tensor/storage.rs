@@ -286,6 +286,23 @@ impl<T: Element> Tensor<T> {
         self.to_device_in(device, None)
     }
 
+    /// This tensor where `like` lives: a host tensor uploaded to `like`'s GPU (into the same
+    /// rank's memory and stream), or brought to the host when `like` is on the host.
+    ///
+    /// # Errors
+    /// As [`Tensor::to_device`] and [`Tensor::to_host`].
+    pub(crate) fn into_place_of<U: Element>(self, like: &Tensor<U>) -> Result<Tensor<T>> {
+        match (like.device_storage(), self.device_storage()) {
+            (Some(d), None) => Ok(Tensor::from_device_storage(cuda::upload_like(
+                d,
+                self.as_slice(),
+                self.shape(),
+            )?)),
+            (None, Some(_)) => self.to_host(),
+            _ => Ok(self),
+        }
+    }
+
     pub(crate) fn to_device_in(
         &self,
         device: Device,

@@ -6,7 +6,6 @@
 //! recomputes them from each row's log-sum-exp; memory is quadratic in the sequence here.
 
 use crate::Result;
-use crate::device::cuda;
 use crate::tensor::{Element, Tensor};
 
 /// What the backward pass reads, in the accumulator type `A`: q, k, v and the probabilities.
@@ -32,8 +31,7 @@ fn causal_mask<A: Element>(like: &Tensor<A>, sq: usize, sk: usize) -> Result<Ten
     let mask: Vec<A> = (0..sq * sk)
         .map(|at| A::from_f64(if at % sk <= at / sk { 0.0 } else { f64::NEG_INFINITY }))
         .collect();
-    let d = like.device_storage().expect("called for GPU tensors only");
-    Ok(Tensor::from_device_storage(cuda::upload_like(d, &mask, &[sq, sk])?))
+    Tensor::from_shape_vec(&[sq, sk], mask)?.into_place_of(like)
 }
 
 /// `softmax(q k^T * scale) v` for q `[..., Sq, D]`, k `[..., Sk, D]`, v `[..., Sk, Dv]` on one

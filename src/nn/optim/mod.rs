@@ -51,14 +51,7 @@ fn zeros_like<T: Element, A: Element>(value: &Tensor<T>) -> Result<Tensor<A>> {
 
 /// `t` where `value` lives (a state loaded on the host, for a parameter on a GPU).
 fn beside<T: Element, A: Element>(t: Tensor<A>, value: &Tensor<T>) -> Result<Tensor<A>> {
-    match (value.device_storage(), t.device_storage()) {
-        (Some(v), None) => {
-            let host = t.as_slice();
-            Ok(Tensor::from_device_storage(cuda::upload_like(v, host, t.shape())?))
-        }
-        (None, Some(_)) => t.to_host(),
-        _ => Ok(t),
-    }
+    t.into_place_of(value)
 }
 
 /// Moves every buffer where `value` lives, where it is not there yet.
