@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use dist_tensor::{DistTensor, Error, Placement, Rank, Tensor, World};
+use dist_tensor::{Device, DistTensor, Error, Placement, Rank, Tensor, World};
 
 struct Sizes {
     world: usize,
@@ -113,6 +113,10 @@ fn main() -> Result<(), Error> {
                 let _ = rank.barrier_all()?;
                 let start = Instant::now();
                 drop(mlp(&xs, &w1s, &w2s, is_fused)?);
+                // A GPU op returns once queued: wait for the GPU, or the time is the launch's.
+                if matches!(rank.device(), Device::Cuda(_)) {
+                    dist_tensor::device::cuda::synchronize(rank)?;
+                }
                 let _ = rank.barrier_all()?;
                 times.push(start.elapsed());
             }

@@ -559,15 +559,9 @@ test_worlds!(
 );
 
 /// The suite in CUDA worlds of 2 and 3 ranks sharing GPU 0 (every path unchanged on one GPU).
-/// Ignored for now: on one H200 (2026-12-01 23:47 UTC) world 2 hung in f16
-/// `DistTensor::matmul_reduce_scatter` with rank 1's inner shard empty: rank 1's kernel waited
-/// for rank 0's signal until the 30 s wait timeout while rank 0's work queued before its own
-/// kernel did not finish (suspected: rank 1's spinning kernel holding the multiprocessors rank
-/// 0's cuBLASLt product needs; not yet shown). World 1 passed the whole suite in that run. With
-/// waiting kernels on a share of the SMs (`CudaRank::grid_for`), a run at 00:07 UTC did not
-/// finish it within the 40 s left to it: not yet known whether it hangs still or is slow.
+/// These ranks share the GPU's one context, which is how lazy kernel loading deadlocked them
+/// (see `driver::init`): this test hung on every H200 run until kernels were loaded eagerly.
 #[test]
-#[ignore = "ranks sharing one GPU hung in f16 matmul_reduce_scatter with an empty inner shard"]
 fn suite_cuda_ranks_sharing_one_gpu() {
     for world in cuda_worlds("suite_cuda_ranks_sharing_one_gpu", true) {
         world.run(|rank| suite(rank, true)).unwrap();

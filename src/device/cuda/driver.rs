@@ -73,14 +73,70 @@ pub(crate) fn require_library(
     }
 }
 
+/// The driver's variable that chooses when kernels are loaded (read once, by `cuInit`).
+pub(crate) const MODULE_LOADING_ENV: &str = "CUDA_MODULE_LOADING";
+
 /// Loads and initializes the driver once per process.
+///
+/// Unless the user chose otherwise, kernels are loaded eagerly (`CUDA_MODULE_LOADING=EAGER`):
+/// loading a kernel waits, under the context's lock, until the GPU's queued work has drained,
+/// and a kernel of a multi-rank op may be spinning until this rank's next launch. With lazy
+/// loading (the driver's default since CUDA 12.2) cuBLASLt loads its GEMM kernels at their
+/// first launch, in the middle of an op: on one H200 (2026-12-02) ranks sharing the GPU then
+/// deadlocked in their first `matmul_reduce_scatter` (example 08, `--ranks 2`).
 pub(crate) fn init() -> Result<()> {
     static INIT: OnceLock<Result<()>> = OnceLock::new();
     INIT.get_or_init(|| {
         require_library("the NVIDIA driver (libcuda)", "cuda", sys::is_culib_present)?;
+        if std::env::var_os(MODULE_LOADING_ENV).is_none() {
+            // SAFETY: runs once, before the driver (the variable's only reader) starts; the
+            // library reads no other variable while a CUDA world is being opened.
+            unsafe { std::env::set_var(MODULE_LOADING_ENV, "EAGER") };
+        }
         guarded("libcuda", || cu::init().check("cuInit"))
     })
     .clone()
+}
+
+/// Whether the driver loads kernels lazily (at first use) in this process.
+pub(crate) fn lazy_loading() -> Result<bool> {
+    init()?;
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING;
+    // SAFETY: writes `mode`.
+    unsafe { sys::cuModuleGetLoadingMode(&mut mode) }.check("cuModuleGetLoadingMode")?;
+    Ok(mode == sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING)
+}
+
+/// Prepares `gpus` for a world of `ranks` ranks whose kernels wait on each other: refuses lazy
+/// kernel loading (see [`init`]) and loads every kernel of the library now, so that no kernel
+/// is loaded while an op runs.
+pub(crate) fn prepare_for_ranks(
+    gpus: &[Arc<CudaDevice>],
+    ranks: usize,
+    op: &'static str,
+) -> Result<()> {
+    if ranks < 2 {
+        return Ok(());
+    }
+    if lazy_loading()? {
+        return Err(Error::DeviceUnavailable {
+            op,
+            device: format!("cuda:{}", gpus.first().map_or(0, |g| g.ordinal)),
+            reason: format!(
+                "{MODULE_LOADING_ENV}=LAZY: a kernel loaded at its first launch waits for the \
+                 GPU to drain, which a peer's kernel waiting for this rank never lets it do; \
+                 unset {MODULE_LOADING_ENV} or set it to EAGER"
+            ),
+        });
+    }
+    let mut seen = Vec::new();
+    for gpu in gpus {
+        if !seen.contains(&gpu.ordinal) {
+            seen.push(gpu.ordinal);
+            super::kernels::preload(gpu)?;
+        }
+    }
+    Ok(())
 }
 
 /// Number of CUDA devices visible to this process.

@@ -166,21 +166,7 @@ pub(crate) fn function(
     {
         return Ok(f);
     }
-    let image = compiled(source, dtype, gpu.arch)?;
-    gpu.bind()?;
-    let module = {
-        let mut modules = cache.modules.lock().unwrap_or_else(|p| p.into_inner());
-        match modules.get(&(source, dtype)) {
-            Some(&m) => m as sys::CUmodule,
-            None => {
-                // SAFETY: `image` is a cubin for this GPU's architecture.
-                let m = unsafe { cu::module::load_data(image.as_ptr() as *const c_void) }
-                    .check("cuModuleLoadData")?;
-                modules.insert((source, dtype), m as usize);
-                m
-            }
-        }
-    };
+    let module = module(gpu, source, dtype)?;
     let cname = CString::new(name).expect("no NUL");
     // SAFETY: `module` is loaded; the name is a kernel of it.
     let raw = unsafe { cu::module::get_function(module, cname) }.check("cuModuleGetFunction")?;
@@ -192,6 +178,53 @@ pub(crate) fn function(
     let f = Function { raw: raw as usize, blocks_per_sm };
     cache.functions.lock().unwrap_or_else(|p| p.into_inner()).insert((source, dtype, name), f);
     Ok(f)
+}
+
+/// The module of `source` for `dtype` on `gpu`, compiled and loaded on first use.
+fn module(gpu: &CudaDevice, source: Source, dtype: DType) -> Result<sys::CUmodule> {
+    let image = compiled(source, dtype, gpu.arch)?;
+    gpu.bind()?;
+    let mut modules = gpu.modules.modules.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&m) = modules.get(&(source, dtype)) {
+        return Ok(m as sys::CUmodule);
+    }
+    // SAFETY: `image` is a cubin for this GPU's architecture.
+    let m = unsafe { cu::module::load_data(image.as_ptr() as *const c_void) }
+        .check("cuModuleLoadData")?;
+    modules.insert((source, dtype), m as usize);
+    Ok(m)
+}
+
+/// Compiles (in parallel, once per process) and loads (eagerly: see `driver::init`) every
+/// kernel source for every dtype on `gpu`. A world of several ranks calls it when it opens:
+/// loading a module waits for the GPU to drain, which must never happen in the middle of an op
+/// whose kernels on other ranks wait for this rank's next launch.
+pub(crate) fn preload(gpu: &CudaDevice) -> Result<()> {
+    const SOURCES: [Source; 5] =
+        [Source::Signal, Source::Exchange, Source::Reduce, Source::Local, Source::Train];
+    const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+    let pairs: Vec<(Source, DType)> =
+        SOURCES.iter().flat_map(|&s| DTYPES.iter().map(move |&d| (s, d))).collect();
+    std::thread::scope(|scope| {
+        let compiles: Vec<_> = pairs
+            .iter()
+            .map(|&(source, dtype)| scope.spawn(move || compiled(source, dtype, gpu.arch)))
+            .collect();
+        for compile in compiles {
+            compile.join().unwrap_or_else(|_| {
+                Err(Error::DeviceStatus {
+                    call: "nvrtcCompileProgram",
+                    code: -1,
+                    message: "a compiling thread panicked".into(),
+                })
+            })?;
+        }
+        Ok::<(), Error>(())
+    })?;
+    for (source, dtype) in pairs {
+        module(gpu, source, dtype)?;
+    }
+    Ok(())
 }
 
 /// Launches `f` with one argument, the struct `args` (copied at launch).

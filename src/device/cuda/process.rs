@@ -207,6 +207,7 @@ pub(crate) fn open_process_world(job: &ProcessJob<'_>) -> Result<Arc<CudaWorld>>
         });
     }
     let gpu = CudaDevice::get(job.local_rank % count)?;
+    super::driver::prepare_for_ranks(std::slice::from_ref(&gpu), n, "World::from_env")?;
     let grain = vmm::granularity(&gpu)?;
     let capacity = match std::env::var(super::GPU_HEAP_BYTES_ENV) {
         Ok(text) => text.trim().parse().map_err(|_| Error::InvalidArgument {

@@ -212,6 +212,7 @@ impl CudaWorld {
                 a.enable_peer_access(b)?;
             }
         }
+        super::driver::prepare_for_ranks(&gpus, devices.len(), "World::cuda")?;
         let sharing: Vec<u32> =
             devices.iter().map(|d| devices.iter().filter(|e| *e == d).count() as u32).collect();
         let heap_bytes = match std::env::var(GPU_HEAP_BYTES_ENV) {
@@ -380,11 +381,8 @@ impl<'w> CudaRank<'w> {
     /// Grid for kernel `f` with `tasks` warp-sized tasks on this rank: `kernels::grid_for`, on
     /// this rank's share of its GPU. Where ranks share the GPU, the share is one block per SM of
     /// `1 / sharing` of the SMs: a rank's waiting kernel then leaves the other SMs free of its
-    /// blocks for the work a peer must finish before it signals. (With `blocks_per_sm` blocks
-    /// of each share spread over every SM, a world of 2 ranks on one H200 hung in f16
-    /// `matmul_reduce_scatter` until the wait timeout, one rank's kernel spinning while the
-    /// other's cuBLASLt product did not finish; suspected, not shown: the product's blocks,
-    /// which can need a whole SM's registers, found no SM to run on.)
+    /// blocks for the work a peer must finish before it signals. (The hang this was first
+    /// written against turned out to be lazy kernel loading: see `driver::init`.)
     pub(crate) fn grid_for(&self, f: super::kernels::Function, tasks: u64) -> u32 {
         let sms = self.gpu().sm_count as u32;
         let share = match self.sharing() {
