@@ -625,11 +625,18 @@ fn batched_reference(a: &ArrayD<f64>, b: &ArrayD<f64>) -> (ArrayD<f64>, ArrayD<f
 }
 
 fn check_matmul<T: Element>(fails: &mut Vec<String>, seed: u64) {
-    let cases: [(&[usize], &[usize]); 4] = [
+    // Batches of one stride per operand (one strided-batched call, a broadcast operand at
+    // stride 0), and broadcasts that need one call per outer index ([2, 1] against [3]); odd
+    // matrix sizes, so that the products after the first start at odd addresses in f16 / bf16.
+    let cases: [(&[usize], &[usize]); 8] = [
         (&[3, 5, 7], &[7, 4]),
         (&[2, 1, 5, 7], &[3, 7, 4]),
         (&[6, 1], &[1, 9]),
         (&[4, 3, 2], &[4, 2, 1]),
+        (&[5, 3, 3], &[5, 3, 1]),
+        (&[2, 4, 1, 3, 5], &[1, 4, 2, 5, 3]),
+        (&[1, 1, 2, 3], &[7, 3, 2]),
+        (&[0, 2, 3], &[3, 4]),
     ];
     for (sa, sb) in cases {
         let a = Tensor::<T>::random(sa, seed + 61);

@@ -39,6 +39,22 @@ struct PlanKey {
     input: DType,
     output: DType,
     align: [u32; 3],
+    batch: Batch,
+}
+
+/// `count` products in one call (cuBLASLt's strided batch): product `i` reads `a` at `i *
+/// stride_a` elements and `b` at `i * stride_b` (0: the same matrix for every product) and
+/// writes `c` at `i * m * n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Batch {
+    pub(crate) count: usize,
+    pub(crate) stride_a: u64,
+    pub(crate) stride_b: u64,
+}
+
+impl Batch {
+    /// One product.
+    pub(crate) const ONE: Batch = Batch { count: 1, stride_a: 0, stride_b: 0 };
 }
 
 struct Plan {
@@ -133,6 +149,40 @@ impl Blas {
         let b_layout = layout(key.input, n, k, n)?;
         let a_layout = layout(key.input, k, m, k)?;
         let c_layout = layout(key.output, n, m, n)?;
+        if key.batch.count > 1 {
+            let batch = key.batch;
+            for (l, stride) in
+                [(b_layout, batch.stride_b), (a_layout, batch.stride_a), (c_layout, m * n)]
+            {
+                let count = i32::try_from(batch.count).map_err(|_| Error::InvalidShape {
+                    op: "Tensor::matmul",
+                    reason: format!(
+                        "{} products in one batch is more than cuBLASLt takes",
+                        batch.count
+                    ),
+                })?;
+                use lt_sys::cublasLtMatrixLayoutAttribute_t::*;
+                let stride = stride as i64;
+                // SAFETY: `l` is valid; each value is the attribute's type in native layout.
+                unsafe {
+                    lt::set_matrix_layout_attribute(
+                        l,
+                        CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        &count as *const i32 as *const c_void,
+                        size_of::<i32>(),
+                    )
+                    .and_then(|()| {
+                        lt::set_matrix_layout_attribute(
+                            l,
+                            CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            &stride as *const i64 as *const c_void,
+                            size_of::<i64>(),
+                        )
+                    })
+                }
+                .map_err(|e| blas_error("cublasLtMatrixLayoutSetAttribute", e))?;
+            }
+        }
         let pref = lt::create_matmul_pref()
             .map_err(|e| blas_error("cublasLtMatmulPreferenceCreate", e))?;
         let set = |attr, value: &[u8]| {
@@ -196,7 +246,7 @@ impl Blas {
             });
         }
         let mut plan = Plan { desc, layouts: [a_layout, b_layout, c_layout], algo: algos[0] };
-        if algos.len() > 1 && m * n * k >= TUNE_MIN_WORK {
+        if algos.len() > 1 && m * n * k * key.batch.count as u64 >= TUNE_MIN_WORK {
             plan.algo = self.fastest(gpu, key, &plan, &algos)?;
         }
         Ok(plan)
@@ -236,16 +286,22 @@ impl Blas {
         let (ib, ob) = (dtype_bytes(key.input), dtype_bytes(key.output));
         // Operands at the plan's alignments: offsets into buffers aligned to 256 bytes.
         let offset = |align: u32| if align >= 256 { 0 } else { align as usize };
-        let a = DeviceBuffer::new(gpu, key.m * key.k * ib + 256, stream)?;
-        let b = DeviceBuffer::new(gpu, key.k * key.n * ib + 256, stream)?;
-        let c = DeviceBuffer::new(gpu, key.m * key.n * ob + 256, stream)?;
+        // Elements each operand spans over the whole batch.
+        let Batch { count, stride_a, stride_b } = key.batch;
+        let (a_len, b_len) = (
+            key.m * key.k + stride_a as usize * (count - 1),
+            key.k * key.n + stride_b as usize * (count - 1),
+        );
+        let a = DeviceBuffer::new(gpu, a_len * ib + 256, stream)?;
+        let b = DeviceBuffer::new(gpu, b_len * ib + 256, stream)?;
+        let c = DeviceBuffer::new(gpu, key.m * key.n * count * ob + 256, stream)?;
         let f = super::kernels::function(
             gpu,
             super::kernels::Source::Signal,
             key.input,
             "dt_fill_random",
         )?;
-        for (buf, len, seed) in [(&a, key.m * key.k, 1u64), (&b, key.k * key.n, 2)] {
+        for (buf, len, seed) in [(&a, a_len, 1u64), (&b, b_len, 2)] {
             let (mut ptr, mut n, mut s) = (buf.ptr, len as u64 + 256 / ib as u64, seed);
             let mut params = [
                 &mut ptr as *mut u64 as *mut c_void,
@@ -336,38 +392,61 @@ impl Blas {
 
 /// Row-major `c[m, n] = a[m, k] * b[k, n]` on `stream` of `gpu`; `input` is the type of `a` and
 /// `b`, `output` the type of `c` (the input type, or its accumulator type for partials).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul(
+    gpu: &Arc<CudaDevice>,
+    stream: sys::CUstream,
+    ptrs: (u64, u64, u64),
+    mnk: (usize, usize, usize),
+    input: DType,
+    output: DType,
+) -> Result<()> {
+    matmul_batched(gpu, stream, ptrs, mnk, Batch::ONE, input, output)
+}
+
+/// [`matmul`] for every product of `batch`, in one cuBLASLt call.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_batched(
     gpu: &Arc<CudaDevice>,
     stream: sys::CUstream,
     (a, b, c): (u64, u64, u64),
     (m, n, k): (usize, usize, usize),
+    batch: Batch,
     input: DType,
     output: DType,
 ) -> Result<()> {
-    if m == 0 || n == 0 {
+    if m == 0 || n == 0 || batch.count == 0 {
         return Ok(());
     }
     if k == 0 {
         // An empty sum: zeros.
-        // SAFETY: `c` holds m * n elements of `output`.
-        return unsafe { cu::memset_d8_async(c, 0, m * n * dtype_bytes(output), stream) }
-            .check("cuMemsetD8Async");
+        // SAFETY: `c` holds count * m * n elements of `output`.
+        return unsafe {
+            cu::memset_d8_async(c, 0, batch.count * m * n * dtype_bytes(output), stream)
+        }
+        .check("cuMemsetD8Async");
     }
     let mut guard = gpu.blas.lock().unwrap_or_else(|p| p.into_inner());
     let blas = match guard.entry(stream as usize) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => e.insert(Blas::new(gpu, stream)?),
     };
-    let key = PlanKey { m, n, k, input, output, align: [alignment(a), alignment(b), alignment(c)] };
+    // Every product's operands, not only the first's, must have the alignment the plan assumes.
+    let (ib, ob) = (dtype_bytes(input) as u64, dtype_bytes(output) as u64);
+    let step = |stride: u64| if batch.count > 1 { stride } else { 0 };
+    let align = [
+        alignment(a).min(alignment(step(batch.stride_a) * ib)),
+        alignment(b).min(alignment(step(batch.stride_b) * ib)),
+        alignment(c).min(alignment(step((m * n) as u64) * ob)),
+    ];
+    let key = PlanKey { m, n, k, input, output, align, batch };
     blas.plan(gpu, key)?;
     let plan = &blas.plans[&key];
     blas.launch(plan, &plan.algo, input, (a, b, c), stream).map_err(|e| Error::DeviceStatus {
         call: "cublasLtMatmul",
         code: e.0 as i32,
         message: format!(
-            "[{m}, {k}] x [{k}, {n}] ({input} -> {output}) on cuda:{}: {:?}",
-            gpu.ordinal, e.0
+            "{} x [{m}, {k}] x [{k}, {n}] ({input} -> {output}) on cuda:{}: {:?}",
+            batch.count, gpu.ordinal, e.0
         ),
     })
 }

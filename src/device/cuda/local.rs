@@ -486,8 +486,10 @@ pub(crate) fn zeros_like<T: Element>(
 }
 
 /// `a[..., m, k] @ b[..., k, n]` with the batch dimensions broadcast (`batch` is their
-/// broadcast shape, computed and checked by the caller): one cuBLASLt GEMM per matrix of the
-/// batch, each reading its operands in place.
+/// broadcast shape, computed and checked by the caller): cuBLASLt's strided-batched GEMM over
+/// the batch, each operand read in place (a broadcast operand with batch stride 0). Where the
+/// broadcast leaves no single stride per operand (say `[2, 1]` against `[1, 3]`), one such call
+/// per index of the outer dimensions.
 pub(crate) fn batched_matmul<T: Element>(
     a: &DeviceStorage<T>,
     b: &DeviceStorage<T>,
@@ -500,29 +502,42 @@ pub(crate) fn batched_matmul<T: Element>(
     let mut shape = batch.to_vec();
     shape.extend([m, n]);
     let out = output::<T, T>(a, &shape)?;
-    let count: usize = batch.iter().product();
     let nd = batch.len();
-    let (stride_a, stride_b) =
-        (broadcast_strides(&sa[..sa.len() - 2], nd), broadcast_strides(&sb[..sb.len() - 2], nd));
+    let strides =
+        [broadcast_strides(&sa[..sa.len() - 2], nd), broadcast_strides(&sb[..sb.len() - 2], nd)];
+    // Batch dimensions that walk as one (in matrices); the last is one strided-batched call.
+    let (dims, walks) = merged(batch, &strides);
+    let (inner, outer) = match dims.split_last() {
+        Some((&inner, outer)) => (inner as usize, outer.to_vec()),
+        None => (1, Vec::new()),
+    };
+    let stride_of = |w: &Vec<u64>| w.last().copied().unwrap_or(0);
+    let (mat_a, mat_b, mat_c) = ((m * k) as u64, (k * n) as u64, (m * n) as u64);
+    let calls: u64 = outer.iter().product();
     let es = size_of::<T>() as u64;
     a.gpu().bind()?;
-    for i in 0..count {
-        let (mut rest, mut ia, mut ib) = (i, 0u64, 0u64);
-        for d in (0..nd).rev() {
-            let c = (rest % batch[d]) as u64;
-            rest /= batch[d];
-            ia += c * stride_a[d];
-            ib += c * stride_b[d];
+    for o in 0..calls {
+        let (mut rest, mut ia, mut ib) = (o, 0u64, 0u64);
+        for d in (0..outer.len()).rev() {
+            let c = rest % outer[d];
+            rest /= outer[d];
+            ia += c * walks[0][d];
+            ib += c * walks[1][d];
         }
-        blas::matmul(
+        blas::matmul_batched(
             a.gpu(),
             a.stream(),
             (
-                a.ptr() + ia * (m * k) as u64 * es,
-                b.ptr() + ib * (k * n) as u64 * es,
-                out.ptr() + (i * m * n) as u64 * es,
+                a.ptr() + ia * mat_a * es,
+                b.ptr() + ib * mat_b * es,
+                out.ptr() + o * inner as u64 * mat_c * es,
             ),
             (m, n, k),
+            blas::Batch {
+                count: inner,
+                stride_a: stride_of(&walks[0]) * mat_a,
+                stride_b: stride_of(&walks[1]) * mat_b,
+            },
             T::DTYPE,
             T::DTYPE,
         )?;
