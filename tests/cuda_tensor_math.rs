@@ -604,7 +604,9 @@ fn batched_reference(a: &ArrayD<f64>, b: &ArrayD<f64>) -> (ArrayD<f64>, ArrayD<f
         let lead = s.len() - 2;
         if i + lead < nd { 1 } else { s[i + lead - nd] }
     };
-    let batch: Vec<usize> = (0..nd).map(|i| dim(sa, i).max(dim(sb, i))).collect();
+    // numpy's rule: a dimension of 1 takes the other's length (0 included).
+    let batch: Vec<usize> =
+        (0..nd).map(|i| if dim(sa, i) == 1 { dim(sb, i) } else { dim(sa, i) }).collect();
     let full = |last: [usize; 2]| batch.iter().copied().chain(last).collect::<Vec<_>>();
     let va = a.broadcast(IxDyn(&full([m, k]))).unwrap();
     let vb = b.broadcast(IxDyn(&full([k, n]))).unwrap();
