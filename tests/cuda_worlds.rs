@@ -119,11 +119,21 @@ fn dist_options(rank: &Rank<'_>, check: &mut Checks) -> dist_tensor::Result<()> 
     check.close(
         "transposed all_gather_matmul",
         h.as_slice(),
-        [flat(want.clone()), flat(scale)],
+        [flat(want.clone()), flat(scale.clone())],
         tol,
     );
     let kept = kept.to_global()?.to_host()?;
     check.exact("kept input", kept.as_slice(), widen(x.as_slice()));
+    // The unfused baseline reads the transposed weight in place too.
+    let unfused = opts.clone().unfused(true);
+    let h = xs.all_gather_matmul_with(&[wts.local()], &unfused)?.remove(0);
+    let h = h.to_global()?.to_host()?;
+    check.close(
+        "transposed all_gather_matmul, unfused",
+        h.as_slice(),
+        [flat(want.clone()), flat(scale.clone())],
+        tol,
+    );
     // Back down: [B, S, F] column-sharded times [F, K] row-sharded, reduced and row-scattered.
     let w2 = Tensor::<f32>::random(&[f, k], 23);
     let w2t = w2.transpose(0, 1)?;
@@ -149,6 +159,13 @@ fn dist_options(rank: &Rank<'_>, check: &mut Checks) -> dist_tensor::Result<()> 
     check.close(
         "transposed matmul_reduce_scatter",
         y.as_slice(),
+        [flat(want2.clone()), flat(scale2.clone())],
+        tol2,
+    );
+    let y = hs.matmul_reduce_scatter_with(w2ts.local(), &opts.unfused(true))?;
+    check.close(
+        "transposed matmul_reduce_scatter, unfused",
+        y.to_global()?.to_host()?.as_slice(),
         [flat(want2), flat(scale2)],
         tol2,
     );

@@ -344,7 +344,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
     ///
     /// # Errors
     /// As [`DistTensor::all_gather_matmul`]; [`Error::InvalidArgument`] on every rank when `opts`
-    /// has an output split; [`Error::DeviceUnavailable`] for transposed weights in a GPU world.
+    /// has an output split (on GPUs a transposed weight is read in place by cuBLASLt's transpose flag).
     ///
     /// # Examples
     /// ```

@@ -384,16 +384,27 @@ pub(crate) fn run<'a, T: Element>(
         })(),
         DeviceWorld::Cuda(gpus) => (|| {
             let x = x.on_device_matrix(rank)?;
-            let ws: Vec<Tensor<T>> =
-                weights.iter().map(|w| w.on_device_matrix(rank)).collect::<Result<_>>()?;
+            // Transposed weights are read in place (cuBLASLt's transpose flag) when all are.
+            let transposed = !weights.is_empty() && weights.iter().all(|w| w.transposed());
+            let ws: Vec<Tensor<T>> = weights
+                .iter()
+                .map(|w| {
+                    if transposed {
+                        w.on_device_stored(rank).map(|s| s.0)
+                    } else {
+                        w.on_device_matrix(rank)
+                    }
+                })
+                .collect::<Result<_>>()?;
             let storages: Vec<_> = ws.iter().map(device_data).collect();
             let rows = agreed.rows.counts();
+            let x = device_data(&x);
             let outs =
-                cuda::all_gather_matmul(gpus, rank, device_data(&x), rows, &storages, fused, path)?;
+                cuda::all_gather_matmul(gpus, rank, x, rows, &storages, transposed, fused, path)?;
             // The kernels gather into buffers they reuse on the next call: a kept input is
             // gathered again into a tensor of its own (one more collective).
             let gathered = if keep_input {
-                let all = cuda::all_gather(gpus, rank, device_data(&x), 0, rows)?;
+                let all = cuda::all_gather(gpus, rank, x, 0, rows)?;
                 Some(Tensor::from_device_storage(all))
             } else {
                 None

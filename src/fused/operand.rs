@@ -129,6 +129,18 @@ impl<'a, T: Element> Operand<'a, T> {
         }
     }
 
+    /// The matrix as it is stored, row-major, where `rank`'s world keeps its tensors, and
+    /// whether it is read transposed: what a GEMM with a transpose flag takes (no copy).
+    pub(crate) fn on_device_stored(&self, rank: &Rank<'_>) -> Result<(Tensor<T>, bool)> {
+        let t = self.on_device(rank)?;
+        let (rows, cols) = self.dim();
+        if self.transposed() {
+            Ok((t.reshape(&[cols, rows])?, true))
+        } else {
+            Ok((t.reshape(&[rows, cols])?, false))
+        }
+    }
+
     /// The matrix it is read as (`dim()`), row-major, where `rank`'s world keeps its tensors:
     /// an N-D tensor's leading dimensions as rows (a reshape, no copy); a transposed one turned
     /// into that layout on the device (the tiled transpose, one copy).

@@ -79,38 +79,42 @@ fn rank_of<'w>(world: &'w CudaWorld, rank: &'w Rank<'w>) -> Result<CudaRank<'w>>
 }
 
 /// `DistTensor::all_gather_matmul(_many)` (or `_unfused`) on GPUs.
+#[allow(clippy::too_many_arguments)] // the op's operands and options, as the fused layer has them
 pub(crate) fn all_gather_matmul<T: Element>(
     world: &CudaWorld,
     rank: &Rank<'_>,
     x: &DeviceStorage<T>,
     splits: &[usize],
     ws: &[&DeviceStorage<T>],
+    weights_transposed: bool,
     fused: bool,
     path: Option<AgPath>,
 ) -> Result<Vec<DeviceStorage<T>>> {
     let g = rank_of(world, rank)?;
     if fused {
-        ag::all_gather_matmul(&g, x, splits, ws, path)
+        ag::all_gather_matmul(&g, x, splits, ws, weights_transposed, path)
     } else {
-        ag::all_gather_matmul_unfused(&g, x, splits, ws)
+        ag::all_gather_matmul_unfused(&g, x, splits, ws, weights_transposed)
     }
 }
 
 /// `DistTensor::matmul_reduce_scatter` (or `_unfused`) on GPUs.
+#[allow(clippy::too_many_arguments)] // the op's operands and options, as the fused layer has them
 pub(crate) fn matmul_reduce_scatter<T: Element>(
     world: &CudaWorld,
     rank: &Rank<'_>,
     a: &DeviceStorage<T>,
     w: &DeviceStorage<T>,
+    w_transposed: bool,
     splits: &[usize],
     fused: bool,
     path: Option<RsPath>,
 ) -> Result<DeviceStorage<T>> {
     let g = rank_of(world, rank)?;
     if fused {
-        rs::matmul_reduce_scatter(&g, a, w, splits, path)
+        rs::matmul_reduce_scatter(&g, a, w, w_transposed, splits, path)
     } else {
-        rs::matmul_reduce_scatter_unfused(&g, a, w, splits)
+        rs::matmul_reduce_scatter_unfused(&g, a, w, w_transposed, splits)
     }
 }
 

@@ -40,6 +40,8 @@ struct PlanKey {
     output: DType,
     align: [u32; 3],
     batch: Batch,
+    /// `b` stored `[n, k]` and read transposed (cuBLASLt's transpose flag, no copy).
+    b_transposed: bool,
 }
 
 /// `count` products in one call (cuBLASLt's strided batch): product `i` reads `a` at `i *
@@ -146,7 +148,25 @@ impl Blas {
             lt::create_matrix_layout(cuda_type(t), rows, cols, ld as i64)
                 .map_err(|e| blas_error("cublasLtMatrixLayoutCreate", e))
         };
-        let b_layout = layout(key.input, n, k, n)?;
+        // Our B, transposed or not, is the column-major call's first operand.
+        let b_layout = if key.b_transposed {
+            // cublasOperation_t (an int32_t in cublas_api.h, not in cudarc's cuBLASLt module):
+            // CUBLAS_OP_T is 1.
+            const CUBLAS_OP_T: i32 = 1;
+            // SAFETY: `desc` is valid; the value is the attribute's type.
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    desc,
+                    lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    &CUBLAS_OP_T as *const i32 as *const c_void,
+                    size_of::<i32>(),
+                )
+            }
+            .map_err(|e| blas_error("cublasLtMatmulDescSetAttribute", e))?;
+            layout(key.input, k, n, k)?
+        } else {
+            layout(key.input, n, k, n)?
+        };
         let a_layout = layout(key.input, k, m, k)?;
         let c_layout = layout(key.output, n, m, n)?;
         if key.batch.count > 1 {
@@ -400,17 +420,44 @@ pub(crate) fn matmul(
     input: DType,
     output: DType,
 ) -> Result<()> {
-    matmul_batched(gpu, stream, ptrs, mnk, Batch::ONE, input, output)
+    gemm(gpu, stream, ptrs, mnk, Batch::ONE, false, input, output)
+}
+
+/// [`matmul`] with `b` a weight as the fused ops take it: `[k, n]`, or with `b_transposed`
+/// stored `[n, k]` and read transposed in place.
+pub(crate) fn matmul_weight(
+    gpu: &Arc<CudaDevice>,
+    stream: sys::CUstream,
+    ptrs: (u64, u64, u64),
+    mnk: (usize, usize, usize),
+    b_transposed: bool,
+    input: DType,
+    output: DType,
+) -> Result<()> {
+    gemm(gpu, stream, ptrs, mnk, Batch::ONE, b_transposed, input, output)
 }
 
 /// [`matmul`] for every product of `batch`, in one cuBLASLt call.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_batched(
+    gpu: &Arc<CudaDevice>,
+    stream: sys::CUstream,
+    ptrs: (u64, u64, u64),
+    mnk: (usize, usize, usize),
+    batch: Batch,
+    input: DType,
+    output: DType,
+) -> Result<()> {
+    gemm(gpu, stream, ptrs, mnk, batch, false, input, output)
+}
+
+#[allow(clippy::too_many_arguments)] // the product's description, named at each call above
+fn gemm(
     gpu: &Arc<CudaDevice>,
     stream: sys::CUstream,
     (a, b, c): (u64, u64, u64),
     (m, n, k): (usize, usize, usize),
     batch: Batch,
+    b_transposed: bool,
     input: DType,
     output: DType,
 ) -> Result<()> {
@@ -438,7 +485,7 @@ pub(crate) fn matmul_batched(
         alignment(b).min(alignment(step(batch.stride_b) * ib)),
         alignment(c).min(alignment(step((m * n) as u64) * ob)),
     ];
-    let key = PlanKey { m, n, k, input, output, align, batch };
+    let key = PlanKey { m, n, k, input, output, align, batch, b_transposed };
     blas.plan(gpu, key)?;
     let plan = &blas.plans[&key];
     blas.launch(plan, &plan.algo, input, (a, b, c), stream).map_err(|e| Error::DeviceStatus {

@@ -178,23 +178,27 @@ pub(crate) fn matmul<T: Element>(
     match a.never {}
 }
 
+#[allow(clippy::too_many_arguments)] // as the CUDA build's
 pub(crate) fn all_gather_matmul<T: Element>(
     world: &CudaWorld,
     _rank: &Rank<'_>,
     _x: &DeviceStorage<T>,
     _splits: &[usize],
     _ws: &[&DeviceStorage<T>],
+    _weights_transposed: bool,
     _fused: bool,
     _path: Option<crate::fused::AgPath>,
 ) -> Result<Vec<DeviceStorage<T>>> {
     match *world {}
 }
 
+#[allow(clippy::too_many_arguments)] // as the CUDA build's
 pub(crate) fn matmul_reduce_scatter<T: Element>(
     world: &CudaWorld,
     _rank: &Rank<'_>,
     _a: &DeviceStorage<T>,
     _w: &DeviceStorage<T>,
+    _w_transposed: bool,
     _splits: &[usize],
     _fused: bool,
     _path: Option<crate::fused::RsPath>,

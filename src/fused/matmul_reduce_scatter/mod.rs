@@ -258,9 +258,10 @@ pub(crate) fn run<'a, T: Element>(
             out.map(host)
         })(),
         DeviceWorld::Cuda(gpus) => (|| {
-            let (x, w) = (x.on_device_matrix(rank)?, w.on_device_matrix(rank)?);
+            // A transposed weight is read in place (cuBLASLt's transpose flag).
+            let (x, (w, transposed)) = (x.on_device_matrix(rank)?, w.on_device_stored(rank)?);
             let (x, w) = (device_data(&x), device_data(&w));
-            cuda::matmul_reduce_scatter(gpus, rank, x, w, rows.counts(), fused, path)
+            cuda::matmul_reduce_scatter(gpus, rank, x, w, transposed, rows.counts(), fused, path)
                 .map(Tensor::from_device_storage)
         })(),
     };

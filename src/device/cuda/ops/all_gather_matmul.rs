@@ -28,12 +28,23 @@ use crate::{Error, Result};
 
 const OP: &str = "all_gather_matmul";
 
-/// Checks the weights against `k`; the problem, if any, for the agreement exchange.
-fn weight_problem<T: Element>(k: usize, ws: &[&DeviceStorage<T>]) -> Option<String> {
+/// Checks the weights against `k` (stored `[n, k]` where `transposed`); the problem, if any.
+fn weight_problem<T: Element>(
+    k: usize,
+    ws: &[&DeviceStorage<T>],
+    transposed: bool,
+) -> Option<String> {
+    let (at, expected) = if transposed { (1, "[n, k]") } else { (0, "[k, n]") };
     ws.iter().enumerate().find_map(|(i, w)| {
-        (w.shape().len() != 2 || w.shape()[0] != k)
-            .then(|| format!("weight {i} has shape {:?}; expected [{k}, n]", w.shape()))
+        (w.shape().len() != 2 || w.shape()[at] != k).then(|| {
+            format!("weight {i} has shape {:?}; expected {expected} with k = {k}", w.shape())
+        })
     })
+}
+
+/// The output columns of weight `w`.
+fn columns<T: Element>(w: &DeviceStorage<T>, transposed: bool) -> usize {
+    w.shape()[usize::from(!transposed)]
 }
 
 /// The fused op: `x` is this rank's `[splits[rank], K]` rows, each of `ws` this rank's `[K, n_j]`;
@@ -43,6 +54,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
     x: &DeviceStorage<T>,
     splits: &[usize],
     ws: &[&DeviceStorage<T>],
+    transposed: bool,
     forced: Option<AgPath>,
 ) -> Result<Vec<DeviceStorage<T>>> {
     g.check()?;
@@ -54,22 +66,23 @@ pub(crate) fn all_gather_matmul<T: Element>(
     };
     // The caller agreed K, the weights and every rank's rows through the world's one exchange;
     // the path is a function of the rows, so every rank takes the same one.
-    if let Some(reason) = weight_problem(k, ws) {
+    if let Some(reason) = weight_problem(k, ws, transposed) {
         return Err(Error::InvalidShape { op: OP, reason });
     }
     let off = offsets(splits);
     let m = off[n];
     let es = size_of::<T>();
     let outs: Vec<DeviceStorage<T>> =
-        ws.iter().map(|w| out_tensor(g, &[m, w.shape()[1]])).collect::<Result<_>>()?;
+        ws.iter().map(|w| out_tensor(g, &[m, columns(w, transposed)])).collect::<Result<_>>()?;
     let gemm = |a: u64, rows: usize, row0: usize| -> Result<()> {
         for (w, out) in ws.iter().zip(&outs) {
-            let nj = w.shape()[1];
-            blas::matmul(
+            let nj = columns(w, transposed);
+            blas::matmul_weight(
                 g.gpu(),
                 g.stream(),
                 (a, w.ptr(), out.ptr() + (row0 * nj * es) as u64),
                 (rows, nj, k),
+                transposed,
                 T::DTYPE,
                 T::DTYPE,
             )?;
@@ -156,11 +169,12 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
     x: &DeviceStorage<T>,
     splits: &[usize],
     ws: &[&DeviceStorage<T>],
+    transposed: bool,
 ) -> Result<Vec<DeviceStorage<T>>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
     let k = x.shape()[1];
-    if let Some(reason) = weight_problem(k, ws) {
+    if let Some(reason) = weight_problem(k, ws, transposed) {
         return Err(Error::InvalidShape { op: OP, reason });
     }
     let off = offsets(splits);
@@ -186,12 +200,14 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
     };
     ws.iter()
         .map(|w| {
-            let out: DeviceStorage<T> = out_tensor(g, &[m, w.shape()[1]])?;
-            blas::matmul(
+            let nj = columns(w, transposed);
+            let out: DeviceStorage<T> = out_tensor(g, &[m, nj])?;
+            blas::matmul_weight(
                 g.gpu(),
                 g.stream(),
                 (gathered.ptr(), w.ptr(), out.ptr()),
-                (m, w.shape()[1], k),
+                (m, nj, k),
+                transposed,
                 T::DTYPE,
                 T::DTYPE,
             )?;

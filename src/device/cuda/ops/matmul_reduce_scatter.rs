@@ -27,13 +27,28 @@ use crate::{Error, Result};
 
 const OP: &str = "matmul_reduce_scatter";
 
-fn shape_problem<T: Element>(a: &DeviceStorage<T>, w: &DeviceStorage<T>) -> Option<String> {
+/// The problem with the operands' shapes, if any (`w` stored `[N, k]` where `transposed`).
+fn shape_problem<T: Element>(
+    a: &DeviceStorage<T>,
+    w: &DeviceStorage<T>,
+    transposed: bool,
+) -> Option<String> {
     let (sa, sw) = (a.shape(), w.shape());
-    if sa.len() != 2 || sw.len() != 2 || sa[1] != sw[0] {
-        Some(format!("a has shape {sa:?} and w {sw:?}; expected [M, k] and [k, N]"))
+    let (at, expected) = if transposed { (1, "[N, k]") } else { (0, "[k, N]") };
+    if sa.len() != 2 || sw.len() != 2 || sa[1] != sw[at] {
+        Some(format!("a has shape {sa:?} and w {sw:?}; expected [M, k] and {expected}"))
     } else {
         None
     }
+}
+
+/// `(M, k, N)` of valid operands.
+fn dims<T: Element>(
+    a: &DeviceStorage<T>,
+    w: &DeviceStorage<T>,
+    transposed: bool,
+) -> (usize, usize, usize) {
+    (a.shape()[0], a.shape()[1], w.shape()[usize::from(!transposed)])
 }
 
 /// The type partial products accumulate in.
@@ -47,14 +62,14 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     g: &CudaRank<'_>,
     a: &DeviceStorage<T>,
     w: &DeviceStorage<T>,
+    transposed: bool,
     splits: &[usize],
     forced: Option<RsPath>,
 ) -> Result<DeviceStorage<T>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
-    let problem = shape_problem(a, w);
-    let (m, kr, big_n) =
-        if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
+    let problem = shape_problem(a, w, transposed);
+    let (m, kr, big_n) = if problem.is_none() { dims(a, w, transposed) } else { (0, 0, 0) };
     let path = match forced {
         Some(path) if n > 1 => path,
         _ => matmul_reduce_scatter_path(splits),
@@ -68,11 +83,12 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     let es = size_of::<T>();
     let out: DeviceStorage<T> = out_tensor(g, &[splits[r], big_n])?;
     if n == 1 {
-        blas::matmul(
+        blas::matmul_weight(
             g.gpu(),
             g.stream(),
             (a.ptr(), w.ptr(), out.ptr()),
             (m, big_n, kr),
+            transposed,
             T::DTYPE,
             T::DTYPE,
         )?;
@@ -81,11 +97,12 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     let pt = partial_type(T::DTYPE);
     let pb = dtype_bytes(pt);
     let product = |partials: u64, row0: usize, rows: usize| {
-        blas::matmul(
+        blas::matmul_weight(
             g.gpu(),
             g.stream(),
             (a.ptr() + (row0 * kr * es) as u64, w.ptr(), partials + (row0 * big_n * pb) as u64),
             (rows, big_n, kr),
+            transposed,
             T::DTYPE,
             pt,
         )
@@ -171,24 +188,25 @@ pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
     g: &CudaRank<'_>,
     a: &DeviceStorage<T>,
     w: &DeviceStorage<T>,
+    transposed: bool,
     splits: &[usize],
 ) -> Result<DeviceStorage<T>> {
     g.check()?;
     let (n, r) = (g.num_ranks(), g.rank);
-    let problem = shape_problem(a, w);
-    let (m, kr, big_n) =
-        if problem.is_none() { (a.shape()[0], a.shape()[1], w.shape()[1]) } else { (0, 0, 0) };
+    let problem = shape_problem(a, w, transposed);
+    let (m, kr, big_n) = if problem.is_none() { dims(a, w, transposed) } else { (0, 0, 0) };
     if let Some(reason) = problem {
         return Err(Error::InvalidShape { op: OP, reason });
     }
     let off = offsets(splits);
     let es = size_of::<T>();
     let product: DeviceStorage<T> = out_tensor(g, &[m, big_n])?;
-    blas::matmul(
+    blas::matmul_weight(
         g.gpu(),
         g.stream(),
         (a.ptr(), w.ptr(), product.ptr()),
         (m, big_n, kr),
+        transposed,
         T::DTYPE,
         T::DTYPE,
     )?;
