@@ -475,6 +475,41 @@ pub unsafe fn copy_2d_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
 /// needed. Smaller outputs are likely read soon, from cache.
 pub(crate) const STREAM_OUTPUT_BYTES: usize = 8 << 20;
 
+/// One row of `cols` elements, streamed when `stream` is true whatever its length (a plain copy
+/// otherwise), without the closing fence: for kernels that split each row of a large block
+/// between several destinations, whose pieces are short while the whole is not. Call
+/// [`stream_fence`] before anything that publishes the row.
+///
+/// # Safety
+/// As [`copy_2d`].
+#[track_caller]
+pub(crate) unsafe fn copy_row_unfenced<T: Copy, D: Writable<T>, S: Readable<T>>(
+    stream: bool,
+    dst: D,
+    src: S,
+    cols: usize,
+) {
+    let (d, dlen) = dst.raw_write();
+    let (s, slen) = src.raw_read();
+    check_fits("copy_row_unfenced (destination)", dlen, cols, 1, cols);
+    check_fits("copy_row_unfenced (source)", slen, cols, 1, cols);
+    // SAFETY: both rows are inside their memory (checked); the caller's contract keeps other
+    // accesses away and the two apart.
+    unsafe {
+        if stream {
+            stream::copy_unfenced(s, d, cols);
+        } else {
+            std::ptr::copy_nonoverlapping(s, d, cols);
+        }
+    }
+}
+
+/// Orders the streaming stores of [`copy_row_unfenced`] before the stores that follow (a notify,
+/// a barrier).
+pub(crate) fn stream_fence() {
+    stream::fence();
+}
+
 /// [`copy_2d_streaming`] when `stream` is true, [`copy_2d`] otherwise.
 ///
 /// # Safety
@@ -800,7 +835,21 @@ mod stream {
             // overlap; `d + head` is 64-byte aligned, as streaming stores require.
             unsafe {
                 std::ptr::copy_nonoverlapping(s, d, head);
-                for i in 0..body {
+                // Four lines at a time, loads before stores: the loads of a group are in flight
+                // together (a few percent on a Zen 4's streaming copy, measured with a probe).
+                let quads = body / 4;
+                for i in 0..quads {
+                    let at = head + i * 256;
+                    let v0 = _mm512_loadu_si512(s.add(at) as *const __m512i);
+                    let v1 = _mm512_loadu_si512(s.add(at + 64) as *const __m512i);
+                    let v2 = _mm512_loadu_si512(s.add(at + 128) as *const __m512i);
+                    let v3 = _mm512_loadu_si512(s.add(at + 192) as *const __m512i);
+                    _mm512_stream_si512(d.add(at) as *mut __m512i, v0);
+                    _mm512_stream_si512(d.add(at + 64) as *mut __m512i, v1);
+                    _mm512_stream_si512(d.add(at + 128) as *mut __m512i, v2);
+                    _mm512_stream_si512(d.add(at + 192) as *mut __m512i, v3);
+                }
+                for i in quads * 4..body {
                     let at = head + i * 64;
                     let v = _mm512_loadu_si512(s.add(at) as *const __m512i);
                     _mm512_stream_si512(d.add(at) as *mut __m512i, v);
