@@ -11,7 +11,12 @@
 //! rows with contiguous runs, so a task is one `copy_2d` of a row block, straight from the input
 //! into the peer's symmetric receive buffer, laid out as the peer's output (tasks flattened over
 //! peer, a, b and row block; peers rotated). The rank's own part goes straight to its output.
-//! Each task adds one to the peer's signal for this source.
+//! Each task adds one to the peer's signal for this source. Where the gather dimension comes
+//! first and the blocks go straight to the peers' outputs (Ulysses' `all_to_all(2, 1)` within a
+//! node), a task is instead a block of whole input rows, each row split between the peers as it
+//! is read: the input is read front to back rather than in strided runs of 1/n of a row, and
+//! each peer counts every task of this rank (one add per program at its end). Where the node's
+//! ranks outnumber its cores, each rank copies with one program, not one per vector sub-core.
 //!
 //! The output tensor lives in the symmetric heap, in a block the rank lends it
 //! (`shmem::lent`: taken only when every rank has its copy free, a mask in the call's exchange),
