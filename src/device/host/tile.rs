@@ -475,6 +475,41 @@ pub unsafe fn copy_2d_streaming<T: Copy, D: Writable<T>, S: Readable<T>>(
 /// needed. Smaller outputs are likely read soon, from cache.
 pub(crate) const STREAM_OUTPUT_BYTES: usize = 8 << 20;
 
+/// One row of `cols` elements, streamed when `stream` is true whatever its length (a plain copy
+/// otherwise), without the closing fence: for kernels that split each row of a large block
+/// between several destinations, whose pieces are short while the whole is not. Call
+/// [`stream_fence`] before anything that publishes the row.
+///
+/// # Safety
+/// As [`copy_2d`].
+#[track_caller]
+pub(crate) unsafe fn copy_row_unfenced<T: Copy, D: Writable<T>, S: Readable<T>>(
+    stream: bool,
+    dst: D,
+    src: S,
+    cols: usize,
+) {
+    let (d, dlen) = dst.raw_write();
+    let (s, slen) = src.raw_read();
+    check_fits("copy_row_unfenced (destination)", dlen, cols, 1, cols);
+    check_fits("copy_row_unfenced (source)", slen, cols, 1, cols);
+    // SAFETY: both rows are inside their memory (checked); the caller's contract keeps other
+    // accesses away and the two apart.
+    unsafe {
+        if stream {
+            stream::copy_unfenced(s, d, cols);
+        } else {
+            std::ptr::copy_nonoverlapping(s, d, cols);
+        }
+    }
+}
+
+/// Orders the streaming stores of [`copy_row_unfenced`] before the stores that follow (a notify,
+/// a barrier).
+pub(crate) fn stream_fence() {
+    stream::fence();
+}
+
 /// [`copy_2d_streaming`] when `stream` is true, [`copy_2d`] otherwise.
 ///
 /// # Safety
@@ -800,7 +835,23 @@ mod stream {
             // overlap; `d + head` is 64-byte aligned, as streaming stores require.
             unsafe {
                 std::ptr::copy_nonoverlapping(s, d, head);
-                for i in 0..body {
+                // Four lines at a time, loads before stores: the loads of a group are in flight
+                // together. On a loaded Zen 4 (a probe, 64 MiB copies by 2 threads, 16
+                // interleaved medians) this was faster than one line at a time in 12 of 16, by
+                // about 5% at the median: a small gain, within the machine's noise in each.
+                let quads = body / 4;
+                for i in 0..quads {
+                    let at = head + i * 256;
+                    let v0 = _mm512_loadu_si512(s.add(at) as *const __m512i);
+                    let v1 = _mm512_loadu_si512(s.add(at + 64) as *const __m512i);
+                    let v2 = _mm512_loadu_si512(s.add(at + 128) as *const __m512i);
+                    let v3 = _mm512_loadu_si512(s.add(at + 192) as *const __m512i);
+                    _mm512_stream_si512(d.add(at) as *mut __m512i, v0);
+                    _mm512_stream_si512(d.add(at + 64) as *mut __m512i, v1);
+                    _mm512_stream_si512(d.add(at + 128) as *mut __m512i, v2);
+                    _mm512_stream_si512(d.add(at + 192) as *mut __m512i, v3);
+                }
+                for i in quads * 4..body {
                     let at = head + i * 64;
                     let v = _mm512_loadu_si512(s.add(at) as *const __m512i);
                     _mm512_stream_si512(d.add(at) as *mut __m512i, v);
@@ -818,5 +869,41 @@ mod stream {
         unsafe {
             std::arch::x86_64::_mm_sfence()
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shmem::{GlobalPtr, GlobalPtrMut};
+
+    /// The streaming row copy (no size threshold) against the source: every length around the
+    /// 64-byte lines and the four-line groups of the streaming loop, at every misalignment of
+    /// either side, with the neighbours of the row left alone. (Fails when the loop drops or
+    /// repeats a line, or writes past the row.)
+    #[test]
+    fn streamed_rows_equal_their_source_at_every_length_and_offset() {
+        let src: Vec<f32> = (0..5000).map(|i| i as f32 * 0.5 + 1.0).collect();
+        for len in [0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1000, 4099] {
+            for (s_off, d_off) in [(0, 0), (1, 0), (0, 1), (3, 7), (15, 16), (16, 5)] {
+                for stream in [true, false] {
+                    let mut dst = vec![-1.0f32; len + 40];
+                    // SAFETY: both rows lie inside their vectors, which nothing else touches.
+                    unsafe {
+                        copy_row_unfenced(
+                            stream,
+                            GlobalPtrMut::from_slice(&mut dst[d_off..]),
+                            GlobalPtr::from_slice(&src[s_off..]),
+                            len,
+                        );
+                    }
+                    stream_fence();
+                    let what = format!("len {len}, offsets {s_off}/{d_off}, stream {stream}");
+                    assert_eq!(&dst[d_off..d_off + len], &src[s_off..s_off + len], "{what}");
+                    assert!(dst[..d_off].iter().all(|&v| v == -1.0), "{what}: before the row");
+                    assert!(dst[d_off + len..].iter().all(|&v| v == -1.0), "{what}: after it");
+                }
+            }
+        }
     }
 }
