@@ -197,6 +197,9 @@ fn calls_on_the_wrong_group_fail_cleanly() {
         .unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(10), "{:?}: {err}", start.elapsed());
     assert!(matches!(err, Error::RankFailed { rank: 0, .. }), "{err}");
+    // Rank 1 returned with its last call on its dp group: rank 0 hears of both calls.
+    assert!(matches!(err.rank_error(), Error::OpMismatch { rank_b: 1, .. }), "{err}");
+    assert!(err.to_string().contains("its last call before it returned"), "{err}");
 
     // A group's buffer has segments for its members only.
     World::threads(4)
@@ -211,6 +214,97 @@ fn calls_on_the_wrong_group_fail_cleanly() {
             Ok(())
         })
         .unwrap();
+}
+
+/// Ranks 0 and 3 all-reduce over their tp group first, ranks 1 and 2 over their dp group first,
+/// then the other: 0 waits for 1 (tp), 1 for 3 (dp), 3 for 2 (tp) and 2 for 0 (dp), and no call
+/// can finish. With `slow`, the same calls in the same order on every rank (tp, then dp), rank 3
+/// coming late: correct calls that wait on each other across groups longer than the look for a
+/// cycle takes. Returns how long the calls took and how they ended.
+fn crossed_calls(rank: &Rank<'_>, slow: bool) -> dist_tensor::Result<String> {
+    let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+    let crossed = !slow && matches!(rank.rank(), 1 | 2);
+    let order = if crossed { ["dp", "tp"] } else { ["tp", "dp"] };
+    let start = Instant::now();
+    let mut sums = Vec::new();
+    for _ in 0..2 {
+        for dim in order {
+            if slow && rank.rank() == 3 {
+                std::thread::sleep(Duration::from_millis(700));
+            }
+            sums.push(collectives::all_reduce(&mesh.rank_of(dim)?, &[rank.rank() as f64])?[0]);
+        }
+    }
+    Ok(format!("{} ms {sums:?}", start.elapsed().as_millis()))
+}
+
+/// What a rank's `crossed_calls` came to: its time and sums, or its time and error.
+fn crossed_outcome(rank: &Rank<'_>, slow: bool) -> String {
+    let start = Instant::now();
+    crossed_calls(rank, slow)
+        .unwrap_or_else(|e| format!("{} ms error: {e}", start.elapsed().as_millis()))
+}
+
+/// Checks every rank's outcome of `crossed_calls`: with crossed calls each failed within three
+/// seconds (not at the 20 s wait timeout) with the mismatch; slow correct
+/// calls all give the sums (tp then dp, twice).
+fn check_crossed(outcomes: &[String], slow: bool) {
+    for (r, out) in outcomes.iter().enumerate() {
+        let ms: u64 = out.split(' ').next().and_then(|t| t.parse().ok()).expect(out);
+        if slow {
+            let tp = [1.0, 1.0, 5.0, 5.0][r];
+            let dp = [2.0, 4.0, 2.0, 4.0][r];
+            assert!(out.ends_with(&format!("{:?}", [tp, dp, tp, dp])), "rank {r}: {out}");
+            continue;
+        }
+        assert!(out.contains("error") && ms < 3000, "rank {r}: {out}");
+        assert!(out.contains("ranks are in different collective calls"), "rank {r}: {out}");
+        assert!(out.contains("on different groups, so none can finish"), "rank {r}: {out}");
+        assert!(out.contains("on the group of world ranks"), "rank {r}: {out}");
+    }
+}
+
+#[test]
+fn crossed_calls_on_different_groups_fail_every_rank_with_op_mismatch() {
+    for slow in [false, true] {
+        let world = World::builder(4).wait_timeout(Duration::from_secs(20)).build().unwrap();
+        let outcomes = std::sync::Mutex::new(vec![String::new(); 4]);
+        let result = world.run(|rank| {
+            let out = crossed_outcome(rank, slow);
+            let failed = out.contains("error");
+            outcomes.lock().unwrap()[rank.rank()] = out.clone();
+            if failed {
+                Err(Error::InvalidArgument { op: "test", rank: 0, reason: out })
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(result.is_ok(), slow, "{result:?}");
+        check_crossed(&outcomes.into_inner().unwrap(), slow);
+    }
+}
+
+#[test]
+fn crossed_calls_on_different_groups_fail_every_process_with_op_mismatch() {
+    const NAME: &str = "crossed_calls_on_different_groups_fail_every_process_with_op_mismatch";
+    let slow = std::env::var("CROSSED_SLOW").is_ok();
+    if common::jobs::in_rank(|world| {
+        // A failed call fails the rank's run, so that the world stops; the rank then says how
+        // long it took and the world's error.
+        let start = Instant::now();
+        let out = world.run(|rank| crossed_calls(rank, slow));
+        let ms = start.elapsed().as_millis();
+        Ok(out.map_or_else(|e| format!("{ms} ms error: {e}"), |o| o[0].clone()))
+    }) {
+        return;
+    }
+    for slow in [false, true] {
+        let env: &[(&str, &str)] = if slow { &[("CROSSED_SLOW", "1")] } else { &[] };
+        let env = [env, &[("DIST_TENSOR_WAIT_TIMEOUT_MS", "20000")]].concat();
+        let exits = common::jobs::run_job(NAME, 4, &env);
+        let outcomes: Vec<String> = exits.iter().map(common::jobs::result).collect();
+        check_crossed(&outcomes, slow);
+    }
 }
 
 /// The MLP of example 08 on a `dp x tp` mesh, trained by plain gradient descent: tokens split
