@@ -13,6 +13,11 @@
 //! processes (of one host, or of one MPI node) the members meet as a job of their own, under a job
 //! id derived from the world's, and pass each other their segments.
 //!
+//! Calls on different groups cannot be compared in an exchange, so a rank that calls on the
+//! wrong group is found another way: every call is posted to the world, and ranks blocked in
+//! calls on different groups that wait on each other in a cycle fail with
+//! [`Error::OpMismatch`](crate::Error::OpMismatch) within a second (see `crossed`).
+//!
 //! A group and its world fail together: a rank's failure in a group fails the world (the ranks
 //! outside the group stop), and a waiter blocked in a group looks at the world on every tick, so a
 //! member that failed, returned or died in the world ends the group's waits as it would the
