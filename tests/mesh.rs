@@ -19,6 +19,7 @@ use ndarray::{Array2, concatenate, s};
 mod common;
 
 use common::checks::{off, seeded_matrix, widen};
+use common::crossed::{check_crossed, crossed_in_job, crossed_outcome};
 use common::{array_split, offsets, seeded, slice, tolerance};
 
 const MESHES: [(usize, usize); 6] = [(1, 4), (2, 2), (4, 1), (2, 3), (3, 2), (2, 4)];
@@ -197,6 +198,9 @@ fn calls_on_the_wrong_group_fail_cleanly() {
         .unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(10), "{:?}: {err}", start.elapsed());
     assert!(matches!(err, Error::RankFailed { rank: 0, .. }), "{err}");
+    // Rank 1 returned with its last call on its dp group: rank 0 hears of both calls.
+    assert!(matches!(err.rank_error(), Error::OpMismatch { rank_b: 1, .. }), "{err}");
+    assert!(err.to_string().contains("its last call before it returned"), "{err}");
 
     // A group's buffer has segments for its members only.
     World::threads(4)
@@ -211,6 +215,42 @@ fn calls_on_the_wrong_group_fail_cleanly() {
             Ok(())
         })
         .unwrap();
+}
+
+#[test]
+fn crossed_calls_on_different_groups_fail_every_rank_with_op_mismatch() {
+    for slow in [false, true] {
+        let world = World::builder(4).wait_timeout(Duration::from_secs(20)).build().unwrap();
+        let outcomes = std::sync::Mutex::new(vec![String::new(); 4]);
+        let result = world.run(|rank| {
+            let out = crossed_outcome(rank, slow);
+            let failed = out.contains("error");
+            outcomes.lock().unwrap()[rank.rank()] = out.clone();
+            if failed {
+                Err(Error::InvalidArgument { op: "test", rank: 0, reason: out })
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(result.is_ok(), slow, "{result:?}");
+        check_crossed(&outcomes.into_inner().unwrap(), slow);
+    }
+}
+
+#[test]
+fn crossed_calls_on_different_groups_fail_every_process_with_op_mismatch() {
+    const NAME: &str = "crossed_calls_on_different_groups_fail_every_process_with_op_mismatch";
+    let slow = std::env::var("CROSSED_SLOW").is_ok();
+    if common::jobs::in_rank(|world| crossed_in_job(&world, slow)) {
+        return;
+    }
+    for slow in [false, true] {
+        let env: &[(&str, &str)] = if slow { &[("CROSSED_SLOW", "1")] } else { &[] };
+        let env = [env, &[("DIST_TENSOR_WAIT_TIMEOUT_MS", "20000")]].concat();
+        let exits = common::jobs::run_job(NAME, 4, &env);
+        let outcomes: Vec<String> = exits.iter().map(common::jobs::result).collect();
+        check_crossed(&outcomes, slow);
+    }
 }
 
 /// The MLP of example 08 on a `dp x tp` mesh, trained by plain gradient descent: tokens split

@@ -23,9 +23,13 @@ use dist_tensor::{DistTensor, Error, Placement, Rank, Tensor, World, fused};
 use half::{bf16, f16};
 
 mod common;
+#[path = "../examples/common/mlp.rs"]
+mod mlp;
 
 use common::checks::{Checks, summed, ulysses_input, widen};
+use common::crossed::{check_crossed, crossed_in_job};
 use common::{digest, seeded};
+use mlp::{MlpData, share};
 
 /// mpirun is stopped past this: a hang fails the test.
 const JOB_TIMEOUT: Duration = Duration::from_secs(240);
@@ -829,13 +833,7 @@ fn dp_step(
 fn dp_overlap_body(world: &World) -> dist_tensor::Result<String> {
     use dist_tensor::mesh::DeviceMesh;
     use dist_tensor::nn::{ColumnParallelLinear, RowParallelLinear};
-    let (tokens, hidden, ffn) = (256, 256, 1024);
-    let x = Tensor::<f32>::random(&[tokens, hidden], 1);
-    let target = Tensor::<f32>::random(&[tokens, hidden], 2);
-    let w1 = Tensor::<f32>::random(&[hidden, ffn], 3) * 0.06;
-    let b1 = Tensor::<f32>::random(&[ffn], 4) * 0.1;
-    let w2 = Tensor::<f32>::random(&[ffn, hidden], 5) * 0.03;
-    let b2 = Tensor::<f32>::random(&[hidden], 6) * 0.1;
+    let MlpData { x, target, w1, b1, w2, b2 } = MlpData::seeded();
     let out = world.run(|rank| {
         let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
         let tp = mesh.rank_of("tp")?;
@@ -843,11 +841,7 @@ fn dp_overlap_body(world: &World) -> dist_tensor::Result<String> {
             ColumnParallelLinear::from_global(&tp, &w1, Some(&b1), dist_tensor::Split::Even)?,
             RowParallelLinear::from_global(&tp, &w2, Some(&b2), dist_tensor::Split::Even)?,
         );
-        let share = tokens / 2;
-        let rows = |t: &Tensor<f32>| {
-            let at = mesh.coord("dp")? * share * hidden;
-            Tensor::from_shape_vec(&[share, hidden], t.as_slice()[at..at + share * hidden].to_vec())
-        };
+        let rows = |t: &Tensor<f32>| share(t, 2, mesh.coord("dp")?);
         let xs = DistTensor::from_global(&tp, &rows(&x)?, Placement::Shard(0))?;
         let ts = DistTensor::from_global(&tp, &rows(&target)?, Placement::Shard(0))?;
         let digest_of = |grads: &[Tensor<f32>]| {
@@ -944,4 +938,28 @@ fn over_a_throttled_network_dp_buckets_overlap_the_backward_pass() {
         misses.push(format!("attempt {attempt}: {ratios}"));
     }
     panic!("overlapped dp steps not faster in any of 5 attempts:\n{}", misses.join("\n"));
+}
+
+/// Calls that cross on the groups of a 2 x 2 mesh of one node (rank 0 in its tp group's call
+/// waits for rank 1, in its dp group's, and so on round): every rank fails within seconds with
+/// the mismatch, not at the wait timeout; correct calls that wait on each other across groups
+/// for longer are unaffected. (Groups of an MPI world are inside a node: a cycle through ranks
+/// of other nodes is not seen, see `crossed`.)
+#[test]
+fn one_node_crossed_calls_on_different_groups_fail_every_rank_with_op_mismatch() {
+    const NAME: &str =
+        "one_node_crossed_calls_on_different_groups_fail_every_rank_with_op_mismatch";
+    let slow = std::env::var("CROSSED_SLOW").is_ok();
+    if in_rank(|world| crossed_in_job(world, slow)) {
+        return;
+    }
+    for slow in [false, true] {
+        let mut env = vec![("DIST_TENSOR_WAIT_TIMEOUT_MS", "20000")];
+        if slow {
+            env.push(("CROSSED_SLOW", "1"));
+        }
+        let job = mpirun(NAME, 4, Shape::OneNode, &env, &[]);
+        let outcomes: Vec<String> = (0..4).map(|r| job.result(r)).collect();
+        check_crossed(&outcomes, slow);
+    }
 }

@@ -18,6 +18,11 @@ use dist_tensor::nn::{Activation, ColumnParallelLinear, Parameters, RowParallelL
 use dist_tensor::shmem::job_env::RANKS_PER_NODE_ENV;
 use dist_tensor::{DistTensor, Error, Placement, Result, Split, Tensor, World};
 
+#[path = "../common/mlp.rs"]
+mod mlp;
+
+use mlp::{MlpData, share};
+
 /// How a step averages the gradients over dp.
 #[derive(Clone, Copy, PartialEq)]
 enum Averaging {
@@ -29,38 +34,38 @@ enum Averaging {
     Skipped,
 }
 
-/// Median seconds of a training step on a `dp x tp` mesh of `world`'s 4 ranks (rank 0's).
+/// Seconds of CPU time this process has used, all its threads together.
+fn process_cpu_seconds() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// Median seconds of a training step on a `dp x tp` mesh of `world`'s 4 ranks (rank 0's), and
+/// the CPU seconds rank 0's process used per second of the steps (in a world of threads, every
+/// rank's: how many cores the step keeps busy).
 fn step_seconds(
     world: &World,
     dp: usize,
     tp: usize,
     averaging: Averaging,
     reps: usize,
-) -> Result<f64> {
-    let (tokens, hidden, ffn) = (256, 256, 1024);
-    let x = Tensor::<f32>::random(&[tokens, hidden], 1);
-    let target = Tensor::<f32>::random(&[tokens, hidden], 2);
-    let w1 = Tensor::<f32>::random(&[hidden, ffn], 3) * 0.06;
-    let b1 = Tensor::<f32>::random(&[ffn], 4) * 0.1;
-    let w2 = Tensor::<f32>::random(&[ffn, hidden], 5) * 0.03;
-    let b2 = Tensor::<f32>::random(&[hidden], 6) * 0.1;
+) -> Result<(f64, f64)> {
+    let MlpData { x, target, w1, b1, w2, b2 } = MlpData::seeded();
     let bucket = 256 << 10;
     let times = world.run(|rank| {
         let mesh = DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
         let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.averager("dp")?);
         let mut fc1 = ColumnParallelLinear::from_global(&tpr, &w1, Some(&b1), Split::Even)?;
         let mut fc2 = RowParallelLinear::from_global(&tpr, &w2, Some(&b2), Split::Even)?;
-        let share = tokens / dp;
-        let rows = |t: &Tensor<f32>| {
-            let at = mesh.coord("dp")? * share * hidden;
-            Tensor::from_shape_vec(&[share, hidden], t.as_slice()[at..at + share * hidden].to_vec())
-        };
+        let rows = |t: &Tensor<f32>| share(t, dp, mesh.coord("dp")?);
         let xs = DistTensor::from_global(&tpr, &rows(&x)?, Placement::Shard(0))?;
         let ts = DistTensor::from_global(&tpr, &rows(&target)?, Placement::Shard(0))?;
         let mut times = Vec::with_capacity(reps);
+        let (mut cpu, mut wall) = (0.0, 0.0);
         for _ in 0..reps + 1 {
             let _ = rank.barrier_all()?;
             let start = Instant::now();
+            let cpu_start = process_cpu_seconds();
             let (h, s1) = fc1.forward(&xs)?;
             let a = h.map_local(|t| Activation::Gelu.forward(t))?;
             let (y, s2) = fc2.forward(&a)?;
@@ -95,10 +100,14 @@ fn step_seconds(
             }
             let _ = rank.barrier_all()?;
             times.push(start.elapsed().as_secs_f64());
+            if times.len() > 1 {
+                cpu += process_cpu_seconds() - cpu_start;
+                wall += start.elapsed().as_secs_f64();
+            }
         }
         times.remove(0); // the first step sizes the workspaces
         times.sort_by(f64::total_cmp);
-        Ok(times[times.len() / 2])
+        Ok((times[times.len() / 2], cpu / wall))
     })?;
     Ok(times[0])
 }
@@ -106,16 +115,26 @@ fn step_seconds(
 /// The rows on `world` (4 ranks), as lines. `tp_over_all` false skips tensor parallelism over
 /// all 4 ranks (on two MPI nodes its groups would cross them, which groups cannot yet).
 fn rows(world: &World, kind: &str, reps: usize, tp_over_all: bool) -> Result<Vec<String>> {
-    let mesh = step_seconds(world, 2, 2, Averaging::Overlapped, reps)?;
+    let (mesh, _) = step_seconds(world, 2, 2, Averaging::Overlapped, reps)?;
     let tp = if tp_over_all {
-        step_seconds(world, 1, 4, Averaging::Overlapped, reps)?
+        step_seconds(world, 1, 4, Averaging::Overlapped, reps)?.0
     } else {
         f64::NAN
     };
-    let dp = step_seconds(world, 4, 1, Averaging::Overlapped, reps)?;
-    let after = step_seconds(world, 2, 2, Averaging::After, reps)?;
-    let none = step_seconds(world, 2, 2, Averaging::Skipped, reps)?;
+    let (dp, _) = step_seconds(world, 4, 1, Averaging::Overlapped, reps)?;
+    let (after, _) = step_seconds(world, 2, 2, Averaging::After, reps)?;
+    let (none, busy) = step_seconds(world, 2, 2, Averaging::Skipped, reps)?;
     let (alone, unhidden) = (after - none, mesh - none);
+    // On the host the averaging is CPU work (copies and sums through shared memory): it can
+    // only hide behind the backward pass on cores the pass leaves idle. In a world of threads
+    // the process's CPU time is every rank's, so this says how many are left.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let busy_line = (kind == "threads").then(|| {
+        format!(
+            "{kind}: 2x2 without averaging keeps {busy:.2} of the host's {cores} cores busy \
+             (CPU time over wall time of the steps)"
+        )
+    });
     Ok(vec![
         format!("{kind}: mesh 2x2 (dp averaged during backward): {:8.3} ms", mesh * 1e3),
         if tp_over_all {
@@ -131,7 +150,10 @@ fn rows(world: &World, kind: &str, reps: usize, tp_over_all: bool) -> Result<Vec
             unhidden * 1e3,
             100.0 * unhidden / alone
         ),
-    ])
+    ]
+    .into_iter()
+    .chain(busy_line)
+    .collect())
 }
 
 /// The program's arguments for a launched rank.

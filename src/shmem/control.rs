@@ -9,6 +9,7 @@
 //! | `exits`: how many times a rank left the running state | header | a rank that returns or fails, a peer that finds a rank dead |
 //! | per rank: state (idle, running, returned, failed, died, left) and how many runs it entered | rank record | the rank; a peer for `died` |
 //! | per rank: pid, exit status | rank record | the rank; a peer that reaps it |
+//! | per rank: its latest collective call (group, op, number), whether it is still in it, and which rank it waits for | rank record | the rank (see `crossed`) |
 //!
 //! Blocked waits sleep on futexes beside each signal (in the heap, see `sync`), which are
 //! process-shared like everything here.
@@ -24,7 +25,15 @@ const MAGIC: u64 = 0x6469_7374_5f74_656e; // "dist_ten"
 const HEADER_BYTES: usize = 64;
 /// Room for the first failure's message; longer messages are cut.
 pub(crate) const FAILURE_TEXT_BYTES: usize = 4096;
-const RECORD_BYTES: usize = 64;
+const RECORD_BYTES: usize = 192;
+/// Where a rank's record keeps its latest collective call (see [`Control::post_call`]).
+const POST_AT: usize = 64;
+/// Bytes of an op's name a post keeps: the exchange's own limit.
+const POST_NAME_BYTES: usize = 40;
+/// The post's "still in the call" bit, beside the call number.
+const IN_CALL: u64 = 1 << 63;
+/// The owner word's "calls came from more than one thread" bit.
+const MULTI: u64 = 1 << 63;
 
 /// Where a rank is in its life: peers read it to stop waiting for a rank that left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,6 +217,10 @@ impl Control {
 
     /// Enters a run: counts it, then sets the state to running.
     pub(crate) fn enter_run(&self, rank: usize) {
+        // A new run starts with no call posted and no thread owning the rank's calls.
+        for at in (POST_AT..RECORD_BYTES).step_by(8) {
+            self.word(self.record(rank) + at).store(0, Ordering::Release);
+        }
         self.runs(rank).fetch_add(1, Ordering::AcqRel);
         self.set_state(rank, RankState::Running);
     }
@@ -311,6 +324,121 @@ impl Control {
             RankState::Left => "dropped its world".into(),
             RankState::Running => "is running".into(),
         }
+    }
+}
+
+/// A rank's latest collective call as its record shows it (see [`Control::post_call`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Post {
+    /// Changes with every call posted (even when the post is whole).
+    pub(crate) version: u64,
+    /// The group the call is on (0: the world itself).
+    pub(crate) group: u64,
+    /// The call's number in that group.
+    pub(crate) seq: u64,
+    /// Whether the rank is still in the call.
+    pub(crate) in_call: bool,
+    /// The rank the call waits for, once it blocked.
+    pub(crate) target: Option<usize>,
+    /// Whether the rank's calls came from more than one thread in this run.
+    pub(crate) multi: bool,
+    /// The op and its element type, as the exchange names them.
+    pub(crate) op: String,
+    pub(crate) dtype: String,
+}
+
+impl Control {
+    fn post_word(&self, rank: usize, i: usize) -> &AtomicU64 {
+        self.word(self.record(rank) + POST_AT + 8 * i)
+    }
+
+    /// Posts that `rank` (the calling thread, `thread`, a nonzero token) entered call `seq` of
+    /// `group` with `op<dtype>`: a few stores to the rank's own record per call, read by peers
+    /// only while they wait (see `crossed`). A seqlock: the version is odd while it is written.
+    pub(crate) fn post_call(
+        &self,
+        rank: usize,
+        group: u64,
+        seq: u64,
+        op: &str,
+        dtype: &str,
+        thread: u64,
+    ) {
+        let owner = self.post_word(rank, 4);
+        let seen = owner.load(Ordering::Acquire);
+        if seen == 0 {
+            let _ = owner.compare_exchange(0, thread, Ordering::AcqRel, Ordering::Acquire);
+        } else if seen & !MULTI != thread {
+            owner.fetch_or(MULTI, Ordering::AcqRel);
+        }
+        let version = self.post_word(rank, 0);
+        version.fetch_add(1, Ordering::AcqRel);
+        self.post_word(rank, 1).store(group, Ordering::Release);
+        self.post_word(rank, 3).store(0, Ordering::Release);
+        let mut name = [0u8; POST_NAME_BYTES + 8];
+        for (i, b) in op.bytes().take(POST_NAME_BYTES).enumerate() {
+            name[i] = b;
+        }
+        for (i, b) in dtype.bytes().take(8).enumerate() {
+            name[POST_NAME_BYTES + i] = b;
+        }
+        for (i, chunk) in name.chunks(8).enumerate() {
+            let word = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+            self.post_word(rank, 5 + i).store(word, Ordering::Release);
+        }
+        self.post_word(rank, 2).store((seq & !IN_CALL) | IN_CALL, Ordering::Release);
+        version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Posts the rank `rank`'s call waits for (`None`: nobody in particular).
+    pub(crate) fn post_target(&self, rank: usize, target: Option<usize>) {
+        let word = target.map_or(0, |t| t as u64 + 1);
+        let at = self.post_word(rank, 3);
+        if at.load(Ordering::Relaxed) != word {
+            at.store(word, Ordering::Release);
+        }
+    }
+
+    /// Posts that `rank` left its call (the post stays, as its latest call).
+    pub(crate) fn post_done(&self, rank: usize) {
+        self.post_word(rank, 3).store(0, Ordering::Release);
+        self.post_word(rank, 2).fetch_and(!IN_CALL, Ordering::AcqRel);
+    }
+
+    /// `rank`'s latest call, if it posted one in this run and the post was whole when read.
+    pub(crate) fn read_post(&self, rank: usize) -> Option<Post> {
+        for _ in 0..100 {
+            let before = self.post_word(rank, 0).load(Ordering::Acquire);
+            if before == 0 {
+                return None;
+            }
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let word = |i| self.post_word(rank, i).load(Ordering::Acquire);
+            let (group, seq, target, owner) = (word(1), word(2), word(3), word(4));
+            let bytes: Vec<u8> = (5..11).flat_map(|i| word(i).to_le_bytes()).collect();
+            if self.post_word(rank, 0).load(Ordering::Acquire) != before {
+                continue;
+            }
+            let text = |b: &[u8]| {
+                let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+                String::from_utf8_lossy(&b[..end]).into_owned()
+            };
+            return Some(Post {
+                version: before,
+                group,
+                seq: seq & !IN_CALL,
+                in_call: seq & IN_CALL != 0,
+                // A target outside the world (only a forged block has one) is no target.
+                target: target.checked_sub(1).map(|t| t as usize).filter(|&t| t < self.num_ranks),
+                multi: owner & MULTI != 0,
+                op: text(&bytes[..POST_NAME_BYTES]),
+                dtype: text(&bytes[POST_NAME_BYTES..]),
+            });
+        }
+        None
     }
 }
 

@@ -31,7 +31,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::sync::{Cell, WaitOutcome, wait_until};
+use super::crossed::{Crossing, Posted, left_elsewhere, root_of};
+use super::sync::{Cell, WaitOutcome, wait_until_checked};
 use super::transport::Put;
 use super::{Rank, SignalOp};
 use crate::tensor::{Element, Pod, short_type_name};
@@ -168,7 +169,7 @@ impl std::ops::Index<usize> for Exchanged {
 }
 
 /// A call as a message shows it: `all_gather<f32> #12`.
-fn describe(op: &str, dtype: &str, seq: u64) -> String {
+pub(crate) fn describe(op: &str, dtype: &str, seq: u64) -> String {
     if dtype.is_empty() { format!("{op} #{seq}") } else { format!("{op}<{dtype}> #{seq}") }
 }
 
@@ -323,6 +324,11 @@ impl Rank<'_> {
         counter.seq += 1;
         let seq = counter.seq;
         let parity = (seq % 2) as usize;
+        // The call, posted to the world for as long as it lasts: what a rank blocked in a call on
+        // another group looks at (see `crossed`).
+        let (root, root_rank) = root_of(self.world, me);
+        let group = self.world.group_id;
+        let _posted = Posted::new(root, root_rank, group, seq, call.op, call.dtype);
 
         // The message, into this rank's own outbox.
         let text = problem.as_deref().map(|t| {
@@ -398,18 +404,24 @@ impl Rank<'_> {
         let missing = || -> Vec<usize> {
             (0..n).filter(|&p| self.outbox_seq(p, parity).load(Ordering::Acquire) != seq).collect()
         };
-        let outcome = wait_until(
+        let mut crossing = Crossing::new(root, root_rank);
+        let outcome = wait_until_checked(
             &self.world.watch(),
             mine,
             || mine.value.load(Ordering::Acquire) >= target,
             || {
                 let gone = missing().into_iter().find(|&p| control.has_left(p, me))?;
-                Some(Error::PeerGone {
+                let peer = root_of(self.world, gone).1;
+                left_elsewhere(root, root_rank, peer, group, here()).or(Some(Error::PeerGone {
                     rank: me,
                     peer: gone,
                     how: control.how_left(gone),
                     waiting: format!("in {}", here()),
-                })
+                }))
+            },
+            || {
+                let waits_for = missing().first().map(|&p| root_of(self.world, p).1);
+                crossing.stuck(waits_for)
             },
         );
         match outcome {

@@ -13,6 +13,11 @@
 //! processes (of one host, or of one MPI node) the members meet as a job of their own, under a job
 //! id derived from the world's, and pass each other their segments.
 //!
+//! Calls on different groups cannot be compared in an exchange, so a rank that calls on the
+//! wrong group is found another way: every call is posted to the world, and ranks blocked in
+//! calls on different groups that wait on each other in a cycle fail with
+//! [`Error::OpMismatch`](crate::Error::OpMismatch) within a second (see `crossed`).
+//!
 //! A group and its world fail together: a rank's failure in a group fails the world (the ranks
 //! outside the group stop), and a waiter blocked in a group looks at the world on every tick, so a
 //! member that failed, returned or died in the world ends the group's waits as it would the
@@ -55,6 +60,16 @@ impl ParentLink {
     fn world(&self) -> &WorldShared {
         // SAFETY: see the field's docs.
         unsafe { &*self.world }
+    }
+
+    /// The world the group was split from.
+    pub(crate) fn world_ref(&self) -> &WorldShared {
+        self.world()
+    }
+
+    /// The world's rank of each member, in the group's rank order.
+    pub(crate) fn members(&self) -> &[usize] {
+        &self.members
     }
 
     /// Records a member's failure in the world.
@@ -151,9 +166,11 @@ impl<'w> Rank<'w> {
         let mut members: Vec<usize> = (0..all.len()).filter(|&r| all[r][0] == color).collect();
         members.sort_by_key(|&r| (all[r][1], r));
         let index = members.iter().position(|&r| r == me).expect("a rank is in its own group");
+        register_groups(world, seq, &all);
+        let id = super::crossed::group_id(world.group_id, seq, color);
         let link = ParentLink { world: world as *const WorldShared, members: members.clone() };
         let shared = match &world.kind {
-            WorldKind::Threads => self.take_threads_group(seq, color, link)?,
+            WorldKind::Threads => self.take_threads_group(seq, color, id, link)?,
             WorldKind::Processes { job_id, join_timeout } => {
                 if let Some(&far) = members.iter().find(|&&m| !world.heap.mapped(m)) {
                     return Err(Error::InvalidArgument {
@@ -166,7 +183,7 @@ impl<'w> Rank<'w> {
                     });
                 }
                 let job = format!("{job_id}.split{seq}.{color}");
-                join_processes(world, link, index, job, *join_timeout)?
+                join_processes(world, link, id, index, job, *join_timeout)?
             }
         };
         Ok(Group { shared, index, members, color, _world: PhantomData })
@@ -177,6 +194,7 @@ impl<'w> Rank<'w> {
         &self,
         seq: u64,
         color: u64,
+        id: u64,
         link: ParentLink,
     ) -> Result<Arc<WorldShared>> {
         let world = self.world;
@@ -202,11 +220,28 @@ impl<'w> Rank<'w> {
         for r in 0..g {
             control.set_state(r, RankState::Running);
         }
-        let shared = Arc::new(group_world(world, heap, control, &settings, link));
+        let shared = Arc::new(group_world(world, heap, control, &settings, id, link));
         if g > 1 {
             forming.insert((seq, color), (shared.clone(), g - 1));
         }
         Ok(shared)
+    }
+}
+
+/// Records, in the world the groups belong to, the world's ranks of every group split call `seq`
+/// of `parent` made (every rank's color and key are in `all`), to name them in errors (see
+/// `crossed`).
+fn register_groups(parent: &WorldShared, seq: u64, all: &super::exchange::Exchanged) {
+    let (root, _) = super::crossed::root_of(parent, 0);
+    let mut colors: Vec<u64> = all.iter().map(|w| w[0]).collect();
+    colors.sort_unstable();
+    colors.dedup();
+    let mut groups = lock(&root.groups);
+    for color in colors {
+        let mut members: Vec<usize> = (0..all.len()).filter(|&r| all[r][0] == color).collect();
+        members.sort_by_key(|&r| (all[r][1], r));
+        let in_root = members.iter().map(|&r| super::crossed::root_of(parent, r).1).collect();
+        groups.insert(super::crossed::group_id(parent.group_id, seq, color), in_root);
     }
 }
 
@@ -222,9 +257,11 @@ fn group_world(
     heap: Heap,
     control: Control,
     settings: &Settings,
+    id: u64,
     link: ParentLink,
 ) -> WorldShared {
     let mut shared = WorldShared::new(heap, control, world.topology.clone(), settings);
+    shared.group_id = id;
     let look = link.clone();
     shared.on_tick = Some(Box::new(move |group: &Control| look.look(group)));
     shared.parent = Some(link);
@@ -235,6 +272,7 @@ fn group_world(
 fn join_processes(
     world: &WorldShared,
     link: ParentLink,
+    id: u64,
     index: usize,
     job_id: String,
     join_timeout: std::time::Duration,
@@ -255,7 +293,7 @@ fn join_processes(
     joined.control.pid(index).store(pid, Ordering::Release);
     joined.control.set_state(index, RankState::Running);
     let peers = joined.peers;
-    let mut shared = group_world(world, joined.heap, joined.control, &joined.settings, link);
+    let mut shared = group_world(world, joined.heap, joined.control, &joined.settings, id, link);
     let look = shared.parent.clone().expect("a group has its world");
     shared.on_tick = Some(Box::new(move |group: &Control| {
         peers.check(group);

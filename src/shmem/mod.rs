@@ -11,6 +11,7 @@
 
 mod buffer;
 mod control;
+mod crossed;
 mod device_process;
 mod device_world;
 mod exchange;

@@ -91,8 +91,21 @@ pub(crate) struct Watch<'a> {
 pub(crate) fn wait_until<E>(
     watch: &Watch<'_>,
     cell: &Cell,
+    ready: impl FnMut() -> bool,
+    gone: impl FnMut() -> Option<E>,
+) -> WaitOutcome<E> {
+    wait_until_checked(watch, cell, ready, gone, || None)
+}
+
+/// [`wait_until`], also asking `stuck` on every tick while blocked whether the wait can never
+/// end (the exchange looks for ranks blocked in calls that wait on each other, see `crossed`):
+/// its reason ends the wait as `gone`'s does.
+pub(crate) fn wait_until_checked<E>(
+    watch: &Watch<'_>,
+    cell: &Cell,
     mut ready: impl FnMut() -> bool,
     mut gone: impl FnMut() -> Option<E>,
+    mut stuck: impl FnMut() -> Option<E>,
 ) -> WaitOutcome<E> {
     let control = watch.control;
     for round in 0..SPIN_ROUNDS + YIELD_ROUNDS {
@@ -112,7 +125,7 @@ pub(crate) fn wait_until<E>(
     if let Some(blocked) = watch.blocked {
         blocked.fetch_add(1, Ordering::SeqCst);
     }
-    let outcome = block(watch, cell, &mut ready, &mut gone);
+    let outcome = block(watch, cell, &mut ready, &mut gone, &mut stuck);
     if let Some(blocked) = watch.blocked {
         blocked.fetch_sub(1, Ordering::SeqCst);
     }
@@ -125,6 +138,7 @@ fn block<E>(
     cell: &Cell,
     ready: &mut impl FnMut() -> bool,
     gone: &mut impl FnMut() -> Option<E>,
+    stuck: &mut impl FnMut() -> Option<E>,
 ) -> WaitOutcome<E> {
     let control = watch.control;
     let mut seen_exits = None;
@@ -182,6 +196,15 @@ fn block<E>(
         let _ = futex::wait(&cell.doorbell, futex::Flags::empty(), ring, Some(&timeout));
         if let Some(on_tick) = watch.on_tick {
             on_tick(control);
+        }
+        if gone_at.is_none()
+            && !control.failed()
+            && let Some(reason) = stuck()
+        {
+            if ready() {
+                return WaitOutcome::Ready;
+            }
+            return WaitOutcome::Gone(reason);
         }
         tick = (tick * 2).min(MAX_TICK);
     }

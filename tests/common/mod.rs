@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod checks;
+pub mod crossed;
 pub mod gpu;
 pub mod jobs;
 pub mod reference;

@@ -52,6 +52,12 @@ pub(crate) struct WorldShared {
     pub(crate) forming: Mutex<crate::shmem::group::Forming>,
     /// For a group: the world it was split from, and which of its ranks are the members.
     pub(crate) parent: Option<crate::shmem::group::ParentLink>,
+    /// Which group this is, in the calls its ranks post to their world (0: the world itself;
+    /// see `crossed`).
+    pub(crate) group_id: u64,
+    /// For a world: the world's ranks of each group split from it that this process saw made,
+    /// by group id, to name a group in an error.
+    pub(crate) groups: Mutex<HashMap<u64, Vec<usize>>>,
 }
 
 /// Where a world's ranks live, which says how a group of them is made.
@@ -161,6 +167,8 @@ impl WorldShared {
             kind: WorldKind::Threads,
             forming: Mutex::default(),
             parent: None,
+            group_id: 0,
+            groups: Mutex::default(),
         }
     }
 }
