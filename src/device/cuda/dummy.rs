@@ -72,7 +72,7 @@ pub(crate) fn optimizer_step<T: Element, A: Element>(
     _master: Option<&DeviceStorage<A>>,
     _grad: &DeviceStorage<T>,
     _state: &[&DeviceStorage<A>],
-    _rule: super::OptimRule,
+    _rule: crate::tensor::OptimRule,
 ) -> Result<DeviceStorage<T>> {
     match value.never {}
 }

@@ -2,13 +2,11 @@
 //! optimizers' steps (`kernels/train.cu`). Each launches on the first input's stream, after the
 //! streams that wrote the others, and returns without waiting.
 
-use std::ffi::c_void;
-
 use super::kernels::{self, Source};
-use super::local::{after, grid, output, same_gpu};
+use super::local::{after, grid, launch_words, output, same_gpu};
 use super::storage::DeviceStorage;
-use super::{OptimRule, Unary};
-use crate::tensor::{DType, Element};
+use super::Unary;
+use crate::tensor::{DType, Element, OptimRule};
 use crate::{Error, Result};
 
 /// `dy * f'(x)` for the activation `f` (`Unary::Gelu`, `GeluTanh`, `Silu` or `Relu`), elementwise;
@@ -40,15 +38,7 @@ pub(crate) fn activation_grad<T: Element>(
     after(x, dy)?;
     x.gpu().bind()?;
     let f = kernels::function(x.gpu(), Source::Train, T::DTYPE, name)?;
-    let (mut o, mut xi, mut di, mut len) = (out.ptr(), x.ptr(), dy.ptr(), n as u64);
-    let mut params = [
-        &mut o as *mut u64 as *mut c_void,
-        &mut xi as *mut u64 as *mut c_void,
-        &mut di as *mut u64 as *mut c_void,
-        &mut len as *mut u64 as *mut c_void,
-    ];
-    let grid = grid(x, f, n, 1);
-    kernels::launch_raw(f, grid, kernels::BLOCK, x.stream(), &mut params)?;
+    launch_words(x, f, grid(x, f, n, 1), &[out.ptr(), x.ptr(), dy.ptr(), n as u64])?;
     Ok(out)
 }
 
@@ -86,10 +76,7 @@ pub(crate) fn optimizer_step<T: Element, A: Element>(
 ) -> Result<DeviceStorage<T>> {
     const OP: &str = "optimizer step";
     let acc = if T::DTYPE == DType::F64 { DType::F64 } else { DType::F32 };
-    let wanted = match rule {
-        OptimRule::Sgd { momentum, .. } => usize::from(momentum != 0.0),
-        OptimRule::Adam { .. } => 2,
-    };
+    let wanted = rule.buffers();
     if A::DTYPE != acc || state.len() != wanted {
         return Err(Error::InvalidArgument {
             op: OP,
