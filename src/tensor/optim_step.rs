@@ -81,9 +81,8 @@ impl<T: Element> Tensor<T> {
             });
         }
         let devices = master.iter().map(|m| m.device()).chain(state.iter().map(Tensor::device));
-        if let Some(elsewhere) = std::iter::once(grad.device())
-            .chain(devices)
-            .find(|&d| d != self.device())
+        if let Some(elsewhere) =
+            std::iter::once(grad.device()).chain(devices).find(|&d| d != self.device())
         {
             return Err(Error::InvalidArgument {
                 op: OP,
@@ -100,7 +99,8 @@ impl<T: Element> Tensor<T> {
                 t.device_storage().expect("checked: beside the parameter, on its GPU")
             }
             let buffers: Vec<_> = state.iter().map(on_gpu).collect();
-            let stepped = cuda::optimizer_step(v, master.as_deref().map(on_gpu), g, &buffers, rule)?;
+            let stepped =
+                cuda::optimizer_step(v, master.as_deref().map(on_gpu), g, &buffers, rule)?;
             *self = Tensor::from_device_storage(stepped);
             return Ok(());
         }
@@ -117,7 +117,10 @@ impl<T: Element> Tensor<T> {
                 // SAFETY: `T` is `T::Acc` (checked above), so the slice is reinterpreted as
                 // itself.
                 let values = unsafe {
-                    std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<T::Acc>(), values.len())
+                    std::slice::from_raw_parts_mut(
+                        values.as_mut_ptr().cast::<T::Acc>(),
+                        values.len(),
+                    )
                 };
                 host_update(values, grad.as_slice(), &mut buffers, rule);
             }
@@ -155,7 +158,8 @@ fn host_update<A: Accumulator, T: Element<Acc = A>>(
         (OptimRule::Adam { step, beta1, beta2, eps, shrink, root }, [m, v]) => {
             let (step, b1, b2, eps) = (acc(step), acc(beta1), acc(beta2), acc(eps));
             let (shrink, root, one) = (acc(shrink), acc(root), acc(1.0));
-            for (((p, &g), m), v) in values.iter_mut().zip(grads).zip(m.iter_mut()).zip(v.iter_mut())
+            for (((p, &g), m), v) in
+                values.iter_mut().zip(grads).zip(m.iter_mut()).zip(v.iter_mut())
             {
                 let g = g.to_acc();
                 *m = b1 * *m + (one - b1) * g;

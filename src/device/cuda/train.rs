@@ -2,10 +2,10 @@
 //! optimizers' steps (`kernels/train.cu`). Each launches on the first input's stream, after the
 //! streams that wrote the others, and returns without waiting.
 
+use super::Unary;
 use super::kernels::{self, Source};
 use super::local::{after, grid, launch_words, output, same_gpu};
 use super::storage::DeviceStorage;
-use super::Unary;
 use crate::tensor::{DType, Element, OptimRule};
 use crate::{Error, Result};
 

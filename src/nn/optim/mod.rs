@@ -136,8 +136,12 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
                 None => Some(value.cast::<A>()),
             };
             let rule = rule(slot.steps);
-            let stepped =
-                value.optim_step_(master.as_mut(), &grad, &mut slot.buffers[..rule.buffers()], rule);
+            let stepped = value.optim_step_(
+                master.as_mut(),
+                &grad,
+                &mut slot.buffers[..rule.buffers()],
+                rule,
+            );
             slot.master = master;
             stepped?;
         }
