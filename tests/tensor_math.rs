@@ -651,6 +651,9 @@ fn display_abbreviates_large_tensors_and_names_shape_and_type() {
 
 // ---- activation derivatives and the fallible forms ------------------------------------------
 
+/// A tensor's activation backward method: `x.gelu_backward(dy)` and its siblings.
+type Backward<T> = fn(&Tensor<T>, &Tensor<T>) -> dist_tensor::Result<Tensor<T>>;
+
 /// `x.gelu_backward(dy)` (and the tanh, SiLU, ReLU forms) against `dy * f'(x)` in f64 on the
 /// same rounded inputs: computed in f64 and rounded once, so within one rounding of `T` (f64:
 /// the reference's erf series and libm's differ by up to about 2e-13 relative where the
@@ -662,8 +665,7 @@ fn activation_backward_in<T: Element>(fails: &mut Vec<String>) {
     for dy in [random::<T>(&[13, 7], 32), random::<T>(&[7], 33)] {
         let wide = |t: &Tensor<T>| common::checks::widen(t.as_slice());
         let (xs, ds) = (wide(&x), wide(&dy));
-        let methods: [(Activation, fn(&Tensor<T>, &Tensor<T>) -> dist_tensor::Result<Tensor<T>>);
-            4] = [
+        let methods: [(Activation, Backward<T>); 4] = [
             (Activation::Gelu, Tensor::gelu_backward),
             (Activation::GeluTanh, Tensor::gelu_tanh_backward),
             (Activation::Silu, Tensor::silu_backward),

@@ -6,7 +6,7 @@ use super::Unary;
 use super::kernels::{self, Source};
 use super::local::{after, grid, launch_words, output, same_gpu};
 use super::storage::DeviceStorage;
-use crate::tensor::{DType, Element, OptimRule};
+use crate::tensor::{Element, OptimRule};
 use crate::{Error, Result};
 
 /// `dy * f'(x)` for the activation `f` (`Unary::Gelu`, `GeluTanh`, `Silu` or `Relu`), elementwise;
@@ -66,41 +66,17 @@ struct OptArgs {
 /// new buffer, since the old one may be shared with saved activations or a caller's clone). The
 /// optimizer's own buffers are updated in place: `master` (the f32 copy of a half-type
 /// parameter, `None` for f32 and f64) and `state` (`[velocity]` for SGD with momentum, `[m, v]`
-/// for Adam, `[]` for plain SGD), all in `A`, the parameter's accumulator type.
-pub(crate) fn optimizer_step<T: Element, A: Element>(
+/// for Adam, `[]` for plain SGD), in the parameter's accumulator type. The caller
+/// (`Tensor::optim_step_`) has checked the lengths and the number of buffers.
+pub(crate) fn optimizer_step<T: Element>(
     value: &DeviceStorage<T>,
-    master: Option<&DeviceStorage<A>>,
+    master: Option<&DeviceStorage<T::Acc>>,
     grad: &DeviceStorage<T>,
-    state: &[&DeviceStorage<A>],
+    state: &[&DeviceStorage<T::Acc>],
     rule: OptimRule,
 ) -> Result<DeviceStorage<T>> {
     const OP: &str = "optimizer step";
-    let acc = if T::DTYPE == DType::F64 { DType::F64 } else { DType::F32 };
-    let wanted = rule.buffers();
-    if A::DTYPE != acc || state.len() != wanted {
-        return Err(Error::InvalidArgument {
-            op: OP,
-            rank: 0,
-            reason: format!(
-                "a {} parameter steps with {acc} state ({wanted} buffers), given {} ({})",
-                T::DTYPE,
-                A::DTYPE,
-                state.len()
-            ),
-        });
-    }
     let n = value.len();
-    let lens = master.iter().map(|m| m.len()).chain(state.iter().map(|s| s.len()));
-    if grad.len() != n || lens.clone().any(|l| l != n) {
-        return Err(Error::InvalidShape {
-            op: OP,
-            reason: format!(
-                "a parameter of {n} elements with a gradient of {} and state of {:?}",
-                grad.len(),
-                lens.collect::<Vec<_>>()
-            ),
-        });
-    }
     same_gpu(OP, value, grad)?;
     after(value, grad)?;
     for s in master.iter().chain(state) {
