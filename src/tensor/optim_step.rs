@@ -170,3 +170,78 @@ fn host_update<A: Accumulator, T: Element<Acc = A>>(
         (OptimRule::Adam { .. }, _) => unreachable!("checked: Adam has two state buffers"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    use super::OptimRule;
+    use crate::{Error, Tensor};
+
+    const SGD: OptimRule = OptimRule::Sgd { lr: 0.5, momentum: 0.9, weight_decay: 0.1 };
+
+    #[test]
+    fn sgd_and_adam_match_the_formulas_in_f64() {
+        let (p0, g) = ([1.0, -2.0, 0.25], [0.5, 0.125, -4.0]);
+        let mut p = Tensor::<f64>::from(p0.to_vec());
+        let mut v = [Tensor::<f64>::from(vec![0.5; 3])];
+        p.optim_step_(None, &Tensor::from(g.to_vec()), &mut v, SGD).unwrap();
+        for i in 0..3 {
+            let vel = 0.9 * 0.5 + (g[i] + 0.1 * p0[i]);
+            assert!((v[0].as_slice()[i] - vel).abs() < 1e-15);
+            assert!((p.as_slice()[i] - (p0[i] - 0.5 * vel)).abs() < 1e-15);
+        }
+        let adam = OptimRule::Adam {
+            step: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-3,
+            shrink: 0.98,
+            root: 0.5,
+        };
+        let mut p = Tensor::<f64>::from(p0.to_vec());
+        let mut mv = [Tensor::<f64>::from(vec![0.25; 3]), Tensor::from(vec![0.5; 3])];
+        p.optim_step_(None, &Tensor::from(g.to_vec()), &mut mv, adam).unwrap();
+        for i in 0..3 {
+            let m = 0.9 * 0.25 + 0.1 * g[i];
+            let v = 0.99 * 0.5 + 0.01 * g[i] * g[i];
+            let want = p0[i] * 0.98 - 0.1 * m / (v.sqrt() / 0.5 + 1e-3);
+            assert!((p.as_slice()[i] - want).abs() < 1e-15, "{i}");
+        }
+    }
+
+    #[test]
+    fn half_parameters_step_through_their_master_weights() {
+        let mut p = Tensor::<bf16>::from(vec![bf16::ONE; 2]);
+        let mut master = Tensor::<f32>::from(vec![1.0; 2]);
+        let g = Tensor::from(vec![bf16::ONE; 2]);
+        let plain = OptimRule::Sgd { lr: 1e-3, momentum: 0.0, weight_decay: 0.0 };
+        for _ in 0..10 {
+            p.optim_step_(Some(&mut master), &g, &mut [], plain).unwrap();
+        }
+        // 1 - 10 * 1e-3 in f32, rounded into bf16 (whose step near 1 is 2^-8 below).
+        assert!((master.as_slice()[0] - 0.99).abs() < 1e-6);
+        assert_eq!(p.as_slice()[0], bf16::from_f32(master.as_slice()[0]));
+    }
+
+    #[test]
+    fn wrong_state_is_a_typed_error() {
+        let g = Tensor::<bf16>::from(vec![bf16::ONE; 2]);
+        let mut p = g.clone();
+        let none = OptimRule::Sgd { lr: 0.1, momentum: 0.0, weight_decay: 0.0 };
+        // A half type without master weights, f32 with them, the wrong number of buffers.
+        let err = p.optim_step_(None, &g, &mut [], none).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        let mut q = Tensor::<f32>::from(vec![1.0; 2]);
+        let err = q
+            .optim_step_(Some(&mut q.clone()), &Tensor::from(vec![1.0; 2]), &mut [], none)
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        let err = q.optim_step_(None, &Tensor::from(vec![1.0; 2]), &mut [], SGD).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        // A gradient of another length; the parameter is left as it was.
+        let err = q.optim_step_(None, &Tensor::from(vec![1.0; 3]), &mut [], none).unwrap_err();
+        assert!(matches!(err, Error::InvalidShape { .. }), "{err}");
+        assert_eq!(q.as_slice(), &[1.0, 1.0]);
+    }
+}
