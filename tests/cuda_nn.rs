@@ -414,3 +414,145 @@ fn uneven_redistribute_split_on_the_gpu() {
     }
     assert_none(fails);
 }
+
+/// The f64 gradient of `L = k * sum(c * norm(x))` with respect to `x`, the weight and the bias,
+/// over the last axis of length `n` (`centered`: layer norm; else RMS norm), in plain loops.
+fn norm_grads(x: &[f64], w: &[f64], c: &[f64], n: usize, k: f64, centered: bool) -> [Vec<f64>; 3] {
+    const EPS: f64 = 1e-5;
+    let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; n], vec![0.0; n]);
+    for (row, (xr, cr)) in x.chunks(n).zip(c.chunks(n)).enumerate() {
+        let mean = if centered { xr.iter().sum::<f64>() / n as f64 } else { 0.0 };
+        let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+        let r = 1.0 / (var + EPS).sqrt();
+        let xh: Vec<f64> = xr.iter().map(|v| (v - mean) * r).collect();
+        let gh: Vec<f64> = (0..n).map(|i| k * cr[i] * w[i]).collect();
+        let mean_gh = if centered { gh.iter().sum::<f64>() / n as f64 } else { 0.0 };
+        let mean_ghxh = (0..n).map(|i| gh[i] * xh[i]).sum::<f64>() / n as f64;
+        for i in 0..n {
+            dx[row * n + i] = r * (gh[i] - mean_gh - xh[i] * mean_ghxh);
+            dw[i] += k * cr[i] * xh[i];
+            db[i] += k * cr[i];
+        }
+    }
+    [dx, dw, db]
+}
+
+/// `L = k * sum(c * norm(x))` in f64, for central differences.
+fn norm_loss(x: &[f64], w: &[f64], b: &[f64], c: &[f64], n: usize, k: f64, centered: bool) -> f64 {
+    let mut loss = 0.0;
+    for (xr, cr) in x.chunks(n).zip(c.chunks(n)) {
+        let mean = if centered { xr.iter().sum::<f64>() / n as f64 } else { 0.0 };
+        let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+        let r = 1.0 / (var + 1e-5).sqrt();
+        for i in 0..n {
+            let bias = if centered { b[i] } else { 0.0 };
+            loss += k * cr[i] * ((xr[i] - mean) * r * w[i] + bias);
+        }
+    }
+    loss
+}
+
+/// Autograd's sum, mean, sum_axis, mean_axis, rms_norm and layer_norm differentiated with the
+/// values on the GPU: every gradient stays on the GPU and matches the f64 gradient of the same
+/// rounded inputs (and, in f64, central differences of the f64 loss).
+fn reductions_and_norms<T: Element>(fails: &mut Vec<String>) -> dist_tensor::Result<()> {
+    use dist_tensor::autograd::Var;
+    for shape in [&[5, 7][..], &[1, 1], &[2, 3, 13]] {
+        let n = *shape.last().unwrap();
+        let len: usize = shape.iter().product();
+        let x = Tensor::<T>::random(shape, 21) * T::from_f64(3.0);
+        let c = Tensor::<T>::random(shape, 22);
+        let (w, b) = (Tensor::<T>::random(&[n], 23), Tensor::<T>::random(&[n], 24));
+        let (xs, cs, ws, bs) =
+            (widen(x.as_slice()), widen(c.as_slice()), widen(w.as_slice()), widen(b.as_slice()));
+        let tag = format!("{} {shape:?}", T::DTYPE);
+        // One rounding of each gradient, and of the output gradient it is computed from (a mean
+        // rounds `c / len` to T), against the largest entry: far below a wrong formula's error.
+        let tol = if T::DTYPE == DType::F64 { 1e-12 } else { 16.0 * T::EPSILON };
+        let check = |fails: &mut Vec<String>, what: &str, got: &Var<'_, T>, want: &[f64]| {
+            let Some(g) = got.grad() else {
+                fails.push(format!("{what} {tag}: no gradient"));
+                return;
+            };
+            if g.device() != GPU {
+                fails.push(format!("{what} {tag}: the gradient is on {}", g.device()));
+            }
+            let g = widen(g.to_host().unwrap().as_slice());
+            let scale = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+            fails.extend(off(&format!("{what} {tag}"), &g, want, &vec![scale; want.len()], tol));
+        };
+        let on_gpu = |t: &Tensor<T>| Var::param(t.to_device(GPU).unwrap());
+        let rounded = |v: f64| T::from_f64(v).to_f64();
+
+        // Whole sums and means: d/dx is 1, or 1/len rounded to T, everywhere.
+        let xv = on_gpu(&x);
+        xv.sum().backward()?;
+        check(fails, "sum", &xv, &vec![1.0; len]);
+        let xv = on_gpu(&x);
+        let loss = xv.mean();
+        assert_eq!(loss.value().device(), GPU, "the loss stays on the GPU");
+        loss.backward()?;
+        check(fails, "mean", &xv, &vec![rounded(1.0 / len as f64); len]);
+        // Along an axis, then whole: sum_axis(0) then mean spreads 1 / (len / shape[0]).
+        let xv = on_gpu(&x);
+        xv.sum_axis(0)?.mean().backward()?;
+        check(fails, "sum_axis.mean", &xv, &vec![rounded(shape[0] as f64 / len as f64); len]);
+        let xv = on_gpu(&x);
+        xv.mean_axis(shape.len() - 1)?.sum().backward()?;
+        check(fails, "mean_axis.sum", &xv, &vec![rounded(1.0 / n as f64); len]);
+
+        // The norms, weighted by a constant `c`; the mean form scales the gradient by 1/len.
+        for centered in [false, true] {
+            let (xv, wv, bv, cv) =
+                (on_gpu(&x), on_gpu(&w), on_gpu(&b), Var::constant(c.to_device(GPU)?));
+            let y = if centered {
+                xv.layer_norm(Some(&wv), Some(&bv), 1e-5)?
+            } else {
+                xv.rms_norm(Some(&wv), 1e-5)?
+            };
+            let weighted = &y * &cv;
+            let k = if centered { rounded(1.0 / len as f64) } else { 1.0 };
+            let loss = if centered { weighted.mean() } else { weighted.sum() };
+            loss.backward()?;
+            let [dx, dw, db] = norm_grads(&xs, &ws, &cs, n, k, centered);
+            let what = if centered { "layer_norm" } else { "rms_norm" };
+            check(fails, &format!("{what} dx"), &xv, &dx);
+            check(fails, &format!("{what} dw"), &wv, &dw);
+            if centered {
+                check(fails, &format!("{what} db"), &bv, &db);
+            }
+            if T::DTYPE == DType::F64 {
+                // The reference against central differences of the loss itself.
+                let h = 1e-6;
+                for i in 0..len {
+                    let (mut up, mut down) = (xs.clone(), xs.clone());
+                    up[i] += h;
+                    down[i] -= h;
+                    let numeric = (norm_loss(&up, &ws, &bs, &cs, n, k, centered)
+                        - norm_loss(&down, &ws, &bs, &cs, n, k, centered))
+                        / (2.0 * h);
+                    if !within((numeric - dx[i]).abs(), 1e-6 * dx[i].abs().max(1.0)) {
+                        fails.push(format!(
+                            "{what} {tag}: entry {i} {} vs numeric {numeric}",
+                            dx[i]
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn autograd_reductions_and_norms_backward_on_the_gpu() {
+    if !gpu_here("autograd_reductions_and_norms_backward_on_the_gpu") {
+        return;
+    }
+    let mut fails = Vec::new();
+    reductions_and_norms::<f32>(&mut fails).unwrap();
+    reductions_and_norms::<f64>(&mut fails).unwrap();
+    reductions_and_norms::<f16>(&mut fails).unwrap();
+    reductions_and_norms::<bf16>(&mut fails).unwrap();
+    assert_none(fails);
+}

@@ -666,7 +666,10 @@ fn closures_on_a_gpu_tensor_are_a_typed_error_naming_the_gpu_methods() {
         return;
     }
     let a = gpu(&Tensor::<f32>::random(&[3], 1));
-    for err in [a.try_map(|x| x * 2.0).err(), a.zip_map(&a, |x, y| x + y).err()] {
+    let mut b = a.clone();
+    let in_place = b.try_map_inplace(|x| x * 2.0).err();
+    assert_eq!(b.to_host().unwrap(), a.to_host().unwrap(), "a failed map leaves the tensor");
+    for err in [a.try_map(|x| x * 2.0).err(), a.zip_map(&a, |x, y| x + y).err(), in_place] {
         match err {
             Some(e @ Error::DeviceUnavailable { .. }) => {
                 assert!(e.to_string().contains("gelu") && e.to_string().contains("to_host"), "{e}")
@@ -677,4 +680,41 @@ fn closures_on_a_gpu_tensor_are_a_typed_error_naming_the_gpu_methods() {
     let zeros = a.zeros_like(&[2, 5]).unwrap();
     assert_eq!(zeros.device(), GPU);
     assert_eq!(zeros.to_host().unwrap(), Tensor::<f32>::zeros(&[2, 5]));
+}
+
+/// `try_sum` / `try_mean` of a GPU tensor: the GPU's total, against f64 sums of the same values
+/// (the accumulator type's rounding over `len` terms, then one rounding to `T`).
+fn fallible_totals<T: Element>(fails: &mut Vec<String>) {
+    for len in [1, 7, 1031] {
+        let x = Tensor::<T>::random(&[len], 5);
+        let d = gpu(&x);
+        let sum: f64 = widen(x.as_slice()).iter().sum();
+        let abs: f64 = widen(x.as_slice()).iter().map(|v| v.abs()).sum();
+        let acc = if T::DTYPE == DType::F64 { f64::EPSILON } else { f32::EPSILON as f64 };
+        let bound = |total: f64| 2.0 * T::EPSILON * total.abs() + len as f64 * acc * abs;
+        let (got_sum, got_mean) = (d.try_sum().unwrap().to_f64(), d.try_mean().unwrap().to_f64());
+        if !within((got_sum - sum).abs(), bound(sum)) {
+            fails.push(format!("try_sum {} [{len}]: {got_sum}, want {sum}", T::DTYPE));
+        }
+        let mean = sum / len as f64;
+        if !within((got_mean - mean).abs(), bound(mean) / len as f64 + T::EPSILON * mean.abs()) {
+            fails.push(format!("try_mean {} [{len}]: {got_mean}, want {mean}", T::DTYPE));
+        }
+        if d.sum().to_f64() != got_sum {
+            fails.push(format!("sum and try_sum differ on the GPU in {}", T::DTYPE));
+        }
+    }
+}
+
+#[test]
+fn fallible_sums_and_means_of_a_gpu_tensor_return_its_total() {
+    if !have_gpu("fallible_sums_and_means_of_a_gpu_tensor_return_its_total") {
+        return;
+    }
+    let mut fails = Vec::new();
+    fallible_totals::<f32>(&mut fails);
+    fallible_totals::<f64>(&mut fails);
+    fallible_totals::<f16>(&mut fails);
+    fallible_totals::<bf16>(&mut fails);
+    assert_none(fails);
 }

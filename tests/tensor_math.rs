@@ -648,3 +648,77 @@ fn display_abbreviates_large_tensors_and_names_shape_and_type() {
     let b = Tensor::<bf16>::from_shape_vec(&[2], vec![bf16::ONE, bf16::from_f32(-0.5)]).unwrap();
     assert_eq!(b.to_string(), "[1, -0.5], shape=[2], dtype=bf16");
 }
+
+// ---- activation derivatives and the fallible forms ------------------------------------------
+
+/// A tensor's activation backward method: `x.gelu_backward(dy)` and its siblings.
+type Backward<T> = fn(&Tensor<T>, &Tensor<T>) -> dist_tensor::Result<Tensor<T>>;
+
+/// `x.gelu_backward(dy)` (and the tanh, SiLU, ReLU forms) against `dy * f'(x)` in f64 on the
+/// same rounded inputs: computed in f64 and rounded once, so within one rounding of `T` (f64:
+/// the reference's erf series and libm's differ by up to about 2e-13 relative where the
+/// derivative cancels near 0, so 1e-12). `dy` of one row broadcasts.
+fn activation_backward_in<T: Element>(fails: &mut Vec<String>) {
+    use common::reference::activation_derivative;
+    use dist_tensor::nn::Activation;
+    let x = random::<T>(&[13, 7], 31) * T::from_f64(4.0);
+    for dy in [random::<T>(&[13, 7], 32), random::<T>(&[7], 33)] {
+        let wide = |t: &Tensor<T>| common::checks::widen(t.as_slice());
+        let (xs, ds) = (wide(&x), wide(&dy));
+        let methods: [(Activation, Backward<T>); 4] = [
+            (Activation::Gelu, Tensor::gelu_backward),
+            (Activation::GeluTanh, Tensor::gelu_tanh_backward),
+            (Activation::Silu, Tensor::silu_backward),
+            (Activation::Relu, Tensor::relu_backward),
+        ];
+        for (act, method) in methods {
+            let got = method(&x, &dy).unwrap();
+            assert_eq!(got.shape(), x.shape());
+            let got = wide(&got);
+            let tol = if T::DTYPE == dist_tensor::DType::F64 { 1e-12 } else { T::EPSILON / 2.0 };
+            for (i, &g) in got.iter().enumerate() {
+                let want = ds[i % ds.len()] * activation_derivative(act, xs[i]);
+                if (g - want).abs() > tol * want.abs().max(1e-4) {
+                    fails.push(format!("{act:?} backward {} [{i}]: {g}, want {want}", T::DTYPE));
+                    break;
+                }
+            }
+            // The same through nn's Activation.
+            if act.backward(&x, &dy).unwrap() != method(&x, &dy).unwrap() {
+                fails.push(format!("{act:?}: Activation::backward differs in {}", T::DTYPE));
+            }
+        }
+    }
+    let err = x.gelu_backward(&random::<T>(&[5], 1)).unwrap_err();
+    assert!(matches!(err, Error::InvalidShape { .. }), "{err}");
+}
+
+#[test]
+fn activation_backward_methods_match_f64_derivatives_in_every_type() {
+    let mut fails = Vec::new();
+    activation_backward_in::<f32>(&mut fails);
+    activation_backward_in::<f64>(&mut fails);
+    activation_backward_in::<f16>(&mut fails);
+    activation_backward_in::<bf16>(&mut fails);
+    assert_none(fails);
+}
+
+fn fallible_forms_in<T: Element>() {
+    for shape in [&[1][..], &[0], &[17, 3]] {
+        let x = random::<T>(shape, 41);
+        assert_eq!(x.try_sum().unwrap().to_f64(), x.sum().to_f64(), "{shape:?}");
+        let (m, tm) = (x.mean().to_f64(), x.try_mean().unwrap().to_f64());
+        assert!(m == tm || (m.is_nan() && tm.is_nan()), "{shape:?}: {m} vs {tm}");
+        let mut y = x.clone();
+        y.try_map_inplace(|v| T::from_f64(v.to_f64() * 3.0)).unwrap();
+        assert_eq!(y, x.map(|v| T::from_f64(v.to_f64() * 3.0)), "{shape:?}");
+    }
+}
+
+#[test]
+fn fallible_sum_mean_and_map_inplace_agree_with_the_panicking_forms() {
+    fallible_forms_in::<f32>();
+    fallible_forms_in::<f64>();
+    fallible_forms_in::<f16>();
+    fallible_forms_in::<bf16>();
+}

@@ -161,8 +161,9 @@ impl<'a, T: Element> Var<'a, T> {
     /// An op's backward error; [`Error::InvalidArgument`] when the graph was differentiated
     /// already (its saved values are freed) or the value is untracked.
     pub fn backward(&self) -> Result<()> {
+        // The seed lives where the value does (a loss on a GPU gets its ones there).
         let ones = Tensor::<T>::zeros(self.shape()).map(|_| T::from_f64(1.0));
-        self.backward_with(ones)
+        self.backward_with(ones.into_place_of(&self.value)?)
     }
 
     /// [`Var::backward`] seeded with `grad`, the gradient of some scalar with respect to this

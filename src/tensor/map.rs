@@ -108,16 +108,35 @@ impl<T: Element> Tensor<T> {
     /// ```
     ///
     /// # Panics
-    /// On a tensor that lives on a GPU, where a Rust closure cannot run (the message names the
-    /// GPU methods to use instead).
+    /// On a tensor that lives on a GPU, where a Rust closure cannot run:
+    /// [`Tensor::try_map_inplace`] returns that as an error naming the GPU methods.
     #[track_caller]
-    pub fn map_inplace(&mut self, mut f: impl FnMut(T) -> T) {
+    pub fn map_inplace(&mut self, f: impl FnMut(T) -> T) {
+        self.try_map_inplace(f).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::map_inplace`], or an error where `f` cannot run (the tensor is left as it was).
+    ///
+    /// # Errors
+    /// [`Error::DeviceUnavailable`] for a tensor on a GPU (a Rust closure runs on the host): the
+    /// message names the GPU methods to use instead.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let mut t = Tensor::<f32>::from_shape_vec(&[2], vec![1.0, -2.0])?;
+    /// t.try_map_inplace(|x| x * 3.0)?;
+    /// assert_eq!(t.as_slice(), &[3.0, -6.0]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn try_map_inplace(&mut self, mut f: impl FnMut(T) -> T) -> Result<()> {
         if self.device_storage().is_some() {
-            panic!("{}", closure_on_gpu("Tensor::map_inplace", self.device()));
+            return Err(closure_on_gpu("Tensor::map_inplace", self.device()));
         }
         for x in self.as_mut_slice() {
             *x = f(*x);
         }
+        Ok(())
     }
 
     /// `f` applied to pairs of elements of `self` and `other`, broadcast to a common shape as

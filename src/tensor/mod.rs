@@ -4,6 +4,7 @@
 //! f16 and bf16) and rounded once.
 
 mod activation;
+mod activation_grad;
 mod arith;
 mod attention;
 mod batched;
@@ -17,13 +18,13 @@ mod layout;
 mod map;
 mod matmul;
 mod norm;
+mod optim_step;
 mod pod;
 pub(crate) mod pool;
 mod reduce;
 mod split;
 mod storage;
 
-pub(crate) use activation::device_activation_grad;
 pub use attention::{
     scaled_dot_product_attention, scaled_dot_product_attention_backward,
     scaled_dot_product_attention_lse,
@@ -35,6 +36,7 @@ pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;
 #[cfg(all(test, feature = "cuda"))]
 pub(crate) use map::broadcast_shape;
 pub use matmul::{matmul, matmul_into};
+pub(crate) use optim_step::OptimRule;
 pub use pod::Pod;
 pub use pool::{DEFAULT_POOL_BYTES, POOL_BYTES_ENV, pooled_bytes, release_pool};
 pub use split::{array_split, split_offsets};

@@ -7,15 +7,14 @@ use super::{Accumulator, Element, Tensor};
 use crate::device::cuda;
 use crate::{Error, Result};
 
-/// The sum (or mean) of every element of a tensor on a GPU, computed there; a failure on the GPU
-/// panics, as a host allocation failure does (these return an element, not a `Result`).
-#[track_caller]
-fn device_total<T: Element>(d: &cuda::DeviceStorage<T>, mean: bool) -> T {
-    let total = d
-        .reshaped(&[d.shape().iter().product()])
-        .and_then(|flat| cuda::sum_axis(&flat, 0, mean))
-        .and_then(|t| t.download());
-    total.unwrap_or_else(|e| panic!("{e}"))[0]
+/// The sum (or mean) of every element of a tensor on a GPU, computed there: a 0-D tensor on
+/// that GPU.
+fn device_total<T: Element>(
+    d: &cuda::DeviceStorage<T>,
+    mean: bool,
+) -> Result<cuda::DeviceStorage<T>> {
+    let flat = d.reshaped(&[d.shape().iter().product()])?;
+    cuda::sum_axis(&flat, 0, mean)
 }
 
 /// Lanes this short or shorter are summed in order; longer ones split in halves.
@@ -37,6 +36,10 @@ pub(crate) fn pairwise_sum<A: Accumulator>(xs: &[A]) -> A {
 impl<T: Element> Tensor<T> {
     /// The sum of every element (0 for an empty tensor).
     ///
+    /// # Panics
+    /// On a GPU tensor whose sum fails there (its world failed, the GPU is out of memory), as
+    /// the other infallible ops on a GPU do: [`Tensor::try_sum`] returns the error instead.
+    ///
     /// # Examples
     /// ```
     /// use dist_tensor::Tensor;
@@ -48,14 +51,32 @@ impl<T: Element> Tensor<T> {
     /// assert_eq!(b.sum().to_f32(), 258.0);
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
+    #[track_caller]
     pub fn sum(&self) -> T {
-        if let Some(d) = self.device_storage() {
-            return device_total(d, false);
-        }
-        T::from_acc(self.acc_sum())
+        self.try_sum().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::sum`], or the error of a GPU that could not compute it.
+    ///
+    /// # Errors
+    /// On a GPU tensor: the GPU's error (a failed world, [`Error::OutOfMemory`], a launch or
+    /// copy error). Never on the host.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let t = Tensor::<f64>::from_shape_vec(&[3], vec![1., 2., 4.])?;
+    /// assert_eq!(t.try_sum()?, 7.0);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn try_sum(&self) -> Result<T> {
+        self.total(false)
     }
 
     /// The mean of every element (NaN for an empty tensor).
+    ///
+    /// # Panics
+    /// As [`Tensor::sum`]: [`Tensor::try_mean`] returns a GPU's error instead.
     ///
     /// # Examples
     /// ```
@@ -65,11 +86,46 @@ impl<T: Element> Tensor<T> {
     /// assert!(Tensor::<f64>::zeros(&[0]).mean().is_nan());
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
+    #[track_caller]
     pub fn mean(&self) -> T {
+        self.try_mean().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::mean`], or the error of a GPU that could not compute it.
+    ///
+    /// # Errors
+    /// As [`Tensor::try_sum`].
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::Tensor;
+    /// let t = Tensor::<f32>::from_shape_vec(&[2], vec![1., 2.])?;
+    /// assert_eq!(t.try_mean()?, 1.5);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn try_mean(&self) -> Result<T> {
+        self.total(true)
+    }
+
+    /// The sum (or mean) of every element as a 0-D tensor where `self` lives: computed on its
+    /// GPU and left there (no wait), or on the host.
+    pub(crate) fn total_tensor(&self, mean: bool) -> Result<Tensor<T>> {
         if let Some(d) = self.device_storage() {
-            return device_total(d, true);
+            return Ok(Tensor::from_device_storage(device_total(d, mean)?));
         }
-        T::from_acc(self.acc_sum() / T::Acc::from_f64(self.len() as f64))
+        let sum = self.acc_sum();
+        let total = if mean { sum / T::Acc::from_f64(self.len() as f64) } else { sum };
+        Tensor::from_shape_vec(&[], vec![T::from_acc(total)])
+    }
+
+    /// The sum (or mean) of every element, brought to the host.
+    fn total(&self, mean: bool) -> Result<T> {
+        if self.device_storage().is_some() {
+            let total = self.total_tensor(mean)?.to_host()?;
+            return Ok(total.as_slice()[0]);
+        }
+        let sum = self.acc_sum();
+        Ok(T::from_acc(if mean { sum / T::Acc::from_f64(self.len() as f64) } else { sum }))
     }
 
     /// The sum in the accumulator type: pairwise within chunks widened one at a time, then

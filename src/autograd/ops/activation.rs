@@ -1,66 +1,40 @@
 //! Activations on [`Var`]: GELU (exact and tanh forms), SiLU, ReLU, and softmax along an axis.
-//! Derivatives are computed per element in f64 and rounded once.
+//! Derivatives are computed per element in f64 and rounded once (the tensors' `*_backward`).
 
 use crate::autograd::Var;
 use crate::autograd::var::record;
-use crate::device::cuda::Unary;
-use crate::tensor::device_activation_grad;
 use crate::{Element, Result, Tensor};
 
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-
-fn gelu_grad(x: f64) -> f64 {
-    let cdf = 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
-    let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
-    cdf + x * pdf
-}
-
-fn gelu_tanh_grad(x: f64) -> f64 {
-    let u = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
-    let th = u.tanh();
-    0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x)
-}
-
-fn silu_grad(x: f64) -> f64 {
-    let s = 1.0 / (1.0 + (-x).exp());
-    s * (1.0 + x * (1.0 - s))
-}
-
-fn relu_grad(x: f64) -> f64 {
-    if x > 0.0 { 1.0 } else { 0.0 }
-}
+/// The gradient through an activation at `x` given its output's gradient: one of
+/// [`Tensor::gelu_backward`], [`Tensor::gelu_tanh_backward`], [`Tensor::silu_backward`],
+/// [`Tensor::relu_backward`] (on the host or the GPU, wherever `x` lives).
+type Backward<T> = fn(&Tensor<T>, &Tensor<T>) -> Result<Tensor<T>>;
 
 impl<'a, T: Element> Var<'a, T> {
-    /// `act` forward (`value`), its derivative `d` on the host or `act`'s backward kernel on a
-    /// GPU.
-    fn elementwise(&self, value: Tensor<T>, d: fn(f64) -> f64, act: Unary) -> Var<'a, T> {
+    /// `act` forward (`value`), and `backward` at the saved input.
+    fn elementwise(&self, value: Tensor<T>, backward: Backward<T>) -> Var<'a, T> {
         let x = self.value.clone();
-        record(value, &[self], move |g, _| {
-            if let Some(on_gpu) = device_activation_grad("Var activation backward", &x, g, act) {
-                return Ok(vec![Some(on_gpu?)]);
-            }
-            Ok(vec![Some(g.zip_map(&x, |g, x| T::from_f64(g.to_f64() * d(x.to_f64())))?)])
-        })
+        record(value, &[self], move |g, _| Ok(vec![Some(backward(&x, g)?)]))
     }
 
     /// [`Tensor::gelu`].
     pub fn gelu(&self) -> Var<'a, T> {
-        self.elementwise(self.value.gelu(), gelu_grad, Unary::Gelu)
+        self.elementwise(self.value.gelu(), Tensor::gelu_backward)
     }
 
     /// [`Tensor::gelu_tanh`].
     pub fn gelu_tanh(&self) -> Var<'a, T> {
-        self.elementwise(self.value.gelu_tanh(), gelu_tanh_grad, Unary::GeluTanh)
+        self.elementwise(self.value.gelu_tanh(), Tensor::gelu_tanh_backward)
     }
 
     /// [`Tensor::silu`].
     pub fn silu(&self) -> Var<'a, T> {
-        self.elementwise(self.value.silu(), silu_grad, Unary::Silu)
+        self.elementwise(self.value.silu(), Tensor::silu_backward)
     }
 
     /// [`Tensor::relu`].
     pub fn relu(&self) -> Var<'a, T> {
-        self.elementwise(self.value.relu(), relu_grad, Unary::Relu)
+        self.elementwise(self.value.relu(), Tensor::relu_backward)
     }
 
     /// [`Tensor::softmax`]: `dx = y * (dy - sum(dy * y))` along `axis`.

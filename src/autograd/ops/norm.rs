@@ -5,10 +5,27 @@
 //!   `dx = r (dx^ - x^ mean(dx^ x^))` with `dx^ = dy w`; `dw = sum over rows of dy x^`.
 //! - layer_norm: `x^ = (x - mean(x)) r`; `dx = r (dx^ - mean(dx^) - x^ mean(dx^ x^))`;
 //!   `dw = sum dy x^`, `db = sum dy`.
+//!
+//! On a GPU the rows are brought to the host for this f64 pass and the gradients put back on
+//! the GPU (there is no norm backward kernel yet): correct, with a copy each way.
 
 use crate::autograd::Var;
 use crate::autograd::var::record;
 use crate::{Element, Result, Tensor};
+
+/// [`norm_backward`] wherever `x` lives: the gradients of a GPU `x` are computed on the host
+/// and returned on its GPU (`dx`, `dw` and `db` beside `x`).
+fn norm_backward_beside<T: Element>(
+    x: &Tensor<T>,
+    w: Option<&Tensor<T>>,
+    g: &Tensor<T>,
+    eps: f64,
+    centered: bool,
+) -> Result<(Tensor<T>, Tensor<T>, Tensor<T>)> {
+    let w = w.map(Tensor::to_host).transpose()?;
+    let (dx, dw, db) = norm_backward(&x.to_host()?, w.as_ref(), &g.to_host()?, eps, centered)?;
+    Ok((dx.into_place_of(x)?, vector(dw).into_place_of(x)?, vector(db).into_place_of(x)?))
+}
 
 /// The backward pass of both norms: `centered` says whether the mean is subtracted.
 fn norm_backward<T: Element>(
@@ -74,10 +91,10 @@ impl<'a, T: Element> Var<'a, T> {
         let mut inputs = vec![self];
         inputs.extend(weight);
         Ok(record(value, &inputs, move |g, need| {
-            let (dx, dw, _) = norm_backward(&x, w.as_ref(), g, eps, false)?;
+            let (dx, dw, _) = norm_backward_beside(&x, w.as_ref(), g, eps, false)?;
             let mut grads = vec![need[0].then_some(dx)];
             if w.is_some() {
-                grads.push(need[1].then(|| vector(dw)));
+                grads.push(need[1].then_some(dw));
             }
             Ok(grads)
         }))
@@ -101,15 +118,15 @@ impl<'a, T: Element> Var<'a, T> {
         inputs.extend(weight);
         inputs.extend(bias);
         Ok(record(value, &inputs, move |g, need| {
-            let (dx, dw, db) = norm_backward(&x, w.as_ref(), g, eps, true)?;
+            let (dx, dw, db) = norm_backward_beside(&x, w.as_ref(), g, eps, true)?;
             let mut grads = vec![need[0].then_some(dx)];
             let mut next = 1;
             if w.is_some() {
-                grads.push(need[next].then(|| vector(dw)));
+                grads.push(need[next].then_some(dw));
                 next += 1;
             }
             if has_bias {
-                grads.push(need[next].then(|| vector(db)));
+                grads.push(need[next].then_some(db));
             }
             Ok(grads)
         }))

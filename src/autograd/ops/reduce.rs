@@ -6,9 +6,12 @@ use crate::autograd::Var;
 use crate::autograd::var::record;
 use crate::{Element, Result, Tensor};
 
-/// `g` (0-D, or the shape with `axis` removed) broadcast to `shape`, times `k`.
+/// `g` (0-D, or the shape with `axis` removed) broadcast to `shape`, times `k`, where `like`
+/// lives (the op's output: on a GPU the gradient is made there, from a `g` on the host or the
+/// GPU).
 fn spread<T: Element>(
     g: &Tensor<T>,
+    like: &Tensor<T>,
     shape: &[usize],
     axis: Option<usize>,
     k: f64,
@@ -18,23 +21,36 @@ fn spread<T: Element>(
         None => g.clone(),
     };
     let k = T::from_f64(k);
+    if like.device_storage().is_some() {
+        // `k` rounded to `T` times `g` rounds once, as the host's f64 product does.
+        let g = g.into_place_of(like)?;
+        let g = if k.to_f64() == 1.0 { g } else { g * k };
+        return Ok(&like.zeros_like(shape)? + &g);
+    }
     Tensor::<T>::try_zeros(shape)?.zip_map(&g, |_, g| T::from_f64(g.to_f64() * k.to_f64()))
 }
 
+/// The 0-D total of `x` where it lives, panicking on a GPU's failure as the other infallible
+/// GPU ops do ([`Tensor::try_sum`] is the fallible form).
+#[track_caller]
+fn total<T: Element>(x: &Tensor<T>, mean: bool) -> Tensor<T> {
+    x.total_tensor(mean).unwrap_or_else(|e| panic!("{e}"))
+}
+
 impl<'a, T: Element> Var<'a, T> {
-    /// The sum of every element, 0-D.
+    /// The sum of every element, 0-D (on the GPU where the value lives).
     pub fn sum(&self) -> Var<'a, T> {
-        let v = Tensor::from_shape_vec(&[], vec![self.value.sum()]).expect("0-D");
-        let shape = self.shape().to_vec();
-        record(v, &[self], move |g, _| Ok(vec![Some(spread(g, &shape, None, 1.0)?)]))
+        let v = total(&self.value, false);
+        let (shape, like) = (self.shape().to_vec(), v.clone());
+        record(v, &[self], move |g, _| Ok(vec![Some(spread(g, &like, &shape, None, 1.0)?)]))
     }
 
-    /// The mean of every element, 0-D.
+    /// The mean of every element, 0-D (on the GPU where the value lives).
     pub fn mean(&self) -> Var<'a, T> {
-        let v = Tensor::from_shape_vec(&[], vec![self.value.mean()]).expect("0-D");
-        let shape = self.shape().to_vec();
+        let v = total(&self.value, true);
+        let (shape, like) = (self.shape().to_vec(), v.clone());
         let k = 1.0 / self.value.len().max(1) as f64;
-        record(v, &[self], move |g, _| Ok(vec![Some(spread(g, &shape, None, k)?)]))
+        record(v, &[self], move |g, _| Ok(vec![Some(spread(g, &like, &shape, None, k)?)]))
     }
 
     /// [`Tensor::sum_axis`].
@@ -42,9 +58,10 @@ impl<'a, T: Element> Var<'a, T> {
     /// # Errors
     /// As [`Tensor::sum_axis`].
     pub fn sum_axis(&self, axis: usize) -> Result<Var<'a, T>> {
-        let shape = self.shape().to_vec();
-        Ok(record(self.value.sum_axis(axis)?, &[self], move |g, _| {
-            Ok(vec![Some(spread(g, &shape, Some(axis), 1.0)?)])
+        let (shape, v) = (self.shape().to_vec(), self.value.sum_axis(axis)?);
+        let like = v.clone();
+        Ok(record(v, &[self], move |g, _| {
+            Ok(vec![Some(spread(g, &like, &shape, Some(axis), 1.0)?)])
         }))
     }
 
@@ -55,8 +72,8 @@ impl<'a, T: Element> Var<'a, T> {
     pub fn mean_axis(&self, axis: usize) -> Result<Var<'a, T>> {
         let shape = self.shape().to_vec();
         let k = 1.0 / shape.get(axis).copied().unwrap_or(1).max(1) as f64;
-        Ok(record(self.value.mean_axis(axis)?, &[self], move |g, _| {
-            Ok(vec![Some(spread(g, &shape, Some(axis), k)?)])
-        }))
+        let v = self.value.mean_axis(axis)?;
+        let like = v.clone();
+        Ok(record(v, &[self], move |g, _| Ok(vec![Some(spread(g, &like, &shape, Some(axis), k)?)])))
     }
 }

@@ -67,12 +67,12 @@ pub(crate) fn activation_grad<T: Element>(
     match x.never {}
 }
 
-pub(crate) fn optimizer_step<T: Element, A: Element>(
+pub(crate) fn optimizer_step<T: Element>(
     value: &DeviceStorage<T>,
-    _master: Option<&DeviceStorage<A>>,
+    _master: Option<&DeviceStorage<T::Acc>>,
     _grad: &DeviceStorage<T>,
-    _state: &[&DeviceStorage<A>],
-    _rule: super::OptimRule,
+    _state: &[&DeviceStorage<T::Acc>],
+    _rule: crate::tensor::OptimRule,
 ) -> Result<DeviceStorage<T>> {
     match value.never {}
 }

@@ -31,6 +31,20 @@ pub(super) fn grid<T: Element>(
     kernels::grid_for(x.gpu(), f, (items.div_ceil(per_thread) as u64).div_ceil(32))
 }
 
+/// Launches `f` on `x`'s stream with `words` as its parameters, in order: for kernels whose
+/// parameters are all 64-bit (pointers and counts).
+pub(super) fn launch_words<T: Element>(
+    x: &DeviceStorage<T>,
+    f: Function,
+    grid: u32,
+    words: &[u64],
+) -> Result<()> {
+    let mut words = words.to_vec();
+    let mut params: Vec<*mut c_void> =
+        words.iter_mut().map(|w| w as *mut u64 as *mut c_void).collect();
+    kernels::launch_raw(f, grid, kernels::BLOCK, x.stream(), &mut params)
+}
+
 /// Elements per 16-byte vector.
 fn vec_len<T>() -> usize {
     16 / size_of::<T>()
@@ -244,14 +258,7 @@ pub(crate) fn cast<T: Element, U: Element>(x: &DeviceStorage<T>) -> Result<Devic
         DType::BF16 => "dt_cast_bf16",
     };
     let f = function(x, name)?;
-    let (mut o, mut i, mut len) = (out.ptr(), x.ptr(), n as u64);
-    let mut params = [
-        &mut o as *mut u64 as *mut c_void,
-        &mut i as *mut u64 as *mut c_void,
-        &mut len as *mut u64 as *mut c_void,
-    ];
-    let grid = grid(x, f, n, 1);
-    kernels::launch_raw(f, grid, kernels::BLOCK, x.stream(), &mut params)?;
+    launch_words(x, f, grid(x, f, n, 1), &[out.ptr(), x.ptr(), n as u64])?;
     Ok(out)
 }
 
@@ -446,18 +453,10 @@ pub(crate) fn permute<T: Element>(
         PermutePlan::Reshape => return x.reshaped(&shape),
         PermutePlan::Transpose { batch, rows, cols } => {
             let f = function(x, "dt_transpose")?;
-            let (mut o, mut i, mut b, mut r, mut c) = (out.ptr(), x.ptr(), batch, rows, cols);
-            let mut params = [
-                &mut o as *mut u64 as *mut c_void,
-                &mut i as *mut u64 as *mut c_void,
-                &mut b as *mut u64 as *mut c_void,
-                &mut r as *mut u64 as *mut c_void,
-                &mut c as *mut u64 as *mut c_void,
-            ];
             let tiles = batch * rows.div_ceil(32) * cols.div_ceil(32);
             let full = x.gpu().sm_count as u64 * f.blocks_per_sm as u64;
             let grid = tiles.clamp(1, full) as u32;
-            kernels::launch_raw(f, grid, kernels::BLOCK, x.stream(), &mut params)?;
+            launch_words(x, f, grid, &[out.ptr(), x.ptr(), batch, rows, cols])?;
         }
         PermutePlan::General(mut args) => {
             let f = function(x, "dt_permute")?;

@@ -102,17 +102,6 @@ pub(crate) enum Binary {
     Div,
 }
 
-/// An optimizer's update rule with this step's constants, for a GPU parameter (the host loops'
-/// twins in `nn::optim`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum OptimRule {
-    /// `d = g + weight_decay * p`; with momentum `v = momentum * v + d`, `d = v`; `p -= lr * d`.
-    Sgd { lr: f64, momentum: f64, weight_decay: f64 },
-    /// AdamW: `m`, `v` the moments; `p = p * shrink - step * m / (sqrt(v) / root + eps)` with
-    /// `step = lr / (1 - beta1^t)`, `root = sqrt(1 - beta2^t)`, `shrink = 1 - lr * decay`.
-    Adam { step: f64, beta1: f64, beta2: f64, eps: f64, shrink: f64, root: f64 },
-}
-
 /// Rows per rank from which `all_gather_matmul` overlaps copies with per-rank GEMMs.
 pub const AG_OVERLAP_MIN_ROWS: usize = 1024;
 /// Output rows per rank from which `matmul_reduce_scatter` computes a GEMM per destination.

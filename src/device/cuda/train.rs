@@ -2,13 +2,11 @@
 //! optimizers' steps (`kernels/train.cu`). Each launches on the first input's stream, after the
 //! streams that wrote the others, and returns without waiting.
 
-use std::ffi::c_void;
-
+use super::Unary;
 use super::kernels::{self, Source};
-use super::local::{after, grid, output, same_gpu};
+use super::local::{after, grid, launch_words, output, same_gpu};
 use super::storage::DeviceStorage;
-use super::{OptimRule, Unary};
-use crate::tensor::{DType, Element};
+use crate::tensor::{Element, OptimRule};
 use crate::{Error, Result};
 
 /// `dy * f'(x)` for the activation `f` (`Unary::Gelu`, `GeluTanh`, `Silu` or `Relu`), elementwise;
@@ -40,15 +38,7 @@ pub(crate) fn activation_grad<T: Element>(
     after(x, dy)?;
     x.gpu().bind()?;
     let f = kernels::function(x.gpu(), Source::Train, T::DTYPE, name)?;
-    let (mut o, mut xi, mut di, mut len) = (out.ptr(), x.ptr(), dy.ptr(), n as u64);
-    let mut params = [
-        &mut o as *mut u64 as *mut c_void,
-        &mut xi as *mut u64 as *mut c_void,
-        &mut di as *mut u64 as *mut c_void,
-        &mut len as *mut u64 as *mut c_void,
-    ];
-    let grid = grid(x, f, n, 1);
-    kernels::launch_raw(f, grid, kernels::BLOCK, x.stream(), &mut params)?;
+    launch_words(x, f, grid(x, f, n, 1), &[out.ptr(), x.ptr(), dy.ptr(), n as u64])?;
     Ok(out)
 }
 
@@ -76,44 +66,17 @@ struct OptArgs {
 /// new buffer, since the old one may be shared with saved activations or a caller's clone). The
 /// optimizer's own buffers are updated in place: `master` (the f32 copy of a half-type
 /// parameter, `None` for f32 and f64) and `state` (`[velocity]` for SGD with momentum, `[m, v]`
-/// for Adam, `[]` for plain SGD), all in `A`, the parameter's accumulator type.
-pub(crate) fn optimizer_step<T: Element, A: Element>(
+/// for Adam, `[]` for plain SGD), in the parameter's accumulator type. The caller
+/// (`Tensor::optim_step_`) has checked the lengths and the number of buffers.
+pub(crate) fn optimizer_step<T: Element>(
     value: &DeviceStorage<T>,
-    master: Option<&DeviceStorage<A>>,
+    master: Option<&DeviceStorage<T::Acc>>,
     grad: &DeviceStorage<T>,
-    state: &[&DeviceStorage<A>],
+    state: &[&DeviceStorage<T::Acc>],
     rule: OptimRule,
 ) -> Result<DeviceStorage<T>> {
     const OP: &str = "optimizer step";
-    let acc = if T::DTYPE == DType::F64 { DType::F64 } else { DType::F32 };
-    let wanted = match rule {
-        OptimRule::Sgd { momentum, .. } => usize::from(momentum != 0.0),
-        OptimRule::Adam { .. } => 2,
-    };
-    if A::DTYPE != acc || state.len() != wanted {
-        return Err(Error::InvalidArgument {
-            op: OP,
-            rank: 0,
-            reason: format!(
-                "a {} parameter steps with {acc} state ({wanted} buffers), given {} ({})",
-                T::DTYPE,
-                A::DTYPE,
-                state.len()
-            ),
-        });
-    }
     let n = value.len();
-    let lens = master.iter().map(|m| m.len()).chain(state.iter().map(|s| s.len()));
-    if grad.len() != n || lens.clone().any(|l| l != n) {
-        return Err(Error::InvalidShape {
-            op: OP,
-            reason: format!(
-                "a parameter of {n} elements with a gradient of {} and state of {:?}",
-                grad.len(),
-                lens.collect::<Vec<_>>()
-            ),
-        });
-    }
     same_gpu(OP, value, grad)?;
     after(value, grad)?;
     for s in master.iter().chain(state) {

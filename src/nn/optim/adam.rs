@@ -2,9 +2,8 @@
 
 use super::Slots;
 use crate::Result;
-use crate::device::cuda::OptimRule;
 use crate::nn::Param;
-use crate::tensor::Element;
+use crate::tensor::{Element, OptimRule};
 
 /// Adam (Kingma and Ba), with decoupled weight decay as in AdamW (Loshchilov and Hutter):
 ///
@@ -215,40 +214,20 @@ impl<T: Element> Adam<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn step(&mut self, params: Vec<&mut Param<T>>) -> Result<()> {
-        let acc = <T::Acc as Element>::from_f64;
         let (beta1, beta2) = self.betas;
-        let (lr, decay, eps) = (self.lr, self.weight_decay, acc(self.eps));
-        let (b1, b2, one) = (acc(beta1), acc(beta2), acc(1.0));
-        let eps_f64 = self.eps;
-        // The same constants for the GPU kernel, which rounds them to its accumulator type.
+        let (lr, decay, eps) = (self.lr, self.weight_decay, self.eps);
+        // The bias corrections folded into the step size and the root, in f64.
         let rule = move |t: u64| {
             let t = t.min(i32::MAX as u64) as i32;
-            let rule = OptimRule::Adam {
+            OptimRule::Adam {
                 step: lr / (1.0 - beta1.powi(t)),
                 beta1,
                 beta2,
-                eps: eps_f64,
+                eps,
                 shrink: 1.0 - lr * decay,
                 root: (1.0 - beta2.powi(t)).sqrt(),
-            };
-            (rule, 2)
+            }
         };
-        let update =
-            |values: &mut [T::Acc], grads: &[T], [m, v]: &mut [&mut [T::Acc]; 2], t: u64| {
-                let t = t.min(i32::MAX as u64) as i32;
-                // The bias corrections folded into the step size and the root, in f64.
-                let step = acc(lr / (1.0 - beta1.powi(t)));
-                let root = acc((1.0 - beta2.powi(t)).sqrt());
-                let shrink = acc(1.0 - lr * decay);
-                for (((p, &g), m), v) in
-                    values.iter_mut().zip(grads).zip(m.iter_mut()).zip(v.iter_mut())
-                {
-                    let g = g.to_acc();
-                    *m = b1 * *m + (one - b1) * g;
-                    *v = b2 * *v + (one - b2) * g * g;
-                    *p = *p * shrink - step * *m / (num_traits::Float::sqrt(*v) / root + eps);
-                }
-            };
-        self.slots.step("Adam::step", params, update, rule)
+        self.slots.step("Adam::step", params, rule)
     }
 }

@@ -7,8 +7,8 @@
 //! parameters the optimizer keeps f32 *master weights* (made from the values at the first step)
 //! and rounds them into the parameter after each step, so that small updates are not lost to
 //! the half type's rounding; f32 and f64 parameters are updated in place. Parameters on a GPU
-//! are stepped there, by one kernel per parameter (`kernels/train.cu`) computing the same update
-//! in the same accumulator type, their state kept on that GPU.
+//! are stepped there (one fused kernel per parameter computing the same update in the same
+//! accumulator type, through the tensors' optimizer step), their state kept on that GPU.
 
 mod adam;
 mod sgd;
@@ -21,8 +21,7 @@ use std::any::TypeId;
 
 use super::Param;
 use crate::autograd::Module;
-use crate::device::cuda::{self, OptimRule};
-use crate::tensor::{Accumulator, Element, Tensor};
+use crate::tensor::{Accumulator, Element, OptimRule, Tensor};
 use crate::{Error, Result};
 
 /// One parameter's optimizer state: its master weights (half types only), `N` buffers of its
@@ -69,17 +68,15 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
         Slots { slots: Vec::new() }
     }
 
-    /// Runs `update(value, grad, buffers, step)` on every parameter that has a gradient, with its
-    /// value in the accumulator type (the parameter itself for f32 and f64, its master weights
-    /// for half types, rounded back into it afterwards). Creates the state at the first call.
-    /// A parameter on a GPU is stepped there instead, by the kernel of `rule(step)`: the rule
-    /// and how many of the buffers it uses.
+    /// Steps every parameter that has a gradient by `rule(step)` (the tensors' fused optimizer
+    /// step, on the host or the GPU where the parameter lives), with its value in the
+    /// accumulator type (the parameter itself for f32 and f64, its master weights for half
+    /// types, rounded back into it). Creates the state at the first call.
     fn step<T: Element<Acc = A>>(
         &mut self,
         op: &'static str,
         params: Vec<&mut Param<T>>,
-        mut update: impl FnMut(&mut [A], &[T], &mut [&mut [A]; N], u64),
-        mut rule: impl FnMut(u64) -> (OptimRule, usize),
+        mut rule: impl FnMut(u64) -> OptimRule,
     ) -> Result<()> {
         if self.slots.is_empty() {
             let mut slots = Vec::with_capacity(params.len());
@@ -132,44 +129,21 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
                 });
             }
             slot.steps += 1;
-            if let (Some(v), Some(g)) = (value.device_storage(), grad.device_storage()) {
-                move_beside(&mut slot.buffers, value)?;
-                let master = match slot.master.take() {
-                    _ if TypeId::of::<T>() == TypeId::of::<A>() => None,
-                    Some(m) => Some(beside(m, value)?),
-                    None => Some(value.cast::<A>()),
-                };
-                let (rule, used) = rule(slot.steps);
-                let state: Vec<_> = slot.buffers[..used]
-                    .iter()
-                    .map(|b| b.device_storage().expect("moved beside the parameter"))
-                    .collect();
-                let m = master.as_ref().map(|m| m.device_storage().expect("on the GPU"));
-                let stepped = cuda::optimizer_step(v, m, g, &state, rule)?;
-                slot.master = master;
-                *value = Tensor::from_device_storage(stepped);
-                continue;
-            }
             move_beside(&mut slot.buffers, value)?;
-            let mut buffers = slot.buffers.each_mut().map(|b| b.as_mut_slice());
-            if TypeId::of::<T>() == TypeId::of::<A>() {
-                let values = value.as_mut_slice();
-                // SAFETY: `T` is `A` (checked), so the slice is reinterpreted as itself.
-                let values = unsafe {
-                    std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<A>(), values.len())
-                };
-                update(values, grad.as_slice(), &mut buffers, slot.steps);
-            } else {
-                let master = match slot.master.take() {
-                    Some(m) => beside(m, value)?,
-                    None => value.cast::<A>(),
-                };
-                let master = slot.master.insert(master);
-                update(master.as_mut_slice(), grad.as_slice(), &mut buffers, slot.steps);
-                for (v, &m) in value.as_mut_slice().iter_mut().zip(master.as_slice()) {
-                    *v = T::from_acc(m);
-                }
-            }
+            let mut master = match slot.master.take() {
+                _ if TypeId::of::<T>() == TypeId::of::<A>() => None,
+                Some(m) => Some(beside(m, value)?),
+                None => Some(value.cast::<A>()),
+            };
+            let rule = rule(slot.steps);
+            let stepped = value.optim_step_(
+                master.as_mut(),
+                &grad,
+                &mut slot.buffers[..rule.buffers()],
+                rule,
+            );
+            slot.master = master;
+            stepped?;
         }
         Ok(())
     }

@@ -2,9 +2,8 @@
 
 use super::Slots;
 use crate::Result;
-use crate::device::cuda::OptimRule;
 use crate::nn::Param;
-use crate::tensor::{Accumulator, Element};
+use crate::tensor::{Element, OptimRule};
 
 /// SGD: `v = momentum * v + (g + weight_decay * p)`, `p -= lr * v` (PyTorch's `SGD` without
 /// dampening; with momentum 0, `p -= lr * (g + weight_decay * p)`).
@@ -193,33 +192,11 @@ impl<T: Element> Sgd<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn step(&mut self, params: Vec<&mut Param<T>>) -> Result<()> {
-        let acc = <T::Acc as Element>::from_f64;
-        let (lr, momentum, decay) = (acc(self.lr), acc(self.momentum), acc(self.weight_decay));
-        let zero = <T::Acc as num_traits::Zero>::zero();
-        let (lr_f64, momentum_f64, decay_f64) = (self.lr, self.momentum, self.weight_decay);
-        let rule = move |_: u64| {
-            let rule =
-                OptimRule::Sgd { lr: lr_f64, momentum: momentum_f64, weight_decay: decay_f64 };
-            (rule, usize::from(momentum_f64 != 0.0))
+        let rule = OptimRule::Sgd {
+            lr: self.lr,
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
         };
-        let update =
-            |values: &mut [T::Acc], grads: &[T], [velocity]: &mut [&mut [T::Acc]; 1], _: u64| {
-                for ((p, &g), v) in values.iter_mut().zip(grads).zip(velocity.iter_mut()) {
-                    let g = sgd_grad::<T::Acc>(g.to_acc(), *p, decay);
-                    let d = if momentum == zero {
-                        g
-                    } else {
-                        *v = momentum * *v + g;
-                        *v
-                    };
-                    *p = *p - lr * d;
-                }
-            };
-        self.slots.step("Sgd::step", params, update, rule)
+        self.slots.step("Sgd::step", params, |_| rule)
     }
-}
-
-/// The gradient with L2 weight decay added.
-fn sgd_grad<A: Accumulator>(g: A, p: A, decay: A) -> A {
-    g + decay * p
 }

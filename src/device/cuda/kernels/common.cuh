@@ -47,6 +47,28 @@ __device__ __forceinline__ elem_t from_acc(acc_t x) {
 #error "DT_ELEM must be 0 (f32), 1 (f64), 2 (f16) or 3 (bf16)"
 #endif
 
+// Widening to f64 and rounding back once, for what computes in f64 (the exact GELU, the
+// activations' derivatives), as the host does.
+__device__ __forceinline__ double to_f64(elem_t x) { return (double)to_acc(x); }
+
+__device__ __forceinline__ elem_t from_f64(double x) {
+#if DT_ELEM == 1
+    return x;
+#elif DT_ELEM == 0
+    return (float)x;
+#elif DT_ELEM == 2
+    u16 h;
+    asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(x));
+    return h;
+#elif __CUDA_ARCH__ >= 900
+    u16 h;
+    asm("cvt.rn.bf16.f64 %0, %1;" : "=h"(h) : "d"(x));
+    return h;
+#else
+    return from_acc((float)x);
+#endif
+}
+
 // Where a kernel reports a failed wait, and how it learns that the world failed.
 struct Ctl {
     u64 abort;       // u32 in host-mapped memory, shared by the world: non-zero once anything failed

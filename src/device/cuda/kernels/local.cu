@@ -14,26 +14,6 @@ struct alignas(16) Vec16 {
     elem_t v[DT_VEC];
 };
 
-__device__ __forceinline__ double to_f64(elem_t x) { return (double)to_acc(x); }
-
-__device__ __forceinline__ elem_t from_f64(double x) {
-#if DT_ELEM == 1
-    return x;
-#elif DT_ELEM == 0
-    return (float)x;
-#elif DT_ELEM == 2
-    u16 h;
-    asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(x));
-    return h;
-#elif __CUDA_ARCH__ >= 900
-    u16 h;
-    asm("cvt.rn.bf16.f64 %0, %1;" : "=h"(h) : "d"(x));
-    return h;
-#else
-    return from_acc((float)x);
-#endif
-}
-
 // ---- elementwise, one input ----
 
 __device__ __forceinline__ acc_t op_neg(acc_t x, acc_t) { return -x; }

@@ -3,7 +3,7 @@
 // with momentum and weight decay, Adam with decoupled weight decay), each one pass over the
 // elements, grid-stride.
 //
-// The derivatives compute in f64 and round once, as the host's autograd does. The optimizers
+// The derivatives compute in f64 and round once, as the host does (`Tensor::*_backward`). The optimizers
 // compute in acc_t (f32 for f16 / bf16, as on the host); a half-type parameter is updated through
 // its f32 master copy and rounded into the parameter once per step.
 
@@ -28,33 +28,13 @@ __device__ __forceinline__ double d_silu(double x) {
 
 __device__ __forceinline__ double d_relu(double x) { return x > 0.0 ? 1.0 : 0.0; }
 
-__device__ __forceinline__ double t_to_f64(elem_t x) { return (double)to_acc(x); }
-
-__device__ __forceinline__ elem_t t_from_f64(double x) {
-#if DT_ELEM == 1
-    return x;
-#elif DT_ELEM == 0
-    return (float)x;
-#elif DT_ELEM == 2
-    u16 h;
-    asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(x));
-    return h;
-#elif __CUDA_ARCH__ >= 900
-    u16 h;
-    asm("cvt.rn.bf16.f64 %0, %1;" : "=h"(h) : "d"(x));
-    return h;
-#else
-    return from_acc((float)x);
-#endif
-}
-
 #define DT_ACT_GRAD(name, d)                                                                  \
     extern "C" __global__ void __launch_bounds__(256)                                        \
         name(elem_t* __restrict__ out, const elem_t* __restrict__ x,                         \
              const elem_t* __restrict__ dy, u64 n) {                                         \
         const u64 stride = (u64)gridDim.x * blockDim.x;                                      \
         for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)        \
-            out[i] = t_from_f64(t_to_f64(dy[i]) * d(t_to_f64(x[i])));                        \
+            out[i] = from_f64(to_f64(dy[i]) * d(to_f64(x[i])));                              \
     }
 
 DT_ACT_GRAD(dt_gelu_grad, d_gelu)
