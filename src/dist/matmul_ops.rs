@@ -378,8 +378,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// `x^T @ dy`) needs no second gather.
     ///
     /// # Errors
-    /// As [`DistTensor::all_gather_matmul_with`]; [`Error::DeviceUnavailable`] in a GPU or Ascend
-    /// world.
+    /// As [`DistTensor::all_gather_matmul_with`]; [`Error::DeviceUnavailable`] in an Ascend world
+    /// (its kernel does not keep the gathered rows).
     ///
     /// # Examples
     /// ```
