@@ -5,6 +5,7 @@ all_reduce (a GPU barrier); the slowest rank's median. Inputs uniform in [-1, 1)
 (never zeros: a product on zeros runs faster).
 
     torchrun --nproc_per_node=2 benches/gpu/torch_peer.py [--iters 20 --warmup 5]
+    python3 benches/gpu/torch_peer.py --local     # the local ops of `gpu_report --local`, one GPU
 
 NVLink multicast stays off (the machine's rule): NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set here if unset.
@@ -25,7 +26,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--local", action="store_true", help="the local-op rows, one GPU, no torchrun")
     args = parser.parse_args()
+    if args.local:
+        local_rows(args)
+        return
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)
@@ -114,6 +119,61 @@ def main():
         for r in rows:
             print("| " + " | ".join(r) + " |")
     dist.destroy_process_group()
+
+
+def local_rows(args):
+    """The rows of `gpu_report --local`: the same ops and shapes, eager PyTorch, bf16 unless
+    named, against the same roofline (a device copy of 1 GiB, bytes read + written)."""
+    torch.cuda.set_device(0)
+    bf = torch.bfloat16
+
+    def timeit(fn):
+        for _ in range(args.warmup):
+            fn()
+        torch.cuda.synchronize()
+        events = []
+        for _ in range(args.iters):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            events.append((start, stop))
+        torch.cuda.synchronize()
+        ms = sorted(s.elapsed_time(e) for s, e in events)
+        return ms[len(ms) // 2]
+
+    def rand(*shape, dtype=bf):
+        return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dtype)
+
+    copied = rand(1 << 28, dtype=torch.float32)
+    copy_gbs = 2 * (1 << 30) / (timeit(lambda: copied.clone()) * 1e-3) / 1e9
+    square, other, wide = rand(8192, 8192), rand(8192, 8192), rand(16384, 8192)
+    weight, bias, single = rand(8192), rand(8192), rand(8192, 8192, dtype=torch.float32)
+    a, b = rand(32, 2048, 128), rand(32, 128, 2048)
+    n, wide_n, e = 8192 * 8192, 16384 * 8192, 2
+    gelu = torch.nn.functional.gelu
+    rows = [
+        ("add", "[8192, 8192]", lambda: square + other, 3 * n * e),
+        ("mul", "[8192, 8192]", lambda: square * other, 3 * n * e),
+        ("gelu", "[8192, 8192]", lambda: gelu(square), 2 * n * e),
+        ("gelu_tanh", "[8192, 8192]", lambda: gelu(square, approximate="tanh"), 2 * n * e),
+        ("silu", "[8192, 8192]", lambda: torch.nn.functional.silu(square), 2 * n * e),
+        ("cast f32 -> bf16", "[8192, 8192]", lambda: single.to(bf), 6 * n),
+        ("softmax (last dim)", "[16384, 8192]", lambda: torch.softmax(wide, dim=-1), 2 * wide_n * e),
+        ("rms_norm (last dim)", "[16384, 8192]", lambda: torch.nn.functional.rms_norm(wide, (8192,), weight, 1e-5), 2 * wide_n * e),
+        ("layer_norm (last dim)", "[16384, 8192]", lambda: torch.nn.functional.layer_norm(wide, (8192,), weight, bias, 1e-5), 2 * wide_n * e),
+        ("transpose (last two)", "[8192, 8192]", lambda: square.t().contiguous(), 2 * n * e),
+    ]
+    print(f"# torch_peer --local: torch {torch.__version__}, {torch.cuda.get_device_name()}, ms (median of {args.iters} after {args.warmup} warm-up); roofline: a device copy at {copy_gbs:.0f} GB/s (read + write)")
+    print()
+    print("| op | shape | torch ms | roofline ms | of roofline | TFLOP/s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for op, shape, fn, nbytes in rows:
+        ms = timeit(fn)
+        roof = nbytes / (copy_gbs * 1e9) * 1e3
+        print(f"| {op} | {shape} | {ms:.3f} | {roof:.3f} | {ms / roof:.2f} | |")
+    ms = timeit(lambda: torch.bmm(a, b))
+    print(f"| bmm | [32, 2048, 128] x [32, 128, 2048] | {ms:.3f} | | | {2 * 32 * 2048 * 2048 * 128 / (ms * 1e-3) / 1e12:.0f} |")
 
 
 if __name__ == "__main__":

@@ -13,19 +13,24 @@
 //! `--stages` adds timings that explain the fused times: the GEMM of one rank's rows (what the
 //! chunked paths run per chunk), all_gather_matmul on its other path, and the NVLink bandwidth
 //! of the all_to_all. Without two GPUs it says why and exits successfully.
+//!
+//! `--local` instead times the local ops of a GPU tensor on one GPU against the HBM roofline
+//! (see `local.rs`).
 
 use dist_tensor::device::cuda::{self, Timer};
-#[path = "common/stats.rs"]
+mod local;
+#[path = "../common/stats.rs"]
 mod stats;
 
 use dist_tensor::fused::AgPath;
 use dist_tensor::{DistTensor, MatmulOptions, Placement, Rank, Result, Tensor, World};
 use half::bf16;
 
-struct Settings {
+pub(crate) struct Settings {
     warmup: usize,
     iters: usize,
     stages: bool,
+    local: bool,
 }
 
 fn settings() -> Settings {
@@ -41,12 +46,17 @@ fn settings() -> Settings {
         warmup: value("--warmup", 5),
         iters: value("--iters", 20),
         stages: args.iter().any(|a| a == "--stages"),
+        local: args.iter().any(|a| a == "--local"),
     }
 }
 
 /// Median milliseconds of `op` on this rank's GPU: `warmup` untimed calls, then `iters` calls
 /// each after a device barrier, timed by CUDA events around the call.
-fn time<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>) -> Result<f64> {
+pub(crate) fn time<R>(
+    rank: &Rank<'_>,
+    s: &Settings,
+    mut op: impl FnMut() -> Result<R>,
+) -> Result<f64> {
     for _ in 0..s.warmup {
         op()?;
     }
@@ -235,6 +245,9 @@ fn all_to_all_row(
 
 fn main() -> Result<()> {
     let s = settings();
+    if s.local {
+        return local::report(&s);
+    }
     let world = match World::cuda(&[0, 1]) {
         Ok(w) => w,
         Err(e) => {
