@@ -421,7 +421,9 @@ fn softmax_on_the_gpu_over_every_axis_matches_f64() {
 }
 
 fn check_sums<T: Element>(fails: &mut Vec<String>, seed: u64) {
-    for shape in [&[3, 5, 7][..], &[1], &[2, 0, 3], &[1031, 3]] {
+    // The last two are over 16 Ki elements: whole sums of two passes (a partial per chunk of
+    // 16 Ki, the last chunk 1 element long, then 18 chunks, the last one part full).
+    for shape in [&[3, 5, 7][..], &[1], &[2, 0, 3], &[1031, 3], &[16385], &[7, 40009]] {
         let a = Tensor::<T>::random(shape, seed + 31);
         let da = gpu(&a);
         let x = f64s(&a);

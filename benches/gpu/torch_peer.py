@@ -6,6 +6,7 @@ all_reduce (a GPU barrier); the slowest rank's median. Inputs uniform in [-1, 1)
 
     torchrun --nproc_per_node=2 benches/gpu/torch_peer.py [--iters 20 --warmup 5]
     python3 benches/gpu/torch_peer.py --local     # the local ops of `gpu_report --local`, one GPU
+    python3 benches/gpu/torch_peer.py --train     # the training step of `gpu_report --train`
 
 NVLink multicast stays off (the machine's rule): NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set here if unset.
@@ -27,9 +28,13 @@ def main():
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--local", action="store_true", help="the local-op rows, one GPU, no torchrun")
+    parser.add_argument("--train", action="store_true", help="the MLP training step, one GPU, no torchrun")
     args = parser.parse_args()
     if args.local:
         local_rows(args)
+        return
+    if args.train:
+        train_step(args)
         return
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -174,6 +179,51 @@ def local_rows(args):
         print(f"| {op} | {shape} | {ms:.3f} | {roof:.3f} | {ms / roof:.2f} | |")
     ms = timeit(lambda: torch.bmm(a, b))
     print(f"| bmm | [32, 2048, 128] x [32, 128, 2048] | {ms:.3f} | | | {2 * 32 * 2048 * 2048 * 128 / (ms * 1e-3) / 1e12:.0f} |")
+
+
+def train_step(args):
+    """The step of `gpu_report --train` in eager PyTorch: y = gelu(x @ W1 + b1) @ W2 + b2, MSE,
+    autograd's backward, Adam (bf16 parameters; fused and not), median of CUDA-event timings."""
+    torch.cuda.set_device(0)
+    bf = torch.bfloat16
+    m, e, f = 8192, 4096, 16384
+
+    def rand(*shape, scale=1.0):
+        return ((torch.rand(*shape, device="cuda") * 2 - 1) * scale).to(bf)
+
+    x, target = rand(m, e), rand(m, e)
+    for fused in (True, False):
+        params = [
+            rand(e, f, scale=e**-0.5).requires_grad_(),
+            rand(f, scale=0.1).requires_grad_(),
+            rand(f, e, scale=f**-0.5).requires_grad_(),
+            rand(e, scale=0.1).requires_grad_(),
+        ]
+        w1, b1, w2, b2 = params
+        opt = torch.optim.Adam(params, lr=1e-4, fused=fused)
+
+        def step():
+            y = torch.nn.functional.gelu(x @ w1 + b1) @ w2 + b2
+            loss = torch.nn.functional.mse_loss(y, target)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss
+
+        for _ in range(args.warmup):
+            step()
+        torch.cuda.synchronize()
+        events = []
+        for _ in range(args.iters):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            stop.record()
+            events.append((start, stop))
+        torch.cuda.synchronize()
+        ms = sorted(s.elapsed_time(e) for s, e in events)[len(events) // 2]
+        flops = 6 * 2 * m * e * f
+        print(f"# torch_peer --train: torch {torch.__version__}, {torch.cuda.get_device_name()}, M={m} E={e} F={f} bf16, Adam fused={fused}: {ms:.2f} ms a step (median of {args.iters} after {args.warmup} warm-up), {flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s of its products")
 
 
 if __name__ == "__main__":

@@ -15,12 +15,13 @@
 //! of the all_to_all. Without two GPUs it says why and exits successfully.
 //!
 //! `--local` instead times the local ops of a GPU tensor on one GPU against the HBM roofline
-//! (see `local.rs`).
+//! (see `local.rs`); `--train` one training step of an MLP on one GPU (see `train.rs`).
 
 use dist_tensor::device::cuda::{self, Timer};
 mod local;
 #[path = "../common/stats.rs"]
 mod stats;
+mod train;
 
 use dist_tensor::fused::AgPath;
 use dist_tensor::{DistTensor, MatmulOptions, Placement, Rank, Result, Tensor, World};
@@ -31,6 +32,7 @@ pub(crate) struct Settings {
     iters: usize,
     stages: bool,
     local: bool,
+    train: bool,
 }
 
 fn settings() -> Settings {
@@ -47,6 +49,7 @@ fn settings() -> Settings {
         iters: value("--iters", 20),
         stages: args.iter().any(|a| a == "--stages"),
         local: args.iter().any(|a| a == "--local"),
+        train: args.iter().any(|a| a == "--train"),
     }
 }
 
@@ -247,6 +250,9 @@ fn main() -> Result<()> {
     let s = settings();
     if s.local {
         return local::report(&s);
+    }
+    if s.train {
+        return train::report(&s);
     }
     let world = match World::cuda(&[0, 1]) {
         Ok(w) => w,

@@ -7,16 +7,6 @@ use super::{Accumulator, Element, Tensor};
 use crate::device::cuda;
 use crate::{Error, Result};
 
-/// The sum (or mean) of every element of a tensor on a GPU, computed there: a 0-D tensor on
-/// that GPU.
-fn device_total<T: Element>(
-    d: &cuda::DeviceStorage<T>,
-    mean: bool,
-) -> Result<cuda::DeviceStorage<T>> {
-    let flat = d.reshaped(&[d.shape().iter().product()])?;
-    cuda::sum_axis(&flat, 0, mean)
-}
-
 /// Lanes this short or shorter are summed in order; longer ones split in halves.
 const PAIRWISE_BLOCK: usize = 64;
 
@@ -111,7 +101,7 @@ impl<T: Element> Tensor<T> {
     /// GPU and left there (no wait), or on the host.
     pub(crate) fn total_tensor(&self, mean: bool) -> Result<Tensor<T>> {
         if let Some(d) = self.device_storage() {
-            return Ok(Tensor::from_device_storage(device_total(d, mean)?));
+            return Ok(Tensor::from_device_storage(cuda::total(d, mean)?));
         }
         let sum = self.acc_sum();
         let total = if mean { sum / T::Acc::from_f64(self.len() as f64) } else { sum };

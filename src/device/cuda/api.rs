@@ -16,7 +16,7 @@ use crate::tensor::Element;
 use crate::{Error, Result};
 
 pub(crate) use super::local::{
-    batched_matmul, binary, cast, norm, permute, softmax, sum_axis, unary, zeros_like,
+    batched_matmul, binary, cast, norm, permute, softmax, sum_axis, total, unary, zeros_like,
 };
 pub(crate) use super::storage::DeviceStorage;
 pub(crate) use super::train::{activation_grad, optimizer_step, upload_like};

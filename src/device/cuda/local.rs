@@ -347,6 +347,40 @@ pub(crate) fn norm<T: Element>(
     Ok(out)
 }
 
+/// Elements of a whole-tensor sum each block of its first pass adds up.
+const TOTAL_CHUNK: usize = 16 << 10;
+
+/// The sum (or mean) of every element of `x`, a 0-D tensor. Over more than one chunk, in two
+/// passes: one block per chunk into a partial in the accumulator type, then one block over the
+/// partials (a lane of `sum_axis` has a single block, which on one H200 took 52 ms for the
+/// 33.5 M squared errors of an f64 loss).
+pub(crate) fn total<T: Element>(x: &DeviceStorage<T>, mean: bool) -> Result<DeviceStorage<T>> {
+    let len = x.len();
+    if len <= TOTAL_CHUNK {
+        let flat = x.reshaped(&[len])?;
+        return sum_axis(&flat, 0, mean);
+    }
+    let out = output::<T, T>(x, &[])?;
+    let chunks = len.div_ceil(TOTAL_CHUNK);
+    let partials = output::<T, T::Acc>(x, &[chunks])?;
+    let args = LaneArgs {
+        out: partials.ptr(),
+        x: x.ptr(),
+        outer: chunks as u64,
+        n: TOTAL_CHUNK as u64,
+        inner: len as u64,
+        mode: u32::from(mean),
+        ..Default::default()
+    };
+    launch_lanes(x, "dt_sum_chunks", &args, chunks)?;
+    let args = LaneArgs { out: out.ptr(), x: partials.ptr(), ..args };
+    launch_lanes(x, "dt_sum_partials", &args, 1)?;
+    // The partials go back to the cache once the second pass (queued on the same stream) is
+    // done with them: only work queued after it reuses them.
+    drop(partials);
+    Ok(out)
+}
+
 /// Sum (or mean) over `axis`, which is removed.
 pub(crate) fn sum_axis<T: Element>(
     x: &DeviceStorage<T>,

@@ -319,6 +319,34 @@ extern "C" __global__ void __launch_bounds__(256) dt_norm(const __grid_constant_
     }
 }
 
+// The sum (or mean) of a whole tensor of `inner` elements, first pass: chunk c (of `outer`
+// chunks of `n` elements, the last one shorter) summed by one block into partial[c], in the
+// accumulator type. Fixed chunks, so the order of the sums depends on the sizes only.
+extern "C" __global__ void __launch_bounds__(256) dt_sum_chunks(const __grid_constant__ LaneArgs p) {
+    __shared__ acc_t scratch[64];
+    acc_t* partial = (acc_t*)p.out;
+    const elem_t* x = (const elem_t*)p.x;
+    for (u64 c = blockIdx.x; c < p.outer; c += gridDim.x) {
+        const u64 start = c * p.n, end = min(start + p.n, p.inner);
+        acc_t s = 0;
+        for (u64 j = start + threadIdx.x; j < end; j += blockDim.x) s += to_acc(x[j]);
+        s = block_sum(s, scratch);
+        if (threadIdx.x == 0) partial[c] = s;
+    }
+}
+
+// Second pass: one block sums the `outer` partials into out[0] (divided by `inner` for a mean).
+extern "C" __global__ void __launch_bounds__(256) dt_sum_partials(const __grid_constant__ LaneArgs p) {
+    __shared__ acc_t scratch[64];
+    const acc_t* partial = (const acc_t*)p.x;
+    acc_t s = 0;
+    for (u64 j = threadIdx.x; j < p.outer; j += blockDim.x) s += partial[j];
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        ((elem_t*)p.out)[0] = from_acc(p.mode == 1 ? s / (acc_t)p.inner : s);
+    }
+}
+
 // Sums (or means) over lanes of `n`: one block per lane when inner = 1 (rows), else one thread
 // per lane, so that neighbouring threads read neighbouring elements.
 extern "C" __global__ void __launch_bounds__(256) dt_sum(const __grid_constant__ LaneArgs p) {

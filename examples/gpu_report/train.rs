@@ -1,0 +1,81 @@
+//! `gpu_report --train`: one training step of example 08's MLP scaled up (tokens M = 8192,
+//! hidden E = 4096, ffn F = 16384, bf16: `y = gelu(x @ W1 + b1) @ W2 + b2`, `mse_loss`, the
+//! backward pass, Adam) on one GPU (a world of one rank), median milliseconds of CUDA-event
+//! timings after warm-up, and the TFLOP/s of its six products. `benches/gpu/torch_peer.py
+//! --train` times the same step in PyTorch eager. Our step reads the loss back to the host
+//! (`mse_loss` returns it), and our Adam keeps f32 master weights for bf16 parameters.
+
+use dist_tensor::device::cuda;
+use dist_tensor::nn::{
+    Activation, Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, mse_loss,
+};
+use dist_tensor::{DistTensor, Placement, Result, Split, Tensor, World};
+use half::bf16;
+
+use crate::{Settings, time};
+
+const M: usize = 8192;
+const E: usize = 4096;
+const F: usize = 16384;
+
+/// A host tensor of `shape`, uniform in [-scale, scale), bf16.
+fn random(shape: &[usize], seed: u64, scale: f64) -> Tensor<bf16> {
+    (Tensor::<f32>::random(shape, seed).cast::<f64>() * scale).cast::<bf16>()
+}
+
+/// Prints the step's time on GPU 0.
+pub fn report(s: &Settings) -> Result<()> {
+    let world = match World::cuda(&[0]) {
+        Ok(w) => w,
+        Err(e) => {
+            println!("gpu_report --train: skipped, no GPU: {e}");
+            return Ok(());
+        }
+    };
+    let (w1, b1) = (random(&[E, F], 1, 1.0 / (E as f64).sqrt()), random(&[F], 2, 0.1));
+    let (w2, b2) = (random(&[F, E], 3, 1.0 / (F as f64).sqrt()), random(&[E], 4, 0.1));
+    let (x, target) = (random(&[M, E], 5, 1.0), random(&[M, E], 6, 1.0));
+    let info = world.run(cuda::gpu_info)?.remove(0);
+    let ms = world.run(|rank| {
+        let fc1 = ColumnParallelLinear::from_global(rank, &w1, Some(&b1), Split::Even)?;
+        let fc2 = RowParallelLinear::from_global(rank, &w2, Some(&b2), Split::Even)?;
+        let mut mlp = ParallelMlp::from_layers(fc1, Activation::Gelu, fc2);
+        let mut adam = Adam::<bf16>::new(1e-4);
+        let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+        let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
+        let step = time(rank, s, || {
+            let (y, saved) = mlp.forward(&xs)?;
+            let (_loss, dy) = mse_loss(&y, &ts)?;
+            mlp.zero_grad();
+            mlp.backward(saved, &dy)?;
+            adam.step(mlp.parameters_mut())
+        })?;
+        // Where the step's time goes: each part alone, on the same inputs.
+        let forward = time(rank, s, || mlp.forward(&xs))?;
+        let (y, _) = mlp.forward(&xs)?;
+        let loss = time(rank, s, || mse_loss(&y, &ts))?;
+        let (_, dy) = mse_loss(&y, &ts)?;
+        let backward = time(rank, s, || {
+            let (_, saved) = mlp.forward(&xs)?;
+            mlp.zero_grad();
+            mlp.backward(saved, &dy)
+        })? - forward;
+        let adam_ms = time(rank, s, || adam.step(mlp.parameters_mut()))?;
+        Ok([step, forward, loss, backward, adam_ms])
+    })?[0];
+    let [ms, forward, loss, backward, adam_ms] = ms;
+    let flops = 6.0 * 2.0 * (M * E * F) as f64;
+    println!(
+        "# gpu_report --train: {}, one rank, M={M} E={E} F={F} bf16, Adam (f32 master weights): \
+         {ms:.2} ms a step (median of {} after {} warm-up), {:.0} TFLOP/s of its products",
+        info.name,
+        s.iters,
+        s.warmup,
+        flops / (ms * 1e-3) / 1e12
+    );
+    println!(
+        "#   alone: forward {forward:.2} ms, mse_loss {loss:.2} ms, backward {backward:.2} ms \
+         (forward + backward less forward), Adam {adam_ms:.2} ms"
+    );
+    Ok(())
+}
