@@ -23,6 +23,25 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed._symmetric_memory  # noqa: E402,F401  (registers torch.ops.symm_mem)
 
 
+def median_ms(fn, args, before_each=lambda: None):
+    """Median milliseconds of `fn` by CUDA events: `args.warmup` untimed calls, then `args.iters`
+    timed ones, each after `before_each` (a GPU barrier across ranks, or nothing)."""
+    for _ in range(args.warmup):
+        fn()
+    torch.cuda.synchronize()
+    events = []
+    for _ in range(args.iters):
+        before_each()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        events.append((start, stop))
+    torch.cuda.synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in events)
+    return ms[len(ms) // 2]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=20)
@@ -47,20 +66,7 @@ def main():
     bar = torch.zeros(1, device="cuda")
 
     def timeit(fn):
-        for _ in range(args.warmup):
-            fn()
-        torch.cuda.synchronize()
-        events = []
-        for _ in range(args.iters):
-            dist.all_reduce(bar)
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            events.append((start, stop))
-        torch.cuda.synchronize()
-        ms = sorted(s.elapsed_time(e) for s, e in events)
-        t = torch.tensor([ms[len(ms) // 2]], device="cuda")
+        t = torch.tensor([median_ms(fn, args, before_each=lambda: dist.all_reduce(bar))], device="cuda")
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
@@ -133,19 +139,7 @@ def local_rows(args):
     bf = torch.bfloat16
 
     def timeit(fn):
-        for _ in range(args.warmup):
-            fn()
-        torch.cuda.synchronize()
-        events = []
-        for _ in range(args.iters):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            events.append((start, stop))
-        torch.cuda.synchronize()
-        ms = sorted(s.elapsed_time(e) for s, e in events)
-        return ms[len(ms) // 2]
+        return median_ms(fn, args)
 
     def rand(*shape, dtype=bf):
         return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dtype)
@@ -210,18 +204,7 @@ def train_step(args):
             opt.step()
             return loss
 
-        for _ in range(args.warmup):
-            step()
-        torch.cuda.synchronize()
-        events = []
-        for _ in range(args.iters):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            stop.record()
-            events.append((start, stop))
-        torch.cuda.synchronize()
-        ms = sorted(s.elapsed_time(e) for s, e in events)[len(events) // 2]
+        ms = median_ms(step, args)
         flops = 6 * 2 * m * e * f
         print(f"# torch_peer --train: torch {torch.__version__}, {torch.cuda.get_device_name()}, M={m} E={e} F={f} bf16, Adam fused={fused}: {ms:.2f} ms a step (median of {args.iters} after {args.warmup} warm-up), {flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s of its products")
 
