@@ -21,8 +21,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// maps (a scale), wrong for others (GELU of a partial sum): reduce first. In a GPU world `f`
     /// gets the part on the GPU, where the tensor's math runs (operators, activations, softmax,
     /// norms, sums, casts, permutes, products); a Rust closure over its elements cannot run
-    /// there ([`Tensor::try_map`] and [`Tensor::zip_map`] return a typed error naming those
-    /// methods; [`Tensor::to_host`] first to use one).
+    /// there ([`Tensor::try_map`], [`Tensor::try_map_inplace`] and [`Tensor::zip_map`] return a
+    /// typed error naming those methods; [`Tensor::to_host`] first to use one).
     ///
     /// # Errors
     /// [`Error::InvalidShape`] on this rank when `f` changed the number of dimensions or the
