@@ -11,7 +11,7 @@ use dist_tensor::nn::{
     mse_loss,
 };
 use dist_tensor::tensor::DType;
-use dist_tensor::{Device, DistTensor, Element, Placement, Split, Tensor};
+use dist_tensor::{Device, DistTensor, Element, Placement, Split, Tensor, World};
 use std::cmp::Ordering;
 
 use half::{bf16, f16};
@@ -271,18 +271,17 @@ fn mlp_trains_on_the_gpu_like_one_rank_in_f64() {
     assert_none(fails);
 }
 
-/// `mse_loss` of a prediction on the GPU: the loss every rank agrees on and its gradient, against
-/// f64 on the same rounded values.
-#[test]
-fn mse_loss_runs_on_the_gpu() {
-    let Some(world) = cuda_world_on("mse_loss_runs_on_the_gpu", &[0, 0]) else { return };
-    let (p, t) = (Tensor::<bf16>::random(&[9, 5], 1), Tensor::<bf16>::random(&[9, 5], 2));
-    let (p64, t64) = (Array2::from_shape_vec((9, 5), widen(p.as_slice())).unwrap(), {
-        Array2::from_shape_vec((9, 5), widen(t.as_slice())).unwrap()
-    });
+/// `mse_loss` of a prediction on the GPU (2 ranks sharing it, rows split unevenly): the loss
+/// every rank agrees on and its gradient, against f64 on the same rounded values. [4099, 9]
+/// gives each rank more than one 16 Ki chunk of the one-pass kernel, and a tail past its vectors.
+fn mse_loss_on_the_gpu<T: Element>(world: &World, shape: [usize; 2], fails: &mut Vec<String>) {
+    let len = (shape[0] * shape[1]) as f64;
+    let (p, t) = (Tensor::<T>::random(&shape, 1), Tensor::<T>::random(&shape, 2));
+    let p64 = Array2::from_shape_vec((shape[0], shape[1]), widen(p.as_slice())).unwrap();
+    let t64 = Array2::from_shape_vec((shape[0], shape[1]), widen(t.as_slice())).unwrap();
     let diff = &p64 - &t64;
-    let want_loss = diff.mapv(|d| d * d).sum() / 45.0;
-    let want_grad: Vec<f64> = diff.mapv(|d| 2.0 * d / 45.0).iter().copied().collect();
+    let want_loss = diff.mapv(|d| d * d).sum() / len;
+    let want_grad: Vec<f64> = diff.mapv(|d| 2.0 * d / len).iter().copied().collect();
     let outs = world
         .run(|rank| {
             let ps = DistTensor::from_global(rank, &p, Placement::Shard(0))?;
@@ -292,20 +291,32 @@ fn mse_loss_runs_on_the_gpu() {
             Ok((loss, grad.to_global()?.to_host()?))
         })
         .unwrap();
-    let mut fails = Vec::new();
     for (loss, grad) in outs {
+        // The squares and their sums in f64: a few roundings of the sum's terms.
         if !within((loss - want_loss).abs(), 1e-12 * want_loss) {
-            fails.push(format!("loss {loss}, want {want_loss}"));
+            fails.push(format!("loss {shape:?} {}: {loss}, want {want_loss}", T::DTYPE));
         }
-        let scale: Vec<f64> = want_grad.iter().map(|w| w.abs().max(1e-30)).collect();
+        // One rounding of (p - t) * scale in the accumulator type, one to T, relative to the
+        // value or, below f16's smallest normal number, to it (f16's subnormals have a fixed
+        // spacing: a gradient of 3.5e-6 is 1.7% of a step there).
+        let floor = if T::DTYPE == DType::F16 { 6.103515625e-5 } else { 1e-30 };
+        let scale: Vec<f64> = want_grad.iter().map(|w| w.abs().max(floor)).collect();
         let got = widen(grad.as_slice());
-        fails.extend(off(
-            "mse_loss gradient bf16",
-            &got,
-            &want_grad,
-            &scale,
-            <bf16 as Element>::EPSILON,
-        ));
+        let tol = T::EPSILON.max(4.0 * <T::Acc as Element>::EPSILON);
+        let what = format!("mse_loss gradient {shape:?} {}", T::DTYPE);
+        fails.extend(off(&what, &got, &want_grad, &scale, tol));
+    }
+}
+
+#[test]
+fn mse_loss_runs_on_the_gpu() {
+    let Some(world) = cuda_world_on("mse_loss_runs_on_the_gpu", &[0, 0]) else { return };
+    let mut fails = Vec::new();
+    for shape in [[9, 5], [4099, 9]] {
+        mse_loss_on_the_gpu::<bf16>(&world, shape, &mut fails);
+        mse_loss_on_the_gpu::<f16>(&world, shape, &mut fails);
+        mse_loss_on_the_gpu::<f32>(&world, shape, &mut fails);
+        mse_loss_on_the_gpu::<f64>(&world, shape, &mut fails);
     }
     assert_none(fails);
 }

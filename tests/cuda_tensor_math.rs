@@ -161,7 +161,9 @@ fn apply<T: Element>(a: &Tensor<T>, b: &Tensor<T>, op: char, form: usize) -> Ten
 }
 
 fn check_operators<T: Element>(fails: &mut Vec<String>, seed: u64) {
-    let pairs: [(&[usize], &[usize]); 8] = [
+    // The last three walk 16-byte vectors of the output (a row-broadcast bias, a broadcast
+    // column, a broadcast leading dimension); the others element by element or flat.
+    let pairs: [(&[usize], &[usize]); 11] = [
         (&[1], &[1]),
         (&[13, 17], &[13, 17]),
         (&[4099], &[4099]),
@@ -170,6 +172,9 @@ fn check_operators<T: Element>(fails: &mut Vec<String>, seed: u64) {
         (&[7, 1], &[1, 11]),
         (&[0, 3], &[3]),
         (&[5, 2, 3], &[5, 1, 3]),
+        (&[7, 48], &[48]),
+        (&[3, 5, 16], &[5, 1]),
+        (&[1, 3, 8], &[4, 3, 8]),
     ];
     for (i, (sa, sb)) in pairs.into_iter().enumerate() {
         let a = Tensor::<T>::random(sa, seed * 100 + i as u64);
@@ -421,9 +426,13 @@ fn softmax_on_the_gpu_over_every_axis_matches_f64() {
 }
 
 fn check_sums<T: Element>(fails: &mut Vec<String>, seed: u64) {
-    // The last two are over 16 Ki elements: whole sums of two passes (a partial per chunk of
-    // 16 Ki, the last chunk 1 element long, then 18 chunks, the last one part full).
-    for shape in [&[3, 5, 7][..], &[1], &[2, 0, 3], &[1031, 3], &[16385], &[7, 40009]] {
+    // [16385] and [7, 40009] are over 16 Ki elements: whole sums of two passes (a partial per
+    // chunk of 16 Ki, the last chunk 1 element long, then 18 chunks, the last one part full).
+    // Sums over a leading axis run in two passes too: [1031, 3] and [613, 67] in 17 and 10
+    // chunks of rows, 67 columns in 3 tiles of 32 lanes, the last one part full.
+    let shapes: [&[usize]; 7] =
+        [&[3, 5, 7], &[1], &[2, 0, 3], &[1031, 3], &[613, 67], &[16385], &[7, 40009]];
+    for shape in shapes {
         let a = Tensor::<T>::random(shape, seed + 31);
         let da = gpu(&a);
         let x = f64s(&a);

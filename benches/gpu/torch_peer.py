@@ -177,7 +177,7 @@ def local_rows(args):
 
 def train_step(args):
     """The step of `gpu_report --train` in eager PyTorch: y = gelu(x @ W1 + b1) @ W2 + b2, MSE,
-    autograd's backward, Adam (bf16 parameters; fused and not), median of CUDA-event timings."""
+    autograd's backward (x's gradient included), Adam (bf16 parameters; fused and not), median of CUDA-event timings."""
     torch.cuda.set_device(0)
     bf = torch.bfloat16
     m, e, f = 8192, 4096, 16384
@@ -185,7 +185,9 @@ def train_step(args):
     def rand(*shape, scale=1.0):
         return ((torch.rand(*shape, device="cuda") * 2 - 1) * scale).to(bf)
 
-    x, target = rand(m, e), rand(m, e)
+    # x's gradient too: our MLP's backward returns it (a layer inside a model needs it), so the
+    # step does six products in both.
+    x, target = rand(m, e).requires_grad_(), rand(m, e)
     for fused in (True, False):
         params = [
             rand(e, f, scale=e**-0.5).requires_grad_(),
@@ -200,6 +202,7 @@ def train_step(args):
             y = torch.nn.functional.gelu(x @ w1 + b1) @ w2 + b2
             loss = torch.nn.functional.mse_loss(y, target)
             opt.zero_grad(set_to_none=True)
+            x.grad = None
             loss.backward()
             opt.step()
             return loss

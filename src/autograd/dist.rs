@@ -1,8 +1,6 @@
 //! [`DVar`]: a [`DistTensor`] in a differentiable computation, its ops recording their duals
 //! (the table and what a gradient means per placement are on [`DVar`]).
 
-use ndarray::ArrayView2;
-
 use super::Var;
 use super::var::record;
 use crate::{DistTensor, Element, MatmulOptions, Placement, Result, Tensor};
@@ -361,20 +359,10 @@ fn as_rows<T: Element>(x: &Tensor<T>) -> Result<Tensor<T>> {
 }
 
 /// `a^T @ b` over the rows of `a: [..., p]` and `b: [..., q]`: `[p, q]`, the gradient of a
-/// weight, on `threads` threads (a rank's share of the cores, as the fused ops take). On the
-/// host `a` is read transposed in place, with no copy; on a GPU it is transposed there first.
+/// weight, on `threads` threads (a rank's share of the cores, as the fused ops take) on the host;
+/// `a` is read transposed in place, with no copy, on the host and on a GPU.
 fn weight_grad<T: Element>(a: &Tensor<T>, b: &Tensor<T>, threads: usize) -> Result<Tensor<T>> {
-    let (a, b) = (as_rows(a)?, as_rows(b)?);
-    if a.device_storage().is_some() {
-        return a.transpose(0, 1)?.matmul(&b);
-    }
-    Ok(Tensor::from(crate::tensor::matmul(view2(&a).reversed_axes(), view2(&b), threads)?))
-}
-
-/// A 2-D host tensor as a matrix view.
-fn view2<T: Element>(t: &Tensor<T>) -> ArrayView2<'_, T> {
-    ArrayView2::from_shape((t.shape()[0], t.shape()[1]), t.as_slice())
-        .expect("a host tensor is contiguous")
+    as_rows(a)?.matmul_lhs_transposed(&as_rows(b)?, threads)
 }
 
 /// `g`'s part under another placement (collective, as [`DistTensor::from_local`]).

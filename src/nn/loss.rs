@@ -3,7 +3,7 @@
 use crate::autograd::{DVar, Var};
 use crate::collectives;
 use crate::dist::{DistTensor, Placement};
-use crate::tensor::{Element, Tensor};
+use crate::tensor::Element;
 use crate::{Error, Result};
 
 /// The mean squared error `mean((pred - target)^2)` over the whole global tensor, and its
@@ -48,16 +48,12 @@ pub fn mse_loss<'r, T: Element>(
         });
     }
     let len: usize = pred.global_dims().iter().product();
-    let (grad, local) = if pred.local().device_storage().is_some() {
-        device_parts(pred, target, len)?
-    } else {
-        let scale = <T::Acc as Element>::from_f64(2.0 / len as f64);
-        let grad = pred.try_zip_local(target, |p, t| {
-            p.zip_map(t, |p, t| T::from_acc((p.to_acc() - t.to_acc()) * scale))
-        })?;
-        let (p, t) = (pred.local().as_slice(), target.local().as_slice());
-        (grad, p.iter().zip(t).map(|(p, t)| (p.to_f64() - t.to_f64()).powi(2)).sum())
-    };
+    let mut local = 0.0;
+    let grad = pred.try_zip_local(target, |p, t| {
+        let (grad, sum) = p.mse_parts(t, 2.0 / len as f64)?;
+        local = sum;
+        Ok(grad)
+    })?;
     let total = match pred.placement() {
         Placement::Shard(_) => collectives::all_reduce(pred.rank(), &[local])?[0],
         _ => local,
@@ -115,19 +111,4 @@ pub fn mse_loss_var<'r, T: Element>(
         }
         _ => DVar::from_var(rank, &part, Placement::Replicate),
     }
-}
-
-/// [`mse_loss`]'s gradient and this rank's sum of squares for a prediction on a GPU, computed
-/// there: the gradient in the accumulator type rounded once (as on the host), the sum of squares
-/// in f64 (one number comes back to the host).
-fn device_parts<'r, T: Element>(
-    pred: &DistTensor<'r, T>,
-    target: &DistTensor<'r, T>,
-    len: usize,
-) -> Result<(DistTensor<'r, T>, f64)> {
-    let wide = |t: &Tensor<T>| t.cast::<T::Acc>();
-    let scale = <T::Acc as Element>::from_f64(2.0 / len as f64);
-    let grad = pred.try_zip_local(target, |p, t| Ok(((wide(p) - &wide(t)) * scale).cast::<T>()))?;
-    let d = &pred.local().cast::<f64>() - &target.local().cast::<f64>();
-    Ok((grad, (&d * &d).sum()))
 }

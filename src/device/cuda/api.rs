@@ -19,7 +19,9 @@ pub(crate) use super::local::{
     batched_matmul, binary, cast, norm, permute, softmax, sum_axis, total, unary, zeros_like,
 };
 pub(crate) use super::storage::DeviceStorage;
-pub(crate) use super::train::{activation_grad, optimizer_step, upload_like};
+pub(crate) use super::train::{
+    activation_grad, matmul_lhs_transposed, mse_parts, optimizer_step, upload_like,
+};
 pub(crate) use super::world::CudaWorld;
 
 /// Opens a GPU world of `devices`.

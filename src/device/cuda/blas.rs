@@ -40,8 +40,15 @@ struct PlanKey {
     output: DType,
     align: [u32; 3],
     batch: Batch,
-    /// `b` stored `[n, k]` and read transposed (cuBLASLt's transpose flag, no copy).
-    b_transposed: bool,
+    transposed: Transposed,
+}
+
+/// Operands stored transposed and read so in place (cuBLASLt's transpose flags, no copy): `a`
+/// stored `[k, m]`, `b` stored `[n, k]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) struct Transposed {
+    pub(crate) a: bool,
+    pub(crate) b: bool,
 }
 
 /// `count` products in one call (cuBLASLt's strided batch): product `i` reads `a` at `i *
@@ -148,8 +155,7 @@ impl Blas {
             lt::create_matrix_layout(cuda_type(t), rows, cols, ld as i64)
                 .map_err(|e| blas_error("cublasLtMatrixLayoutCreate", e))
         };
-        // Our B, transposed or not, is the column-major call's first operand.
-        let b_layout = if key.b_transposed {
+        let transpose = |attr| {
             // cublasOperation_t (an int32_t in cublas_api.h, not in cudarc's cuBLASLt module):
             // CUBLAS_OP_T is 1.
             const CUBLAS_OP_T: i32 = 1;
@@ -157,17 +163,29 @@ impl Blas {
             unsafe {
                 lt::set_matmul_desc_attribute(
                     desc,
-                    lt_sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                    attr,
                     &CUBLAS_OP_T as *const i32 as *const c_void,
                     size_of::<i32>(),
                 )
             }
-            .map_err(|e| blas_error("cublasLtMatmulDescSetAttribute", e))?;
+            .map_err(|e| blas_error("cublasLtMatmulDescSetAttribute", e))
+        };
+        use lt_sys::cublasLtMatmulDescAttributes_t::{
+            CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB,
+        };
+        // Our B, transposed or not, is the column-major call's first operand, our A its second.
+        let b_layout = if key.transposed.b {
+            transpose(CUBLASLT_MATMUL_DESC_TRANSA)?;
             layout(key.input, k, n, k)?
         } else {
             layout(key.input, n, k, n)?
         };
-        let a_layout = layout(key.input, k, m, k)?;
+        let a_layout = if key.transposed.a {
+            transpose(CUBLASLT_MATMUL_DESC_TRANSB)?;
+            layout(key.input, m, k, m)?
+        } else {
+            layout(key.input, k, m, k)?
+        };
         let c_layout = layout(key.output, n, m, n)?;
         if key.batch.count > 1 {
             let batch = key.batch;
@@ -420,7 +438,21 @@ pub(crate) fn matmul(
     input: DType,
     output: DType,
 ) -> Result<()> {
-    gemm(gpu, stream, ptrs, mnk, Batch::ONE, false, input, output)
+    gemm(gpu, stream, ptrs, mnk, Batch::ONE, Transposed::default(), input, output)
+}
+
+/// Row-major `c[m, n] = a^T * b` with `a` stored `[k, m]` and read transposed in place (a
+/// weight's gradient: the rows of an input times the rows of an output's gradient).
+pub(crate) fn matmul_lhs_transposed(
+    gpu: &Arc<CudaDevice>,
+    stream: sys::CUstream,
+    ptrs: (u64, u64, u64),
+    mnk: (usize, usize, usize),
+    input: DType,
+    output: DType,
+) -> Result<()> {
+    let transposed = Transposed { a: true, b: false };
+    gemm(gpu, stream, ptrs, mnk, Batch::ONE, transposed, input, output)
 }
 
 /// [`matmul`] with `b` a weight as the fused ops take it: `[k, n]`, or with `b_transposed`
@@ -434,7 +466,8 @@ pub(crate) fn matmul_weight(
     input: DType,
     output: DType,
 ) -> Result<()> {
-    gemm(gpu, stream, ptrs, mnk, Batch::ONE, b_transposed, input, output)
+    let transposed = Transposed { a: false, b: b_transposed };
+    gemm(gpu, stream, ptrs, mnk, Batch::ONE, transposed, input, output)
 }
 
 /// [`matmul`] for every product of `batch`, in one cuBLASLt call.
@@ -447,7 +480,7 @@ pub(crate) fn matmul_batched(
     input: DType,
     output: DType,
 ) -> Result<()> {
-    gemm(gpu, stream, ptrs, mnk, batch, false, input, output)
+    gemm(gpu, stream, ptrs, mnk, batch, Transposed::default(), input, output)
 }
 
 #[allow(clippy::too_many_arguments)] // the product's description, named at each call above
@@ -457,7 +490,7 @@ fn gemm(
     (a, b, c): (u64, u64, u64),
     (m, n, k): (usize, usize, usize),
     batch: Batch,
-    b_transposed: bool,
+    transposed: Transposed,
     input: DType,
     output: DType,
 ) -> Result<()> {
@@ -485,7 +518,7 @@ fn gemm(
         alignment(b).min(alignment(step(batch.stride_b) * ib)),
         alignment(c).min(alignment(step((m * n) as u64) * ob)),
     ];
-    let key = PlanKey { m, n, k, input, output, align, batch, b_transposed };
+    let key = PlanKey { m, n, k, input, output, align, batch, transposed };
     blas.plan(gpu, key)?;
     let plan = &blas.plans[&key];
     blas.launch(plan, &plan.algo, input, (a, b, c), stream).map_err(|e| Error::DeviceStatus {

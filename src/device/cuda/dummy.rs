@@ -67,6 +67,21 @@ pub(crate) fn activation_grad<T: Element>(
     match x.never {}
 }
 
+pub(crate) fn mse_parts<T: Element>(
+    p: &DeviceStorage<T>,
+    _t: &DeviceStorage<T>,
+    _scale: f64,
+) -> Result<(DeviceStorage<T>, DeviceStorage<f64>)> {
+    match p.never {}
+}
+
+pub(crate) fn matmul_lhs_transposed<T: Element>(
+    a: &DeviceStorage<T>,
+    _b: &DeviceStorage<T>,
+) -> Result<DeviceStorage<T>> {
+    match a.never {}
+}
+
 pub(crate) fn optimizer_step<T: Element>(
     value: &DeviceStorage<T>,
     _master: Option<&DeviceStorage<T::Acc>>,

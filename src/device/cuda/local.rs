@@ -108,6 +108,7 @@ struct BinaryArgs {
     sb: [u64; MAX_DIMS],
     ndim: u32,
     flat: u32,
+    vec: u32,
 }
 
 /// Row-major strides of `shape` aligned to the last `ndim` dimensions, 0 where `shape` is 1 or
@@ -155,7 +156,7 @@ fn merged(shape: &[usize], strides: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<u64>>) {
 /// The arguments of the broadcasting kernel for `a` and `b` broadcast to `out` (pointers
 /// left for the caller): flat when both have the output's shape, else the output's dimensions
 /// merged where both inputs allow, with each input's strides (0 where it is broadcast).
-fn binary_plan(a: &[usize], b: &[usize], out: &[usize]) -> Result<BinaryArgs> {
+fn binary_plan(a: &[usize], b: &[usize], out: &[usize], vec_width: u64) -> Result<BinaryArgs> {
     let n: usize = out.iter().product();
     let mut args = BinaryArgs { n: n as u64, ..Default::default() };
     if a == out && b == out {
@@ -178,7 +179,23 @@ fn binary_plan(a: &[usize], b: &[usize], out: &[usize]) -> Result<BinaryArgs> {
     args.shape[..shape.len()].copy_from_slice(&shape);
     args.sa[..shape.len()].copy_from_slice(&strides[0]);
     args.sb[..shape.len()].copy_from_slice(&strides[1]);
+    args.vec = u32::from(walks_in_vectors(&shape, &strides, vec_width));
     Ok(args)
+}
+
+/// Whether the broadcast kernel may walk 16-byte vectors of `width` elements (see `vec` in
+/// local.cu): the last dimension holds whole vectors, and each input is broadcast along it (one
+/// element a vector) or contiguous with every other stride whole vectors (so its vectors are
+/// aligned: tensors start 256-byte aligned).
+fn walks_in_vectors(shape: &[u64], strides: &[Vec<u64>], width: u64) -> bool {
+    let Some(&last) = shape.last() else { return false };
+    let l = shape.len() - 1;
+    last % width == 0
+        && strides.iter().all(|s| match s[l] {
+            0 => true,
+            1 => s[..l].iter().all(|&st| st % width == 0),
+            _ => false,
+        })
 }
 
 /// `a op b`, broadcast to `out_shape` (which the caller computed).
@@ -201,11 +218,11 @@ pub(crate) fn binary<T: Element>(
         Binary::Div => "dt_div",
     };
     let f = function(a, name)?;
-    let mut args = binary_plan(a.shape(), b.shape(), out_shape)?;
+    let mut args = binary_plan(a.shape(), b.shape(), out_shape, vec_len::<T>() as u64)?;
     (args.out, args.a, args.b) = (out.ptr(), a.ptr(), b.ptr());
-    let flat = args.flat == 1;
+    let vectors = args.flat == 1 || args.vec == 1;
     after(a, b)?;
-    let per_thread = if flat { vec_len::<T>() } else { 1 };
+    let per_thread = if vectors { vec_len::<T>() } else { 1 };
     let grid = grid(a, f, n, per_thread);
     kernels::launch(f, grid, kernels::BLOCK, a.stream(), &args)?;
     Ok(out)
@@ -403,9 +420,66 @@ pub(crate) fn sum_axis<T: Element>(
         mode: u32::from(mean),
         ..Default::default()
     };
-    let blocks = if inner == 1 { outer } else { (outer * inner).div_ceil(kernels::BLOCK as usize) };
-    launch_lanes(x, "dt_sum", &args, blocks)?;
+    if inner == 1 {
+        launch_lanes(x, "dt_sum", &args, outer)?;
+        return Ok(out);
+    }
+    sum_columns(x, &out, (outer, n, inner), mean)?;
     Ok(out)
+}
+
+/// `ColumnArgs` in local.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ColumnArgs {
+    out: u64,
+    x: u64,
+    partial: u64,
+    outer: u64,
+    n: u64,
+    inner: u64,
+    rows: u64,
+    chunks: u64,
+    mode: u32,
+}
+
+/// Blocks of `dt_sum_columns` to aim for: a few waves of a full H200 (132 SMs x 8 blocks).
+const COLUMN_BLOCKS: usize = 4096;
+
+/// `out` = the sums (or means) of `x`'s lanes `(outer, n, inner)` with `inner > 1`, in two
+/// passes (see `dt_sum_columns`): the rows cut into chunks so that the first pass has about
+/// [`COLUMN_BLOCKS`] blocks, each chunk at least 64 rows.
+fn sum_columns<T: Element>(
+    x: &DeviceStorage<T>,
+    out: &DeviceStorage<T>,
+    (outer, n, inner): (usize, usize, usize),
+    mean: bool,
+) -> Result<()> {
+    let tiles = outer * inner.div_ceil(32);
+    let chunks = COLUMN_BLOCKS.div_ceil(tiles).clamp(1, n.div_ceil(64).max(1));
+    let rows = n.div_ceil(chunks).max(1);
+    let chunks = n.div_ceil(rows).max(1);
+    let partials = output::<T, T::Acc>(x, &[chunks * outer * inner])?;
+    let args = ColumnArgs {
+        out: out.ptr(),
+        x: x.ptr(),
+        partial: partials.ptr(),
+        outer: outer as u64,
+        n: n as u64,
+        inner: inner as u64,
+        rows: rows as u64,
+        chunks: chunks as u64,
+        mode: u32::from(mean),
+    };
+    let f = function(x, "dt_sum_columns")?;
+    let full = x.gpu().sm_count as u64 * f.blocks_per_sm as u64;
+    let blocks = ((tiles * chunks) as u64).clamp(1, full) as u32;
+    kernels::launch(f, blocks, kernels::BLOCK, x.stream(), &args)?;
+    let f = function(x, "dt_sum_columns_partials")?;
+    kernels::launch(f, grid(x, f, outer * inner, 1), kernels::BLOCK, x.stream(), &args)?;
+    // As in `total`: the partials go back to the cache behind the second pass on this stream.
+    drop(partials);
+    Ok(())
 }
 
 /// `PermuteArgs` in local.cu.
@@ -618,7 +692,7 @@ mod tests {
         ];
         for (a, b) in cases {
             let out = crate::tensor::broadcast_shape(a, b).unwrap();
-            let p = binary_plan(a, b, &out).unwrap();
+            let p = binary_plan(a, b, &out, 8).unwrap();
             let (na, nb) = (numbered(a), numbered(b));
             let (wa, wb) = (na.broadcast(IxDyn(&out)).unwrap(), nb.broadcast(IxDyn(&out)).unwrap());
             for (i, (x, y)) in wa.iter().zip(wb.iter()).enumerate() {
@@ -626,11 +700,50 @@ mod tests {
             }
             assert_eq!(p.flat, 0);
         }
-        assert_eq!(binary_plan(&[4, 5], &[4, 5], &[4, 5]).unwrap().flat, 1);
+        assert_eq!(binary_plan(&[4, 5], &[4, 5], &[4, 5], 8).unwrap().flat, 1);
         // Nine dimensions that no merging joins are more than the kernel takes: a typed error.
         let (a, b) = ([2, 1, 2, 1, 2, 1, 2, 1, 2], [1, 2, 1, 2, 1, 2, 1, 2, 1]);
-        let err = binary_plan(&a, &b, &[2; 9]).unwrap_err();
+        let err = binary_plan(&a, &b, &[2; 9], 8).unwrap_err();
         assert!(matches!(err, Error::InvalidShape { .. }), "{err}");
+    }
+
+    /// The vector walk of `dt_add` reads, for each vector of `width` output elements, a vector
+    /// (stride 1) or one element (stride 0) of each input at the offsets of its first element:
+    /// the same offsets the element walk reads, and vectors whole and aligned.
+    #[test]
+    fn vector_walks_read_what_the_element_walk_reads() {
+        let width = 4u64;
+        let cases: [(&[usize], &[usize], bool); 9] = [
+            (&[6, 8], &[8], true),
+            (&[3, 5, 8], &[5, 1], true),
+            (&[3, 4], &[4], true),
+            (&[2, 6], &[6], false),
+            (&[3, 8], &[3, 1], true),
+            (&[3, 5, 4], &[5, 4], true),
+            (&[3, 5, 6], &[5, 1], false),
+            (&[4, 3, 4], &[1, 3, 4], true),
+            (&[5, 1], &[1, 6], false),
+        ];
+        for (a, b, vectors) in cases {
+            let out = crate::tensor::broadcast_shape(a, b).unwrap();
+            let p = binary_plan(a, b, &out, width).unwrap();
+            assert_eq!(p.vec == 1, vectors, "{a:?} with {b:?}");
+            if p.vec == 0 {
+                continue;
+            }
+            let last = p.ndim as usize - 1;
+            for v in 0..p.n / width {
+                let (ia, ib) = binary_offsets(&p, v * width);
+                for (at, stride) in [(ia, p.sa[last]), (ib, p.sb[last])] {
+                    assert!(stride == 0 || at % width == 0, "{a:?} with {b:?}: vector {v}");
+                }
+                for j in 0..width {
+                    let want = binary_offsets(&p, v * width + j);
+                    let got = (ia + j * p.sa[last], ib + j * p.sb[last]);
+                    assert_eq!(got, want, "{a:?} with {b:?}, element {}", v * width + j);
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! Training on one GPU tensor: the device arms of the activations' backward pass and of the
-//! optimizers' steps (`kernels/train.cu`). Each launches on the first input's stream, after the
+//! Training on one GPU tensor: the device arms of the activations' backward pass, of
+//! `mse_loss`, of weight gradients and of the optimizers' steps (`kernels/train.cu`, cuBLASLt). Each launches on the first input's stream, after the
 //! streams that wrote the others, and returns without waiting.
 
 use super::Unary;
+use super::blas;
 use super::kernels::{self, Source};
 use super::local::{after, grid, launch_words, output, same_gpu};
 use super::storage::DeviceStorage;
@@ -38,7 +39,82 @@ pub(crate) fn activation_grad<T: Element>(
     after(x, dy)?;
     x.gpu().bind()?;
     let f = kernels::function(x.gpu(), Source::Train, T::DTYPE, name)?;
-    launch_words(x, f, grid(x, f, n, 1), &[out.ptr(), x.ptr(), dy.ptr(), n as u64])?;
+    let per_thread = 16 / size_of::<T>();
+    launch_words(x, f, grid(x, f, n, per_thread), &[out.ptr(), x.ptr(), dy.ptr(), n as u64])?;
+    Ok(out)
+}
+
+/// `MseArgs` in train.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct MseArgs {
+    grad: u64,
+    p: u64,
+    t: u64,
+    partial: u64,
+    n: u64,
+    chunk: u64,
+    scale: f64,
+}
+
+/// Elements of `dt_mse`'s chunks (a block's each): a whole number of 16-byte vectors.
+const MSE_CHUNK: usize = 16 << 10;
+
+/// `mse_loss`'s parts for a prediction `p` and a target `t` of one shape (checked by the caller),
+/// in one pass: the gradient `(p - t) * scale` in the accumulator type rounded once, and the sum
+/// of `(p - t)^2` in f64, a 0-D tensor on the GPU.
+pub(crate) fn mse_parts<T: Element>(
+    p: &DeviceStorage<T>,
+    t: &DeviceStorage<T>,
+    scale: f64,
+) -> Result<(DeviceStorage<T>, DeviceStorage<f64>)> {
+    same_gpu("mse_loss", p, t)?;
+    after(p, t)?;
+    let n = p.len();
+    let grad = output::<T, T>(p, p.shape())?;
+    let sum = output::<T, f64>(p, &[])?;
+    let chunks = n.div_ceil(MSE_CHUNK).max(1);
+    let partials = output::<T, f64>(p, &[chunks])?;
+    let args = MseArgs {
+        grad: grad.ptr(),
+        p: p.ptr(),
+        t: t.ptr(),
+        partial: partials.ptr(),
+        n: n as u64,
+        chunk: MSE_CHUNK as u64,
+        scale,
+    };
+    p.gpu().bind()?;
+    let f = kernels::function(p.gpu(), Source::Train, T::DTYPE, "dt_mse")?;
+    let blocks = (chunks as u64).min(p.gpu().sm_count as u64 * f.blocks_per_sm as u64) as u32;
+    kernels::launch(f, blocks, kernels::BLOCK, p.stream(), &args)?;
+    let f = kernels::function(p.gpu(), Source::Train, T::DTYPE, "dt_mse_total")?;
+    launch_words(p, f, 1, &[sum.ptr(), partials.ptr(), chunks as u64])?;
+    // The partials go back to the cache behind the second pass, queued on the same stream.
+    drop(partials);
+    Ok((grad, sum))
+}
+
+/// `a^T @ b` for `a: [k, m]` and `b: [k, n]` on one GPU, `a` read transposed in place by
+/// cuBLASLt (a weight's gradient: the rows of a layer's input times the rows of its output's
+/// gradient).
+pub(crate) fn matmul_lhs_transposed<T: Element>(
+    a: &DeviceStorage<T>,
+    b: &DeviceStorage<T>,
+) -> Result<DeviceStorage<T>> {
+    same_gpu("Tensor::matmul_lhs_transposed", a, b)?;
+    after(a, b)?;
+    let (k, m, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    let out = output::<T, T>(a, &[m, n])?;
+    a.gpu().bind()?;
+    blas::matmul_lhs_transposed(
+        a.gpu(),
+        a.stream(),
+        (a.ptr(), b.ptr(), out.ptr()),
+        (m, n, k),
+        T::DTYPE,
+        T::DTYPE,
+    )?;
     Ok(out)
 }
 
