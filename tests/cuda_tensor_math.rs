@@ -161,8 +161,9 @@ fn apply<T: Element>(a: &Tensor<T>, b: &Tensor<T>, op: char, form: usize) -> Ten
 }
 
 fn check_operators<T: Element>(fails: &mut Vec<String>, seed: u64) {
-    // The last three walk 16-byte vectors of the output (a row-broadcast bias, a broadcast
-    // column, a broadcast leading dimension); the others element by element or flat.
+    // [4099]: several 16-byte vectors a thread, and a tail. The last three walk 16-byte vectors
+    // of the output (a row-broadcast bias, a broadcast column, a broadcast leading dimension);
+    // the other broadcasts element by element.
     let pairs: [(&[usize], &[usize]); 11] = [
         (&[1], &[1]),
         (&[13, 17], &[13, 17]),
@@ -261,7 +262,7 @@ fn operators_with_tensors_and_scalars_broadcast_on_the_gpu_in_every_type() {
 // ---- activations ----------------------------------------------------------------------------
 
 fn check_activations<T: Element>(fails: &mut Vec<String>, seed: u64) {
-    for shape in [&[1][..], &[13, 17], &[1031], &[2, 0]] {
+    for shape in [&[1][..], &[13, 17], &[1031], &[70001], &[2, 0]] {
         // Values in [-4, 4): every branch of every activation.
         let a = Tensor::<T>::from_array(
             f64s(&Tensor::<T>::random(shape, seed + 3)).mapv(|v| T::from_f64(4.0 * v)),
@@ -385,9 +386,16 @@ fn casts_on_the_gpu_round_once_like_the_host_between_every_pair_of_types() {
 // ---- softmax, sums, norms -------------------------------------------------------------------
 
 fn check_softmax<T: Element>(fails: &mut Vec<String>, seed: u64) {
-    for (shape, axes) in
-        [(&[3, 5, 7][..], &[0, 1, 2][..]), (&[4, 1031], &[1]), (&[1], &[0]), (&[2, 0, 3], &[1, 2])]
-    {
+    // Rows kept in registers, read element by element (7, 1031) or in 16-byte vectors (2048),
+    // and rows longer than the registers hold (8200: the two-read form).
+    for (shape, axes) in [
+        (&[3, 5, 7][..], &[0, 1, 2][..]),
+        (&[4, 1031], &[1]),
+        (&[3, 2048], &[1]),
+        (&[2, 8200], &[1]),
+        (&[1], &[0]),
+        (&[2, 0, 3], &[1, 2]),
+    ] {
         let a = Tensor::<T>::random(shape, seed + 21);
         let da = gpu(&a);
         let x = f64s(&a);
@@ -488,7 +496,8 @@ fn sums_and_means_on_the_gpu_match_f64() {
 }
 
 fn check_norms<T: Element>(fails: &mut Vec<String>, seed: u64) {
-    for shape in [&[5, 33][..], &[1, 1], &[2, 3, 1030], &[0, 4]] {
+    // 2048: rows in registers read in 16-byte vectors; 8200: longer than the registers hold.
+    for shape in [&[5, 33][..], &[1, 1], &[2, 3, 1030], &[3, 2048], &[2, 8200], &[0, 4]] {
         let n = *shape.last().unwrap();
         let a = Tensor::<T>::random(shape, seed + 41);
         let w = Tensor::<T>::random(&[n], seed + 42);
@@ -573,6 +582,8 @@ fn check_layout<T: Element>(fails: &mut Vec<String>, seed: u64) {
     for (shape, x, y) in [
         (&[3, 37, 45][..], 1, 2),
         (&[33, 65], 0, 1),
+        (&[2, 67, 130], 1, 2),
+        (&[2, 66, 130], 1, 2),
         (&[1, 1], 0, 1),
         (&[4, 1, 7], 1, 2),
         (&[2, 0, 5], 1, 2),
