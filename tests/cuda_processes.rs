@@ -174,6 +174,58 @@ fn the_ops_as_processes_sharing_a_gpu_match_the_f64_references_at_2_and_3_proces
     }
 }
 
+// ---- the tensor pool ---------------------------------------------------------------------------
+
+/// Each rank pulls 20 rank-1 tensors of 32 MiB (`cuda::broadcast`: rank 1 publishes its own
+/// tensor's address) through a tensor pool of 256 MiB ([`HEAP`]), three such tensors alive at a
+/// time: the pool must take back what is dropped. Then a tensor larger than the pool is a typed
+/// error naming the rank and the setting, and the pool still serves after it.
+fn pool_body(rank: &Rank<'_>) -> dist_tensor::Result<String> {
+    const ELEMS: usize = 8 << 20; // 32 MiB of f32
+    let me = rank.rank();
+    for i in 0..20u64 {
+        let mine = cuda::random::<f32>(rank, &[ELEMS], 100 * i + me as u64)?;
+        let got = cuda::broadcast(rank, &mine, 1)?.to_host()?;
+        let want = cuda::random::<f32>(rank, &[ELEMS], 100 * i + 1)?.to_host()?;
+        if got != want {
+            return Ok(format!("pull {i}: rank 1's tensor came wrong"));
+        }
+    }
+    let err = match cuda::random::<f32>(rank, &[(300 << 20) / 4], 7) {
+        Ok(_) => return Ok("a 300 MiB tensor fit in a 256 MiB pool".into()),
+        Err(err) => err,
+    };
+    let named = err.to_string();
+    if !matches!(err, Error::OutOfMemory { .. })
+        || !named.contains(&format!("rank {me}'s tensor pool"))
+        || !named.contains("DIST_TENSOR_GPU_HEAP_BYTES")
+    {
+        return Ok(format!("exhaustion said: {named}"));
+    }
+    let last = cuda::random::<f32>(rank, &[ELEMS * 3], 3)?; // 96 MiB, and as much pulled
+    let got = cuda::broadcast(rank, &last, 0)?.to_host()?;
+    let ok = got.as_slice().iter().all(|x| (-1.0..1.0).contains(x));
+    Ok(if ok { format!("ok | {named}") } else { "the last pull came wrong".into() })
+}
+
+#[test]
+fn a_process_worlds_tensors_come_from_its_pool_and_go_back_to_it() {
+    const NAME: &str = "a_process_worlds_tensors_come_from_its_pool_and_go_back_to_it";
+    if in_rank(|world| Ok(world.run(pool_body)?.remove(0))) {
+        return;
+    }
+    if !common::gpu::gpu_here(NAME) {
+        return;
+    }
+    let exits = job(NAME, 2, &[]);
+    for exit in &exits {
+        assert!(exit.success(), "rank {}: {}", exit.rank, exit.stderr_text());
+    }
+    let got = result(&exits[0]);
+    assert!(got.starts_with("ok | "), "rank 0: {got}");
+    println!("20 pulls of 32 MiB through a 256 MiB pool; then: {}", &got[5..]);
+}
+
 // ---- faults -----------------------------------------------------------------------------------
 
 /// Runs `body` as every rank of `world`; `body` returns rank 0's text (how long it waited, `ms |

@@ -31,7 +31,7 @@ use cudarc::driver::{result as cu, sys};
 use cudarc::nccl::sys as nc_sys;
 
 use super::driver::{Check, CudaDevice, HostMapped};
-use super::memory::{SymmRegion, SymmetricHeap};
+use super::memory::{DeviceBuffer, SymmetricHeap, TensorPool};
 use super::nccl::Nccl;
 use super::vmm::{self, Handle, Window};
 use super::world::{CudaWorld, FAULT_WORDS};
@@ -60,12 +60,12 @@ pub(crate) struct ProcessPart {
     nccl_id: Option<[u8; NCCL_ID_BYTES]>,
     /// The addresses every rank's segment is mapped at, the same in every process.
     window: std::ops::Range<u64>,
-    /// The second half of each rank's segment: where a kernel's input that is not in the
-    /// symmetric heap is copied before the kernel publishes its address to the peers (an
-    /// address of this process's own `cuMemAlloc` memory means nothing in another process).
-    /// Rank-private regions, one per op state, so no allocation here is collective.
-    stage: SymmetricHeap,
-    stages: std::sync::Mutex<std::collections::HashMap<usize, SymmRegion>>,
+    /// The second half of this rank's segment, where its tensors live (see
+    /// `memory::TensorPool`): a kernel publishes a tensor's own address to its peers.
+    pub(crate) pool: Arc<TensorPool>,
+    /// By op state: the pool's copy of an input made outside the world (a tensor of the GPU
+    /// itself, in `cuMemAlloc` memory), which a kernel of that op published.
+    stages: std::sync::Mutex<std::collections::HashMap<usize, DeviceBuffer>>,
 }
 
 impl ProcessPart {
@@ -75,8 +75,9 @@ impl ProcessPart {
     }
 
     /// An address of `mine` that every process of the world can read: `mine` itself inside the
-    /// segments' window, else a copy of the allocation holding it (queued on `stream`, before
-    /// the kernel that publishes it) in the stage region of op state `key`.
+    /// segments' window (every tensor made in the world: its pool is there); else (a tensor
+    /// made outside the world) a copy of the allocation holding it, queued on `stream` before
+    /// the kernel that publishes it, in a pool buffer kept for op state `key`.
     pub(crate) fn publishable(&self, key: usize, mine: u64, stream: sys::CUstream) -> Result<u64> {
         if mine == 0 || self.window.contains(&mine) {
             return Ok(mine);
@@ -86,22 +87,18 @@ impl ProcessPart {
         unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, mine) }
             .check("cuMemGetAddressRange")?;
         let mut stages = self.stages.lock().unwrap_or_else(|p| p.into_inner());
-        let region = match stages.get(&key) {
-            Some(&r) if r.bytes >= size => r,
-            old => {
-                if let Some(&old) = old {
-                    // Peers are done with it once this rank's last kernel that published it
-                    // ended (kernels wait for every peer's `done`).
-                    // SAFETY: a stream of this process.
-                    unsafe { cu::stream::synchronize(stream) }.check("cuStreamSynchronize")?;
-                    self.stage.free(self.rank, old);
-                }
-                let r = self.stage.alloc(self.rank, size)?;
-                stages.insert(key, r);
-                r
+        let at = match stages.get(&key) {
+            Some(b) if b.bytes >= size => b.ptr,
+            _ => {
+                // The old copy goes back to the pool's cache for `stream`: only work queued
+                // after this reuses it, once this rank's last kernel that published it ended
+                // (kernels wait for every peer's `done`), so no peer reads it any more.
+                let buf = DeviceBuffer::in_pool(&self.pool, size, stream)?;
+                let at = buf.ptr;
+                stages.insert(key, buf);
+                at
             }
         };
-        let at = self.stage.symm_at(region, self.rank);
         // SAFETY: both ranges are `size` bytes of device memory of this process.
         unsafe { cu::memcpy_dtod_async(at, base, size, stream) }.check("cuMemcpyDtoDAsync")?;
         Ok(at + (mine - base))
@@ -224,7 +221,7 @@ pub(crate) fn open_process_world(job: &ProcessJob<'_>) -> Result<Arc<CudaWorld>>
         u64::from_le_bytes(uuid[..8].try_into().expect("16 bytes")),
         u64::from_le_bytes(uuid[8..].try_into().expect("16 bytes")),
     ];
-    // Each segment: the symmetric heap, then as much again for staged inputs.
+    // Each segment: the symmetric heap, then as much again for the rank's tensors (its pool).
     let seg = 2 * capacity;
     let (own, own_fd) = Handle::create(&gpu, seg)?;
     let deadline = Instant::now() + job.join_timeout;
@@ -266,16 +263,17 @@ pub(crate) fn open_process_world(job: &ProcessJob<'_>) -> Result<Arc<CudaWorld>>
     let base = window.base;
     let at = |q: usize, half: usize| base + (q * seg + half) as u64;
     let bases = (0..n).map(|q| at(q, 0)).collect();
-    let stage_bases = (0..n).map(|q| at(q, capacity)).collect();
-    // The stage heap holds nothing of its own: the window (with the heap) unmaps both halves.
-    let stage = SymmetricHeap::from_mapped(&gpus, stage_bases, capacity, Box::new(()));
+    // The window is unmapped when both the heap and the pool are gone (tensors, which hold the
+    // pool, may outlive the world).
+    let window = Arc::new(window);
+    let pool = TensorPool::new(me, &gpu, at(me, capacity), capacity, window.clone());
     let heap = SymmetricHeap::from_mapped(&gpus, bases, capacity, Box::new(window));
     let part = ProcessPart {
         rank: me,
         sharing: answer.sharing,
         nccl_id: answer.nccl_id,
         window: base..at(n, 0),
-        stage,
+        pool: Arc::new(pool),
         stages: Default::default(),
     };
     Ok(Arc::new(CudaWorld::assemble(&gpu, heap, abort, faults, job.wait_timeout, part)?))

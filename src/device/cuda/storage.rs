@@ -9,7 +9,7 @@ use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 
 use super::driver::{Check, CudaDevice, Event, Streams};
-use super::memory::DeviceBuffer;
+use super::memory::{DeviceBuffer, TensorPool};
 use super::world::Watch;
 use crate::tensor::Element;
 use crate::{Error, Result};
@@ -25,11 +25,13 @@ pub(crate) struct DeviceStorage<T> {
     _elem: PhantomData<T>,
 }
 
-/// Where a new tensor belongs: a world rank's streams and failure state, or neither.
+/// Where a new tensor belongs: a world rank's streams and failure state, or neither; and in a
+/// world of processes, the pool its memory comes from (see `memory::TensorPool`).
 #[derive(Clone, Default)]
 pub(crate) struct Home {
     pub(crate) streams: Option<Arc<Streams>>,
     pub(crate) watch: Option<(Arc<Watch>, usize)>,
+    pub(crate) pool: Option<Arc<TensorPool>>,
 }
 
 impl<T> Clone for DeviceStorage<T> {
@@ -50,7 +52,10 @@ impl<T: Element> DeviceStorage<T> {
     pub(crate) fn uninit(gpu: &Arc<CudaDevice>, shape: &[usize], home: Home) -> Result<Self> {
         let len: usize = shape.iter().product();
         let stream = home.streams.as_ref().map_or(gpu.stream, |s| s.main);
-        let buf = DeviceBuffer::new(gpu, len * size_of::<T>(), stream)?;
+        let buf = match &home.pool {
+            Some(pool) => DeviceBuffer::in_pool(pool, len * size_of::<T>(), stream)?,
+            None => DeviceBuffer::new(gpu, len * size_of::<T>(), stream)?,
+        };
         Ok(DeviceStorage {
             buf: Arc::new(buf),
             shape: shape.to_vec(),
@@ -123,7 +128,11 @@ impl<T: Element> DeviceStorage<T> {
 
     /// Where this tensor belongs, for tensors made from it.
     pub(crate) fn home(&self) -> Home {
-        Home { streams: self.streams.clone(), watch: self.watch.clone() }
+        Home {
+            streams: self.streams.clone(),
+            watch: self.watch.clone(),
+            pool: self.buf.pool.clone(),
+        }
     }
 
     pub(crate) fn ptr(&self) -> u64 {

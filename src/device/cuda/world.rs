@@ -405,6 +405,7 @@ impl<'w> CudaRank<'w> {
         super::storage::Home {
             streams: Some(self.world.streams[self.rank].clone()),
             watch: Some((self.world.watch.clone(), self.rank)),
+            pool: self.world.process.as_ref().map(|p| p.pool.clone()),
         }
     }
 
