@@ -9,8 +9,9 @@ use dist_tensor::device::cuda;
 use dist_tensor::nn::{
     Activation, Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, mse_loss,
 };
-use dist_tensor::{DistTensor, Placement, Result, Split, Tensor, World};
+use dist_tensor::{DistTensor, Placement, Rank, Result, Split, Tensor, World};
 use half::bf16;
+use std::time::Instant;
 
 use crate::{Settings, time};
 
@@ -36,34 +37,48 @@ pub fn report(s: &Settings) -> Result<()> {
     let (w2, b2) = (random(&[F, E], 3, 1.0 / (F as f64).sqrt()), random(&[E], 4, 0.1));
     let (x, target) = (random(&[M, E], 5, 1.0), random(&[M, E], 6, 1.0));
     let info = world.run(cuda::gpu_info)?.remove(0);
-    let ms = world.run(|rank| {
-        let fc1 = ColumnParallelLinear::from_global(rank, &w1, Some(&b1), Split::Even)?;
-        let fc2 = RowParallelLinear::from_global(rank, &w2, Some(&b2), Split::Even)?;
-        let mut mlp = ParallelMlp::from_layers(fc1, Activation::Gelu, fc2);
-        let mut adam = Adam::<bf16>::new(1e-4);
-        let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
-        let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
-        let step = time(rank, s, || {
-            let (y, saved) = mlp.forward(&xs)?;
-            let (_loss, dy) = mse_loss(&y, &ts)?;
-            mlp.zero_grad();
-            mlp.backward(saved, &dy)?;
-            adam.step(mlp.parameters_mut())
-        })?;
-        // Where the step's time goes: each part alone, on the same inputs.
-        let forward = time(rank, s, || mlp.forward(&xs))?;
-        let (y, _) = mlp.forward(&xs)?;
-        let loss = time(rank, s, || mse_loss(&y, &ts))?;
-        let (_, dy) = mse_loss(&y, &ts)?;
-        let backward = time(rank, s, || {
-            let (_, saved) = mlp.forward(&xs)?;
-            mlp.zero_grad();
-            mlp.backward(saved, &dy)
-        })? - forward;
-        let adam_ms = time(rank, s, || adam.step(mlp.parameters_mut()))?;
-        Ok([step, forward, loss, backward, adam_ms])
-    })?[0];
-    let [ms, forward, loss, backward, adam_ms] = ms;
+    let ms = world
+        .run(|rank| {
+            let fc1 = ColumnParallelLinear::from_global(rank, &w1, Some(&b1), Split::Even)?;
+            let fc2 = RowParallelLinear::from_global(rank, &w2, Some(&b2), Split::Even)?;
+            let mut mlp = ParallelMlp::from_layers(fc1, Activation::Gelu, fc2);
+            let mut adam = Adam::<bf16>::new(1e-4);
+            let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+            let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
+            let step = time(rank, s, || {
+                let (y, saved) = mlp.forward(&xs)?;
+                let (_loss, dy) = mse_loss(&y, &ts)?;
+                mlp.zero_grad();
+                mlp.backward(saved, &dy)?;
+                adam.step(mlp.parameters_mut())
+            })?;
+            // Where the step's time goes: each part alone, on the same inputs.
+            let forward = time(rank, s, || mlp.forward(&xs))?;
+            let (y, _) = mlp.forward(&xs)?;
+            let loss = time(rank, s, || mse_loss(&y, &ts))?;
+            let (_, dy) = mse_loss(&y, &ts)?;
+            let backward = time(rank, s, || {
+                let (_, saved) = mlp.forward(&xs)?;
+                mlp.zero_grad();
+                mlp.backward(saved, &dy)
+            })? - forward;
+            let adam_ms = time(rank, s, || adam.step(mlp.parameters_mut()))?;
+            // The host's time to queue each part from an idle GPU: near the GPU's time where the
+            // host waits for the GPU inside (a read-back), far below it where it only queues.
+            let host = [
+                host_ms(rank, s, || mlp.forward(&xs))?,
+                host_ms(rank, s, || mse_loss(&y, &ts))?,
+                host_ms(rank, s, || {
+                    let (_, saved) = mlp.forward(&xs)?;
+                    mlp.zero_grad();
+                    mlp.backward(saved, &dy)
+                })?,
+                host_ms(rank, s, || adam.step(mlp.parameters_mut()))?,
+            ];
+            Ok(([step, forward, loss, backward, adam_ms], host))
+        })?
+        .remove(0);
+    let ([ms, forward, loss, backward, adam_ms], host) = ms;
     let flops = 6.0 * 2.0 * (M * E * F) as f64;
     println!(
         "# gpu_report --train: {}, one rank, M={M} E={E} F={F} bf16, Adam (f32 master weights): \
@@ -77,5 +92,23 @@ pub fn report(s: &Settings) -> Result<()> {
         "#   alone: forward {forward:.2} ms, mse_loss {loss:.2} ms, backward {backward:.2} ms \
          (forward + backward less forward), Adam {adam_ms:.2} ms"
     );
+    println!(
+        "#   host time to queue each from an idle GPU: forward {:.2} ms, mse_loss {:.2} ms, \
+         forward + backward {:.2} ms, Adam {:.2} ms",
+        host[0], host[1], host[2], host[3]
+    );
     Ok(())
+}
+
+/// The median wall time of `op` on the host, the GPU synchronized before each run (not after).
+fn host_ms<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>) -> Result<f64> {
+    let mut ms = Vec::with_capacity(s.iters);
+    for _ in 0..s.iters {
+        cuda::synchronize(rank)?;
+        let start = Instant::now();
+        op()?;
+        ms.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    cuda::synchronize(rank)?;
+    Ok(crate::stats::median(ms))
 }
