@@ -428,45 +428,19 @@ impl Blas {
     }
 }
 
-/// Row-major `c[m, n] = a[m, k] * b[k, n]` on `stream` of `gpu`; `input` is the type of `a` and
-/// `b`, `output` the type of `c` (the input type, or its accumulator type for partials).
+/// Row-major `c[m, n] = a[m, k] * b[k, n]` on `stream` of `gpu`, with the operands `transposed`
+/// names stored transposed and read so in place (`a` as `[k, m]`: a weight's gradient; `b` as
+/// `[n, k]`: a transposed weight); `input` is the type of `a` and `b`, `output` the type of `c`
+/// (the input type, or its accumulator type for partials).
 pub(crate) fn matmul(
     gpu: &Arc<CudaDevice>,
     stream: sys::CUstream,
     ptrs: (u64, u64, u64),
     mnk: (usize, usize, usize),
+    transposed: Transposed,
     input: DType,
     output: DType,
 ) -> Result<()> {
-    gemm(gpu, stream, ptrs, mnk, Batch::ONE, Transposed::default(), input, output)
-}
-
-/// Row-major `c[m, n] = a^T * b` with `a` stored `[k, m]` and read transposed in place (a
-/// weight's gradient: the rows of an input times the rows of an output's gradient).
-pub(crate) fn matmul_lhs_transposed(
-    gpu: &Arc<CudaDevice>,
-    stream: sys::CUstream,
-    ptrs: (u64, u64, u64),
-    mnk: (usize, usize, usize),
-    input: DType,
-    output: DType,
-) -> Result<()> {
-    let transposed = Transposed { a: true, b: false };
-    gemm(gpu, stream, ptrs, mnk, Batch::ONE, transposed, input, output)
-}
-
-/// [`matmul`] with `b` a weight as the fused ops take it: `[k, n]`, or with `b_transposed`
-/// stored `[n, k]` and read transposed in place.
-pub(crate) fn matmul_weight(
-    gpu: &Arc<CudaDevice>,
-    stream: sys::CUstream,
-    ptrs: (u64, u64, u64),
-    mnk: (usize, usize, usize),
-    b_transposed: bool,
-    input: DType,
-    output: DType,
-) -> Result<()> {
-    let transposed = Transposed { a: false, b: b_transposed };
     gemm(gpu, stream, ptrs, mnk, Batch::ONE, transposed, input, output)
 }
 

@@ -107,11 +107,12 @@ pub(crate) fn matmul_lhs_transposed<T: Element>(
     let (k, m, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
     let out = output::<T, T>(a, &[m, n])?;
     a.gpu().bind()?;
-    blas::matmul_lhs_transposed(
+    blas::matmul(
         a.gpu(),
         a.stream(),
         (a.ptr(), b.ptr(), out.ptr()),
         (m, n, k),
+        blas::Transposed { a: true, b: false },
         T::DTYPE,
         T::DTYPE,
     )?;

@@ -77,12 +77,12 @@ pub(crate) fn all_gather_matmul<T: Element>(
     let gemm = |a: u64, rows: usize, row0: usize| -> Result<()> {
         for (w, out) in ws.iter().zip(&outs) {
             let nj = columns(w, transposed);
-            blas::matmul_weight(
+            blas::matmul(
                 g.gpu(),
                 g.stream(),
                 (a, w.ptr(), out.ptr() + (row0 * nj * es) as u64),
                 (rows, nj, k),
-                transposed,
+                blas::Transposed { a: false, b: transposed },
                 T::DTYPE,
                 T::DTYPE,
             )?;
@@ -202,12 +202,12 @@ pub(crate) fn all_gather_matmul_unfused<T: Element>(
         .map(|w| {
             let nj = columns(w, transposed);
             let out: DeviceStorage<T> = out_tensor(g, &[m, nj])?;
-            blas::matmul_weight(
+            blas::matmul(
                 g.gpu(),
                 g.stream(),
                 (gathered.ptr(), w.ptr(), out.ptr()),
                 (m, nj, k),
-                transposed,
+                blas::Transposed { a: false, b: transposed },
                 T::DTYPE,
                 T::DTYPE,
             )?;
@@ -258,6 +258,7 @@ pub(crate) fn matmul<T: Element>(
         out.stream(),
         (a.ptr(), b.ptr(), out.ptr()),
         (sa[0], sb[1], sa[1]),
+        blas::Transposed::default(),
         T::DTYPE,
         T::DTYPE,
     )?;

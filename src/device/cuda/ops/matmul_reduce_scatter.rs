@@ -83,12 +83,12 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     let es = size_of::<T>();
     let out: DeviceStorage<T> = out_tensor(g, &[splits[r], big_n])?;
     if n == 1 {
-        blas::matmul_weight(
+        blas::matmul(
             g.gpu(),
             g.stream(),
             (a.ptr(), w.ptr(), out.ptr()),
             (m, big_n, kr),
-            transposed,
+            blas::Transposed { a: false, b: transposed },
             T::DTYPE,
             T::DTYPE,
         )?;
@@ -97,12 +97,12 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     let pt = partial_type(T::DTYPE);
     let pb = dtype_bytes(pt);
     let product = |partials: u64, row0: usize, rows: usize| {
-        blas::matmul_weight(
+        blas::matmul(
             g.gpu(),
             g.stream(),
             (a.ptr() + (row0 * kr * es) as u64, w.ptr(), partials + (row0 * big_n * pb) as u64),
             (rows, big_n, kr),
-            transposed,
+            blas::Transposed { a: false, b: transposed },
             T::DTYPE,
             pt,
         )
@@ -201,12 +201,12 @@ pub(crate) fn matmul_reduce_scatter_unfused<T: Element>(
     let off = offsets(splits);
     let es = size_of::<T>();
     let product: DeviceStorage<T> = out_tensor(g, &[m, big_n])?;
-    blas::matmul_weight(
+    blas::matmul(
         g.gpu(),
         g.stream(),
         (a.ptr(), w.ptr(), product.ptr()),
         (m, big_n, kr),
-        transposed,
+        blas::Transposed { a: false, b: transposed },
         T::DTYPE,
         T::DTYPE,
     )?;
