@@ -310,7 +310,7 @@ fn join_processes(
         let outer = world.transport.link().expect("members on other nodes: a world of MPI");
         shared.transport = super::transport::Transport {
             nodes: super::transport::Nodes::from_labels(&labels),
-            link: Some(Arc::new(outer.for_group(id, shared.heap.clone(), index))),
+            link: Some(outer.for_group(id, shared.heap.clone(), index)),
         };
     }
     let look = shared.parent.clone().expect("a group has its world");

@@ -81,9 +81,14 @@ pub(crate) struct Link {
 impl Link {
     /// The link of group `id` (whose heap is `heap`, this rank its member `index`), through this
     /// world's proxy.
-    pub(crate) fn for_group(&self, id: u64, heap: Arc<super::heap::Heap>, index: usize) -> Link {
+    pub(crate) fn for_group(
+        &self,
+        id: u64,
+        heap: Arc<super::heap::Heap>,
+        index: usize,
+    ) -> Arc<Link> {
         self.inner.register(id, heap, index);
-        Link { inner: self.inner.clone(), thread: Mutex::new(None), heap: id }
+        Arc::new(Link { inner: self.inner.clone(), thread: Mutex::new(None), heap: id })
     }
 
     /// `put`'s peer is a rank of `world` (a group, maybe of a group): the proxy gets the world's
