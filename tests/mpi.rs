@@ -941,8 +941,13 @@ fn over_a_throttled_network_dp_buckets_overlap_the_backward_pass() {
 }
 
 /// Every op over every group of `meshes` (dp x tp) on `world`, and each mesh's report of tp
-/// groups that cross nodes: `dp x tp: <failures> warning=<yes|no>` per mesh.
-fn mesh_groups_body(world: &World, meshes: &[(usize, usize)]) -> dist_tensor::Result<String> {
+/// groups that cross nodes: `dp x tp: <failures> warning=<yes|no>` per mesh; with `nested`, the
+/// ops over a group split from a group, both across nodes, too.
+fn mesh_groups_body(
+    world: &World,
+    meshes: &[(usize, usize)],
+    nested: bool,
+) -> dist_tensor::Result<String> {
     let out = world.run(|rank| {
         let mut lines = Vec::new();
         for &(dp, tp) in meshes {
@@ -950,6 +955,15 @@ fn mesh_groups_body(world: &World, meshes: &[(usize, usize)]) -> dist_tensor::Re
             let mesh = dist_tensor::mesh::DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
             let warned = if mesh.layout_warning().is_some() { "yes" } else { "no" };
             lines.push(format!("{dp}x{tp}: {fails:?} warning={warned}"));
+        }
+        if nested {
+            // A group of a group, both across the nodes: the whole world as a group, then its
+            // even and odd ranks (world ranks 0, 2 and 1, 3: one on each node of two).
+            let all = rank.split(0, rank.rank() as u64)?;
+            let half = all.rank().split((rank.rank() % 2) as u64, 0)?;
+            let members: Vec<usize> = half.members().iter().map(|&m| all.members()[m]).collect();
+            let fails = common::mesh_ops::group_ops::<f64>(&half.rank(), &members, 60);
+            lines.push(format!("nested {members:?}: {fails:?}"));
         }
         Ok(lines.join("; "))
     })?;
@@ -959,26 +973,33 @@ fn mesh_groups_body(world: &World, meshes: &[(usize, usize)]) -> dist_tensor::Re
 /// Groups whose members are on different nodes: a 2 x 2 mesh on nodes of one rank (every tp
 /// and dp group crosses nodes, and the mesh reports the tp groups), and on nodes of two ranks a
 /// 2 x 2 mesh (tp inside the nodes, dp across) and a 1 x 4 one (one tp group of both nodes: two
-/// members by pointer, two through the proxy). Every collective and fused op over every group,
-/// in every dtype, against f64, and the dp and tp groups at once.
+/// members by pointer, two through the proxy), and a group split from a group across nodes.
+/// Every collective and fused op over every group, in every dtype, against f64, and the dp and
+/// tp groups at once.
 #[test]
 fn groups_across_nodes_run_every_op_on_every_group() {
     const NAME: &str = "groups_across_nodes_run_every_op_on_every_group";
     let shape = std::env::var("MESH_SHAPE").ok();
     if in_rank(|world| match shape.as_deref() {
-        Some("own") => mesh_groups_body(world, &[(2, 2)]),
-        _ => mesh_groups_body(world, &[(2, 2), (1, 4)]),
+        Some("own") => mesh_groups_body(world, &[(2, 2)], false),
+        _ => mesh_groups_body(world, &[(2, 2), (1, 4)], true),
     }) {
         return;
     }
-    for (shape, tag, want) in [
-        (Shape::OwnNodes, "own", "2x2: [] warning=yes"),
-        (Shape::NodesOfTwo, "two", "2x2: [] warning=no; 1x4: [] warning=yes"),
-    ] {
+    for (shape, tag, want) in
+        [(Shape::OwnNodes, "own", "2x2: [] warning=yes"), (Shape::NodesOfTwo, "two", "")]
+    {
         let job = mpirun(NAME, 4, shape, &[("MESH_SHAPE", tag)], &[]);
         assert!(job.success, "{shape:?}: mpirun failed:\n{}\n{}", job.stdout, job.stderr);
         println!("{shape:?}: mpirun took {:?}", job.elapsed);
         for r in 0..4 {
+            let want = match want {
+                "" => format!(
+                    "2x2: [] warning=no; 1x4: [] warning=yes; nested {:?}: []",
+                    [r % 2, r % 2 + 2]
+                ),
+                want => want.to_string(),
+            };
             assert_eq!(job.result(r), want, "{shape:?}, rank {r}");
         }
     }
