@@ -940,11 +940,75 @@ fn over_a_throttled_network_dp_buckets_overlap_the_backward_pass() {
     panic!("overlapped dp steps not faster in any of 5 attempts:\n{}", misses.join("\n"));
 }
 
+/// Every op over every group of `meshes` (dp x tp) on `world`, and each mesh's report of tp
+/// groups that cross nodes: `dp x tp: <failures> warning=<yes|no>` per mesh; with `nested`, the
+/// ops over a group split from a group, both across nodes, too.
+fn mesh_groups_body(
+    world: &World,
+    meshes: &[(usize, usize)],
+    nested: bool,
+) -> dist_tensor::Result<String> {
+    let out = world.run(|rank| {
+        let mut lines = Vec::new();
+        for &(dp, tp) in meshes {
+            let fails = common::mesh_ops::mesh_ops(rank, dp, tp)?;
+            let mesh = dist_tensor::mesh::DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
+            let warned = if mesh.layout_warning().is_some() { "yes" } else { "no" };
+            lines.push(format!("{dp}x{tp}: {fails:?} warning={warned}"));
+        }
+        if nested {
+            // A group of a group, both across the nodes: the whole world as a group, then its
+            // even and odd ranks (world ranks 0, 2 and 1, 3: one on each node of two).
+            let all = rank.split(0, rank.rank() as u64)?;
+            let half = all.rank().split((rank.rank() % 2) as u64, 0)?;
+            let members: Vec<usize> = half.members().iter().map(|&m| all.members()[m]).collect();
+            let fails = common::mesh_ops::group_ops::<f64>(&half.rank(), &members, 60);
+            lines.push(format!("nested {members:?}: {fails:?}"));
+        }
+        Ok(lines.join("; "))
+    })?;
+    Ok(out[0].clone())
+}
+
+/// Groups whose members are on different nodes: a 2 x 2 mesh on nodes of one rank (every tp
+/// and dp group crosses nodes, and the mesh reports the tp groups), and on nodes of two ranks a
+/// 2 x 2 mesh (tp inside the nodes, dp across) and a 1 x 4 one (one tp group of both nodes: two
+/// members by pointer, two through the proxy), and a group split from a group across nodes.
+/// Every collective and fused op over every group, in every dtype, against f64, and the dp and
+/// tp groups at once.
+#[test]
+fn groups_across_nodes_run_every_op_on_every_group() {
+    const NAME: &str = "groups_across_nodes_run_every_op_on_every_group";
+    let shape = std::env::var("MESH_SHAPE").ok();
+    if in_rank(|world| match shape.as_deref() {
+        Some("own") => mesh_groups_body(world, &[(2, 2)], false),
+        _ => mesh_groups_body(world, &[(2, 2), (1, 4)], true),
+    }) {
+        return;
+    }
+    for (shape, tag, want) in
+        [(Shape::OwnNodes, "own", "2x2: [] warning=yes"), (Shape::NodesOfTwo, "two", "")]
+    {
+        let job = mpirun(NAME, 4, shape, &[("MESH_SHAPE", tag)], &[]);
+        assert!(job.success, "{shape:?}: mpirun failed:\n{}\n{}", job.stdout, job.stderr);
+        println!("{shape:?}: mpirun took {:?}", job.elapsed);
+        for r in 0..4 {
+            let want = match want {
+                "" => format!(
+                    "2x2: [] warning=no; 1x4: [] warning=yes; nested {:?}: []",
+                    [r % 2, r % 2 + 2]
+                ),
+                want => want.to_string(),
+            };
+            assert_eq!(job.result(r), want, "{shape:?}, rank {r}");
+        }
+    }
+}
+
 /// Calls that cross on the groups of a 2 x 2 mesh of one node (rank 0 in its tp group's call
 /// waits for rank 1, in its dp group's, and so on round): every rank fails within seconds with
 /// the mismatch, not at the wait timeout; correct calls that wait on each other across groups
-/// for longer are unaffected. (Groups of an MPI world are inside a node: a cycle through ranks
-/// of other nodes is not seen, see `crossed`.)
+/// for longer are unaffected.
 #[test]
 fn one_node_crossed_calls_on_different_groups_fail_every_rank_with_op_mismatch() {
     const NAME: &str =
@@ -959,6 +1023,30 @@ fn one_node_crossed_calls_on_different_groups_fail_every_rank_with_op_mismatch()
             env.push(("CROSSED_SLOW", "1"));
         }
         let job = mpirun(NAME, 4, Shape::OneNode, &env, &[]);
+        let outcomes: Vec<String> = (0..4).map(|r| job.result(r)).collect();
+        check_crossed(&outcomes, slow);
+    }
+}
+
+/// The same crossed calls on two nodes of two ranks: the tp groups inside the nodes, the dp
+/// groups across, so the cycle 0 -> 1 -> 3 -> 2 -> 0 passes through the other node twice (the
+/// proxies relay the posts of calls that wait); and on nodes of one rank, every link of it.
+#[test]
+fn crossed_calls_through_other_nodes_fail_every_rank_with_op_mismatch() {
+    const NAME: &str = "crossed_calls_through_other_nodes_fail_every_rank_with_op_mismatch";
+    let slow = std::env::var("CROSSED_SLOW").is_ok();
+    if in_rank(|world| crossed_in_job(world, slow)) {
+        return;
+    }
+    for (shape, slow) in
+        [(Shape::NodesOfTwo, false), (Shape::NodesOfTwo, true), (Shape::OwnNodes, false)]
+    {
+        let mut env = vec![("DIST_TENSOR_WAIT_TIMEOUT_MS", "20000")];
+        if slow {
+            env.push(("CROSSED_SLOW", "1"));
+        }
+        let job = mpirun(NAME, 4, shape, &env, &[]);
+        println!("{shape:?}, slow {slow}: mpirun took {:?}", job.elapsed);
         let outcomes: Vec<String> = (0..4).map(|r| job.result(r)).collect();
         check_crossed(&outcomes, slow);
     }

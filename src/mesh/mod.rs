@@ -6,7 +6,8 @@
 //! The layout keeps the last dimension inside a node: the world's ranks are ordered by node
 //! (then by rank) and laid out row-major, so each last-dimension group is consecutive ranks of one
 //! node whenever the node's size is a multiple of that dimension's. A layout that puts such a
-//! group across nodes is allowed, and [`DeviceMesh::layout_warning`] says which groups do.
+//! group across nodes is allowed (its members reach each other through the MPI proxy, as the
+//! world's ranks of different nodes do), and [`DeviceMesh::layout_warning`] says which groups do.
 //!
 //! Each group is a world of its own (see [`Rank::split`]): every collective, fused op and
 //! [`DistTensor`](crate::DistTensor) runs over it through [`DeviceMesh::rank_of`], and calls on
@@ -52,11 +53,8 @@ pub struct DeviceMesh<'w> {
     coords: Vec<usize>,
     /// The world's rank at each mesh position, row-major.
     ranks: Vec<usize>,
-    /// This rank's group along each dimension; `None` for a dimension whose groups span the
-    /// nodes of an MPI world (see [`DeviceMesh::averager`]).
-    groups: Vec<Option<Group<'w>>>,
-    /// This rank in the world.
-    world: Rank<'w>,
+    /// This rank's group along each dimension.
+    groups: Vec<Group<'w>>,
     warning: Option<String>,
 }
 
@@ -103,22 +101,10 @@ impl<'w> DeviceMesh<'w> {
             let mut base = coords.clone();
             base[d] = 0;
             let color = ravel(&base, &shape) as u64;
-            // A group is a world of its own where its ranks share memory; a dimension with a
-            // group across MPI nodes has none (every rank decides alike, from the layout).
-            let spans = (0..n).any(|p| {
-                let c = unravel(p, &shape);
-                let first = rank.node_of(ranks[p]);
-                (0..shape[d]).any(|k| {
-                    let mut other = c.clone();
-                    other[d] = k;
-                    rank.node_of(ranks[ravel(&other, &shape)]) != first
-                })
-            });
-            groups.push(if spans { None } else { Some(rank.split(color, coords[d] as u64)?) });
+            groups.push(rank.split(color, coords[d] as u64)?);
         }
         let warning = cross_node_groups(rank, &ranks, &shape, &names);
-        let world = Rank::new(rank.world, rank.rank());
-        Ok(DeviceMesh { names, shape, coords, ranks, groups, world, warning })
+        Ok(DeviceMesh { names, shape, coords, ranks, groups, warning })
     }
 
     /// The dimensions' names.
@@ -167,19 +153,9 @@ impl<'w> DeviceMesh<'w> {
     /// This rank's group along the dimension `name`.
     ///
     /// # Errors
-    /// As [`DeviceMesh::dim`]; [`Error::InvalidArgument`] for a dimension whose groups span the
-    /// nodes of an MPI world (groups are made of ranks that share memory; such a dimension has
-    /// only its [`averager`](DeviceMesh::averager)).
+    /// As [`DeviceMesh::dim`].
     pub fn group(&self, name: &str) -> Result<&Group<'w>> {
-        let d = self.dim(name)?;
-        self.groups[d].as_ref().ok_or_else(|| Error::InvalidArgument {
-            op: "DeviceMesh::group",
-            rank: self.world.rank(),
-            reason: format!(
-                "the {name:?} groups span the nodes of an MPI world: a group is made of ranks \
-                 that share memory; average over it with DeviceMesh::averager"
-            ),
-        })
+        Ok(&self.groups[self.dim(name)?])
     }
 
     /// The world's ranks of this rank's group along `name`, in the group's order.
@@ -198,17 +174,12 @@ impl<'w> DeviceMesh<'w> {
     }
 
     /// What averages over this rank's group along `name` (the data-parallel dimension): the
-    /// group's all-reduce, or, for groups that span the nodes of an MPI world, an all-gather over
-    /// the world of which each rank sums its group's parts (in the group's order).
+    /// group's all-reduce.
     ///
     /// # Errors
     /// As [`DeviceMesh::dim`].
     pub fn averager(&self, name: &str) -> Result<Averager<'_>> {
-        let d = self.dim(name)?;
-        Ok(match &self.groups[d] {
-            Some(group) => Averager::Group(group.rank()),
-            None => Averager::World { world: &self.world, members: self.members(name)? },
-        })
+        Ok(Averager::Group(self.group(name)?.rank()))
     }
 
     /// This rank's handle in its group along `name`: what collectives, fused ops and
@@ -243,15 +214,8 @@ impl<'w> DeviceMesh<'w> {
 /// Averages values over one group of a mesh (see [`DeviceMesh::averager`]).
 #[derive(Debug)]
 pub enum Averager<'m> {
-    /// Over the group, a world of its own.
+    /// Over the group, a world of its own (on several MPI nodes too).
     Group(Rank<'m>),
-    /// Over a group whose ranks span MPI nodes: through the world.
-    World {
-        /// This rank in the world.
-        world: &'m Rank<'m>,
-        /// The group's ranks in the world, in the group's order.
-        members: Vec<usize>,
-    },
 }
 
 impl Averager<'_> {
@@ -259,7 +223,6 @@ impl Averager<'_> {
     pub fn size(&self) -> usize {
         match self {
             Averager::Group(rank) => rank.num_ranks(),
-            Averager::World { members, .. } => members.len(),
         }
     }
 
@@ -267,32 +230,18 @@ impl Averager<'_> {
     pub fn rank(&self) -> usize {
         match self {
             Averager::Group(rank) => rank.rank(),
-            Averager::World { world, members } => {
-                members.iter().position(|&m| m == world.rank()).expect("a member of its group")
-            }
         }
     }
 
     /// The sum of `values` over the group's ranks (in the group's order), divided by its size.
-    /// Collective over the group (over the world, for a group across nodes).
+    /// Collective over the group.
     ///
     /// # Errors
-    /// As [`all_reduce`] and
-    /// [`all_gather`].
+    /// As [`all_reduce`].
     pub fn mean<T: Element>(&self, values: &[T]) -> Result<Vec<T>> {
         let size = self.size() as f64;
         let sum: Vec<f64> = match self {
             Averager::Group(rank) => all_reduce(rank, values)?.iter().map(|v| v.to_f64()).collect(),
-            Averager::World { world, members } => {
-                let (all, at) = gather_world(world, values)?;
-                let mut sum = vec![0.0f64; values.len()];
-                for &m in members {
-                    for (s, v) in sum.iter_mut().zip(&all[at[m]..at[m + 1]]) {
-                        *s += v.to_f64();
-                    }
-                }
-                sum
-            }
         };
         Ok(sum.into_iter().map(|s| T::from_f64(s / size)).collect())
     }
@@ -300,31 +249,15 @@ impl Averager<'_> {
 
 impl Averager<'_> {
     /// Every rank's `values`, concatenated in the group's order (the lengths may differ).
-    /// Collective over the group (over the world, for a group across nodes).
+    /// Collective over the group.
     ///
     /// # Errors
     /// As [`all_gather`].
     pub fn all_gather<T: Element>(&self, values: &[T]) -> Result<Vec<T>> {
         match self {
             Averager::Group(rank) => all_gather(rank, values),
-            Averager::World { world, members } => {
-                let (all, at) = gather_world(world, values)?;
-                Ok(members.iter().flat_map(|&m| all[at[m]..at[m + 1]].to_vec()).collect())
-            }
         }
     }
-}
-
-/// Every world rank's `values` and where each rank's start (one more entry: the end).
-fn gather_world<T: Element>(world: &Rank<'_>, values: &[T]) -> Result<(Vec<T>, Vec<usize>)> {
-    // Each rank's length first (exact in f64 below 2^53), then the values.
-    let lengths = all_gather(world, &[values.len() as f64])?;
-    let all = all_gather(world, values)?;
-    let mut at = vec![0usize];
-    for len in &lengths {
-        at.push(at.last().expect("a start") + *len as usize);
-    }
-    Ok((all, at))
 }
 
 impl std::fmt::Debug for DeviceMesh<'_> {

@@ -30,6 +30,9 @@ const RECORD_BYTES: usize = 192;
 const POST_AT: usize = 64;
 /// Bytes of an op's name a post keeps: the exchange's own limit.
 const POST_NAME_BYTES: usize = 40;
+/// Words of a post: version, group, call number (and the in-call bit), target, owner, and six
+/// of the op's name and element type.
+pub(crate) const POST_WORDS: usize = 11;
 /// The post's "still in the call" bit, beside the call number.
 const IN_CALL: u64 = 1 << 63;
 /// The owner word's "calls came from more than one thread" bit.
@@ -403,6 +406,42 @@ impl Control {
     pub(crate) fn post_done(&self, rank: usize) {
         self.post_word(rank, 3).store(0, Ordering::Release);
         self.post_word(rank, 2).fetch_and(!IN_CALL, Ordering::AcqRel);
+    }
+
+    /// `rank`'s post as it is stored (a consistent copy), for the MPI proxy to relay to the
+    /// other nodes, whose control blocks have no other way to see it; `None` while it is being
+    /// written.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI proxy only
+    pub(crate) fn post_words(&self, rank: usize) -> Option<[u64; POST_WORDS]> {
+        let before = self.post_word(rank, 0).load(Ordering::Acquire);
+        if before % 2 == 1 {
+            return None;
+        }
+        let mut words = [0u64; POST_WORDS];
+        for (i, w) in words.iter_mut().enumerate() {
+            *w = self.post_word(rank, i).load(Ordering::Acquire);
+        }
+        (self.post_word(rank, 0).load(Ordering::Acquire) == before && words[0] == before)
+            .then_some(words)
+    }
+
+    /// Stores the post of `rank` (a rank of another node) that its proxy relayed, under the
+    /// seqlock `read_post` reads: odd while written, the sender's version after.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI proxy only
+    pub(crate) fn store_post_words(&self, rank: usize, words: &[u64; POST_WORDS]) {
+        let version = self.post_word(rank, 0);
+        // Odd (and never 0, which reads as "no post") while the words change.
+        version.store(words[0] | 1, Ordering::Release);
+        for (i, &w) in words.iter().enumerate().skip(1) {
+            self.post_word(rank, i).store(w, Ordering::Release);
+        }
+        version.store(words[0], Ordering::Release);
+    }
+
+    /// Whether a post's words say the rank is blocked in a call, waiting for a peer.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // used by the MPI proxy only
+    pub(crate) fn words_blocked(words: &[u64; POST_WORDS]) -> bool {
+        words[2] & IN_CALL != 0 && words[3] != 0
     }
 
     /// `rank`'s latest call, if it posted one in this run and the post was whole when read.

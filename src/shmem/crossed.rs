@@ -19,8 +19,9 @@
 //! A rank that returned from `run` while a peer waits for it in a group's call, with its last
 //! call on another group, gets the same error (instead of [`Error::PeerGone`]).
 //!
-//! In a world joined by MPI a rank's record holds only the posts of its own node's ranks: a chain
-//! that reaches a rank of another node ends there, and the wait goes on to its timeout.
+//! In a world joined by MPI a node's control block is its own: each process's proxy relays its
+//! rank's post to the other nodes' blocks (a wait once it has lasted a little, its end at once, and
+//! the last call of a rank that returned), so a chain follows ranks of every node.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -137,8 +137,9 @@ impl<'w> Rank<'w> {
     /// # Errors
     /// As any collective call ([`Error::OpMismatch`] when ranks are in different calls);
     /// [`Error::InvalidArgument`] on a world of GPUs or NPUs (groups run on the host
-    /// simulation), and for a group of an MPI world whose members are on different nodes;
-    /// what making a world's segments can fail with.
+    /// simulation); what making a world's segments can fail with. A group of an MPI world may
+    /// have members on several nodes: they reach each other through the proxy, as the world's
+    /// ranks do.
     ///
     /// # Examples
     /// ```
@@ -172,16 +173,9 @@ impl<'w> Rank<'w> {
         let shared = match &world.kind {
             WorldKind::Threads => self.take_threads_group(seq, color, id, link)?,
             WorldKind::Processes { job_id, join_timeout } => {
-                if let Some(&far) = members.iter().find(|&&m| !world.heap.mapped(m)) {
-                    return Err(Error::InvalidArgument {
-                        op: OP,
-                        rank: me,
-                        reason: format!(
-                            "group {color} has rank {far}, on another node: groups of an MPI \
-                             world are made of one node's ranks"
-                        ),
-                    });
-                }
+                // The members on this node meet as processes of one host (the job id of a
+                // node's world names the node); those on other nodes are reached through the
+                // proxy, which writes their puts into this group's heap.
                 let job = format!("{job_id}.split{seq}.{color}");
                 join_processes(world, link, id, index, job, *join_timeout)?
             }
@@ -208,7 +202,7 @@ impl<'w> Rank<'w> {
             return Ok(shared);
         }
         let g = link.members.len();
-        let settings = group_settings(world, g)?;
+        let settings = group_settings(world, g, false)?;
         let heap = Heap::anonymous(g, settings.capacity, settings.reserved)?;
         let control = Mapping::anonymous(Control::bytes(g)).map_err(|e| Error::System {
             op: "Rank::split",
@@ -245,10 +239,11 @@ fn register_groups(parent: &WorldShared, seq: u64, all: &super::exchange::Exchan
     }
 }
 
-/// A group's settings: its world's heap capacity and wait timeout, its own reserved part.
-fn group_settings(world: &WorldShared, g: usize) -> Result<Settings> {
+/// A group's settings: its world's heap capacity and wait timeout, its own reserved part (with
+/// the inboxes of the exchange when its members are on several nodes).
+fn group_settings(world: &WorldShared, g: usize, nodes: bool) -> Result<Settings> {
     let capacity = world.heap.capacity() - world.heap.reserved();
-    Settings::resolve(Some(capacity), Some(world.wait_timeout))?.for_ranks(g, false)
+    Settings::resolve(Some(capacity), Some(world.wait_timeout))?.for_ranks(g, nodes)
 }
 
 /// A group's shared state over its segments and control block.
@@ -268,7 +263,8 @@ fn group_world(
     shared
 }
 
-/// The group of a world of processes: its members meet as a job of their own.
+/// The group of a world of processes: its members on this node meet as a job of their own; in a
+/// world of several MPI nodes, the members elsewhere are reached through the world's proxy.
 fn join_processes(
     world: &WorldShared,
     link: ParentLink,
@@ -278,22 +274,45 @@ fn join_processes(
     join_timeout: std::time::Duration,
 ) -> Result<Arc<WorldShared>> {
     let g = link.members.len();
+    // The members on this node, by their index in the group.
+    let here: Vec<usize> = (0..g).filter(|&i| world.heap.mapped(link.members[i])).collect();
+    let local = here.iter().position(|&i| i == index).expect("a rank is on its own node");
     let env = super::job_env::JobEnv {
-        rank: index,
-        world_size: g,
-        local_rank: index,
-        local_world_size: g,
+        rank: local,
+        world_size: here.len(),
+        local_rank: local,
+        local_world_size: here.len(),
         job_id: job_id.clone(),
         launcher: "Rank::split",
     };
-    let settings = group_settings(world, g)?;
-    let members = super::process::Members::all(g);
+    let across = here.len() < g;
+    let settings = group_settings(world, g, across)?;
+    let members = super::process::Members { world_size: g, ranks: here };
     let joined = super::process::join(&env, &members, settings, join_timeout)?;
     let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
     joined.control.pid(index).store(pid, Ordering::Release);
     joined.control.set_state(index, RankState::Running);
+    if across {
+        // The members of other nodes are running (they made the split); their leaving reaches
+        // this node's control block through the world's (see `ParentLink::look`).
+        for i in (0..g).filter(|&i| !joined.heap.mapped(i)) {
+            if joined.control.state(i) == RankState::Idle {
+                joined.control.set_state(i, RankState::Running);
+            }
+        }
+    }
     let peers = joined.peers;
     let mut shared = group_world(world, joined.heap, joined.control, &joined.settings, id, link);
+    if across {
+        let nodes = world.transport.nodes.clone();
+        let members = shared.parent.as_ref().expect("a group has its world").members();
+        let labels: Vec<usize> = members.iter().map(|&m| nodes.node_of(m)).collect();
+        let outer = world.transport.link().expect("members on other nodes: a world of MPI");
+        shared.transport = super::transport::Transport {
+            nodes: super::transport::Nodes::from_labels(&labels),
+            link: Some(outer.for_group(id, shared.heap.clone(), index)),
+        };
+    }
     let look = shared.parent.clone().expect("a group has its world");
     shared.on_tick = Some(Box::new(move |group: &Control| {
         peers.check(group);

@@ -181,6 +181,14 @@ pub(crate) enum Link {}
 
 #[cfg(not(feature = "mpi"))]
 impl Link {
+    pub(crate) fn for_group(
+        &self,
+        _id: u64,
+        _heap: Arc<super::heap::Heap>,
+        _index: usize,
+    ) -> Arc<Link> {
+        match *self {}
+    }
     pub(crate) fn put(&self, _world: &WorldShared, _put: &Put) -> Result<()> {
         match *self {}
     }

@@ -13,6 +13,7 @@ pub mod checks;
 pub mod crossed;
 pub mod gpu;
 pub mod jobs;
+pub mod mesh_ops;
 pub mod reference;
 
 use std::ops::Range;

@@ -67,19 +67,42 @@ fn mpi_error(rank: usize, (call, message): raw::Failure) -> Error {
 }
 
 /// The link of a world to its other nodes: the proxy thread, and what rank threads share with it.
+///
+/// A group whose members are on several nodes has a link of its own to the same proxy: its puts
+/// name the group's heap, which every member registered with its proxy (and retires when the
+/// group is dropped).
 pub(crate) struct Link {
     inner: Arc<Inner>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The heap this link's puts land in: 0 for the world's, else the group's id.
+    heap: u64,
 }
 
 impl Link {
-    pub(crate) fn put(&self, _world: &WorldShared, put: &Put) -> Result<()> {
-        self.inner.put(put);
+    /// The link of group `id` (whose heap is `heap`, this rank its member `index`), through this
+    /// world's proxy.
+    pub(crate) fn for_group(
+        &self,
+        id: u64,
+        heap: Arc<super::heap::Heap>,
+        index: usize,
+    ) -> Arc<Link> {
+        self.inner.register(id, heap, index);
+        Arc::new(Link { inner: self.inner.clone(), thread: Mutex::new(None), heap: id })
+    }
+
+    /// `put`'s peer is a rank of `world` (a group, maybe of a group): the proxy gets the world's
+    /// rank and the heap it writes into.
+    pub(crate) fn put(&self, world: &WorldShared, put: &Put) -> Result<()> {
+        let peer = super::crossed::root_of(world, put.peer).1;
+        self.inner.put(&Put { peer, ..*put }, self.heap);
         Ok(())
     }
 
     pub(crate) fn quiet(&self, world: &WorldShared, rank: usize) -> Result<()> {
-        self.inner.quiet(world, rank)
+        // The proxy counts puts by the world's ranks, whose states the world's control block has.
+        let (root, rank) = super::crossed::root_of(world, rank);
+        self.inner.quiet(root, rank)
     }
 
     pub(crate) fn blocked(&self) -> &AtomicUsize {
@@ -95,6 +118,15 @@ impl Link {
         buffers: Owned,
     ) -> Result<Owned> {
         let name = kind.name();
+        if self.heap != 0 {
+            return Err(Error::InvalidArgument {
+                op: name,
+                rank,
+                reason: "an MPI collective (an unfused baseline) runs over the whole world, not \
+                         over a group"
+                    .into(),
+            });
+        }
         let task = CollTask::new(kind).map_err(|reason| Error::InvalidArgument {
             op: name,
             rank,
@@ -135,6 +167,9 @@ impl Link {
 
     /// Stops the proxy (it says goodbye to the other nodes and ends MPI) and waits for it.
     pub(crate) fn shutdown(&self, _control: &Control) {
+        if self.heap != 0 {
+            return; // a group's link: the world's stops the proxy
+        }
         self.inner.stop();
         if let Some(thread) = lock(&self.thread).take() {
             let _ = thread.join();
@@ -144,6 +179,10 @@ impl Link {
 
 impl Drop for Link {
     fn drop(&mut self) {
+        if self.heap != 0 {
+            self.inner.retire(self.heap);
+            return;
+        }
         self.inner.stop();
         if let Some(thread) = lock(&self.thread).take() {
             let _ = thread.join();
@@ -226,7 +265,7 @@ pub(crate) fn world_from_env(env: &JobEnv) -> Result<World> {
         let _ = thread.join();
         return Err(environment("the MPI proxy thread ended during start-up".into()));
     }
-    let link = Link { inner, thread: Mutex::new(Some(thread)) };
+    let link = Link { inner, thread: Mutex::new(Some(thread)), heap: 0 };
     shared.transport = Transport { nodes, link: Some(Arc::new(link)) };
     let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
     shared.control.pid(me).store(pid, Ordering::Release);

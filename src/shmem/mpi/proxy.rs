@@ -25,7 +25,7 @@
 //! flight, for tens of microseconds; outside runs, for up to two milliseconds, or until a request
 //! wakes it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -35,7 +35,7 @@ use super::liveness::Liveness;
 use super::raw::{self, Block, Comm, Failure, TAG_CTRL, TAG_DATA};
 use super::throttle::Throttle;
 use super::wire::{INLINE_BYTES, Message, pieces};
-use crate::shmem::control::{Control, RankState};
+use crate::shmem::control::{Control, POST_WORDS, RankState};
 use crate::shmem::heap::{Heap, lock};
 use crate::shmem::signal::{apply, cell};
 use crate::shmem::sync::{Cell, WaitOutcome, wait_until};
@@ -45,6 +45,8 @@ use crate::{Error, Result};
 
 /// How often the proxy looks for dead processes of other nodes.
 const LIVENESS_EVERY: Duration = Duration::from_millis(5);
+/// How long a rank's post must stay the same before the proxy relays it (see `post_to_relay`).
+const POST_RELAY_AFTER: Duration = Duration::from_millis(50);
 /// Naps when idle: with transfers in flight or a rank thread waiting (first and longest), inside
 /// a run with nothing in flight, and outside runs. A request wakes a napping proxy at once.
 const HOT_NAP: Duration = Duration::from_micros(10);
@@ -92,6 +94,11 @@ pub(crate) struct Inner {
     /// Rank threads blocked in a wait: the proxy polls hard while any is.
     pub(crate) blocked: AtomicUsize,
     stop: AtomicBool,
+    /// The heaps of this process's groups whose members are on several nodes, by group id, with
+    /// this rank's index in each: a put from another node names the heap it writes into.
+    heaps: Mutex<HashMap<u64, (Arc<Heap>, usize)>>,
+    /// Groups this rank has dropped: a late put into one is received and thrown away.
+    retired: Mutex<HashSet<u64>>,
 }
 
 impl Inner {
@@ -106,7 +113,31 @@ impl Inner {
             pending_to: (0..n).map(|_| AtomicU64::new(0)).collect(),
             blocked: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
+            heaps: Mutex::new(HashMap::new()),
+            retired: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Makes group `id`'s heap (this rank is member `index` of it) the target of the puts from
+    /// other nodes that name it; those that came first wait in the proxy until now.
+    pub(crate) fn register(&self, id: u64, heap: Arc<Heap>, index: usize) {
+        lock(&self.heaps).insert(id, (heap, index));
+        self.wake();
+    }
+
+    /// This rank dropped group `id`: puts that still name it are thrown away.
+    pub(crate) fn retire(&self, id: u64) {
+        lock(&self.retired).insert(id);
+        lock(&self.heaps).remove(&id);
+    }
+
+    /// Where a put into heap `id` goes: this rank's segment of it (`Some`), nowhere (the group is
+    /// gone: `Some(None)`), or not known yet (`None`: the group is still being made here).
+    fn target(&self, id: u64) -> Option<Option<(Arc<Heap>, usize)>> {
+        if let Some((heap, index)) = lock(&self.heaps).get(&id) {
+            return Some(Some((heap.clone(), *index)));
+        }
+        lock(&self.retired).contains(&id).then_some(None)
     }
 
     pub(crate) fn push(&self, request: Request) {
@@ -123,9 +154,10 @@ impl Inner {
         }
     }
 
-    /// Hands `put` to the proxy: small rows are copied now (the source is free at once), large
-    /// ones are sent from the source later (`quiet` waits for them).
-    pub(crate) fn put(&self, put: &Put) {
+    /// Hands `put` (its peer a rank of the world, into that rank's segment of heap `heap`: 0 for
+    /// the world's, else a group's id) to the proxy: small rows are copied now (the source is
+    /// free at once), large ones are sent from the source later (`quiet` waits for them).
+    pub(crate) fn put(&self, put: &Put, heap: u64) {
         let bytes = put.bytes();
         let inline = bytes <= INLINE_BYTES;
         let payload = inline.then(|| {
@@ -141,6 +173,7 @@ impl Inner {
             payload
         });
         let message = Message::Put {
+            heap,
             dst_offset: put.dst_offset,
             dst_stride: put.dst_stride,
             rows: put.rows,
@@ -225,8 +258,17 @@ struct SendOp {
 
 /// What to do once a source's earlier transfers to this process are complete.
 enum Action {
-    Signal(usize, crate::shmem::SignalOp),
-    State { rank: usize, state: u32, runs: u32 },
+    /// A signal at a byte offset of this rank's segment (its index) of a heap.
+    Signal(Arc<Heap>, usize, usize, crate::shmem::SignalOp),
+    State {
+        rank: usize,
+        state: u32,
+        runs: u32,
+    },
+    Post {
+        rank: usize,
+        words: [u64; POST_WORDS],
+    },
     Bye,
 }
 
@@ -234,6 +276,10 @@ enum Action {
 struct RecvOp {
     requests: Vec<raw::Request>,
     action: Option<Action>,
+    /// What the requests write into: the heap (kept mapped until they complete), or a scratch
+    /// buffer for a put into a group this rank already dropped.
+    _into: Option<Arc<Heap>>,
+    _scratch: Vec<u8>,
 }
 
 /// What this process last told the other nodes.
@@ -242,6 +288,9 @@ struct Announced {
     runs: u32,
     died: Vec<bool>,
     failure: bool,
+    /// The rank's post last relayed, and the one seen now with since when it has not changed.
+    post: [u64; POST_WORDS],
+    seen_post: ([u64; POST_WORDS], Instant),
 }
 
 /// The proxy's own state, on its thread.
@@ -255,6 +304,9 @@ pub(crate) struct Proxy {
     control: Control,
     sends: Vec<SendOp>,
     receives: Vec<VecDeque<RecvOp>>,
+    /// Per source, control messages that wait (with everything the source sent after them) for a
+    /// group heap this process has not registered yet.
+    stalled: Vec<VecDeque<Message>>,
     collectives: Vec<RunningColl>,
     deferred: VecDeque<(Instant, Request)>,
     throttle: Option<Throttle>,
@@ -287,12 +339,20 @@ impl Proxy {
             control: attach.control,
             sends: Vec::new(),
             receives: (0..n).map(|_| VecDeque::new()).collect(),
+            stalled: (0..n).map(|_| VecDeque::new()).collect(),
             collectives: Vec::new(),
             deferred: VecDeque::new(),
             throttle,
             liveness,
             last_liveness: Instant::now(),
-            announced: Announced { state: u32::MAX, runs: 0, died: vec![false; n], failure: false },
+            announced: Announced {
+                state: u32::MAX,
+                runs: 0,
+                died: vec![false; n],
+                failure: false,
+                post: [0; POST_WORDS],
+                seen_post: ([0; POST_WORDS], Instant::now()),
+            },
             goodbyes: vec![false; n],
         }
     }
@@ -336,6 +396,7 @@ impl Proxy {
         if self.deferred.is_empty() {
             progressed |= self.announce(seen)?;
         }
+        progressed |= self.unstall()?;
         progressed |= self.receive()?;
         progressed |= self.complete()?;
         if self.last_liveness.elapsed() >= LIVENESS_EVERY {
@@ -347,6 +408,7 @@ impl Proxy {
     fn hot(&self) -> bool {
         !self.sends.is_empty()
             || self.receives.iter().any(|q| !q.is_empty())
+            || self.stalled.iter().any(|q| !q.is_empty())
             || !self.collectives.is_empty()
             || !self.deferred.is_empty()
             || self.inner.blocked.load(Ordering::Relaxed) > 0
@@ -418,6 +480,11 @@ impl Proxy {
         (state, runs, died, failure): (u32, u32, Vec<usize>, Option<(usize, String)>),
     ) -> std::result::Result<bool, Failure> {
         let mut messages = Vec::new();
+        // The post first: a peer that sees this rank return sees its last call.
+        if let Some(post) = self.post_to_relay(state) {
+            self.announced.post = post;
+            messages.push(Message::Post { rank: self.me, words: post });
+        }
         if (state, runs) != (self.announced.state, self.announced.runs) {
             self.announced.state = state;
             self.announced.runs = runs;
@@ -437,6 +504,23 @@ impl Proxy {
             self.broadcast(&message)?;
         }
         Ok(any)
+    }
+
+    /// This rank's post, when the other nodes should see it now: a wait that has lasted
+    /// [`POST_RELAY_AFTER`] (the look for a cycle waits longer than that), the end of a relayed
+    /// wait (at once, so that no stale wait lingers there), and the last call of a rank that left
+    /// its run. Calls that do not block for long are never relayed: no traffic for them.
+    fn post_to_relay(&mut self, state: u32) -> Option<[u64; POST_WORDS]> {
+        let post = self.control.post_words(self.me)?;
+        let now = Instant::now();
+        if post != self.announced.seen_post.0 {
+            self.announced.seen_post = (post, now);
+        }
+        let relayed = &self.announced.post;
+        let due = Control::words_blocked(relayed)
+            || state != RankState::Running as u32
+            || now >= self.announced.seen_post.1 + POST_RELAY_AFTER;
+        (post != *relayed && due).then_some(post)
     }
 
     /// Sends a control message to every process of the other nodes (but those found dead).
@@ -520,18 +604,75 @@ impl Proxy {
                     format!("{} bytes that are not a dist-tensor control message", bytes.len()),
                 ));
             };
-            self.handle(source, message)?;
+            let waits = match &message {
+                // A failure is news at once.
+                Message::Fail { .. } => false,
+                Message::Put { heap, .. } => !self.stalled[source].is_empty() || !self.known(*heap),
+                _ => !self.stalled[source].is_empty(),
+            };
+            if waits {
+                self.stalled[source].push_back(message);
+            } else {
+                self.handle(source, message)?;
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// Whether a put into heap `heap` can be handled now: the world's, or a group's this rank
+    /// registered (or dropped).
+    fn known(&self, heap: u64) -> bool {
+        heap == 0 || self.inner.target(heap).is_some()
+    }
+
+    /// Handles the stalled messages whose group heap is now registered (or dropped), in order.
+    fn unstall(&mut self) -> std::result::Result<bool, Failure> {
+        let mut progressed = false;
+        for source in 0..self.stalled.len() {
+            while let Some(front) = self.stalled[source].front() {
+                if let Message::Put { heap, .. } = front
+                    && !self.known(*heap)
+                {
+                    break;
+                }
+                let message = self.stalled[source].pop_front().expect("a front");
+                self.handle(source, message)?;
+                progressed = true;
+            }
         }
         Ok(progressed)
     }
 
     fn handle(&mut self, source: usize, message: Message) -> std::result::Result<(), Failure> {
         let op = match message {
-            Message::Put { dst_offset, dst_stride, rows, row_bytes, signal, inline } => {
-                let base = self.heap.base(self.me);
+            Message::Put { heap, dst_offset, dst_stride, rows, row_bytes, signal, inline } => {
+                let target = match heap {
+                    0 => Some((self.heap.clone(), self.me)),
+                    id => self.inner.target(id).expect("a stalled put waits for its heap"),
+                };
+                let Some((heap, index)) = target else {
+                    // Into a group this rank dropped: nothing waits for it any more; its data
+                    // messages are received (MPI matches them in order) and thrown away.
+                    let mut scratch =
+                        vec![0u8; if inline.is_some() { 0 } else { rows * row_bytes }];
+                    let mut requests = Vec::new();
+                    if inline.is_none() && !scratch.is_empty() {
+                        for piece in pieces(rows, row_bytes) {
+                            let at = piece.first_row * row_bytes + piece.col;
+                            // SAFETY: inside the scratch buffer, which the receive keeps.
+                            let ptr = unsafe { scratch.as_mut_ptr().add(at) };
+                            let block = Block::rows(ptr, piece.rows, piece.bytes, row_bytes)?;
+                            requests.push(raw::irecv(self.comm, &block, source, TAG_DATA)?);
+                        }
+                    }
+                    let op = RecvOp { requests, action: None, _into: None, _scratch: scratch };
+                    self.receives[source].push_back(op);
+                    return Ok(());
+                };
+                let base = heap.base(index);
                 let end =
                     dst_offset + if rows == 0 { 0 } else { (rows - 1) * dst_stride + row_bytes };
-                if end > self.heap.capacity() {
+                if end > heap.capacity() {
                     return Err((
                         format!("a put from rank {source}"),
                         format!("bytes {dst_offset}..{end} are outside the heap segment"),
@@ -573,17 +714,33 @@ impl Proxy {
                         }
                     }
                 }
-                RecvOp { requests, action: signal.map(|(offset, op)| Action::Signal(offset, op)) }
+                let action =
+                    signal.map(|(offset, op)| Action::Signal(heap.clone(), index, offset, op));
+                RecvOp { requests, action, _into: Some(heap), _scratch: Vec::new() }
             }
-            Message::State { rank, state, runs } => {
-                RecvOp { requests: Vec::new(), action: Some(Action::State { rank, state, runs }) }
-            }
+            Message::State { rank, state, runs } => RecvOp {
+                requests: Vec::new(),
+                action: Some(Action::State { rank, state, runs }),
+                _into: None,
+                _scratch: Vec::new(),
+            },
             Message::Fail { rank, reason } => {
                 // A failure is news at once, whatever is still in flight.
                 self.control.fail(rank, &reason);
                 return Ok(());
             }
-            Message::Bye => RecvOp { requests: Vec::new(), action: Some(Action::Bye) },
+            Message::Post { rank, words } => RecvOp {
+                requests: Vec::new(),
+                action: Some(Action::Post { rank, words }),
+                _into: None,
+                _scratch: Vec::new(),
+            },
+            Message::Bye => RecvOp {
+                requests: Vec::new(),
+                action: Some(Action::Bye),
+                _into: None,
+                _scratch: Vec::new(),
+            },
         };
         self.receives[source].push_back(op);
         Ok(())
@@ -651,8 +808,8 @@ impl Proxy {
 
     fn act(&mut self, source: usize, action: Action) {
         match action {
-            Action::Signal(offset, op) => {
-                let cell = cell(&self.heap, self.me, offset);
+            Action::Signal(heap, index, offset, op) => {
+                let cell = cell(&heap, index, offset);
                 apply(cell, op, Ordering::Release);
             }
             Action::State { rank, state, runs } => {
@@ -667,6 +824,13 @@ impl Proxy {
                     self.control.mark_died_any(rank, -1);
                 } else {
                     self.control.set_state(rank, state);
+                }
+            }
+            Action::Post { rank, words } => {
+                if rank < self.nodes.num_ranks()
+                    && self.nodes.node_of(rank) != self.nodes.node_of(self.me)
+                {
+                    self.control.store_post_words(rank, &words);
                 }
             }
             Action::Bye => self.goodbyes[source] = true,

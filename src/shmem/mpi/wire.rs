@@ -3,6 +3,7 @@
 //! both ends.
 
 use crate::shmem::SignalOp;
+use crate::shmem::control::POST_WORDS;
 
 /// Payloads up to this size travel inside the control message, copied when the put is made (its
 /// source is free at once); larger ones go as data messages straight from the source into the
@@ -15,15 +16,18 @@ const PUT: u64 = 1;
 const STATE: u64 = 2;
 const FAIL: u64 = 3;
 const BYE: u64 = 4;
+const POST: u64 = 5;
 const NO_SIGNAL: u64 = u64::MAX;
-const PUT_WORDS: usize = 9;
+const PUT_WORDS: usize = 10;
 
 /// A control message.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Message {
-    /// Rows into the receiver's heap, then a signal: with the rows inline, or followed by data
-    /// messages (see [`pieces`]).
+    /// Rows into the receiver's segment of heap `heap` (0: the world's; else the id of a group
+    /// whose members are on several nodes, whose heap the receiver registered with its proxy),
+    /// then a signal there: with the rows inline, or followed by data messages (see [`pieces`]).
     Put {
+        heap: u64,
         dst_offset: usize,
         dst_stride: usize,
         rows: usize,
@@ -37,6 +41,9 @@ pub(crate) enum Message {
     Fail { rank: usize, reason: String },
     /// The sender is leaving: nothing more will come from it.
     Bye,
+    /// A rank's latest call as its record posts it (see `crossed`): the words of its node's
+    /// control block, for the other nodes' waiters that look for calls that cross.
+    Post { rank: usize, words: [u64; POST_WORDS] },
 }
 
 fn words(values: &[u64]) -> Vec<u8> {
@@ -46,7 +53,7 @@ fn words(values: &[u64]) -> Vec<u8> {
 impl Message {
     pub(crate) fn encode(&self) -> Vec<u8> {
         match self {
-            Message::Put { dst_offset, dst_stride, rows, row_bytes, signal, inline } => {
+            Message::Put { heap, dst_offset, dst_stride, rows, row_bytes, signal, inline } => {
                 let (sig_offset, sig_kind, sig_value) = match signal {
                     None => (NO_SIGNAL, 0, 0),
                     Some((offset, SignalOp::Set(v))) => (*offset as u64, 0, *v),
@@ -62,6 +69,7 @@ impl Message {
                     sig_kind,
                     sig_value,
                     u64::from(inline.is_some()),
+                    *heap,
                 ]);
                 if let Some(payload) = inline {
                     out.extend_from_slice(payload);
@@ -77,6 +85,11 @@ impl Message {
                 out
             }
             Message::Bye => words(&[BYE]),
+            Message::Post { rank, words: post } => {
+                let mut out = words(&[POST, *rank as u64]);
+                out.extend(words(post));
+                out
+            }
         }
     }
 
@@ -95,6 +108,7 @@ impl Message {
                 };
                 let inline = (w[8] != 0).then(|| bytes[PUT_WORDS * 8..].to_vec());
                 Some(Message::Put {
+                    heap: w[9],
                     dst_offset: w[1] as usize,
                     dst_stride: w[2] as usize,
                     rows: w[3] as usize,
@@ -113,6 +127,13 @@ impl Message {
                 reason: String::from_utf8_lossy(bytes.get(16..)?).into_owned(),
             }),
             BYE => Some(Message::Bye),
+            POST => {
+                let mut post = [0u64; POST_WORDS];
+                for (i, w) in post.iter_mut().enumerate() {
+                    *w = word(2 + i)?;
+                }
+                Some(Message::Post { rank: word(1)? as usize, words: post })
+            }
             _ => None,
         }
     }
@@ -165,6 +186,7 @@ mod tests {
     fn messages_round_trip() {
         for m in [
             Message::Put {
+                heap: 0x5eed_0001,
                 dst_offset: 4096,
                 dst_stride: 64,
                 rows: 3,
@@ -173,6 +195,7 @@ mod tests {
                 inline: Some(vec![1, 2, 3]),
             },
             Message::Put {
+                heap: 0,
                 dst_offset: 0,
                 dst_stride: 0,
                 rows: 0,
@@ -183,6 +206,7 @@ mod tests {
             Message::State { rank: 3, state: 2, runs: 9 },
             Message::Fail { rank: 1, reason: "rank 1 broke: é".into() },
             Message::Bye,
+            Message::Post { rank: 2, words: [7, 1, 2, 3, 4, 5, 6, 7, 8, 9, u64::MAX] },
         ] {
             assert_eq!(Message::decode(&m.encode()), Some(m));
         }
