@@ -55,7 +55,7 @@ pub(crate) fn norm_backward<T: Element>(
         after(x, w)?;
     }
     let n = *x.shape().last().expect("checked by the caller");
-    let rows = if n == 0 { 0 } else { x.len() / n };
+    let rows = x.len().checked_div(n).unwrap_or(0);
     let dx = output::<T, T>(x, x.shape())?;
     let grads =
         if params { Some((output::<T, T>(x, &[n])?, output::<T, T>(x, &[n])?)) } else { None };
