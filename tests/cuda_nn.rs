@@ -567,3 +567,92 @@ fn autograd_reductions_and_norms_backward_on_the_gpu() {
     reductions_and_norms::<bf16>(&mut fails).unwrap();
     assert_none(fails);
 }
+
+/// rms_norm and layer_norm differentiated on the GPU (the norm backward kernels) for rows of 1,
+/// 67 and 8200 elements (more than a block's threads, and past the forward's row cache), with
+/// and without weight and bias, and with the weight or bias held constant (then no gradient is
+/// asked for it): `dx`, `dw` and `db` stay on the GPU and match the f64 gradients of the same
+/// rounded inputs within one rounding of `T` (as `reductions_and_norms`).
+fn norm_backward_kernels<T: Element>(fails: &mut Vec<String>) -> dist_tensor::Result<()> {
+    use dist_tensor::autograd::Var;
+    let tol = if T::DTYPE == DType::F64 { 1e-12 } else { 16.0 * T::EPSILON };
+    for shape in [&[3, 1][..], &[1, 67], &[2, 3, 67], &[130, 67], &[3, 8200]] {
+        let n = *shape.last().unwrap();
+        let x = Tensor::<T>::random(shape, 31) * T::from_f64(3.0) + T::from_f64(0.5);
+        let c = Tensor::<T>::random(shape, 32);
+        let (w, b) = (Tensor::<T>::random(&[n], 33), Tensor::<T>::random(&[n], 34));
+        let (xs, cs) = (widen(x.as_slice()), widen(c.as_slice()));
+        let on_gpu = |t: &Tensor<T>| Var::param(t.to_device(GPU).unwrap());
+        // (weight, bias): 0 left out, 1 a parameter, 2 a constant.
+        for (centered, kw, kb) in [
+            (false, 0, 0),
+            (false, 1, 0),
+            (false, 2, 0),
+            (true, 0, 0),
+            (true, 1, 1),
+            (true, 1, 2),
+            (true, 2, 1),
+            (true, 0, 1),
+        ] {
+            let tag = format!("{} {shape:?} centered {centered} weight {kw} bias {kb}", T::DTYPE);
+            let param = |kind: u8, t: &Tensor<T>| match kind {
+                0 => None,
+                1 => Some(on_gpu(t)),
+                _ => Some(Var::constant(t.to_device(GPU).unwrap())),
+            };
+            let (xv, wv, bv) = (on_gpu(&x), param(kw, &w), param(kb, &b));
+            let y = if centered {
+                xv.layer_norm(wv.as_ref(), bv.as_ref(), 1e-5)?
+            } else {
+                xv.rms_norm(wv.as_ref(), 1e-5)?
+            };
+            (&y * &Var::constant(c.to_device(GPU)?)).sum().backward()?;
+            let ws = if kw == 0 { vec![1.0; n] } else { widen(w.as_slice()) };
+            let [dx, dw, db] = norm_grads(&xs, &ws, &cs, n, 1.0, centered);
+            let mut check = |what: &str, got: Option<&Var<'_, T>>, want: &[f64]| {
+                let Some(g) = got.and_then(|v| v.grad()) else {
+                    fails.push(format!("{what} {tag}: no gradient"));
+                    return;
+                };
+                if g.device() != GPU {
+                    fails.push(format!("{what} {tag}: the gradient is on {}", g.device()));
+                }
+                let g = widen(g.to_host().unwrap().as_slice());
+                let scale = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+                fails.extend(off(
+                    &format!("{what} {tag}"),
+                    &g,
+                    want,
+                    &vec![scale; want.len()],
+                    tol,
+                ));
+            };
+            check("dx", Some(&xv), &dx);
+            if kw == 1 {
+                check("dw", wv.as_ref(), &dw);
+            }
+            if kb == 1 {
+                check("db", bv.as_ref(), &db);
+            }
+            for (kind, v, what) in [(kw, &wv, "weight"), (kb, &bv, "bias")] {
+                if kind == 2 && v.as_ref().is_some_and(|v| v.grad().is_some()) {
+                    fails.push(format!("{tag}: the constant {what} got a gradient"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn norm_backward_kernels_on_the_gpu() {
+    if !gpu_here("norm_backward_kernels_on_the_gpu") {
+        return;
+    }
+    let mut fails = Vec::new();
+    norm_backward_kernels::<f32>(&mut fails).unwrap();
+    norm_backward_kernels::<f64>(&mut fails).unwrap();
+    norm_backward_kernels::<f16>(&mut fails).unwrap();
+    norm_backward_kernels::<bf16>(&mut fails).unwrap();
+    assert_none(fails);
+}

@@ -20,6 +20,7 @@ mod map;
 mod matmul;
 mod mse;
 mod norm;
+mod norm_grad;
 mod optim_step;
 mod pod;
 pub(crate) mod pool;

@@ -18,6 +18,7 @@ use crate::{Error, Result};
 pub(crate) use super::local::{
     batched_matmul, binary, cast, norm, permute, softmax, sum_axis, total, unary, zeros_like,
 };
+pub(crate) use super::norm_grad::norm_backward;
 pub(crate) use super::storage::DeviceStorage;
 pub(crate) use super::train::{
     activation_grad, matmul_lhs_transposed, mse_parts, optimizer_step, upload_like,

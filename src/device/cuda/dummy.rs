@@ -75,6 +75,20 @@ pub(crate) fn mse_parts<T: Element>(
     match p.never {}
 }
 
+/// `dx`, and the weight and bias gradients `(dw, db)` where asked for.
+pub(crate) type NormGrads<T> = (DeviceStorage<T>, Option<(DeviceStorage<T>, DeviceStorage<T>)>);
+
+pub(crate) fn norm_backward<T: Element>(
+    x: &DeviceStorage<T>,
+    _w: Option<&DeviceStorage<T>>,
+    _dy: &DeviceStorage<T>,
+    _eps: f64,
+    _centered: bool,
+    _params: bool,
+) -> Result<NormGrads<T>> {
+    match x.never {}
+}
+
 pub(crate) fn matmul_lhs_transposed<T: Element>(
     a: &DeviceStorage<T>,
     _b: &DeviceStorage<T>,

@@ -34,6 +34,8 @@ pub(crate) enum Source {
     Local,
     /// Training on one tensor (`train.rs`): activation derivatives, optimizer steps.
     Train,
+    /// The norms' backward pass (`norm_grad.rs`).
+    NormGrad,
 }
 
 impl Source {
@@ -44,6 +46,7 @@ impl Source {
             Source::Reduce => include_str!("kernels/reduce.cu"),
             Source::Local => include_str!("kernels/local.cu"),
             Source::Train => include_str!("kernels/train.cu"),
+            Source::NormGrad => include_str!("kernels/norm_grad.cu"),
         }
     }
 
@@ -54,6 +57,7 @@ impl Source {
             Source::Reduce => "reduce.cu",
             Source::Local => "local.cu",
             Source::Train => "train.cu",
+            Source::NormGrad => "norm_grad.cu",
         }
     }
 }
@@ -200,8 +204,14 @@ fn module(gpu: &CudaDevice, source: Source, dtype: DType) -> Result<sys::CUmodul
 /// loading a module waits for the GPU to drain, which must never happen in the middle of an op
 /// whose kernels on other ranks wait for this rank's next launch.
 pub(crate) fn preload(gpu: &CudaDevice) -> Result<()> {
-    const SOURCES: [Source; 5] =
-        [Source::Signal, Source::Exchange, Source::Reduce, Source::Local, Source::Train];
+    const SOURCES: [Source; 6] = [
+        Source::Signal,
+        Source::Exchange,
+        Source::Reduce,
+        Source::Local,
+        Source::Train,
+        Source::NormGrad,
+    ];
     const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
     let pairs: Vec<(Source, DType)> =
         SOURCES.iter().flat_map(|&s| DTYPES.iter().map(move |&d| (s, d))).collect();

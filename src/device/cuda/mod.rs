@@ -50,6 +50,8 @@ mod memory;
 #[cfg(feature = "cuda")]
 mod nccl;
 #[cfg(feature = "cuda")]
+mod norm_grad;
+#[cfg(feature = "cuda")]
 mod ops;
 #[cfg(feature = "cuda")]
 mod process;
