@@ -186,8 +186,7 @@ pub(crate) fn optimizer_step<T: Element>(
     }
     value.gpu().bind()?;
     let f = kernels::function(value.gpu(), Source::Train, T::DTYPE, "dt_optim")?;
-    // DT_OPT_UNROLL elements a thread (train.cu).
-    let grid = grid(value, f, n, 4);
+    let grid = grid(value, f, n, 1);
     kernels::launch(f, grid, kernels::BLOCK, value.stream(), &args)?;
     Ok(out)
 }

@@ -149,12 +149,6 @@ struct OptArgs {
     u32 mode;       // 0: SGD, 1: SGD with momentum, 2: Adam
 };
 
-// Each thread loads the elements of DT_OPT_UNROLL iterations (blockDim apart in a block's chunk)
-// before it computes any, so that more loads are in flight: with one element a thread,
-// grid-stride, Adam on bf16 parameters (f32 master weights and moments: 28 bytes an element)
-// ran at 1.3x the copy roofline on one H200.
-#define DT_OPT_UNROLL 4
-
 extern "C" __global__ void __launch_bounds__(256) dt_optim(const __grid_constant__ OptArgs a) {
     elem_t* out = (elem_t*)a.out;
     const elem_t* p = (const elem_t*)a.p;
@@ -163,41 +157,25 @@ extern "C" __global__ void __launch_bounds__(256) dt_optim(const __grid_constant
     acc_t* s0 = (acc_t*)a.s0;
     acc_t* s1 = (acc_t*)a.s1;
     const acc_t lr = (acc_t)a.lr, ca = (acc_t)a.a, cb = (acc_t)a.b, one = (acc_t)1;
-    const u64 span = (u64)DT_OPT_UNROLL * blockDim.x;
-    for (u64 chunk = blockIdx.x; chunk * span < a.n; chunk += gridDim.x) {
-        const u64 base = chunk * span + threadIdx.x;
-        acc_t w[DT_OPT_UNROLL], gi[DT_OPT_UNROLL], m[DT_OPT_UNROLL], v[DT_OPT_UNROLL];
-#pragma unroll
-        for (int h = 0; h < DT_OPT_UNROLL; h++) {
-            const u64 i = base + (u64)h * blockDim.x;
-            if (i < a.n) {
-                w[h] = master ? master[i] : to_acc(p[i]);
-                gi[h] = to_acc(g[i]);
-                m[h] = a.mode >= 1 ? s0[i] : (acc_t)0;
-                v[h] = a.mode == 2 ? s1[i] : (acc_t)0;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += stride) {
+        acc_t w = master ? master[i] : to_acc(p[i]);
+        const acc_t gi = to_acc(g[i]);
+        if (a.mode == 2) {
+            const acc_t m = ca * s0[i] + (one - ca) * gi;
+            const acc_t v = cb * s1[i] + (one - cb) * gi * gi;
+            s0[i] = m;
+            s1[i] = v;
+            w = w * (acc_t)a.shrink - lr * m / (sqrt(v) / (acc_t)a.root + (acc_t)a.eps);
+        } else {
+            acc_t d = gi + cb * w;
+            if (a.mode == 1) {
+                d = ca * s0[i] + d;
+                s0[i] = d;
             }
+            w = w - lr * d;
         }
-#pragma unroll
-        for (int h = 0; h < DT_OPT_UNROLL; h++) {
-            const u64 i = base + (u64)h * blockDim.x;
-            if (i >= a.n) continue;
-            acc_t wi = w[h];
-            if (a.mode == 2) {
-                const acc_t mi = ca * m[h] + (one - ca) * gi[h];
-                const acc_t vi = cb * v[h] + (one - cb) * gi[h] * gi[h];
-                s0[i] = mi;
-                s1[i] = vi;
-                wi = wi * (acc_t)a.shrink - lr * mi / (sqrt(vi) / (acc_t)a.root + (acc_t)a.eps);
-            } else {
-                acc_t d = gi[h] + cb * wi;
-                if (a.mode == 1) {
-                    d = ca * m[h] + d;
-                    s0[i] = d;
-                }
-                wi = wi - lr * d;
-            }
-            if (master) master[i] = wi;
-            out[i] = from_acc(wi);
-        }
+        if (master) master[i] = w;
+        out[i] = from_acc(w);
     }
 }
