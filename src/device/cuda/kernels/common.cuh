@@ -69,6 +69,18 @@ __device__ __forceinline__ elem_t from_f64(double x) {
 #endif
 }
 
+// grad_t: what the training kernels' derivatives and norm gradients compute in: f64 for f32 and
+// f64 (the host's f64, so f32 results round as the host's do), f32 for the half types (whose one
+// rounding to 8 or 11 bits hides f32's few ulp).
+#if DT_ELEM <= 1
+typedef double grad_t;
+__device__ __forceinline__ elem_t from_grad(grad_t x) { return from_f64(x); }
+#else
+typedef float grad_t;
+__device__ __forceinline__ elem_t from_grad(grad_t x) { return from_acc(x); }
+#endif
+__device__ __forceinline__ grad_t to_grad(elem_t x) { return (grad_t)to_acc(x); }
+
 // Where a kernel reports a failed wait, and how it learns that the world failed.
 struct Ctl {
     u64 abort;       // u32 in host-mapped memory, shared by the world: non-zero once anything failed

@@ -20,16 +20,6 @@
 // 8 down, then the 8 in order) into partial[chunk]; then one thread per column adds its chunks'
 // partials in order. Fixed chunks: the order of the sums depends on the sizes only.
 
-#if DT_ELEM <= 1
-typedef double grad_t;
-__device__ __forceinline__ elem_t from_grad(grad_t v) { return from_f64(v); }
-#else
-typedef float grad_t;
-__device__ __forceinline__ elem_t from_grad(grad_t v) { return from_acc(v); }
-#endif
-
-__device__ __forceinline__ grad_t to_grad(elem_t v) { return (grad_t)to_acc(v); }
-
 struct NormGradArgs {
     u64 dx, x, w, g;    // dx, x, dy: rows * n elements; w: n elements, or 0 for none
     u64 stats;          // grad_t[2 * rows]: (mean, r) of each row, or 0 when not wanted

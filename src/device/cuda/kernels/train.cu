@@ -15,14 +15,6 @@ struct alignas(16) Vec16 {
     elem_t v[DT_VEC];
 };
 
-#if DT_ELEM <= 1
-typedef double grad_t;
-__device__ __forceinline__ elem_t from_grad(grad_t x) { return from_f64(x); }
-#else
-typedef float grad_t;
-__device__ __forceinline__ elem_t from_grad(grad_t x) { return from_acc(x); }
-#endif
-
 // ---- activation derivatives: out = dy * f'(x) ----
 
 __device__ __forceinline__ grad_t d_gelu(grad_t x) {
@@ -45,7 +37,7 @@ __device__ __forceinline__ grad_t d_silu(grad_t x) {
 
 __device__ __forceinline__ grad_t d_relu(grad_t x) { return x > (grad_t)0 ? (grad_t)1 : (grad_t)0; }
 
-#define DT_ACT(x, dy, d) from_grad((grad_t)to_acc(dy) * d((grad_t)to_acc(x)))
+#define DT_ACT(x, dy, d) from_grad(to_grad(dy) * d(to_grad(x)))
 
 // 16-byte vectors grid-stride (buffers start 256-byte aligned), then the tail one by one.
 #define DT_ACT_GRAD(name, d)                                                                  \
