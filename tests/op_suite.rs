@@ -633,18 +633,32 @@ fn mpi_fake_nodes(name: &str, n: usize, body: impl Fn(&Rank<'_>) -> Result<()> +
         }
         return;
     }
+    // Each rank's stdout in its own file (mpirun's `--output-filename`): on the shared stdout
+    // the ranks' lines can interleave mid-line ("SUITE OK" glued to another rank's ".").
+    let files = std::env::temp_dir().join(format!("dt-suite-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&files);
     let out = std::process::Command::new("mpirun")
         .args(["--allow-run-as-root", "--oversubscribe", "-np", &n.to_string()])
+        .arg("--output-filename")
+        .arg(&files)
         .args(["--mca", "btl", "self,tcp", "-x", &format!("{RANKS_PER_NODE_ENV}=1")])
         .arg(std::env::current_exe().unwrap())
         .args([name, "--exact", "--nocapture", "--test-threads=1", "-q"])
         .output()
         .expect("mpirun (the mpi feature's tests need OpenMPI's mpirun)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let oks = stdout.lines().filter(|l| *l == "SUITE OK").count();
+    let ranks: Vec<String> = (0..n)
+        .map(|r| {
+            std::fs::read_to_string(files.join(format!("1/rank.{r}/stdout"))).unwrap_or_default()
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&files);
+    let not_ok: Vec<usize> =
+        (0..n).filter(|&r| !ranks[r].lines().any(|l| l == "SUITE OK")).collect();
     assert!(
-        out.status.success() && oks == n,
-        "{oks} of {n} ranks ok:\n{stdout}\n{}",
+        out.status.success() && not_ok.is_empty(),
+        "ranks {not_ok:?} of {n} not ok ({}):\n{}\n{}",
+        out.status,
+        ranks.join("\n"),
         String::from_utf8_lossy(&out.stderr)
     );
 }
