@@ -952,8 +952,19 @@ fn mesh_groups_body(
     let out = world.run(|rank| {
         let mut lines = Vec::new();
         for &(dp, tp) in meshes {
-            let fails = common::mesh_ops::mesh_ops(rank, dp, tp)?;
+            let mut fails = common::mesh_ops::mesh_ops(rank, dp, tp)?;
             let mesh = dist_tensor::mesh::DeviceMesh::new(rank, &[("dp", dp), ("tp", tp)])?;
+            // The baselines on MPI's own collectives run over the world's communicator only: on
+            // a group, a typed error on every rank (no group has a communicator of its own).
+            let x = ndarray::Array2::<f32>::zeros((2, 3));
+            for dim in ["dp", "tp"] {
+                let group = mesh.rank_of(dim)?;
+                match fused::all_gather_matmul_unfused_mpi(&group, x.view(), &[x.t()]) {
+                    Err(Error::InvalidArgument { reason, .. })
+                        if reason.contains("not over a group") => {}
+                    other => fails.push(format!("unfused_mpi on {dim}: {:?}", other.map(drop))),
+                }
+            }
             let warned = if mesh.layout_warning().is_some() { "yes" } else { "no" };
             lines.push(format!("{dp}x{tp}: {fails:?} warning={warned}"));
         }
