@@ -269,6 +269,60 @@ fn training_on_a_2x2_mesh_equals_one_rank_on_the_whole_batch() {
 
 /// A 2 x 2 mesh on four processes of this host (this test binary re-executed as the ranks of a
 /// job): every op over both groups, and both groups at once.
+/// A layer's bias joins the bucket its weight fills, so that nothing waits to be sent once the
+/// last layer's backward is done (the first layer's bias went alone after the pass, its
+/// all-reduce's latency not hidden); the averaged gradients still come back in the parameters'
+/// order, the same bits as averaged after the pass.
+#[test]
+fn buckets_send_each_layers_bias_with_its_weight_and_keep_the_parameters_order() {
+    let (w1, b1) = (Tensor::<f64>::random(&[6, 8], 1), Tensor::<f64>::random(&[8], 2));
+    let (w2, b2) = (Tensor::<f64>::random(&[8, 6], 3), Tensor::<f64>::random(&[6], 4));
+    let x = Tensor::<f64>::random(&[4, 6], 5);
+    let out = World::threads(4)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+            let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.averager("dp")?);
+            let mut fc1 = ColumnParallelLinear::from_global(&tpr, &w1, Some(&b1), Split::Even)?;
+            let mut fc2 = RowParallelLinear::from_global(&tpr, &w2, Some(&b2), Split::Even)?;
+            // Each replica its own rows, so that the average differs from every replica's.
+            let rows = slice(&x, 0, mesh.coord("dp")? * 2..mesh.coord("dp")? * 2 + 2);
+            let xs = DistTensor::from_global(&tpr, &rows, Placement::Shard(0))?;
+            let (h, s1) = fc1.forward(&xs)?;
+            let (y, s2) = fc2.forward(&h)?;
+            let dh = fc2.backward(s2, &y)?;
+            fc1.backward(s1, &dh)?;
+            // Buckets the size of a weight (either layer's: 6 x 4 or 4 x 6 on this rank).
+            let bucket = 24 * size_of::<f64>();
+            let mut unsent = Vec::new();
+            let ((), grads) = data_parallel::overlapped(&dpr, bucket, |buckets| {
+                buckets.ready_all(&fc2)?;
+                unsent.push(buckets.unsent());
+                buckets.ready_all(&fc1)?;
+                unsent.push(buckets.unsent());
+                Ok(())
+            })?;
+            let mut local = data_parallel::GradBuckets::collect();
+            local.ready_all(&fc2)?;
+            local.ready_all(&fc1)?;
+            let after = data_parallel::all_reduce_mean(&dpr, bucket, &local.into_grads())?;
+            let mut params = fc2.parameters();
+            params.extend(fc1.parameters());
+            let shapes_match =
+                params.iter().zip(&grads).all(|(p, g)| p.value().shape() == g.shape());
+            let same = grads.iter().zip(&after).all(|(a, b)| a.as_slice() == b.as_slice());
+            let own = params.iter().zip(&grads).any(|(p, g)| p.grad().unwrap() != *g);
+            Ok((unsent, shapes_match && grads.len() == 4, same, own))
+        })
+        .unwrap();
+    for (r, (unsent, shapes, same, averaged)) in out.into_iter().enumerate() {
+        assert_eq!(unsent, vec![0, 0], "rank {r}: elements left in the bucket after each layer");
+        assert!(shapes, "rank {r}: the gradients are not in the parameters' order");
+        assert!(same, "rank {r}: overlapped and after the pass differ");
+        assert!(averaged, "rank {r}: the gradients are this replica's own, not averaged");
+    }
+}
+
 #[test]
 fn every_op_over_every_group_of_a_2x2_mesh_on_processes() {
     const NAME: &str = "every_op_over_every_group_of_a_2x2_mesh_on_processes";

@@ -3,25 +3,29 @@
 //! over all 4 ranks (1 x 4) and data parallelism over all 4 (4 x 1); and, on the 2 x 2 mesh, the
 //! part of the dp averaging that the backward pass does not hide: the step with the averaging
 //! overlapped, minus the step without any averaging, beside the averaging alone (after the
-//! backward pass). Medians over the repetitions.
+//! backward pass; the three kinds of step take turns). Medians over the repetitions.
 //!
-//! The rows run three times: on 4 threads of this host, on 4 processes of this program
-//! (`World::local_job`), and, built with feature `mpi`, under mpirun as 4 processes on two fake
-//! nodes of 2 ranks (`DIST_TENSOR_RANKS_PER_NODE=2`, TCP between them): the `tp` groups inside a
-//! node, the `dp` groups across (their averaging through the world's node routing). A launched
-//! rank runs every row on its world and rank 0 prints them.
+//! The rows run on 4 threads of this host, on 4 processes of this program (`World::local_job`),
+//! and, built with feature `mpi`, under mpirun as 4 processes on two fake nodes of 2 ranks
+//! (`DIST_TENSOR_RANKS_PER_NODE=2`, TCP between them): the `tp` groups inside a node, the `dp`
+//! groups across (their averaging through the world's node routing), with a line for an
+//! all-reduce over a dp group alone. Then once more on those nodes with the network throttled
+//! ([`THROTTLE`]): there the averaging is time on the wire, which the backward pass can hide,
+//! where on the host it is copies and sums that need the cores the backward pass keeps busy. A
+//! launched rank runs every row on its world and rank 0 prints them.
 
 use std::time::Instant;
 
+use dist_tensor::collectives::all_reduce;
 use dist_tensor::mesh::{DeviceMesh, data_parallel};
 use dist_tensor::nn::{Activation, ColumnParallelLinear, Parameters, RowParallelLinear, mse_loss};
-use dist_tensor::shmem::job_env::RANKS_PER_NODE_ENV;
+use dist_tensor::shmem::job_env::{RANKS_PER_NODE_ENV, THROTTLE_BANDWIDTH_ENV, THROTTLE_DELAY_ENV};
 use dist_tensor::{DistTensor, Error, Placement, Result, Split, Tensor, World};
 
 #[path = "../common/mlp.rs"]
 mod mlp;
 
-use mlp::{MlpData, share};
+use mlp::{FFN, HIDDEN, MlpData, share};
 
 /// How a step averages the gradients over dp.
 #[derive(Clone, Copy, PartialEq)]
@@ -40,16 +44,17 @@ fn process_cpu_seconds() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
-/// Median seconds of a training step on a `dp x tp` mesh of `world`'s 4 ranks (rank 0's), and
-/// the CPU seconds rank 0's process used per second of the steps (in a world of threads, every
-/// rank's: how many cores the step keeps busy).
+/// Median seconds of a training step on a `dp x tp` mesh of `world`'s 4 ranks (rank 0's), for
+/// each way of averaging in `ways`, and the CPU seconds rank 0's process used per second of the
+/// steps (in a world of threads, every rank's: how many cores the step keeps busy). The ways take
+/// turns step by step, so that a change of the host's load falls on all of them alike.
 fn step_seconds(
     world: &World,
     dp: usize,
     tp: usize,
-    averaging: Averaging,
+    ways: &[Averaging],
     reps: usize,
-) -> Result<(f64, f64)> {
+) -> Result<(Vec<f64>, f64)> {
     let MlpData { x, target, w1, b1, w2, b2 } = MlpData::seeded();
     let bucket = 256 << 10;
     let times = world.run(|rank| {
@@ -60,100 +65,155 @@ fn step_seconds(
         let rows = |t: &Tensor<f32>| share(t, dp, mesh.coord("dp")?);
         let xs = DistTensor::from_global(&tpr, &rows(&x)?, Placement::Shard(0))?;
         let ts = DistTensor::from_global(&tpr, &rows(&target)?, Placement::Shard(0))?;
-        let mut times = Vec::with_capacity(reps);
+        let mut times = vec![Vec::with_capacity(reps); ways.len()];
         let (mut cpu, mut wall) = (0.0, 0.0);
-        for _ in 0..reps + 1 {
-            let _ = rank.barrier_all()?;
-            let start = Instant::now();
-            let cpu_start = process_cpu_seconds();
-            let (h, s1) = fc1.forward(&xs)?;
-            let a = h.map_local(|t| Activation::Gelu.forward(t))?;
-            let (y, s2) = fc2.forward(&a)?;
-            let (_, dy) = mse_loss(&y, &ts)?;
-            fc1.zero_grad();
-            fc2.zero_grad();
-            let pre = h.into_local();
-            let backward = |buckets: &mut data_parallel::GradBuckets<f32>| {
-                let da = fc2.backward(s2, &dy)?;
-                buckets.ready_all(&fc2)?;
-                let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
-                fc1.backward(s1, &dh)?;
-                buckets.ready_all(&fc1)
-            };
-            let grads = match averaging {
-                Averaging::Overlapped => data_parallel::overlapped(&dpr, bucket, backward)?.1,
-                _ => {
-                    let mut local = data_parallel::GradBuckets::collect();
-                    backward(&mut local)?;
-                    let local = local.into_grads();
-                    match averaging {
-                        Averaging::After => data_parallel::all_reduce_mean(&dpr, bucket, &local)?,
-                        _ => local,
+        // The first round sizes the workspaces.
+        for round in 0..reps + 1 {
+            for (way, &averaging) in ways.iter().enumerate() {
+                let _ = rank.barrier_all()?;
+                let start = Instant::now();
+                let cpu_start = process_cpu_seconds();
+                let (h, s1) = fc1.forward(&xs)?;
+                let a = h.map_local(|t| Activation::Gelu.forward(t))?;
+                let (y, s2) = fc2.forward(&a)?;
+                let (_, dy) = mse_loss(&y, &ts)?;
+                fc1.zero_grad();
+                fc2.zero_grad();
+                let pre = h.into_local();
+                let backward = |buckets: &mut data_parallel::GradBuckets<f32>| {
+                    let da = fc2.backward(s2, &dy)?;
+                    buckets.ready_all(&fc2)?;
+                    let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
+                    fc1.backward(s1, &dh)?;
+                    buckets.ready_all(&fc1)
+                };
+                let grads = match averaging {
+                    Averaging::Overlapped => data_parallel::overlapped(&dpr, bucket, backward)?.1,
+                    _ => {
+                        let mut local = data_parallel::GradBuckets::collect();
+                        backward(&mut local)?;
+                        let local = local.into_grads();
+                        match averaging {
+                            Averaging::After => {
+                                data_parallel::all_reduce_mean(&dpr, bucket, &local)?
+                            }
+                            _ => local,
+                        }
                     }
+                };
+                let mut params = fc2.parameters_mut();
+                params.extend(fc1.parameters_mut());
+                for (p, g) in params.into_iter().zip(&grads) {
+                    let stepped = p.value() - &(g * 1e-3);
+                    *p.value_mut() = stepped;
                 }
-            };
-            let mut params = fc2.parameters_mut();
-            params.extend(fc1.parameters_mut());
-            for (p, g) in params.into_iter().zip(&grads) {
-                let stepped = p.value() - &(g * 1e-3);
-                *p.value_mut() = stepped;
-            }
-            let _ = rank.barrier_all()?;
-            times.push(start.elapsed().as_secs_f64());
-            if times.len() > 1 {
-                cpu += process_cpu_seconds() - cpu_start;
-                wall += start.elapsed().as_secs_f64();
+                let _ = rank.barrier_all()?;
+                if round > 0 {
+                    times[way].push(start.elapsed().as_secs_f64());
+                    cpu += process_cpu_seconds() - cpu_start;
+                    wall += start.elapsed().as_secs_f64();
+                }
             }
         }
-        times.remove(0); // the first step sizes the workspaces
-        times.sort_by(f64::total_cmp);
-        Ok((times[times.len() / 2], cpu / wall))
+        let medians = times.into_iter().map(median).collect();
+        Ok((medians, cpu / wall))
     })?;
-    Ok(times[0])
+    Ok(times.into_iter().next().expect("rank 0"))
 }
 
-/// The rows on `world` (4 ranks), as lines. `tp_over_all` false skips tensor parallelism over
-/// all 4 ranks (on two MPI nodes its groups would cross them, which groups cannot yet).
-fn rows(world: &World, kind: &str, reps: usize, tp_over_all: bool) -> Result<Vec<String>> {
-    let (mesh, _) = step_seconds(world, 2, 2, Averaging::Overlapped, reps)?;
-    let tp = if tp_over_all {
-        step_seconds(world, 1, 4, Averaging::Overlapped, reps)?.0
-    } else {
-        f64::NAN
-    };
-    let (dp, _) = step_seconds(world, 4, 1, Averaging::Overlapped, reps)?;
-    let (after, _) = step_seconds(world, 2, 2, Averaging::After, reps)?;
-    let (none, busy) = step_seconds(world, 2, 2, Averaging::Skipped, reps)?;
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Floats of one rank's gradients on the 2 x 2 mesh (both layers' weights and biases, the
+/// hidden layer split over `tp`): what its dp averaging all-reduces.
+const GRAD_FLOATS: usize = (HIDDEN * FFN + FFN) / 2 + FFN * HIDDEN / 2 + HIDDEN;
+
+/// One line: the median time of an all-reduce of [`GRAD_FLOATS`] `f32` over a `dp` group of the
+/// 2 x 2 mesh (across the nodes on MPI), and the bytes each rank sums over that time.
+fn all_reduce_line(world: &World, kind: &str, reps: usize) -> Result<String> {
+    let times = world.run(|rank| {
+        let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+        let dp = mesh.rank_of("dp")?;
+        let values = vec![1.0f32; GRAD_FLOATS];
+        let mut times = Vec::with_capacity(reps);
+        for round in 0..reps + 1 {
+            let _ = dp.barrier_all()?;
+            let start = Instant::now();
+            let sum = all_reduce(&dp, &values)?;
+            if round > 0 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+            if sum[GRAD_FLOATS - 1] != 2.0 {
+                return Err(Error::user(format!("the all-reduce summed to {}", sum[0])));
+            }
+        }
+        Ok(median(times))
+    })?;
+    let bytes = GRAD_FLOATS * size_of::<f32>();
+    Ok(format!(
+        "{kind}: all-reduce over a dp group of 2 (across the nodes): {bytes} bytes, {:.3} ms, \
+         {:.3} GB/s (bytes over time)",
+        times[0] * 1e3,
+        bytes as f64 / times[0] * 1e-9
+    ))
+}
+
+/// The part of the 2 x 2 mesh's dp averaging the backward pass does not hide, as a line: the
+/// step overlapped and without averaging, the averaging after the backward pass alone.
+fn unhidden_line(world: &World, kind: &str, reps: usize) -> Result<String> {
+    let ways = [Averaging::Overlapped, Averaging::After, Averaging::Skipped];
+    let (t, _) = step_seconds(world, 2, 2, &ways, reps)?;
+    let [mesh, after, none] = [t[0], t[1], t[2]];
     let (alone, unhidden) = (after - none, mesh - none);
+    Ok(format!(
+        "{kind}: 2x2: step {:.3} ms without averaging; dp averaging after the backward pass \
+         {:.3} ms; overlapped, the part not hidden {:.3} ms ({:.0}% of it alone)",
+        none * 1e3,
+        alone * 1e3,
+        unhidden * 1e3,
+        100.0 * unhidden / alone
+    ))
+}
+
+/// The rows on `world` (4 ranks), as lines.
+fn rows(world: &World, kind: &str, reps: usize) -> Result<Vec<String>> {
+    let (mesh, _) = step_seconds(world, 2, 2, &[Averaging::Overlapped], reps)?;
+    let (tp, _) = step_seconds(world, 1, 4, &[Averaging::Overlapped], reps)?;
+    let (dp, _) = step_seconds(world, 4, 1, &[Averaging::Overlapped], reps)?;
+    let unhidden = unhidden_line(world, kind, reps)?;
     // On the host the averaging is CPU work (copies and sums through shared memory): it can
     // only hide behind the backward pass on cores the pass leaves idle. In a world of threads
     // the process's CPU time is every rank's, so this says how many are left.
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let busy_line = (kind == "threads").then(|| {
-        format!(
+    let busy_line = if kind == "threads" {
+        let (_, busy) = step_seconds(world, 2, 2, &[Averaging::Skipped], reps)?;
+        Some(format!(
             "{kind}: 2x2 without averaging keeps {busy:.2} of the host's {cores} cores busy \
              (CPU time over wall time of the steps)"
-        )
-    });
+        ))
+    } else {
+        None
+    };
+    let mpi_line =
+        if kind.starts_with("mpi") { Some(all_reduce_line(world, kind, reps)?) } else { None };
     Ok(vec![
-        format!("{kind}: mesh 2x2 (dp averaged during backward): {:8.3} ms", mesh * 1e3),
-        if tp_over_all {
-            format!("{kind}: tp over 4 (1x4):                        {:8.3} ms", tp * 1e3)
-        } else {
-            format!("{kind}: tp over 4 (1x4): not run (its tp groups would cross the nodes)")
-        },
-        format!("{kind}: dp over 4 (4x1, averaged during bwd):   {:8.3} ms", dp * 1e3),
-        format!(
-            "{kind}: 2x2: dp averaging after the backward pass {:.3} ms; overlapped, the part \
-             not hidden {:.3} ms ({:.0}% of it alone)",
-            alone * 1e3,
-            unhidden * 1e3,
-            100.0 * unhidden / alone
-        ),
+        format!("{kind}: mesh 2x2 (dp averaged during backward): {:8.3} ms", mesh[0] * 1e3),
+        format!("{kind}: tp over 4 (1x4):                        {:8.3} ms", tp[0] * 1e3),
+        format!("{kind}: dp over 4 (4x1, averaged during bwd):   {:8.3} ms", dp[0] * 1e3),
+        unhidden,
     ]
     .into_iter()
     .chain(busy_line)
+    .chain(mpi_line)
     .collect())
+}
+
+/// The rows of a throttled network, on MPI fake nodes: the cross-node all-reduce alone and the
+/// part of the dp averaging the backward pass does not hide.
+fn throttled_rows(world: &World, kind: &str, reps: usize) -> Result<Vec<String>> {
+    Ok(vec![all_reduce_line(world, kind, reps)?, unhidden_line(world, kind, reps)?])
 }
 
 /// The program's arguments for a launched rank.
@@ -165,16 +225,54 @@ fn rank_args(quick: bool, kind: &str) -> Vec<String> {
     args
 }
 
-/// Prints the mesh rows: threads, processes, and MPI fake nodes where built with `mpi`.
+/// The throttled network of the last MPI rows: each process's link to the other node moves
+/// 125 MB/s (1 Gbit/s Ethernet) after 50 us of latency per message, so that the averaging of a
+/// rank's gradients (about 1 MB) alone is a sizeable part of the step, as it is for a model on
+/// accelerators behind a network of its time.
+const THROTTLE: [(&str, &str); 2] =
+    [(THROTTLE_BANDWIDTH_ENV, "125000000"), (THROTTLE_DELAY_ENV, "50")];
+const THROTTLED_KIND: &str = "mpi, 1 Gbit/s + 50 us";
+
+/// Runs this program's mesh rows under mpirun as 4 processes on two fake nodes of 2, with `env`
+/// added.
+fn mpirun(quick: bool, kind: &str, env: &[(&str, &str)]) -> Result<()> {
+    let mut cmd = std::process::Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "4", "--mca", "btl", "self,tcp"])
+        .args(["-x", &format!("{RANKS_PER_NODE_ENV}=2")]);
+    for (key, value) in env {
+        cmd.args(["-x", &format!("{key}={value}")]);
+    }
+    let status =
+        cmd.arg(std::env::current_exe()?).args(rank_args(quick, kind)).status().map_err(|e| {
+            Error::user(format!("perf_report --mesh runs mpirun, which failed: {e}"))
+        })?;
+    if !status.success() {
+        return Err(Error::user(format!("perf_report --mesh under mpirun ({kind}): {status}")));
+    }
+    Ok(())
+}
+
+/// Prints the mesh rows: threads, processes, and MPI fake nodes where built with `mpi` (on
+/// TCP as it is, then throttled).
 pub fn main(quick: bool) -> Result<()> {
-    let reps = if quick { 3 } else { 15 };
+    let reps = if quick { 5 } else { 15 };
     if World::launched() {
         // One rank of the processes' or MPI's job: every row, rank 0 prints them.
         let argv: Vec<String> = std::env::args().collect();
         let kind = argv.iter().position(|a| a == "--mesh-kind").and_then(|i| argv.get(i + 1));
         let world = World::from_env()?;
         let kind = kind.map_or("launched", |k| k.as_str());
-        let lines = rows(&world, kind, reps, !kind.starts_with("mpi"))?;
+        let lines = if kind == THROTTLED_KIND {
+            // More steps: the share is a difference of medians.
+            let lines = throttled_rows(&world, kind, 3 * reps)?;
+            // Puts still in a throttled proxy when a rank drops its world were seen to be
+            // overtaken by its notice of leaving (see tests/mpi.rs): meet, then let them land.
+            let _ = world.run(|rank| rank.barrier_all().map(drop));
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            lines
+        } else {
+            rows(&world, kind, reps)?
+        };
         if world.ranks_here().start == 0 {
             lines.iter().for_each(|l| println!("{l}"));
         }
@@ -185,7 +283,7 @@ pub fn main(quick: bool) -> Result<()> {
          {reps} steps; load {}",
         super::measure::load_1min()
     );
-    for line in rows(&World::threads(4)?, "threads", reps, true)? {
+    for line in rows(&World::threads(4)?, "threads", reps)? {
         println!("{line}");
     }
     let exits = World::local_job(4)
@@ -202,26 +300,17 @@ pub fn main(quick: bool) -> Result<()> {
     }
     print!("{}", exits[0].stdout_text());
     if cfg!(feature = "mpi") {
-        let status = std::process::Command::new("mpirun")
-            .args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "-np",
-                "4",
-                "--mca",
-                "btl",
-                "self,tcp",
-            ])
-            .args(["-x", &format!("{RANKS_PER_NODE_ENV}=2")])
-            .arg(std::env::current_exe()?)
-            .args(rank_args(quick, "mpi 2 nodes of 2"))
-            .status()
-            .map_err(|e| {
-                Error::user(format!("perf_report --mesh runs mpirun, which failed: {e}"))
-            })?;
-        if !status.success() {
-            return Err(Error::user(format!("perf_report --mesh under mpirun: {status}")));
-        }
+        mpirun(quick, "mpi 2 nodes of 2", &[])?;
+        println!(
+            "{THROTTLED_KIND}: each process's link to the other node throttled ({}={}, {}={}); \
+             median of {} steps",
+            THROTTLE[0].0,
+            THROTTLE[0].1,
+            THROTTLE[1].0,
+            THROTTLE[1].1,
+            3 * reps
+        );
+        mpirun(quick, THROTTLED_KIND, &THROTTLE)?;
     } else {
         println!("mpi: not built (build with --features mpi for the rows on fake MPI nodes)");
     }

@@ -278,6 +278,15 @@ impl Transport {
     ) -> Result<Owned> {
         match self.link() {
             Some(link) => link.collective(world, rank, kind, buffers),
+            // A group of ranks of one node has no link either: say so, not that the job lacks
+            // MPI (what it said of the groups inside a node of an MPI job).
+            None if world.parent.is_some() => Err(crate::Error::InvalidArgument {
+                op: kind.name(),
+                rank,
+                reason: "an MPI collective (an unfused baseline) runs over the whole world of an \
+                         MPI job, not over a group"
+                    .into(),
+            }),
             None => Err(crate::Error::InvalidArgument {
                 op: kind.name(),
                 rank,

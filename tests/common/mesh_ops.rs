@@ -71,6 +71,10 @@ pub fn group_ops<T: Element>(group: &Rank<'_>, members: &[usize], salt: usize) -
     let got = fused::all_gather_matmul(group, x.view(), &[wt.view()])
         .map(|o| o.outputs[0].iter().copied().collect());
     check("all_gather_matmul", got, want.iter().copied().collect(), kdim);
+    // Its unfused baseline (the gather, then the product) over the group too.
+    let got = fused::all_gather_matmul_unfused(group, x.view(), &[wt.view()])
+        .map(|o| o.outputs[0].iter().copied().collect());
+    check("all_gather_matmul_unfused", got, want.iter().copied().collect(), kdim);
     // matmul_reduce_scatter: the sum of the members' products (inner sizes 1 or 2), this
     // member's rows of it.
     let (m_rows, n) = (2 * g + 1, 4);
@@ -86,7 +90,10 @@ pub fn group_ops<T: Element>(group: &Rank<'_>, members: &[usize], salt: usize) -
     let w = narrow::<T>(&seeded_matrix::<T>(world_me, inner(world_me), n, salt + 8));
     let got = fused::matmul_reduce_scatter(group, x.view(), w.view())
         .map(|o| o.iter().copied().collect());
-    check("matmul_reduce_scatter", got, want, 2 * g);
+    check("matmul_reduce_scatter", got, want.clone(), 2 * g);
+    let got = fused::matmul_reduce_scatter_unfused(group, x.view(), w.view())
+        .map(|o| o.iter().copied().collect());
+    check("matmul_reduce_scatter_unfused", got, want, 2 * g);
     fails
 }
 

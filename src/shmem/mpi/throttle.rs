@@ -1,5 +1,6 @@
-//! A slower network for tests: every put the proxy sends waits a fixed delay and then its turn
-//! on a link of capped bandwidth, as if it crossed a slow fabric. Set from the environment
+//! A slower network for tests: every put the proxy sends waits its turn on a link of capped
+//! bandwidth, its own bytes' time on it, and then a fixed delay (the latency), as if it crossed a
+//! slow fabric. Set from the environment
 //! (`DIST_TENSOR_MPI_DELAY_US`, `DIST_TENSOR_MPI_BANDWIDTH`); off unless one of them is set. It
 //! delays puts and signals only (the MPI collectives of the unfused baselines go untouched).
 
@@ -47,15 +48,17 @@ impl Throttle {
         }))
     }
 
-    /// When a put of `bytes` made now may go: after the delay, and after the puts before it
-    /// have had the link for their bytes.
+    /// When a put of `bytes` made now may go: once the puts before it have had the link for
+    /// their bytes, it has had it for its own, and the delay has passed. The put's own bytes
+    /// count too: the proxy hands it to MPI whole at that moment, so a put released before its
+    /// bytes' time (as a first version did) crossed a link of the stated bandwidth in no time,
+    /// and a lone put paid the delay only.
     pub(crate) fn release_at(&mut self, bytes: usize) -> Instant {
-        let at = (Instant::now() + self.delay).max(self.free_at);
         let busy = self
             .bytes_per_second
             .map_or(Duration::ZERO, |bps| Duration::from_secs_f64(bytes as f64 / bps));
-        self.free_at = at + busy;
-        at
+        self.free_at = Instant::now().max(self.free_at) + busy;
+        self.free_at + self.delay
     }
 }
 
@@ -63,17 +66,32 @@ impl Throttle {
 mod tests {
     use super::*;
 
+    fn throttle(delay_ms: u64, bytes_per_second: f64) -> Throttle {
+        Throttle {
+            delay: Duration::from_millis(delay_ms),
+            bytes_per_second: Some(bytes_per_second),
+            free_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_lone_put_pays_its_bytes_and_the_delay() {
+        let mut t = throttle(1, 1e6);
+        let start = Instant::now();
+        let at = t.release_at(3000); // 3 ms on the link, then 1 ms of delay
+        assert!(at >= start + Duration::from_millis(4), "{:?}", at - start);
+        assert!(at < start + Duration::from_millis(50), "{:?}", at - start);
+    }
+
     #[test]
     fn puts_queue_behind_each_other_on_a_capped_link() {
-        let mut t = Throttle {
-            delay: Duration::from_millis(1),
-            bytes_per_second: Some(1e6),
-            free_at: Instant::now(),
-        };
-        let start = Instant::now();
+        let mut t = throttle(1, 1e6);
         let a = t.release_at(1000); // 1 ms on the link
-        let b = t.release_at(10);
-        assert!(a >= start + Duration::from_millis(1));
-        assert!(b >= a + Duration::from_millis(1), "{:?}", b - a);
+        let b = t.release_at(2000); // 2 ms more, after a's
+        let c = t.release_at(10);
+        assert!(b >= a + Duration::from_millis(2), "{:?}", b - a);
+        // The delay is latency: puts in a row pay it once each, overlapped, not one after another.
+        assert!(c < b + Duration::from_millis(1), "{:?}", c - b);
+        assert!(c >= b + Duration::from_micros(10), "{:?}", c - b);
     }
 }
