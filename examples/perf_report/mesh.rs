@@ -27,6 +27,8 @@ mod mlp;
 
 use mlp::{FFN, HIDDEN, MlpData, share};
 
+use super::measure::median;
+
 /// How a step averages the gradients over dp.
 #[derive(Clone, Copy, PartialEq)]
 enum Averaging {
@@ -119,11 +121,6 @@ fn step_seconds(
         Ok((medians, cpu / wall))
     })?;
     Ok(times.into_iter().next().expect("rank 0"))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Floats of one rank's gradients on the 2 x 2 mesh (both layers' weights and biases, the
