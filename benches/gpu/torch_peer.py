@@ -210,6 +210,38 @@ def train_step(args):
         ms = median_ms(step, args)
         flops = 6 * 2 * m * e * f
         print(f"# torch_peer --train: torch {torch.__version__}, {torch.cuda.get_device_name()}, M={m} E={e} F={f} bf16, Adam fused={fused}: {ms:.2f} ms a step (median of {args.iters} after {args.warmup} warm-up), {flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s of its products")
+        if fused:
+            # Each part alone, as gpu_report --train times ours.
+            def forward():
+                return torch.nn.functional.gelu(x @ w1 + b1) @ w2 + b2
+
+            def forward_backward():
+                y = forward()
+                loss = torch.nn.functional.mse_loss(y, target)
+                opt.zero_grad(set_to_none=True)
+                x.grad = None
+                loss.backward()
+
+            fwd = median_ms(forward, args)
+            bwd = median_ms(forward_backward, args) - fwd
+            adam = median_ms(opt.step, args)
+            print(f"#   alone: forward {fwd:.2f} ms, backward {bwd:.2f} ms (forward + backward less forward), Adam {adam:.2f} ms")
+            with torch.no_grad():
+                p1 = x @ w1
+                a1 = p1 + b1
+                g1 = torch.nn.functional.gelu(a1)
+                p2 = g1 @ w2
+                pieces = [
+                    median_ms(lambda: x @ w1, args),
+                    median_ms(lambda: p1 + b1, args),
+                    median_ms(lambda: torch.nn.functional.gelu(a1), args),
+                    median_ms(lambda: g1 @ w2, args),
+                    median_ms(lambda: p2 + b2, args),
+                    median_ms(lambda: torch.ops.aten.gelu_backward(g1, a1), args),
+                    median_ms(lambda: p1.sum(0), args),
+                ]
+            q1, bias1, gelu, q2, bias2, gelu_grad, bias_grad = pieces
+            print(f"#   forward's pieces alone: x @ W1 {q1:.3f} ms, + b1 {bias1:.3f}, gelu {gelu:.3f}, h @ W2 {q2:.3f}, + b2 {bias2:.3f} (sum {q1 + bias1 + gelu + q2 + bias2:.2f} ms, forward {fwd:.2f}); gelu_backward {gelu_grad:.3f} ms, bias gradient (sum over rows of [M, F]) {bias_grad:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -75,10 +75,27 @@ pub fn report(s: &Settings) -> Result<()> {
                 })?,
                 host_ms(rank, s, || adam.step(mlp.parameters_mut()))?,
             ];
-            Ok(([step, forward, loss, backward, adam_ms], host))
+            // The forward pass's pieces alone, in the step's order (the same ops on the same
+            // values), against which the whole forward is compared: what is left is not in them.
+            let (w1v, b1v) = (mlp.fc1().weight().value(), mlp.fc1().bias().expect("bias").value());
+            let (w2v, b2v) = (mlp.fc2().weight().value(), mlp.fc2().bias().expect("bias").value());
+            let p1 = xs.local().matmul(w1v)?;
+            let a1 = &p1 + b1v;
+            let g1 = a1.gelu();
+            let p2 = g1.matmul(w2v)?;
+            let pieces = [
+                time(rank, s, || xs.local().matmul(w1v))?,
+                time(rank, s, || Ok(&p1 + b1v))?,
+                time(rank, s, || Ok(a1.gelu()))?,
+                time(rank, s, || g1.matmul(w2v))?,
+                time(rank, s, || Ok(&p2 + b2v))?,
+                time(rank, s, || a1.gelu_backward(&g1))?,
+                time(rank, s, || p1.sum_axis(0))?,
+            ];
+            Ok(([step, forward, loss, backward, adam_ms], host, pieces))
         })?
         .remove(0);
-    let ([ms, forward, loss, backward, adam_ms], host) = ms;
+    let ([ms, forward, loss, backward, adam_ms], host, pieces) = ms;
     let flops = 6.0 * 2.0 * (M * E * F) as f64;
     println!(
         "# gpu_report --train: {}, one rank, M={M} E={E} F={F} bf16, Adam (f32 master weights): \
@@ -96,6 +113,13 @@ pub fn report(s: &Settings) -> Result<()> {
         "#   host time to queue each from an idle GPU: forward {:.2} ms, mse_loss {:.2} ms, \
          forward + backward {:.2} ms, Adam {:.2} ms",
         host[0], host[1], host[2], host[3]
+    );
+    let [p1, bias1, gelu, p2, bias2, gelu_grad, bias_grad] = pieces;
+    println!(
+        "#   forward's pieces alone: x @ W1 {p1:.3} ms, + b1 {bias1:.3}, gelu {gelu:.3}, h @ W2 \
+         {p2:.3}, + b2 {bias2:.3} (sum {:.2} ms, forward {forward:.2}); gelu_backward {gelu_grad:.3} \
+         ms, bias gradient (sum over rows of [M, F]) {bias_grad:.3} ms",
+        p1 + bias1 + gelu + p2 + bias2
     );
     Ok(())
 }
