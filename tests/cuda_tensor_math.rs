@@ -437,9 +437,21 @@ fn check_sums<T: Element>(fails: &mut Vec<String>, seed: u64) {
     // [16385] and [7, 40009] are over 16 Ki elements: whole sums of two passes (a partial per
     // chunk of 16 Ki, the last chunk 1 element long, then 18 chunks, the last one part full).
     // Sums over a leading axis run in two passes too: [1031, 3] and [613, 67] in 17 and 10
-    // chunks of rows, 67 columns in 3 tiles of 32 lanes, the last one part full.
-    let shapes: [&[usize]; 7] =
-        [&[3, 5, 7], &[1], &[2, 0, 3], &[1031, 3], &[613, 67], &[16385], &[7, 40009]];
+    // chunks of rows, 67 columns in 3 tiles of 32 lanes, the last one part full. Where the
+    // lanes are whole 16-byte vectors a thread adds a vector of lanes: [1031, 24], [613, 520]
+    // (520 lanes: 3 tiles of 256 bf16 lanes, the last part full) and [5, 9, 16] over axes 0 and 1.
+    let shapes: [&[usize]; 10] = [
+        &[3, 5, 7],
+        &[1],
+        &[2, 0, 3],
+        &[1031, 3],
+        &[613, 67],
+        &[16385],
+        &[7, 40009],
+        &[1031, 24],
+        &[613, 520],
+        &[5, 9, 16],
+    ];
     for shape in shapes {
         let a = Tensor::<T>::random(shape, seed + 31);
         let da = gpu(&a);

@@ -57,7 +57,7 @@ const UNROLL: usize = 4;
 /// per chunk of `UNROLL` steps a thread, not one wave of resident blocks (on one H200 such a
 /// wave, one or two vectors a thread, ran silu of [8192, 8192] bf16 at 1.26-1.30x the copy
 /// roofline, the chunks at 1.11x). The kernels walk chunks grid-stride past the cap.
-fn chunk_grid(vectors: usize) -> u32 {
+pub(super) fn chunk_grid(vectors: usize) -> u32 {
     vectors.div_ceil(UNROLL * kernels::BLOCK as usize).clamp(1, 1 << 24) as u32
 }
 
@@ -328,6 +328,27 @@ fn launch_lanes<T: Element>(
     kernels::launch(f, grid, kernels::BLOCK, x.stream(), args)
 }
 
+/// The longest row the row kernels keep in registers (`DT_ROW_CACHE * DT_ROW_THREADS` in
+/// local.cu: 32 accumulator values a thread, 16 in f64, 256 threads).
+fn row_cache<T: Element>() -> usize {
+    if size_of::<T::Acc>() == 8 { 16 * 256 } else { 32 * 256 }
+}
+
+/// The kernel for lanes of `n` along the last axis (`inner == 1`): the row kernel (`{rows}_vec`
+/// where a row is whole 16-byte vectors) when a row fits the registers, else `general`.
+fn row_kernel<T: Element>(
+    n: usize,
+    inner: usize,
+    rows: [&'static str; 2],
+    general: &'static str,
+) -> &'static str {
+    match (inner == 1 && n <= row_cache::<T>(), n.is_multiple_of(vec_len::<T>())) {
+        (true, true) => rows[1],
+        (true, false) => rows[0],
+        (false, _) => general,
+    }
+}
+
 /// Softmax along `axis` (checked by the caller).
 pub(crate) fn softmax<T: Element>(x: &DeviceStorage<T>, axis: usize) -> Result<DeviceStorage<T>> {
     let out = output::<T, T>(x, x.shape())?;
@@ -343,7 +364,8 @@ pub(crate) fn softmax<T: Element>(x: &DeviceStorage<T>, axis: usize) -> Result<D
         inner: inner as u64,
         ..Default::default()
     };
-    launch_lanes(x, "dt_softmax", &args, outer * inner)?;
+    let name = row_kernel::<T>(n, inner, ["dt_softmax_rows", "dt_softmax_rows_vec"], "dt_softmax");
+    launch_lanes(x, name, &args, outer * inner)?;
     Ok(out)
 }
 
@@ -376,7 +398,8 @@ pub(crate) fn norm<T: Element>(
         eps,
         mode: u32::from(weight.is_some()) | u32::from(bias.is_some()) << 1 | u32::from(layer) << 2,
     };
-    launch_lanes(x, "dt_norm", &args, x.len() / n)?;
+    let name = row_kernel::<T>(n, 1, ["dt_norm_rows", "dt_norm_rows_vec"], "dt_norm");
+    launch_lanes(x, name, &args, x.len() / n)?;
     Ok(out)
 }
 
@@ -471,7 +494,10 @@ fn sum_columns<T: Element>(
     (outer, n, inner): (usize, usize, usize),
     mean: bool,
 ) -> Result<()> {
-    let tiles = outer * inner.div_ceil(32);
+    // A thread adds one lane, or a 16-byte vector of neighbouring lanes where rows are whole
+    // vectors; a block's tile is 32 threads across.
+    let vec = if inner.is_multiple_of(vec_len::<T>()) { vec_len::<T>() } else { 1 };
+    let tiles = outer * inner.div_ceil(32 * vec);
     let chunks = COLUMN_BLOCKS.div_ceil(tiles).clamp(1, n.div_ceil(64).max(1));
     let rows = n.div_ceil(chunks).max(1);
     let chunks = n.div_ceil(rows).max(1);
@@ -487,7 +513,7 @@ fn sum_columns<T: Element>(
         chunks: chunks as u64,
         mode: u32::from(mean),
     };
-    let f = function(x, "dt_sum_columns")?;
+    let f = function(x, if vec > 1 { "dt_sum_columns_vec" } else { "dt_sum_columns" })?;
     let full = x.gpu().sm_count as u64 * f.blocks_per_sm as u64;
     let blocks = ((tiles * chunks) as u64).clamp(1, full) as u32;
     kernels::launch(f, blocks, kernels::BLOCK, x.stream(), &args)?;

@@ -69,6 +69,29 @@ __device__ __forceinline__ elem_t from_f64(double x) {
 #endif
 }
 
+#if DT_ELEM >= 2
+// The normal CDF Phi(x) for the exact GELU and its derivative in the half types, in f32: through
+// erfc(z) = t exp(-z^2 + P(t)), z = |x| / sqrt 2, t = 1 / (1 + z / 2) (the Chebyshev fit of
+// Numerical Recipes' erfcc: relative error under 1.2e-7 for every z, so the tail x < 0 keeps
+// its digits as erfcf does), with the MUFU reciprocal and exponential. NaN gives NaN; -inf gives
+// 0 and +inf 1, as erf does.
+__device__ __forceinline__ float phi_half(float x) {
+    const float z = fabsf(x) * 0.70710678118654752f;
+    const float t = __fdividef(1.0f, 1.0f + 0.5f * z);
+    const float p =
+        -1.26551223f +
+        t * (1.00002368f +
+             t * (0.37409196f +
+                  t * (0.09678418f +
+                       t * (-0.18628806f +
+                            t * (0.27886807f +
+                                 t * (-1.13520398f +
+                                      t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
+    const float half_erfc = 0.5f * t * __expf(p - z * z);
+    return x >= 0.0f ? 1.0f - half_erfc : half_erfc;
+}
+#endif
+
 // grad_t: what the training kernels' derivatives and norm gradients compute in: f64 for f32 and
 // f64 (the host's f64, so f32 results round as the host's do), f32 for the half types (whose one
 // rounding to 8 or 11 bits hides f32's few ulp).

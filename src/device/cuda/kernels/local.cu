@@ -49,12 +49,17 @@ __device__ __forceinline__ acc_t op_div_s(acc_t x, acc_t s) { return x / s; }
 __device__ __forceinline__ acc_t op_rsub_s(acc_t x, acc_t s) { return s - x; }
 __device__ __forceinline__ acc_t op_rdiv_s(acc_t x, acc_t s) { return s / x; }
 
-// The exact GELU in the accumulator type (f32 for f32 and the half types: erff is within 2
-// ulp, so the result rounds as the host's f64 one does within the dtype's tolerance; in f64 on
-// one H200 it took 4.9x the memory roofline at [8192, 8192] bf16).
+// The exact GELU, x * Phi(x). f32 and f64: erf in the accumulator type (erff is within 2 ulp;
+// in f64 on one H200 it took 4.9x the memory roofline at [8192, 8192] bf16). The half types:
+// phi_half (common.cuh), with MUFU instructions: erff held [8192, 8192] bf16 at 1.31x the
+// roofline, this at 1.24x (silu 1.10x: the polynomial's multiply-adds are what is left).
+#if DT_HALF
+__device__ __forceinline__ acc_t op_gelu(acc_t x, acc_t) { return x * phi_half(x); }
+#else
 __device__ __forceinline__ acc_t op_gelu(acc_t x, acc_t) {
     return (acc_t)0.5 * x * ((acc_t)1 + erf(x * (acc_t)0.70710678118654752440));
 }
+#endif
 
 // Blocks take chunks of DT_UNROLL * 256 vectors, one contiguous span, each thread DT_UNROLL
 // vectors 256 apart, all loaded before any is computed: 64 bytes a thread in flight. On one
@@ -607,17 +612,25 @@ __device__ __forceinline__ void block_max_sum(acc_t& m, acc_t& s, acc_t* scratch
     }
 }
 
+// Rows kept in registers have kernels of their own, apart from the general ones below, so that
+// the general path's registers do not lower their occupancy: on one H200, [16384, 8192] bf16
+// rms_norm inside dt_norm ran at 1.40x the copy roofline, alone (63 registers, four blocks a
+// multiprocessor) at 1.17x; layer_norm 1.53x -> 1.25x, softmax 1.30x -> 1.17x. The host launches them for rows of at most DT_ROW_CACHE * 256 over
+// the last axis (`row_cache` in local.rs), with 256 threads; _vec where a row is whole vectors.
+#define DT_ROWS_KERNEL(name, body, vec)                                                        \
+    extern "C" __global__ void __launch_bounds__(DT_ROW_THREADS)                              \
+        name(const __grid_constant__ LaneArgs p) {                                            \
+        __shared__ acc_t scratch[64];                                                          \
+        body<vec>(p, scratch);                                                                 \
+    }
+DT_ROWS_KERNEL(dt_softmax_rows_vec, softmax_rows, true)
+DT_ROWS_KERNEL(dt_softmax_rows, softmax_rows, false)
+DT_ROWS_KERNEL(dt_norm_rows_vec, norm_rows, true)
+DT_ROWS_KERNEL(dt_norm_rows, norm_rows, false)
+
+// Longer lanes, or lanes along an inner axis: the online (max, sum) pair over two reads.
 extern "C" __global__ void __launch_bounds__(256) dt_softmax(const __grid_constant__ LaneArgs p) {
     __shared__ acc_t scratch[64];
-    if (p.inner == 1 && p.n <= DT_ROW_CACHE * DT_ROW_THREADS && blockDim.x == DT_ROW_THREADS) {
-        if (p.n % DT_VEC == 0) {
-            softmax_rows<true>(p, scratch);
-        } else {
-            softmax_rows<false>(p, scratch);
-        }
-        return;
-    }
-    // Longer lanes, or lanes along an inner axis: the online (max, sum) pair over two reads.
     elem_t* out = (elem_t*)p.out;
     const elem_t* x = (const elem_t*)p.x;
     for (u64 lane = blockIdx.x; lane < p.outer * p.inner; lane += gridDim.x) {
@@ -637,18 +650,10 @@ extern "C" __global__ void __launch_bounds__(256) dt_softmax(const __grid_consta
     }
 }
 
-// rms_norm (mode bit 2 clear) and layer_norm (bit 2 set) over rows of `n` (inner = 1).
+// rms_norm (mode bit 2 clear) and layer_norm (bit 2 set) over rows of `n` (inner = 1) longer
+// than the register cache (dt_norm_rows): two reads (three for layer_norm).
 extern "C" __global__ void __launch_bounds__(256) dt_norm(const __grid_constant__ LaneArgs p) {
     __shared__ acc_t scratch[64];
-    if (p.n <= DT_ROW_CACHE * DT_ROW_THREADS && blockDim.x == DT_ROW_THREADS) {
-        if (p.n % DT_VEC == 0) {
-            norm_rows<true>(p, scratch);
-        } else {
-            norm_rows<false>(p, scratch);
-        }
-        return;
-    }
-    // Rows longer than the cache: two reads (three for layer_norm).
     elem_t* out = (elem_t*)p.out;
     const elem_t* x = (const elem_t*)p.x;
     const elem_t* w = (const elem_t*)p.w;
@@ -756,6 +761,49 @@ extern "C" __global__ void __launch_bounds__(256) dt_sum_columns(const __grid_co
             acc_t t = 0;
             for (int r = 0; r < 8; r++) t += part[r][tx];
             partial[chunk * lanes + o * p.inner + i] = t;
+        }
+        __syncthreads();
+    }
+}
+
+// dt_sum_columns where `inner` is a whole number of 16-byte vectors: a thread adds a vector of
+// DT_VEC neighbouring lanes (a warp 32 * DT_VEC lanes across, 8 warps down), in the same order as
+// dt_sum_columns (rows ty, ty + 8, ..., then the 8 partials in order). Two-byte loads, 64 bytes
+// a warp, held a [8192, 16384] bf16 bias gradient at 0.23 ms on one H200; this, 0.084 ms (torch
+// 0.075 ms).
+extern "C" __global__ void __launch_bounds__(256)
+    dt_sum_columns_vec(const __grid_constant__ ColumnArgs p) {
+    const u64 width = 32 * DT_VEC;
+    __shared__ acc_t part[8][32 * DT_VEC + 1];
+    const elem_t* x = (const elem_t*)p.x;
+    acc_t* partial = (acc_t*)p.partial;
+    const u64 tiles = (p.inner + width - 1) / width, lanes = p.outer * p.inner;
+    const u32 tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (u64 blk = blockIdx.x; blk < p.outer * tiles * p.chunks; blk += gridDim.x) {
+        const u64 chunk = blk % p.chunks, tile = blk / p.chunks;
+        const u64 o = tile / tiles, i0 = (tile % tiles) * width, i = i0 + tx * DT_VEC;
+        const u64 start = chunk * p.rows, end = min(start + p.rows, p.n);
+        acc_t s[DT_VEC];
+#pragma unroll
+        for (int j = 0; j < (int)DT_VEC; j++) s[j] = 0;
+        if (i < p.inner) {
+            const elem_t* column = x + o * p.n * p.inner + i;
+#pragma unroll 4
+            for (u64 r = start + ty; r < end; r += 8) {
+                const Vec16 v = *(const Vec16*)(column + r * p.inner);
+#pragma unroll
+                for (int j = 0; j < (int)DT_VEC; j++) s[j] += to_acc(v.v[j]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < (int)DT_VEC; j++) part[ty][tx * DT_VEC + j] = s[j];
+        __syncthreads();
+        for (u64 l = threadIdx.x; l < width; l += blockDim.x) {
+            if (i0 + l < p.inner) {
+                acc_t t = 0;
+                for (int r = 0; r < 8; r++) t += part[r][l];
+                partial[chunk * lanes + o * p.inner + i0 + l] = t;
+            }
         }
         __syncthreads();
     }
