@@ -5,7 +5,7 @@
 use super::Unary;
 use super::blas;
 use super::kernels::{self, Source};
-use super::local::{after, grid, launch_words, output, same_gpu};
+use super::local::{after, chunk_grid, launch_words, output, same_gpu};
 use super::storage::DeviceStorage;
 use crate::tensor::{Element, OptimRule};
 use crate::{Error, Result};
@@ -39,8 +39,9 @@ pub(crate) fn activation_grad<T: Element>(
     after(x, dy)?;
     x.gpu().bind()?;
     let f = kernels::function(x.gpu(), Source::Train, T::DTYPE, name)?;
-    let per_thread = 16 / size_of::<T>();
-    launch_words(x, f, grid(x, f, n, per_thread), &[out.ptr(), x.ptr(), dy.ptr(), n as u64])?;
+    // A block per chunk of DT_UNROLL (4) vectors a thread, as local.rs's `chunk_grid`.
+    let grid = chunk_grid(n / (16 / size_of::<T>()));
+    launch_words(x, f, grid, &[out.ptr(), x.ptr(), dy.ptr(), n as u64])?;
     Ok(out)
 }
 
@@ -186,7 +187,8 @@ pub(crate) fn optimizer_step<T: Element>(
     }
     value.gpu().bind()?;
     let f = kernels::function(value.gpu(), Source::Train, T::DTYPE, "dt_optim")?;
-    let grid = grid(value, f, n, 1);
+    // Four elements a thread, one pass (dt_optim walks grid-stride past the cap).
+    let grid = n.div_ceil(4 * kernels::BLOCK as usize).clamp(1, 1 << 24) as u32;
     kernels::launch(f, grid, kernels::BLOCK, value.stream(), &args)?;
     Ok(out)
 }
