@@ -222,14 +222,19 @@ pub(crate) fn binary<T: Element>(
     if n == 0 {
         return Ok(out);
     }
-    let name = match op {
-        Binary::Add => "dt_add",
-        Binary::Sub => "dt_sub",
-        Binary::Mul => "dt_mul",
-        Binary::Div => "dt_div",
+    let mut args = binary_plan(a.shape(), b.shape(), out_shape, vec_len::<T>() as u64)?;
+    // Inputs of the output's shape have a kernel of their own (`DT_BINARY_FLAT`).
+    let name = match (op, args.flat == 1) {
+        (Binary::Add, false) => "dt_add",
+        (Binary::Sub, false) => "dt_sub",
+        (Binary::Mul, false) => "dt_mul",
+        (Binary::Div, false) => "dt_div",
+        (Binary::Add, true) => "dt_add_flat",
+        (Binary::Sub, true) => "dt_sub_flat",
+        (Binary::Mul, true) => "dt_mul_flat",
+        (Binary::Div, true) => "dt_div_flat",
     };
     let f = function(a, name)?;
-    let mut args = binary_plan(a.shape(), b.shape(), out_shape, vec_len::<T>() as u64)?;
     (args.out, args.a, args.b) = (out.ptr(), a.ptr(), b.ptr());
     let vectors = args.vec == 1;
     after(a, b)?;
