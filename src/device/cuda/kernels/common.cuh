@@ -69,6 +69,55 @@ __device__ __forceinline__ elem_t from_f64(double x) {
 #endif
 }
 
+// 16-byte vectors of elements, what the elementwise kernels of local.cu and train.cu move
+// (cuMemAlloc buffers are 256-byte aligned, and tensors always start at their buffer).
+#define DT_VEC (16 / sizeof(elem_t))
+struct alignas(16) Vec16 {
+    elem_t v[DT_VEC];
+};
+
+// Vectors a thread of a chunked elementwise kernel takes, all loaded before any is computed.
+#define DT_UNROLL 4
+
+// The body of an elementwise kernel of two inputs of `n` elements: out[i] = expr, where expr
+// reads e0 = a[i] and e1 = b[i] (elem_t). Blocks take chunks of DT_UNROLL * blockDim.x vector
+// pairs, each thread DT_UNROLL pairs blockDim.x apart, all loaded before any is computed (on one
+// H200 silu moved at 1.11x the copy roofline so, against 1.26x for a vector a thread over a wave
+// of resident blocks); the grid is a block per chunk, walked grid-stride past the launch's cap;
+// the tail of fewer than a vector element by element.
+#define DT_ZIP_CHUNKS(out, a, b, n, expr)                                                     \
+    do {                                                                                      \
+        const u64 nv_ = (n) / DT_VEC, span_ = (u64)DT_UNROLL * blockDim.x;                    \
+        for (u64 chunk_ = blockIdx.x; chunk_ * span_ < nv_; chunk_ += gridDim.x) {            \
+            const u64 base_ = chunk_ * span_ + threadIdx.x;                                   \
+            Vec16 av_[DT_UNROLL], bv_[DT_UNROLL];                                             \
+            _Pragma("unroll") for (int h_ = 0; h_ < DT_UNROLL; h_++) {                        \
+                const u64 i_ = base_ + (u64)h_ * blockDim.x;                                  \
+                if (i_ < nv_) {                                                               \
+                    av_[h_] = ((const Vec16*)(a))[i_];                                        \
+                    bv_[h_] = ((const Vec16*)(b))[i_];                                        \
+                }                                                                             \
+            }                                                                                 \
+            _Pragma("unroll") for (int h_ = 0; h_ < DT_UNROLL; h_++) {                        \
+                const u64 i_ = base_ + (u64)h_ * blockDim.x;                                  \
+                if (i_ < nv_) {                                                               \
+                    Vec16 r_;                                                                 \
+                    _Pragma("unroll") for (int j_ = 0; j_ < (int)DT_VEC; j_++) {              \
+                        const elem_t e0 = av_[h_].v[j_], e1 = bv_[h_].v[j_];                  \
+                        r_.v[j_] = (expr);                                                    \
+                    }                                                                         \
+                    ((Vec16*)(out))[i_] = r_;                                                 \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        const u64 stride_ = (u64)gridDim.x * blockDim.x;                                      \
+        for (u64 i_ = nv_ * DT_VEC + (u64)blockIdx.x * blockDim.x + threadIdx.x; i_ < (n);    \
+             i_ += stride_) {                                                                 \
+            const elem_t e0 = (a)[i_], e1 = (b)[i_];                                          \
+            (out)[i_] = (expr);                                                               \
+        }                                                                                     \
+    } while (0)
+
 #if DT_ELEM >= 2
 // The normal CDF Phi(x) for the exact GELU and its derivative in the half types, in f32: through
 // erfc(z) = t exp(-z^2 + P(t)), z = |x| / sqrt 2, t = 1 / (1 + z / 2) (the Chebyshev fit of

@@ -7,16 +7,11 @@
 // one. Row kernels (softmax, norms, sums over the last axis) give one block per row, walked
 // grid-stride over rows; softmax and the norms keep a row that fits in registers.
 
-#define DT_VEC (16 / sizeof(elem_t))
 #define DT_NEG_INF (-__int_as_float(0x7f800000))
 // f16 / bf16: the activations take the MUFU intrinsics (__expf: a few f32 ulp; the results
 // round to 8 or 11 bits, and the tests' bound is 16 f32 ulp on top of that rounding); f32 and
 // f64 keep the accurate library functions.
 #define DT_HALF (DT_ELEM >= 2)
-
-struct alignas(16) Vec16 {
-    elem_t v[DT_VEC];
-};
 
 // ---- elementwise, one input ----
 
@@ -67,7 +62,6 @@ __device__ __forceinline__ acc_t op_gelu(acc_t x, acc_t) {
 // at 1.26x the copy roofline and add at 1.09x; these chunks at 1.11x and 1.03x. The grid is a
 // block per chunk (grid-stride beyond the launch's limit); the tail of fewer than a vector is
 // walked element by element.
-#define DT_UNROLL 4
 #define DT_UNARY(name, expr)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                          \
         name(elem_t* __restrict__ out, const elem_t* __restrict__ x, u64 n, double scalar) {  \
@@ -217,36 +211,10 @@ __device__ __forceinline__ acc_t op_div(acc_t x, acc_t y) { return x / y; }
 // Both inputs of the output's shape: 16-byte vectors in chunks, as DT_UNARY. A kernel of its own,
 // apart from the strided walks (DT_BINARY), whose registers lowered its occupancy: on one H200
 // add of [8192, 8192] bf16 ran at 1.048x the copy roofline inside the whole kernel, 1.031x alone.
-#define DT_BINARY_FLAT(name, f)                                                                \
+#define DT_BINARY_FLAT(name, f)                                                               \
     extern "C" __global__ void __launch_bounds__(256) name(const __grid_constant__ BinaryArgs p) { \
-        elem_t* out = (elem_t*)p.out;                                                          \
-        const elem_t* a = (const elem_t*)p.a;                                                  \
-        const elem_t* b = (const elem_t*)p.b;                                                  \
-        const u64 stride = (u64)gridDim.x * blockDim.x;                                        \
-        const u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x;                              \
-        const u64 nv = p.n / DT_VEC, span = (u64)DT_UNROLL * blockDim.x;                       \
-        for (u64 chunk = blockIdx.x; chunk * span < nv; chunk += gridDim.x) {                  \
-            const u64 base = chunk * span + threadIdx.x;                                       \
-            Vec16 x[DT_UNROLL], y[DT_UNROLL];                                                  \
-            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                            \
-                const u64 i = base + (u64)h * blockDim.x;                                      \
-                if (i < nv) {                                                                  \
-                    x[h] = ((const Vec16*)a)[i];                                               \
-                    y[h] = ((const Vec16*)b)[i];                                               \
-                }                                                                              \
-            }                                                                                  \
-            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                            \
-                const u64 i = base + (u64)h * blockDim.x;                                      \
-                if (i < nv) {                                                                  \
-                    Vec16 r;                                                                   \
-                    _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =           \
-                        from_acc(f(to_acc(x[h].v[j]), to_acc(y[h].v[j])));                     \
-                    ((Vec16*)out)[i] = r;                                                      \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
-        for (u64 i = nv * DT_VEC + t; i < p.n; i += stride)                                    \
-            out[i] = from_acc(f(to_acc(a[i]), to_acc(b[i])));                                  \
+        DT_ZIP_CHUNKS((elem_t*)p.out, (const elem_t*)p.a, (const elem_t*)p.b, p.n,            \
+                      from_acc(f(to_acc(e0), to_acc(e1))));                                    \
     }
 
 // Inputs broadcast or strided (`flat` is 0): each output element (or vector) finds its inputs.

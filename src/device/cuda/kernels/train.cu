@@ -9,12 +9,6 @@
 // compute in acc_t (f32 for f16 / bf16, as on the host); a half-type parameter is updated
 // through its f32 master copy and rounded into the parameter once per step.
 
-#define DT_VEC (16 / sizeof(elem_t))
-
-struct alignas(16) Vec16 {
-    elem_t v[DT_VEC];
-};
-
 // ---- activation derivatives: out = dy * f'(x) ----
 
 #if DT_ELEM >= 2
@@ -47,42 +41,13 @@ __device__ __forceinline__ grad_t d_relu(grad_t x) { return x > (grad_t)0 ? (gra
 
 #define DT_ACT(x, dy, d) from_grad(to_grad(dy) * d(to_grad(x)))
 
-// Blocks take chunks of DT_UNROLL * 256 vector pairs, each thread DT_UNROLL pairs 256 apart, all
-// loaded before any is computed (local.cu's DT_UNARY: on one H200 its chunks moved silu at
-// 1.11x the copy roofline against 1.26x for a vector a thread over a wave of resident blocks;
-// with the f32 Phi, the exact GELU's derivative over [8192, 16384] bf16 went 0.305 -> 0.255 ms);
-// the grid is a block per chunk, walked grid-stride past the launch's cap; the tail of fewer
-// than a vector element by element.
-#define DT_UNROLL 4
+// Chunks of vector pairs (DT_ZIP_CHUNKS, common.cuh; with the f32 Phi, the exact GELU's
+// derivative over [8192, 16384] bf16 went 0.305 -> 0.255 ms on one H200).
 #define DT_ACT_GRAD(name, d)                                                                  \
     extern "C" __global__ void __launch_bounds__(256)                                        \
         name(elem_t* __restrict__ out, const elem_t* __restrict__ x,                         \
              const elem_t* __restrict__ dy, u64 n) {                                         \
-        const u64 nv = n / DT_VEC, span = (u64)DT_UNROLL * blockDim.x;                       \
-        for (u64 chunk = blockIdx.x; chunk * span < nv; chunk += gridDim.x) {                \
-            const u64 base = chunk * span + threadIdx.x;                                     \
-            Vec16 xv[DT_UNROLL], dv[DT_UNROLL];                                              \
-            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                          \
-                const u64 i = base + (u64)h * blockDim.x;                                    \
-                if (i < nv) {                                                                \
-                    xv[h] = ((const Vec16*)x)[i];                                            \
-                    dv[h] = ((const Vec16*)dy)[i];                                           \
-                }                                                                            \
-            }                                                                                \
-            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                          \
-                const u64 i = base + (u64)h * blockDim.x;                                    \
-                if (i < nv) {                                                                \
-                    Vec16 r;                                                                 \
-                    _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =         \
-                        DT_ACT(xv[h].v[j], dv[h].v[j], d);                                   \
-                    ((Vec16*)out)[i] = r;                                                    \
-                }                                                                            \
-            }                                                                                \
-        }                                                                                    \
-        const u64 stride = (u64)gridDim.x * blockDim.x;                                      \
-        for (u64 i = nv * DT_VEC + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;        \
-             i += stride)                                                                    \
-            out[i] = DT_ACT(x[i], dy[i], d);                                                 \
+        DT_ZIP_CHUNKS(out, x, dy, n, DT_ACT(e0, e1, d));                                     \
     }
 
 DT_ACT_GRAD(dt_gelu_grad, d_gelu)
