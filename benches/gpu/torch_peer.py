@@ -140,7 +140,7 @@ def local_rows(args):
     bf = torch.bfloat16
 
     def timeit(fn):
-        # 50 ms of the op first, the clocks up, as gpu_report --local does.
+        # 50 ms of the op first, as gpu_report --local does.
         start = time.perf_counter()
         while time.perf_counter() - start < 0.05:
             for _ in range(10):

@@ -1,8 +1,8 @@
 //! `gpu_report --local`: each local op of a GPU tensor on one GPU (a world of one rank), bf16
 //! unless named, against the HBM roofline: the op's bytes read + written over the bandwidth of
 //! a device copy measured in the same run (`cuda::device_copy` of 1 GiB: 2 GiB moved). Medians
-//! of CUDA-event timings after 50 ms of warm-up (the clocks up). `benches/gpu/torch_peer.py --local` times the same ops
-//! in PyTorch on the same shapes, for the side-by-side table.
+//! of CUDA-event timings after 50 ms of warm-up. `benches/gpu/torch_peer.py --local` times the
+//! same ops in PyTorch on the same shapes, warmed the same way, for the side-by-side table.
 
 use dist_tensor::device::cuda;
 use dist_tensor::{Rank, Result, World};
@@ -21,13 +21,14 @@ struct LocalRow {
     flops: f64,
 }
 
-/// GPU time each op runs for before it is timed.
+/// Milliseconds (wall time) each op runs for before it is timed.
 const HOT_MS: u128 = 50;
 
-/// [`time`], after running `op` for [`HOT_MS`]: an idle H200 runs its multiprocessors at a
-/// fraction of their clock and takes tens of milliseconds to raise it, which five warm-up calls of
-/// a 0.08 ms op do not cover (on one H200 the exact GELU's kernel measured 1.25x the roofline
-/// right after an idle moment, 1.14x a second later). `torch_peer.py --local` warms the same way.
+/// [`time`], after running `op` for [`HOT_MS`], so that no row depends on how idle the GPU was
+/// before it: five warm-up calls of a 0.08 ms op are well under a millisecond, and in a scratch
+/// timing on one H200 the same exact-GELU kernel measured 1.25x the roofline in a first round and
+/// 1.14x in a second. In this report it moved no row by more than 0.01x (run of `a19bf44`
+/// against `10b40ad`). `torch_peer.py --local` warms the same way.
 fn time_hot<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>) -> Result<f64> {
     let start = Instant::now();
     while start.elapsed().as_millis() < HOT_MS {

@@ -46,7 +46,7 @@ pub(super) fn launch_words<T: Element>(
 }
 
 /// Elements per 16-byte vector.
-fn vec_len<T>() -> usize {
+pub(super) fn vec_len<T>() -> usize {
     16 / size_of::<T>()
 }
 

@@ -5,7 +5,7 @@
 use super::Unary;
 use super::blas;
 use super::kernels::{self, Source};
-use super::local::{after, chunk_grid, launch_words, output, same_gpu};
+use super::local::{after, chunk_grid, launch_words, output, same_gpu, vec_len};
 use super::storage::DeviceStorage;
 use crate::tensor::{Element, OptimRule};
 use crate::{Error, Result};
@@ -40,7 +40,7 @@ pub(crate) fn activation_grad<T: Element>(
     x.gpu().bind()?;
     let f = kernels::function(x.gpu(), Source::Train, T::DTYPE, name)?;
     // A block per chunk of DT_UNROLL (4) vectors a thread, as local.rs's `chunk_grid`.
-    let grid = chunk_grid(n / (16 / size_of::<T>()));
+    let grid = chunk_grid(n / vec_len::<T>());
     launch_words(x, f, grid, &[out.ptr(), x.ptr(), dy.ptr(), n as u64])?;
     Ok(out)
 }
