@@ -7,6 +7,7 @@ all_reduce (a GPU barrier); the slowest rank's median. Inputs uniform in [-1, 1)
     torchrun --nproc_per_node=2 benches/gpu/torch_peer.py [--iters 20 --warmup 5]
     python3 benches/gpu/torch_peer.py --local     # the local ops of `gpu_report --local`, one GPU
     python3 benches/gpu/torch_peer.py --train     # the training step of `gpu_report --train`
+    python3 benches/gpu/torch_peer.py --gemm      # that step's six products, as `gpu_report --gemm`
 
 NVLink multicast stays off (the machine's rule): NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set here if unset.
@@ -49,12 +50,16 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--local", action="store_true", help="the local-op rows, one GPU, no torchrun")
     parser.add_argument("--train", action="store_true", help="the MLP training step, one GPU, no torchrun")
+    parser.add_argument("--gemm", action="store_true", help="the training step's products, one GPU, no torchrun")
     args = parser.parse_args()
     if args.local:
         local_rows(args)
         return
     if args.train:
         train_step(args)
+        return
+    if args.gemm:
+        step_products(args)
         return
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -249,6 +254,46 @@ def train_step(args):
                 ]
             q1, bias1, gelu, q2, bias2, gelu_grad, bias_grad = pieces
             print(f"#   forward's pieces alone: x @ W1 {q1:.3f} ms, + b1 {bias1:.3f}, gelu {gelu:.3f}, h @ W2 {q2:.3f}, + b2 {bias2:.3f} (sum {q1 + bias1 + gelu + q2 + bias2:.2f} ms, forward {fwd:.2f}); gelu_backward {gelu_grad:.3f} ms, bias gradient (sum over rows of [M, F]) {bias_grad:.3f} ms")
+
+
+def step_products(args):
+    """The six products of the training step (as `gpu_report --gemm`), each timed as that times a
+    candidate (30 warm-up runs, the fastest of 3 passes of 20), with the kernel cuBLAS ran."""
+    torch.cuda.set_device(0)
+    bf = torch.bfloat16
+    m, e, f = 8192, 4096, 16384
+
+    def rand(*shape):
+        return (torch.rand(*shape, device="cuda") * 2 - 1).to(bf)
+
+    x, w1, h, w2, dy, dh = rand(m, e), rand(e, f), rand(m, f), rand(f, e), rand(m, e), rand(m, f)
+    products = [
+        ("x @ W1", (m, f, e), lambda: x @ w1),
+        ("h @ W2", (m, e, f), lambda: h @ w2),
+        ("h^T @ dy (dW2)", (f, e, m), lambda: h.t() @ dy),
+        ("dy @ W2^T (dh)", (m, f, e), lambda: dy @ w2.t()),
+        ("x^T @ dh (dW1)", (e, f, m), lambda: x.t() @ dh),
+        ("dh @ W1^T (dx)", (m, e, f), lambda: dh @ w1.t()),
+    ]
+    print(f"# torch_peer --gemm: torch {torch.__version__}, {torch.cuda.get_device_name()}, bf16, the fastest of 3 passes of 20 after 30 warm-up runs")
+    for name, (pm, pn, pk), fn in products:
+        for _ in range(30):
+            fn()
+        best = float("inf")
+        for _ in range(3):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                fn()
+            stop.record()
+            torch.cuda.synchronize()
+            best = min(best, start.elapsed_time(stop) / 20)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        kernels = sorted({evt.name for evt in prof.events() if evt.device_type == torch.autograd.DeviceType.CUDA})
+        flops = 2 * pm * pn * pk
+        print(f"{name}: m={pm} n={pn} k={pk}: {best:.4f} ms {flops / (best * 1e-3) / 1e12:.0f} TFLOP/s; kernels: {'; '.join(kernels)}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,16 @@
 //! `gpu_report --local`: each local op of a GPU tensor on one GPU (a world of one rank), bf16
 //! unless named, against the HBM roofline: the op's bytes read + written over the bandwidth of
 //! a device copy measured in the same run (`cuda::device_copy` of 1 GiB: 2 GiB moved). Medians
-//! of CUDA-event timings after 50 ms of warm-up. `benches/gpu/torch_peer.py --local` times the
-//! same ops in PyTorch on the same shapes, warmed the same way, for the side-by-side table.
+//! of CUDA-event timings of calls queued back to back, after 50 ms of warm-up.
+//! `benches/gpu/torch_peer.py --local` times the same ops in PyTorch on the same shapes, warmed
+//! and timed the same way, for the side-by-side table.
 
-use dist_tensor::device::cuda;
+use dist_tensor::device::cuda::{self, Timer};
 use dist_tensor::{Rank, Result, World};
 use half::bf16;
 use std::time::Instant;
 
-use crate::{Settings, time};
+use crate::Settings;
 
 /// One row: what was timed, its milliseconds, and the bytes it must move (0: a product, whose
 /// ceiling is the GEMM, not memory).
@@ -24,11 +25,12 @@ struct LocalRow {
 /// Milliseconds (wall time) each op runs for before it is timed.
 const HOT_MS: u128 = 50;
 
-/// [`time`], after running `op` for [`HOT_MS`], so that no row depends on how idle the GPU was
-/// before it: five warm-up calls of a 0.08 ms op are well under a millisecond, and in a scratch
-/// timing on one H200 the same exact-GELU kernel measured 1.25x the roofline in a first round and
-/// 1.14x in a second. In this report it moved no row by more than 0.01x (run of `a19bf44`
-/// against `10b40ad`). `torch_peer.py --local` warms the same way.
+/// Median milliseconds of `op` timed as `torch_peer.py --local` times torch's ops: run for
+/// [`HOT_MS`] first (so that no row depends on how idle the GPU was before it), then CUDA events
+/// around each of `s.iters` calls queued back to back, with no barrier between them (the two-GPU
+/// rows put one before each call). In two runs on H200s (2026-12-02, a barrier before each
+/// call in the first) every row read the same to the microsecond but silu (0.070 against 0.069
+/// ms); this way is the peer's.
 fn time_hot<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>) -> Result<f64> {
     let start = Instant::now();
     while start.elapsed().as_millis() < HOT_MS {
@@ -37,13 +39,26 @@ fn time_hot<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>)
         }
         cuda::synchronize(rank)?;
     }
-    time(rank, s, op)
+    for _ in 0..s.warmup {
+        op()?;
+    }
+    let mut timers = (0..s.iters).map(|_| Timer::new(rank)).collect::<Result<Vec<_>>>()?;
+    for t in &mut timers {
+        t.start(rank)?;
+        op()?;
+        t.stop(rank)?;
+    }
+    cuda::synchronize(rank)?;
+    let ms: Vec<f64> =
+        timers.iter().map(|t| t.elapsed_ms().map(f64::from)).collect::<Result<_>>()?;
+    Ok(crate::stats::median(ms))
 }
 
 fn rows(rank: &Rank<'_>, s: &Settings) -> Result<(f64, Vec<LocalRow>)> {
     const E: f64 = 2.0; // bytes of a bf16
     let square = cuda::random::<bf16>(rank, &[8192, 8192], 1)?;
     let other = cuda::random::<bf16>(rank, &[8192, 8192], 2)?;
+    let wider = &square * bf16::from_f32(4.0);
     let wide = cuda::random::<bf16>(rank, &[16384, 8192], 3)?;
     let weight = cuda::random::<bf16>(rank, &[8192], 4)?;
     let bias = cuda::random::<bf16>(rank, &[8192], 5)?;
@@ -61,6 +76,12 @@ fn rows(rank: &Rank<'_>, s: &Settings) -> Result<(f64, Vec<LocalRow>)> {
         row("add", "[8192, 8192]", time_hot(rank, s, || Ok(&square + &other))?, 3.0 * n * E),
         row("mul", "[8192, 8192]", time_hot(rank, s, || Ok(&square * &other))?, 3.0 * n * E),
         row("gelu", "[8192, 8192]", time_hot(rank, s, || Ok(square.gelu()))?, 2.0 * n * E),
+        row(
+            "gelu of [-4, 4)",
+            "[8192, 8192]",
+            time_hot(rank, s, || Ok(wider.gelu()))?,
+            2.0 * n * E,
+        ),
         row(
             "gelu_tanh",
             "[8192, 8192]",
@@ -108,7 +129,7 @@ fn rows(rank: &Rank<'_>, s: &Settings) -> Result<(f64, Vec<LocalRow>)> {
         flops: 2.0 * 32.0 * 2048.0 * 2048.0 * 128.0,
     });
     // Keep the inputs alive until every timing is done.
-    drop((square, other, wide, weight, bias, single, a, b, copied));
+    drop((square, other, wider, wide, weight, bias, single, a, b, copied));
     Ok((copy_gbs, out))
 }
 

@@ -15,7 +15,8 @@
 //! of the all_to_all. Without two GPUs it says why and exits successfully.
 //!
 //! `--local` instead times the local ops of a GPU tensor on one GPU against the HBM roofline
-//! (see `local.rs`); `--train` one training step of an MLP on one GPU (see `train.rs`).
+//! (see `local.rs`); `--train` one training step of an MLP on one GPU (see `train.rs`); `--gemm`
+//! every cuBLASLt candidate for that step's six products, timed under sustained load.
 
 use dist_tensor::device::cuda::{self, Timer};
 mod local;
@@ -33,6 +34,7 @@ pub(crate) struct Settings {
     stages: bool,
     local: bool,
     train: bool,
+    gemm: bool,
 }
 
 fn settings() -> Settings {
@@ -50,6 +52,7 @@ fn settings() -> Settings {
         stages: args.iter().any(|a| a == "--stages"),
         local: args.iter().any(|a| a == "--local"),
         train: args.iter().any(|a| a == "--train"),
+        gemm: args.iter().any(|a| a == "--gemm"),
     }
 }
 
@@ -253,6 +256,9 @@ fn main() -> Result<()> {
     }
     if s.train {
         return train::report(&s);
+    }
+    if s.gemm {
+        return train::candidates();
     }
     let world = match World::cuda(&[0, 1]) {
         Ok(w) => w,

@@ -63,6 +63,21 @@ pub fn report(s: &Settings) -> Result<()> {
                 mlp.backward(saved, &dy)
             })? - forward;
             let adam_ms = time(rank, s, || adam.step(mlp.parameters_mut()))?;
+            // The step with one part left out, to find time the parts alone do not show: without
+            // the loss (the gradient `dy` given, so nothing waits for the loss on the host), and
+            // without Adam.
+            let no_loss = time(rank, s, || {
+                let (_, saved) = mlp.forward(&xs)?;
+                mlp.zero_grad();
+                mlp.backward(saved, &dy)?;
+                adam.step(mlp.parameters_mut())
+            })?;
+            let no_adam = time(rank, s, || {
+                let (y, saved) = mlp.forward(&xs)?;
+                let (_loss, dy) = mse_loss(&y, &ts)?;
+                mlp.zero_grad();
+                mlp.backward(saved, &dy)
+            })?;
             // The host's time to queue each part from an idle GPU: near the GPU's time where the
             // host waits for the GPU inside (a read-back), far below it where it only queues.
             let host = [
@@ -92,10 +107,10 @@ pub fn report(s: &Settings) -> Result<()> {
                 time(rank, s, || a1.gelu_backward(&g1))?,
                 time(rank, s, || p1.sum_axis(0))?,
             ];
-            Ok(([step, forward, loss, backward, adam_ms], host, pieces))
+            Ok(([step, forward, loss, backward, adam_ms, no_loss, no_adam], host, pieces))
         })?
         .remove(0);
-    let ([ms, forward, loss, backward, adam_ms], host, pieces) = ms;
+    let ([ms, forward, loss, backward, adam_ms, no_loss, no_adam], host, pieces) = ms;
     let flops = 6.0 * 2.0 * (M * E * F) as f64;
     println!(
         "# gpu_report --train: {}, one rank, M={M} E={E} F={F} bf16, Adam (f32 master weights): \
@@ -108,6 +123,9 @@ pub fn report(s: &Settings) -> Result<()> {
     println!(
         "#   alone: forward {forward:.2} ms, mse_loss {loss:.2} ms, backward {backward:.2} ms \
          (forward + backward less forward), Adam {adam_ms:.2} ms"
+    );
+    println!(
+        "#   the step without mse_loss (dy given) {no_loss:.2} ms, without Adam {no_adam:.2} ms"
     );
     println!(
         "#   host time to queue each from an idle GPU: forward {:.2} ms, mse_loss {:.2} ms, \
@@ -135,4 +153,51 @@ fn host_ms<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>) 
     }
     cuda::synchronize(rank)?;
     Ok(crate::stats::median(ms))
+}
+
+/// The step's six products, row-major `[m, k] x [k, n]`, and which operand is read transposed:
+/// the forward's two, then the backward's (each layer's weight gradient, `a` transposed, and its
+/// input gradient, `b` transposed), as `gpu_report --train` runs them.
+const PRODUCTS: [(&str, (usize, usize, usize), (bool, bool)); 6] = [
+    ("x @ W1", (M, F, E), (false, false)),
+    ("h @ W2", (M, E, F), (false, false)),
+    ("h^T @ dy (dW2)", (F, E, M), (true, false)),
+    ("dy @ W2^T (dh)", (M, F, E), (false, true)),
+    ("x^T @ dh (dW1)", (E, F, M), (true, false)),
+    ("dh @ W1^T (dx)", (M, E, F), (false, true)),
+];
+
+/// Prints, for each of the step's products, every cuBLASLt candidate (up to 32) timed under
+/// sustained load ([`cuda::gemm_candidates`]), and the one the library's plan chose.
+pub fn candidates() -> Result<()> {
+    let world = match World::cuda(&[0]) {
+        Ok(w) => w,
+        Err(e) => {
+            println!("gpu_report --gemm: skipped, no GPU: {e}");
+            return Ok(());
+        }
+    };
+    let info = world.run(cuda::gpu_info)?.remove(0);
+    println!(
+        "# gpu_report --gemm: {}, bf16, cuBLASLt's candidates for the training step's products, \
+         each the fastest of 3 passes of 20 after 30 warm-up runs of every candidate",
+        info.name
+    );
+    for (name, (m, n, k), transposed) in PRODUCTS {
+        let found =
+            world.run(|rank| cuda::gemm_candidates::<bf16>(rank, (m, n, k), transposed, 32))?;
+        let flops = 2.0 * (m * n * k) as f64;
+        println!("## {name}: m={m} n={n} k={k}");
+        for c in &found[0] {
+            println!(
+                "{:>2} {} {:.4} ms {:.0} TFLOP/s{}",
+                c.heuristic_rank,
+                c.config,
+                c.ms,
+                flops / (c.ms * 1e-3) / 1e12,
+                if c.chosen { "  <- chosen" } else { "" }
+            );
+        }
+    }
+    Ok(())
 }

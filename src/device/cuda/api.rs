@@ -16,12 +16,14 @@ use crate::tensor::Element;
 use crate::{Error, Result};
 
 pub(crate) use super::local::{
-    batched_matmul, binary, cast, norm, permute, softmax, sum_axis, total, unary, zeros_like,
+    batched_matmul, bias_activation, binary, cast, norm, permute, softmax, sum_axis, total, unary,
+    zeros_like,
 };
 pub(crate) use super::norm_grad::norm_backward;
 pub(crate) use super::storage::DeviceStorage;
 pub(crate) use super::train::{
-    activation_grad, matmul_lhs_transposed, mse_parts, optimizer_step, upload_like,
+    activation_grad, bias_activation_grad, matmul_lhs_transposed, mse_parts, optimizer_step,
+    upload_like,
 };
 pub(crate) use super::world::CudaWorld;
 
@@ -442,6 +444,50 @@ pub(crate) mod public {
         let out = super::super::ops::out_tensor::<T>(&g, src.shape())?;
         super::super::ops::copy(out.ptr(), src.ptr(), src.len() * size_of::<T>(), g.stream())?;
         Ok(Tensor::from_device_storage(out))
+    }
+
+    /// cuBLASLt's candidate algorithms (up to `count`, in its heuristic's order) for the
+    /// row-major product `[m, k] x [k, n]` of `T` on `rank`'s GPU, `a` stored as `[k, m]` and
+    /// `b` as `[n, k]` where `transposed` says so, each timed on random operands under sustained
+    /// load (every candidate run 30 times first, then the fastest of three passes of 20
+    /// products): a diagnostic of the algorithm the library's products use, marked
+    /// [`GemmCandidate::chosen`] (its plan is made and tuned by this call if it was not yet).
+    /// `gpu_report --gemm` prints them for the training step's products.
+    ///
+    /// # Errors
+    /// [`Error::DeviceUnavailable`] outside a GPU world; [`Error::DeviceStatus`] when cuBLASLt
+    /// has no algorithm for the product or fails.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, World};
+    /// if let Ok(world) = World::cuda(&[0]) {
+    ///     let found = world.run(|rank| cuda::gemm_candidates::<f32>(rank, (64, 48, 32), (false, true), 4))?;
+    ///     assert!(found[0].iter().filter(|c| c.chosen).count() <= 1);
+    ///     assert!(found[0].iter().all(|c| c.ms > 0.0));
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn gemm_candidates<T: Element>(
+        rank: &Rank<'_>,
+        mnk: (usize, usize, usize),
+        (a, b): (bool, bool),
+        count: usize,
+    ) -> Result<Vec<super::super::GemmCandidate>> {
+        let g = gpu_rank(rank)?;
+        let timing = super::super::blas::Timing { warmup: 30, warm_all: true, passes: 3, runs: 20 };
+        let transposed = super::super::blas::Transposed { a, b };
+        let found = super::super::blas::candidates(
+            g.gpu(),
+            g.stream(),
+            mnk,
+            transposed,
+            T::DTYPE,
+            count.max(1),
+            timing,
+        )?;
+        g.synchronize()?;
+        Ok(found)
     }
 
     /// A tensor of `shape` on `rank`'s GPU, uniform in `[-1, 1)`, drawn on the GPU by a

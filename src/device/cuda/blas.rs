@@ -1,15 +1,21 @@
-//! GEMM through cuBLASLt: row-major `C[m, n] = A[m, k] B[k, n]`, half types in, f32 accumulate,
-//! output in the element type or in f32 (partials of matmul_reduce_scatter). Plans (descriptors,
-//! layouts and the chosen algorithm) are cached per shape and alignment: the safe cudarc call
-//! rebuilds them on every call, which costs host time at decode sizes.
+//! GEMM through cuBLASLt and cuBLAS: row-major `C[m, n] = A[m, k] B[k, n]`, half types in, f32
+//! accumulate, output in the element type or in f32 (partials of matmul_reduce_scatter). Plans
+//! (descriptors, layouts and the chosen algorithm) are cached per shape and alignment: the safe
+//! cudarc call rebuilds them on every call, which costs host time at decode sizes. A large
+//! product's algorithm is the fastest, timed, of cuBLASLt's candidates and cuBLAS's own choice
+//! (`cublasGemmEx`, what PyTorch calls), whose kernels cuBLASLt's heuristic does not always offer:
+//! on one H200 (2026-12-02) its kernel for `[8192, 4096] x [4096, 16384]` bf16 took 1.44 ms
+//! against 1.54 ms for the best of cuBLASLt's eight.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use cudarc::cublas::sys as blas_sys;
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::{result as cu, sys};
 
+use super::GemmCandidate;
 use super::driver::{Check, CudaDevice, guarded, require_library};
 use super::memory::DeviceBuffer;
 use crate::tensor::DType;
@@ -24,15 +30,75 @@ const CANDIDATES: usize = 8;
 const TUNE_MIN_WORK: u64 = 1 << 32;
 /// Timed runs per candidate and pass.
 const TUNE_RUNS: usize = 5;
-/// Untimed runs before timing, to bring the clocks up.
-const TUNE_WARMUP: usize = 20;
+/// Untimed runs of each candidate before timing, to bring the clocks up.
+const TUNE_WARMUP: usize = 3;
+
+/// How candidate algorithms are timed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    /// Untimed products first (of the first candidate, or of each with `warm_all`).
+    pub(crate) warmup: usize,
+    pub(crate) warm_all: bool,
+    /// Passes over the candidates, and products a candidate runs in one pass.
+    pub(crate) passes: usize,
+    pub(crate) runs: usize,
+}
+
+impl Timing {
+    /// What a plan's tuning does: every candidate warmed, so that the GPU runs at the clocks of
+    /// sustained work before any is timed (a burst of the first candidate alone picked, on one
+    /// H200, an algorithm 7% slower under load than the best).
+    const TUNE: Timing = Timing { warmup: TUNE_WARMUP, warm_all: true, passes: 3, runs: TUNE_RUNS };
+}
+
+/// A product's algorithm: one of cuBLASLt's, or cuBLAS's own choice (`cublasGemmEx` /
+/// `cublasGemmStridedBatchedEx` with its default tensor-op algorithm).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Algo {
+    Lt(lt_sys::cublasLtMatmulAlgo_t),
+    Cublas,
+}
+
+/// `algo`'s configuration attributes, for [`GemmCandidate::config`].
+fn algo_config(algo: &Algo) -> String {
+    use lt_sys::cublasLtMatmulAlgoConfigAttributes_t::*;
+    let algo = match algo {
+        Algo::Cublas => return "cuBLAS's own (cublasGemmEx, default tensor-op algorithm)".into(),
+        Algo::Lt(algo) => algo,
+    };
+    let get = |attr, bytes: usize| {
+        let (mut value, mut written) = (0u32, 0usize);
+        // SAFETY: `algo` is an initialised algorithm; the attribute is an integer of `bytes`
+        // (4, or 2 for the uint16_t ones of cublasLt.h) bytes, and `value` has room for it
+        // (little-endian: the low bytes).
+        let status = unsafe {
+            lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                attr,
+                &mut value as *mut u32 as *mut c_void,
+                bytes,
+                &mut written,
+            )
+        };
+        if status == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS { value as i64 } else { -1 }
+    };
+    format!(
+        "cuBLASLt id {} tile {} stages {} split-k {} swizzle {} cluster {}",
+        get(CUBLASLT_ALGO_CONFIG_ID, 4),
+        get(CUBLASLT_ALGO_CONFIG_TILE_ID, 4),
+        get(CUBLASLT_ALGO_CONFIG_STAGES_ID, 4),
+        get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 4),
+        get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, 4),
+        get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, 2),
+    )
+}
 
 fn blas_error(call: &'static str, e: lt::CublasError) -> Error {
     Error::DeviceStatus { call, code: e.0 as i32, message: format!("{:?}", e.0) }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct PlanKey {
+pub(crate) struct PlanKey {
     m: usize,
     n: usize,
     k: usize,
@@ -41,6 +107,13 @@ struct PlanKey {
     align: [u32; 3],
     batch: Batch,
     transposed: Transposed,
+}
+
+impl PlanKey {
+    /// Multiply-adds of the whole call.
+    fn work(&self) -> u64 {
+        (self.m * self.n * self.k * self.batch.count) as u64
+    }
 }
 
 /// Operands stored transposed and read so in place (cuBLASLt's transpose flags, no copy): `a`
@@ -69,12 +142,17 @@ impl Batch {
 struct Plan {
     desc: lt_sys::cublasLtMatmulDesc_t,
     layouts: [lt_sys::cublasLtMatrixLayout_t; 3],
-    algo: lt_sys::cublasLtMatmulAlgo_t,
+    algo: Algo,
 }
 
-/// One GPU's cuBLASLt handle, workspace and plans.
+/// One stream's cuBLASLt and cuBLAS handles, workspace and plans.
 pub(crate) struct Blas {
     handle: lt_sys::cublasLtHandle_t,
+    /// cuBLAS's handle on this stream, with the workspace; `None` where libcublas is absent
+    /// (its candidate is then not offered).
+    cublas: Option<blas_sys::cublasHandle_t>,
+    /// The stream this `Blas` serves (its products are queued there).
+    stream: sys::CUstream,
     workspace: DeviceBuffer,
     plans: HashMap<PlanKey, Plan>,
 }
@@ -88,6 +166,68 @@ fn cuda_type(d: DType) -> lt_sys::cudaDataType {
     }
 }
 
+fn cublas_type(d: DType) -> blas_sys::cudaDataType {
+    match d {
+        DType::F32 => blas_sys::cudaDataType::CUDA_R_32F,
+        DType::F64 => blas_sys::cudaDataType::CUDA_R_64F,
+        DType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
+        DType::BF16 => blas_sys::cudaDataType::CUDA_R_16BF,
+    }
+}
+
+/// `key`'s m, n and k as cuBLAS's 32-bit ints, where they and the batch's strides fit.
+fn cublas_dims(key: &PlanKey) -> Option<(i32, i32, i32)> {
+    let fits = |v: usize| i32::try_from(v).ok();
+    fits(key.batch.count)?;
+    Some((fits(key.m)?, fits(key.n)?, fits(key.k)?))
+}
+
+/// A cuBLAS handle bound to `stream`, using `workspace` (cuBLASLt's: the two run in order on
+/// one stream); `None` where libcublas is absent or fails to start (its candidate is then left
+/// out, as an optional extra).
+fn cublas_handle(stream: sys::CUstream, workspace: u64) -> Option<blas_sys::cublasHandle_t> {
+    // SAFETY: only opens the library (dlopen).
+    if !unsafe { blas_sys::is_culib_present() } {
+        return None;
+    }
+    let mut h = std::ptr::null_mut();
+    let ok = guarded("libcublas", || {
+        // SAFETY: `h` receives a new handle under the current context (the caller bound it);
+        // the stream and workspace outlive it (both belong to the `Blas` that owns it). The
+        // workspace is set after the stream (setting a stream resets it).
+        let ok = unsafe {
+            blas_sys::cublasCreate_v2(&mut h) == blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                && bind_cublas(h, stream, workspace)
+        };
+        Ok(ok)
+    })
+    .unwrap_or(false);
+    if ok {
+        Some(h)
+    } else {
+        if !h.is_null() {
+            // SAFETY: the handle was made above and is not used after this.
+            let _ = unsafe { blas_sys::cublasDestroy_v2(h) };
+        }
+        None
+    }
+}
+
+/// Queues `h`'s calls on `stream`, with `WORKSPACE_BYTES` at `workspace` (set after the stream:
+/// setting a stream resets the workspace). Whether both calls succeeded.
+///
+/// # Safety
+/// `h` is a live cuBLAS handle; the stream and the workspace outlive its use with them.
+unsafe fn bind_cublas(h: blas_sys::cublasHandle_t, stream: sys::CUstream, workspace: u64) -> bool {
+    // SAFETY: as the caller promises.
+    unsafe {
+        blas_sys::cublasSetStream_v2(h, stream as blas_sys::cudaStream_t)
+            == blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+            && blas_sys::cublasSetWorkspace_v2(h, workspace as *mut c_void, WORKSPACE_BYTES)
+                == blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+    }
+}
+
 pub(crate) fn dtype_bytes(d: DType) -> usize {
     match d {
         DType::F32 => 4,
@@ -96,16 +236,24 @@ pub(crate) fn dtype_bytes(d: DType) -> usize {
     }
 }
 
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each plan owns its descriptors, destroyed once, when no call uses them any
+        // more (they belong to no handle).
+        unsafe {
+            let _ = lt::destroy_matmul_desc(self.desc);
+            for l in self.layouts {
+                let _ = lt::destroy_matrix_layout(l);
+            }
+        }
+    }
+}
+
 impl Drop for Blas {
     fn drop(&mut self) {
-        for plan in self.plans.values() {
-            // SAFETY: each descriptor is destroyed once, and no call uses it any more.
-            unsafe {
-                let _ = lt::destroy_matmul_desc(plan.desc);
-                for l in plan.layouts {
-                    let _ = lt::destroy_matrix_layout(l);
-                }
-            }
+        if let Some(h) = self.cublas {
+            // SAFETY: the handle is not used after this.
+            let _ = unsafe { blas_sys::cublasDestroy_v2(h) };
         }
         // SAFETY: the handle is not used after this.
         let _ = unsafe { lt::destroy_handle(self.handle) };
@@ -126,11 +274,9 @@ impl Blas {
         let handle = guarded("libcublasLt", || {
             lt::create_handle().map_err(|e| blas_error("cublasLtCreate", e))
         })?;
-        Ok(Blas {
-            handle,
-            workspace: DeviceBuffer::new(gpu, WORKSPACE_BYTES, stream)?,
-            plans: HashMap::new(),
-        })
+        let workspace = DeviceBuffer::new(gpu, WORKSPACE_BYTES, stream)?;
+        let cublas = cublas_handle(stream, workspace.ptr);
+        Ok(Blas { handle, cublas, stream, workspace, plans: HashMap::new() })
     }
 
     fn plan(&mut self, gpu: &Arc<CudaDevice>, key: PlanKey) -> Result<&Plan> {
@@ -142,6 +288,28 @@ impl Blas {
     }
 
     fn make_plan(&self, gpu: &Arc<CudaDevice>, key: PlanKey) -> Result<Plan> {
+        let mut plan = self.describe(key)?;
+        let algos = self.candidate_algos(key, &plan, CANDIDATES)?;
+        plan.algo = algos[0];
+        if algos.len() > 1 && key.work() >= TUNE_MIN_WORK {
+            plan.algo = self.fastest(gpu, key, &plan, &algos)?;
+        }
+        Ok(plan)
+    }
+
+    /// cuBLASLt's heuristic's candidates (up to `count`, its first choice first), then cuBLAS's
+    /// own where it can run the product.
+    fn candidate_algos(&self, key: PlanKey, plan: &Plan, count: usize) -> Result<Vec<Algo>> {
+        let mut algos: Vec<Algo> =
+            self.heuristic(key, plan, count)?.into_iter().map(Algo::Lt).collect();
+        if self.cublas.is_some() && cublas_dims(&key).is_some() {
+            algos.push(Algo::Cublas);
+        }
+        Ok(algos)
+    }
+
+    /// The descriptor and layouts of `key`'s product (its algorithm left unset).
+    fn describe(&self, key: PlanKey) -> Result<Plan> {
         let (compute, scale) = if key.input == DType::F64 {
             (lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F, lt_sys::cudaDataType::CUDA_R_64F)
         } else {
@@ -221,6 +389,24 @@ impl Blas {
                 .map_err(|e| blas_error("cublasLtMatrixLayoutSetAttribute", e))?;
             }
         }
+        Ok(Plan {
+            desc,
+            layouts: [a_layout, b_layout, c_layout],
+            // Replaced by the caller before any launch.
+            algo: Algo::Cublas,
+        })
+    }
+
+    /// Up to `count` of cuBLASLt's candidate algorithms for `plan`, best guess first.
+    fn heuristic(
+        &self,
+        key: PlanKey,
+        plan: &Plan,
+        count: usize,
+    ) -> Result<Vec<lt_sys::cublasLtMatmulAlgo_t>> {
+        let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
+        let [a_layout, b_layout, c_layout] = plan.layouts;
+        let desc = plan.desc;
         let pref = lt::create_matmul_pref()
             .map_err(|e| blas_error("cublasLtMatmulPreferenceCreate", e))?;
         let set = |attr, value: &[u8]| {
@@ -242,11 +428,11 @@ impl Blas {
         set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align[0].to_ne_bytes())?;
         set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align[2].to_ne_bytes())?;
         set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align[2].to_ne_bytes())?;
-        let mut found = [std::mem::MaybeUninit::<lt_sys::cublasLtMatmulHeuristicResult_t>::zeroed();
-            CANDIDATES];
-        let mut count = 0;
+        let mut found =
+            vec![std::mem::MaybeUninit::<lt_sys::cublasLtMatmulHeuristicResult_t>::zeroed(); count];
+        let mut returned = 0;
         // SAFETY: every descriptor is valid and describes this product; `found` has room for
-        // CANDIDATES results.
+        // `count` results.
         let status = unsafe {
             lt_sys::cublasLtMatmulAlgoGetHeuristic(
                 self.handle,
@@ -256,15 +442,15 @@ impl Blas {
                 c_layout,
                 c_layout,
                 pref,
-                CANDIDATES as i32,
+                count as i32,
                 found.as_mut_ptr() as *mut _,
-                &mut count,
+                &mut returned,
             )
         };
         // SAFETY: `pref` is not used after this.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
         // SAFETY: the first `count` results were written.
-        let algos: Vec<lt_sys::cublasLtMatmulAlgo_t> = found[..count.max(0) as usize]
+        let algos: Vec<lt_sys::cublasLtMatmulAlgo_t> = found[..returned.max(0) as usize]
             .iter()
             .map(|r| unsafe { r.assume_init() })
             .filter(|r| {
@@ -283,11 +469,7 @@ impl Blas {
                 ),
             });
         }
-        let mut plan = Plan { desc, layouts: [a_layout, b_layout, c_layout], algo: algos[0] };
-        if algos.len() > 1 && m * n * k * key.batch.count as u64 >= TUNE_MIN_WORK {
-            plan.algo = self.fastest(gpu, key, &plan, &algos)?;
-        }
-        Ok(plan)
+        Ok(algos)
     }
 
     /// Times each candidate algorithm on random operands of the plan's shape (on a stream of its
@@ -299,12 +481,29 @@ impl Blas {
         gpu: &Arc<CudaDevice>,
         key: PlanKey,
         plan: &Plan,
-        algos: &[lt_sys::cublasLtMatmulAlgo_t],
-    ) -> Result<lt_sys::cublasLtMatmulAlgo_t> {
+        algos: &[Algo],
+    ) -> Result<Algo> {
+        let times = self.time_on_own_stream(gpu, key, plan, algos, Timing::TUNE)?;
+        let best = (0..algos.len())
+            .filter(|&i| times[i].is_finite())
+            .min_by(|&a, &b| times[a].total_cmp(&times[b]))
+            .unwrap_or(0);
+        Ok(algos[best])
+    }
+
+    /// [`Blas::time_candidates`] on a stream made for it, destroyed after.
+    fn time_on_own_stream(
+        &self,
+        gpu: &Arc<CudaDevice>,
+        key: PlanKey,
+        plan: &Plan,
+        algos: &[Algo],
+        timing: Timing,
+    ) -> Result<Vec<f32>> {
         // A stream of its own (not `Streams`, whose drop takes the cuBLASLt lock held here).
         let stream =
             cu::stream::create(cu::stream::StreamKind::NonBlocking).check("cuStreamCreate")?;
-        let result = self.time_candidates(gpu, key, plan, algos, stream);
+        let result = self.time_candidates(gpu, key, plan, algos, stream, timing);
         // SAFETY: the stream is idle (the timing synchronized it, or failed before queuing).
         let _ = unsafe { cu::stream::synchronize(stream) };
         super::memory::release_stream_cache(gpu, stream);
@@ -313,17 +512,19 @@ impl Blas {
         result
     }
 
+    /// Milliseconds of one product with each candidate (infinite where it failed to launch):
+    /// after `timing.warmup` untimed products, `timing.passes` passes over the candidates of
+    /// `timing.runs` products each, each candidate's fastest pass.
     fn time_candidates(
         &self,
         gpu: &Arc<CudaDevice>,
         key: PlanKey,
         plan: &Plan,
-        algos: &[lt_sys::cublasLtMatmulAlgo_t],
+        algos: &[Algo],
         stream: sys::CUstream,
-    ) -> Result<lt_sys::cublasLtMatmulAlgo_t> {
+        timing: Timing,
+    ) -> Result<Vec<f32>> {
         let (ib, ob) = (dtype_bytes(key.input), dtype_bytes(key.output));
-        // Operands at the plan's alignments: offsets into buffers aligned to 256 bytes.
-        let offset = |align: u32| if align >= 256 { 0 } else { align as usize };
         // Elements each operand spans over the whole batch.
         let Batch { count, stride_a, stride_b } = key.batch;
         let (a_len, b_len) = (
@@ -348,56 +549,130 @@ impl Blas {
             ];
             super::kernels::launch_raw(f, gpu.sm_count as u32 * 4, 256, stream, &mut params)?;
         }
-        let ptrs = (
-            a.ptr + offset(key.align[0]) as u64,
-            b.ptr + offset(key.align[1]) as u64,
-            c.ptr + offset(key.align[2]) as u64,
-        );
+        // A workspace of its own: products queued on the plan's stream before this may still
+        // be using that one.
+        let workspace = DeviceBuffer::new(gpu, WORKSPACE_BYTES, stream)?;
+        let on = (stream, workspace.ptr);
+        let times = match self.cublas {
+            // SAFETY: the handle is this `Blas`'s, used by no one else while `self` is borrowed;
+            // it is bound back to the plan's stream and workspace below.
+            Some(h) if !unsafe { bind_cublas(h, stream, workspace.ptr) } => {
+                Err(Error::DeviceStatus {
+                    call: "cublasSetStream",
+                    code: -1,
+                    message: "could not move cuBLAS's handle to the tuning stream".into(),
+                })
+            }
+            _ => self.time_on(key, plan, algos, (a.ptr, b.ptr, c.ptr), on, timing),
+        };
+        if let Some(h) = self.cublas {
+            // SAFETY: as above; the plan's stream and workspace live as long as `self`.
+            if !unsafe { bind_cublas(h, self.stream, self.workspace.ptr) } {
+                return Err(Error::DeviceStatus {
+                    call: "cublasSetStream",
+                    code: -1,
+                    message: "could not move cuBLAS's handle back to its stream".into(),
+                });
+            }
+        }
+        times
+    }
+
+    /// [`Blas::time_candidates`]'s timing, on buffers `(a, b, c)` at the plan's alignments.
+    fn time_on(
+        &self,
+        key: PlanKey,
+        plan: &Plan,
+        algos: &[Algo],
+        (a, b, c): (u64, u64, u64),
+        on: (sys::CUstream, u64),
+        timing: Timing,
+    ) -> Result<Vec<f32>> {
+        let stream = on.0;
+        // Operands at the plan's alignments: offsets into buffers aligned to 256 bytes.
+        let offset = |align: u32| if align >= 256 { 0 } else { align as u64 };
+        let ptrs = (a + offset(key.align[0]), b + offset(key.align[1]), c + offset(key.align[2]));
         let (start, stop) = (super::driver::Event::new(true)?, super::driver::Event::new(true)?);
         // Bring the clocks up first (an idle H200 runs at a fraction of its clock, and the
-        // candidates timed first would look slow), then time every candidate in two passes and
+        // candidates timed first would look slow), then time every candidate in passes and
         // keep each one's best, so that a passing disturbance does not pick the winner.
-        let mut usable: Vec<bool> = algos
-            .iter()
-            .map(|algo| self.launch(plan, algo, key.input, ptrs, stream).is_ok())
-            .collect();
-        for _ in 0..TUNE_WARMUP {
-            let _ = self.launch(plan, &algos[0], key.input, ptrs, stream);
+        let mut usable: Vec<bool> =
+            algos.iter().map(|algo| self.launch(&key, plan, algo, ptrs, on).is_ok()).collect();
+        let warmed = if timing.warm_all { algos.len() } else { 1 };
+        for _ in 0..timing.warmup {
+            for (i, algo) in algos.iter().enumerate().take(warmed) {
+                if usable[i] {
+                    usable[i] &= self.launch(&key, plan, algo, ptrs, on).is_ok();
+                }
+            }
         }
         let mut times = vec![f32::INFINITY; algos.len()];
-        for _pass in 0..2 {
+        for _pass in 0..timing.passes {
             for (i, algo) in algos.iter().enumerate() {
                 if !usable[i] {
                     continue;
                 }
                 start.record(stream)?;
-                for _ in 0..TUNE_RUNS {
-                    usable[i] &= self.launch(plan, algo, key.input, ptrs, stream).is_ok();
+                for _ in 0..timing.runs {
+                    usable[i] &= self.launch(&key, plan, algo, ptrs, on).is_ok();
                 }
                 stop.record(stream)?;
                 // SAFETY: the stream is this function's own; nothing else waits on it.
                 unsafe { cu::stream::synchronize(stream) }.check("cuStreamSynchronize")?;
-                times[i] = times[i].min(start.elapsed_ms(&stop)?);
+                times[i] = times[i].min(start.elapsed_ms(&stop)? / timing.runs as f32);
             }
         }
-        let best = (0..algos.len())
-            .filter(|&i| usable[i])
-            .min_by(|&a, &b| times[a].total_cmp(&times[b]))
-            .unwrap_or(0);
-        Ok(algos[best])
+        for (t, ok) in times.iter_mut().zip(&usable) {
+            if !ok {
+                *t = f32::INFINITY;
+            }
+        }
+        Ok(times)
     }
 
+    /// Every candidate of `key`'s product (up to `count`), timed as `timing` says, with its
+    /// configuration, and which one the plan uses.
+    fn candidates(
+        &mut self,
+        gpu: &Arc<CudaDevice>,
+        key: PlanKey,
+        count: usize,
+        timing: Timing,
+    ) -> Result<Vec<GemmCandidate>> {
+        let chosen = self.plan(gpu, key)?.algo;
+        let plan = self.describe(key)?;
+        let algos = self.candidate_algos(key, &plan, count)?;
+        let times = self.time_on_own_stream(gpu, key, &plan, &algos, timing)?;
+        Ok(algos
+            .iter()
+            .zip(times)
+            .enumerate()
+            .map(|(i, (algo, ms))| GemmCandidate {
+                heuristic_rank: i,
+                config: algo_config(algo),
+                ms: f64::from(ms),
+                chosen: *algo == chosen,
+            })
+            .collect())
+    }
+
+    /// `key`'s product with `algo` on `stream`, using `workspace` (`WORKSPACE_BYTES`); the cuBLAS
+    /// handle must be bound to the same stream and workspace.
     fn launch(
         &self,
+        key: &PlanKey,
         plan: &Plan,
-        algo: &lt_sys::cublasLtMatmulAlgo_t,
-        input: DType,
+        algo: &Algo,
         (a, b, c): (u64, u64, u64),
-        stream: sys::CUstream,
-    ) -> std::result::Result<(), lt::CublasError> {
+        (stream, workspace): (sys::CUstream, u64),
+    ) -> std::result::Result<(), (i32, String)> {
+        let algo = match algo {
+            Algo::Cublas => return self.launch_cublas(key, (a, b, c)),
+            Algo::Lt(algo) => algo,
+        };
         let (alpha64, beta64) = (1.0f64, 0.0f64);
         let (alpha32, beta32) = (1.0f32, 0.0f32);
-        let (alpha, beta) = if input == DType::F64 {
+        let (alpha, beta) = if key.input == DType::F64 {
             (&alpha64 as *const f64 as *const c_void, &beta64 as *const f64 as *const c_void)
         } else {
             (&alpha32 as *const f32 as *const c_void, &beta32 as *const f32 as *const c_void)
@@ -420,10 +695,105 @@ impl Blas {
                 c as *mut c_void,
                 c_layout,
                 algo,
-                self.workspace.ptr as *mut c_void,
+                workspace as *mut c_void,
                 WORKSPACE_BYTES,
                 stream as lt_sys::cudaStream_t,
             )
+        }
+        .map_err(|e| (e.0 as i32, format!("{:?}", e.0)))
+    }
+
+    /// `key`'s product through cuBLAS (column-major, as the cuBLASLt call: `C^T = B^T A^T`), on
+    /// the handle's stream (this `Blas`'s).
+    fn launch_cublas(
+        &self,
+        key: &PlanKey,
+        (a, b, c): (u64, u64, u64),
+    ) -> std::result::Result<(), (i32, String)> {
+        use blas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        let (Some(h), Some((m, n, k))) = (self.cublas, cublas_dims(key)) else {
+            return Err((-1, "cuBLAS cannot run this product".into()));
+        };
+        // Our B is the call's first operand: stored [k, n] (column-major n x k, ld n), or [n, k]
+        // read transposed (column-major k x n, ld k); our A its second: [m, k] (k x m, ld k), or
+        // [k, m] read transposed (m x k, ld m).
+        let (op_b, ld_b) = if key.transposed.b { (CUBLAS_OP_T, k) } else { (CUBLAS_OP_N, n) };
+        let (op_a, ld_a) = if key.transposed.a { (CUBLAS_OP_T, m) } else { (CUBLAS_OP_N, k) };
+        let (alpha64, beta64) = (1.0f64, 0.0f64);
+        let (alpha32, beta32) = (1.0f32, 0.0f32);
+        let (alpha, beta, compute) = if key.input == DType::F64 {
+            (
+                &alpha64 as *const f64 as *const c_void,
+                &beta64 as *const f64 as *const c_void,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_64F,
+            )
+        } else {
+            (
+                &alpha32 as *const f32 as *const c_void,
+                &beta32 as *const f32 as *const c_void,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            )
+        };
+        let (ti, to) = (cublas_type(key.input), cublas_type(key.output));
+        let algo = blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP;
+        let Batch { count, stride_a, stride_b } = key.batch;
+        // SAFETY: the handle is this stream's, with this `Blas`'s workspace; the pointers hold
+        // the described matrices on this GPU; alpha and beta outlive the call.
+        let status = unsafe {
+            if count > 1 {
+                blas_sys::cublasGemmStridedBatchedEx(
+                    h,
+                    op_b,
+                    op_a,
+                    n,
+                    m,
+                    k,
+                    alpha,
+                    b as *const c_void,
+                    ti,
+                    ld_b,
+                    stride_b as i64,
+                    a as *const c_void,
+                    ti,
+                    ld_a,
+                    stride_a as i64,
+                    beta,
+                    c as *mut c_void,
+                    to,
+                    n,
+                    (key.m * key.n) as i64,
+                    count as i32,
+                    compute,
+                    algo,
+                )
+            } else {
+                blas_sys::cublasGemmEx(
+                    h,
+                    op_b,
+                    op_a,
+                    n,
+                    m,
+                    k,
+                    alpha,
+                    b as *const c_void,
+                    ti,
+                    ld_b,
+                    a as *const c_void,
+                    ti,
+                    ld_a,
+                    beta,
+                    c as *mut c_void,
+                    to,
+                    n,
+                    compute,
+                    algo,
+                )
+            }
+        };
+        if status == blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            Ok(())
+        } else {
+            Err((status as i32, format!("{status:?}")))
         }
     }
 }
@@ -495,12 +865,48 @@ fn gemm(
     let key = PlanKey { m, n, k, input, output, align, batch, transposed };
     blas.plan(gpu, key)?;
     let plan = &blas.plans[&key];
-    blas.launch(plan, &plan.algo, input, (a, b, c), stream).map_err(|e| Error::DeviceStatus {
-        call: "cublasLtMatmul",
-        code: e.0 as i32,
+    let on = (stream, blas.workspace.ptr);
+    blas.launch(&key, plan, &plan.algo, (a, b, c), on).map_err(|e| Error::DeviceStatus {
+        call: if plan.algo == Algo::Cublas { "cublasGemmEx" } else { "cublasLtMatmul" },
+        code: e.0,
         message: format!(
-            "{} x [{m}, {k}] x [{k}, {n}] ({input} -> {output}) on cuda:{}: {:?}",
-            batch.count, gpu.ordinal, e.0
+            "{} x [{m}, {k}] x [{k}, {n}] ({input} -> {output}) on cuda:{}: {}",
+            batch.count, gpu.ordinal, e.1
         ),
     })
+}
+
+/// Makes `stream`'s cuBLASLt and cuBLAS handles now, if not yet: a library that starts loads its
+/// kernels, which waits for the GPU to drain, so it must not happen in the middle of an op whose
+/// kernels on other ranks wait for this rank's next launch (see `driver::init`).
+pub(crate) fn prepare(gpu: &Arc<CudaDevice>, stream: sys::CUstream) -> Result<()> {
+    let mut guard = gpu.blas.lock().unwrap_or_else(|p| p.into_inner());
+    if let std::collections::hash_map::Entry::Vacant(e) = guard.entry(stream as usize) {
+        e.insert(Blas::new(gpu, stream)?);
+    }
+    Ok(())
+}
+
+/// Up to `count` of cuBLASLt's candidates for the row-major product `[m, k] x [k, n]` (operands
+/// 256-byte aligned, stored as `transposed` says, `input` in and out), each timed on random
+/// operands as `timing` says, on a stream of its own; [`GemmCandidate::chosen`] marks the one
+/// the product's plan on `stream` uses (made, and tuned, if it was not yet).
+#[allow(clippy::too_many_arguments)] // the product's description
+pub(crate) fn candidates(
+    gpu: &Arc<CudaDevice>,
+    stream: sys::CUstream,
+    (m, n, k): (usize, usize, usize),
+    transposed: Transposed,
+    input: DType,
+    count: usize,
+    timing: Timing,
+) -> Result<Vec<GemmCandidate>> {
+    let mut guard = gpu.blas.lock().unwrap_or_else(|p| p.into_inner());
+    let blas = match guard.entry(stream as usize) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(Blas::new(gpu, stream)?),
+    };
+    let key =
+        PlanKey { m, n, k, input, output: input, align: [256; 3], batch: Batch::ONE, transposed };
+    blas.candidates(gpu, key, count, timing)
 }

@@ -302,7 +302,10 @@ impl Streams {
             cu::stream::get_priority_range().check("cuCtxGetStreamPriorityRange")?;
         let copy = cu::stream::create_with_priority(cu::stream::StreamKind::NonBlocking, greatest)
             .check("cuStreamCreateWithPriority")?;
-        Ok(Streams { gpu: gpu.clone(), main, copy })
+        let streams = Streams { gpu: gpu.clone(), main, copy };
+        // The products run on the main stream: their libraries start now, not mid-op.
+        super::blas::prepare(gpu, main)?;
+        Ok(streams)
     }
 }
 

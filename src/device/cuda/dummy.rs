@@ -67,6 +67,23 @@ pub(crate) fn activation_grad<T: Element>(
     match x.never {}
 }
 
+pub(crate) fn bias_activation<T: Element>(
+    x: &DeviceStorage<T>,
+    _bias: &DeviceStorage<T>,
+    _act: super::Unary,
+) -> Result<DeviceStorage<T>> {
+    match x.never {}
+}
+
+pub(crate) fn bias_activation_grad<T: Element>(
+    x: &DeviceStorage<T>,
+    _bias: &DeviceStorage<T>,
+    _dy: &DeviceStorage<T>,
+    _act: super::Unary,
+) -> Result<DeviceStorage<T>> {
+    match x.never {}
+}
+
 pub(crate) fn mse_parts<T: Element>(
     p: &DeviceStorage<T>,
     _t: &DeviceStorage<T>,
@@ -453,6 +470,27 @@ pub(crate) mod public {
     /// ```
     pub fn device_copy<T: Element>(_rank: &Rank<'_>, _t: &Tensor<T>) -> Result<Tensor<T>> {
         Err(unavailable("device_copy"))
+    }
+
+    /// cuBLASLt's candidate algorithms for a product on `rank`'s GPU.
+    ///
+    /// # Errors
+    /// Always [`Error::DeviceUnavailable`] in this build.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{device::cuda, World};
+    /// let r = World::threads(1)?.run(|rank| cuda::gemm_candidates::<f32>(rank, (2, 2, 2), (false, false), 1).map(drop));
+    /// assert!(r.is_err());
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn gemm_candidates<T: Element>(
+        _rank: &Rank<'_>,
+        _mnk: (usize, usize, usize),
+        _transposed: (bool, bool),
+        _count: usize,
+    ) -> Result<Vec<super::super::GemmCandidate>> {
+        Err(unavailable("gemm_candidates"))
     }
 
     /// A random tensor on `rank`'s GPU.

@@ -78,7 +78,7 @@ pub(crate) enum Unary {
     Neg,
     Relu,
     Silu,
-    /// The exact GELU, computed in f64 as on the host.
+    /// The exact GELU (f32 and f64 through erf; the half types in f32, rounded once).
     Gelu,
     GeluTanh,
     /// `x + s`.
@@ -153,6 +153,21 @@ pub fn matmul_reduce_scatter_path(splits: &[usize]) -> RsPath {
     } else {
         RsPath::Chunked
     }
+}
+
+/// One of cuBLASLt's candidate algorithms for a product, as
+/// [`gemm_candidates`] timed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GemmCandidate {
+    /// Its place in cuBLASLt's heuristic order (0: the heuristic's first choice).
+    pub heuristic_rank: usize,
+    /// Its configuration as cuBLASLt numbers it: algorithm id, tile, stages, split-k, CTA
+    /// swizzling, cluster shape.
+    pub config: String,
+    /// Milliseconds of one product (infinite: it failed to launch).
+    pub ms: f64,
+    /// Whether the library's plan for this product uses it.
+    pub chosen: bool,
 }
 
 mod public {
