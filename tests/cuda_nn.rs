@@ -656,3 +656,30 @@ fn norm_backward_kernels_on_the_gpu() {
     norm_backward_kernels::<bf16>(&mut fails).unwrap();
     assert_none(fails);
 }
+
+/// ParallelMlp's fused bias and activation (one kernel each way) against its layers one by one
+/// (the add kernel, then the activation's), bit for bit, in CUDA worlds of 1 to 3 ranks sharing
+/// GPU 0: widths whose shards are whole 16-byte vectors (the fused kernels) and ones that are
+/// not (the two passes), every dtype and activation.
+#[test]
+fn mlp_bias_and_activation_on_the_gpu_match_the_layers_one_by_one() {
+    let test = "mlp_bias_and_activation_on_the_gpu_match_the_layers_one_by_one";
+    if !gpu_here(test) {
+        return;
+    }
+    let mut fails = Vec::new();
+    for n in 1..=3 {
+        let Some(world) = cuda_world_on(test, &vec![0; n]) else { return };
+        let what = format!("{n} ranks sharing cuda:0");
+        for shape in [(9, 16, 96), (7, 8, 20), (33, 24, 48 * n)] {
+            let run = |fails: &mut Vec<String>, r: dist_tensor::Result<Vec<String>>| {
+                fails.extend(r.unwrap_or_else(|e| vec![format!("{what} {shape:?}: {e}")]));
+            };
+            run(&mut fails, common::mlp_fused::fused_matches_layers::<f32>(&world, &what, shape));
+            run(&mut fails, common::mlp_fused::fused_matches_layers::<bf16>(&world, &what, shape));
+            run(&mut fails, common::mlp_fused::fused_matches_layers::<f16>(&world, &what, shape));
+            run(&mut fails, common::mlp_fused::fused_matches_layers::<f64>(&world, &what, shape));
+        }
+    }
+    assert_none(fails);
+}

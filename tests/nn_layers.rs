@@ -479,3 +479,21 @@ fn a_gradient_of_the_wrong_rows_is_a_typed_error_on_every_rank() -> Result<()> {
     assert!(matches!(err.rank_error(), dist_tensor::Error::InvalidShape { .. }), "{err}");
     Ok(())
 }
+
+/// ParallelMlp's fused bias and activation against its layers one by one, bit for bit, on
+/// threads: shapes whose hidden width splits into whole 16-byte vectors and ones that do not.
+#[test]
+fn mlp_bias_and_activation_in_one_op_match_the_layers_one_by_one() -> Result<()> {
+    let mut fails = Vec::new();
+    for n in [1, 2, 3] {
+        let world = World::threads(n)?;
+        let what = format!("{n} threads");
+        for shape in [(9, 16, 64), (7, 8, 20), (1, 3, 5)] {
+            fails.extend(common::mlp_fused::fused_matches_layers::<f32>(&world, &what, shape)?);
+            fails.extend(common::mlp_fused::fused_matches_layers::<bf16>(&world, &what, shape)?);
+            fails.extend(common::mlp_fused::fused_matches_layers::<f64>(&world, &what, shape)?);
+        }
+    }
+    assert!(fails.is_empty(), "{}", fails.join("\n"));
+    Ok(())
+}

@@ -33,6 +33,17 @@ pub enum Activation {
 }
 
 impl Activation {
+    /// The GPU backend's name for it.
+    pub(crate) fn unary(self) -> crate::device::cuda::Unary {
+        use crate::device::cuda::Unary;
+        match self {
+            Activation::Gelu => Unary::Gelu,
+            Activation::GeluTanh => Unary::GeluTanh,
+            Activation::Silu => Unary::Silu,
+            Activation::Relu => Unary::Relu,
+        }
+    }
+
     /// The activation of `x`, elementwise.
     ///
     /// # Examples

@@ -278,8 +278,13 @@ impl<T: Element> ColumnParallelLinear<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn infer<'r>(&self, x: &DistTensor<'r, T>) -> Result<DistTensor<'r, T>> {
+        self.add_bias(self.infer_product(x)?)
+    }
+
+    /// [`ColumnParallelLinear::infer`] without the bias: `x @ W_r`.
+    pub(crate) fn infer_product<'r>(&self, x: &DistTensor<'r, T>) -> Result<DistTensor<'r, T>> {
         let opts = MatmulOptions::new().unfused(!self.fused);
-        self.add_bias(x.all_gather_matmul_with(&[self.weight.value()], &opts)?.remove(0))
+        Ok(x.all_gather_matmul_with(&[self.weight.value()], &opts)?.remove(0))
     }
 
     /// The forward pass on autograd: `x @ W_r + b_r` as [`ColumnParallelLinear::forward`]
@@ -308,7 +313,7 @@ impl<T: Element> ColumnParallelLinear<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn forward_var<'r>(&self, x: &DVar<'r, T>) -> Result<DVar<'r, T>> {
-        let h = x.all_gather_matmul_fused(&self.weight.var(), self.fused)?;
+        let h = self.product_var(x)?;
         match &self.bias {
             Some(b) => {
                 let b = b.var();
@@ -316,6 +321,13 @@ impl<T: Element> ColumnParallelLinear<T> {
             }
             None => Ok(h),
         }
+    }
+
+    /// [`ColumnParallelLinear::forward_var`] without the bias: `x @ W_r` (for a caller that
+    /// adds the bias with what follows, as [`ParallelMlp`](super::ParallelMlp) adds it with the
+    /// activation).
+    pub(crate) fn product_var<'r>(&self, x: &DVar<'r, T>) -> Result<DVar<'r, T>> {
+        x.all_gather_matmul_fused(&self.weight.var(), self.fused)
     }
 
     fn add_bias<'r>(&self, y: DistTensor<'r, T>) -> Result<DistTensor<'r, T>> {

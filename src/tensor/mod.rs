@@ -8,6 +8,7 @@ mod activation_grad;
 mod arith;
 mod attention;
 mod batched;
+mod bias_activation;
 mod convert;
 mod dense;
 mod display;

@@ -14,6 +14,7 @@ pub mod crossed;
 pub mod gpu;
 pub mod jobs;
 pub mod mesh_ops;
+pub mod mlp_fused;
 pub mod reference;
 
 use std::ops::Range;

@@ -2,7 +2,9 @@
 //! Derivatives are computed per element in f64 and rounded once (the tensors' `*_backward`).
 
 use crate::autograd::Var;
+use crate::autograd::ops::arith::sum_to_shape;
 use crate::autograd::var::record;
+use crate::device::cuda::Unary;
 use crate::{Element, Result, Tensor};
 
 /// The gradient through an activation at `x` given its output's gradient: one of
@@ -35,6 +37,23 @@ impl<'a, T: Element> Var<'a, T> {
     /// [`Tensor::relu`].
     pub fn relu(&self) -> Var<'a, T> {
         self.elementwise(self.value.relu(), Tensor::relu_backward)
+    }
+
+    /// `act(self + bias)` as one op, as an MLP's hidden layer computes it: the values and
+    /// gradients of `&self + bias` and then the activation (`Tensor::bias_activation`: one pass
+    /// each way on a GPU, the sum not kept, its backward pass recomputing it); the bias's
+    /// gradient is summed down to its shape as the operator's is.
+    ///
+    /// # Errors
+    /// As `Tensor::bias_activation`.
+    pub(crate) fn bias_activation(&self, bias: &Var<'a, T>, act: Unary) -> Result<Var<'a, T>> {
+        let value = self.value.bias_activation(&bias.value, act)?;
+        let (x, b) = (self.value.clone(), bias.value.clone());
+        Ok(record(value, &[self, bias], move |g, need| {
+            let pre = x.bias_activation_backward(&b, g, act)?;
+            let db = if need[1] { Some(sum_to_shape(&pre, b.shape())?) } else { None };
+            Ok(vec![need[0].then_some(pre), db])
+        }))
     }
 
     /// [`Tensor::softmax`]: `dx = y * (dy - sum(dy * y))` along `axis`.

@@ -106,7 +106,55 @@ pub(crate) fn unary<T: Element>(
     Ok(out)
 }
 
-/// `BinaryArgs` in local.cu.
+/// Whether `bias` runs along the last dimension of `x` in one pass of the bias kernels
+/// (`DT_BIAS_ACT` in local.cu): `[cols]` with cols a whole number of 16-byte vectors, and `x`
+/// fewer than 2^32 vectors. Otherwise the bias is added, and activated, in two passes.
+pub(super) fn bias_fits<T: Element>(x: &DeviceStorage<T>, bias: &DeviceStorage<T>) -> bool {
+    let cols = x.shape().last().copied().unwrap_or(0);
+    let vectors = (x.len() / vec_len::<T>()) as u64;
+    bias.shape() == [cols] && cols > 0 && cols % vec_len::<T>() == 0 && vectors < 1 << 32
+}
+
+/// `act(x + bias)` for `bias` along `x`'s last dimension (broadcast over the rows), the sum
+/// rounded to `T` first: the bits of the add and then the activation, in one pass where
+/// [`bias_fits`] (the sum is not stored), else in those two.
+pub(crate) fn bias_activation<T: Element>(
+    x: &DeviceStorage<T>,
+    bias: &DeviceStorage<T>,
+    act: Unary,
+) -> Result<DeviceStorage<T>> {
+    same_gpu("bias and activation", x, bias)?;
+    let name = match act {
+        Unary::Gelu => "dt_bias_gelu",
+        Unary::GeluTanh => "dt_bias_gelu_tanh",
+        Unary::Silu => "dt_bias_silu",
+        Unary::Relu => "dt_bias_relu",
+        other => {
+            return Err(Error::InvalidArgument {
+                op: "bias and activation",
+                rank: 0,
+                reason: format!("{other:?} is not an activation"),
+            });
+        }
+    };
+    if !bias_fits(x, bias) {
+        return unary(&binary(x, bias, Binary::Add, x.shape())?, act, 0.0);
+    }
+    let out = output::<T, T>(x, x.shape())?;
+    let n = x.len();
+    after(x, bias)?;
+    let f = function(x, name)?;
+    let cols = x.shape().last().copied().unwrap_or(0) as u64;
+    launch_words(
+        x,
+        f,
+        chunk_grid(n / vec_len::<T>()),
+        &[out.ptr(), x.ptr(), bias.ptr(), n as u64, cols],
+    )?;
+    Ok(out)
+}
+
+/// `BinaryArgs` in local.cu./// `BinaryArgs` in local.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug)]
 struct BinaryArgs {
@@ -171,7 +219,12 @@ fn binary_plan(a: &[usize], b: &[usize], out: &[usize], vec_width: u64) -> Resul
     let n: usize = out.iter().product();
     let mut args = BinaryArgs { n: n as u64, ..Default::default() };
     if a == out && b == out {
+        // Also described as one dimension of contiguous inputs, for the strided walk that
+        // takes same-shape tensors too large for the flat kernel's 32-bit indices.
         args.flat = 1;
+        args.ndim = 1;
+        (args.shape[0], args.sa[0], args.sb[0]) = (n as u64, 1, 1);
+        args.vec = u32::from(n as u64 % vec_width == 0);
         return Ok(args);
     }
     let nd = out.len();
@@ -209,6 +262,9 @@ fn walks_in_vectors(shape: &[u64], strides: &[Vec<u64>], width: u64) -> bool {
         })
 }
 
+/// Threads of a block of the same-shape arithmetic kernels (`DT_FLAT_BLOCK` in local.cu).
+const FLAT_BLOCK: u32 = 128;
+
 /// `a op b`, broadcast to `out_shape` (which the caller computed).
 pub(crate) fn binary<T: Element>(
     a: &DeviceStorage<T>,
@@ -223,8 +279,12 @@ pub(crate) fn binary<T: Element>(
         return Ok(out);
     }
     let mut args = binary_plan(a.shape(), b.shape(), out_shape, vec_len::<T>() as u64)?;
-    // Inputs of the output's shape have a kernel of their own (`DT_BINARY_FLAT`).
-    let name = match (op, args.flat == 1) {
+    // Inputs of the output's shape have a kernel of their own (`DT_BINARY_FLAT`), with 32-bit
+    // indices: tensors of 2^32 vectors (64 GiB) or more take the strided walk.
+    let vectors = (n / vec_len::<T>()) as u64;
+    let flat = args.flat == 1 && vectors < 1 << 32;
+    args.flat = u32::from(flat);
+    let name = match (op, flat) {
         (Binary::Add, false) => "dt_add",
         (Binary::Sub, false) => "dt_sub",
         (Binary::Mul, false) => "dt_mul",
@@ -236,14 +296,15 @@ pub(crate) fn binary<T: Element>(
     };
     let f = function(a, name)?;
     (args.out, args.a, args.b) = (out.ptr(), a.ptr(), b.ptr());
-    let vectors = args.vec == 1;
     after(a, b)?;
-    let grid = if args.flat == 1 {
-        chunk_grid(n / vec_len::<T>())
+    if flat {
+        // Two vectors a thread (DT_FLAT_BLOCK in local.cu), at least one block for the tail.
+        let grid = vectors.div_ceil(2 * FLAT_BLOCK as u64).max(1) as u32;
+        kernels::launch(f, grid, FLAT_BLOCK, a.stream(), &args)?;
     } else {
-        grid(a, f, n, if vectors { vec_len::<T>() } else { 1 })
-    };
-    kernels::launch(f, grid, kernels::BLOCK, a.stream(), &args)?;
+        let grid = grid(a, f, n, if args.vec == 1 { vec_len::<T>() } else { 1 });
+        kernels::launch(f, grid, kernels::BLOCK, a.stream(), &args)?;
+    }
     Ok(out)
 }
 
@@ -749,7 +810,13 @@ mod tests {
             }
             assert_eq!(p.flat, 0);
         }
-        assert_eq!(binary_plan(&[4, 5], &[4, 5], &[4, 5], 8).unwrap().flat, 1);
+        let same = binary_plan(&[4, 5], &[4, 5], &[4, 5], 8).unwrap();
+        assert_eq!(same.flat, 1);
+        // Same shapes also walk as one contiguous dimension (the strided walk's fallback for
+        // tensors too large for the flat kernel).
+        for i in 0..20 {
+            assert_eq!(binary_offsets(&same, i), (i, i));
+        }
         // Nine dimensions that no merging joins are more than the kernel takes: a typed error.
         let (a, b) = ([2, 1, 2, 1, 2, 1, 2, 1, 2], [1, 2, 1, 2, 1, 2, 1, 2, 1]);
         let err = binary_plan(&a, &b, &[2; 9], 8).unwrap_err();

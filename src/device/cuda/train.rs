@@ -5,7 +5,7 @@
 use super::Unary;
 use super::blas;
 use super::kernels::{self, Source};
-use super::local::{after, chunk_grid, launch_words, output, same_gpu, vec_len};
+use super::local::{after, bias_fits, chunk_grid, launch_words, output, same_gpu, vec_len};
 use super::storage::DeviceStorage;
 use crate::tensor::{Element, OptimRule};
 use crate::{Error, Result};
@@ -45,7 +45,53 @@ pub(crate) fn activation_grad<T: Element>(
     Ok(out)
 }
 
-/// `MseArgs` in train.cu.
+/// The gradient through [`bias_activation`](super::local::bias_activation): `dy * act'(x +
+/// bias)`, the sum rounded as the forward rounded it (recomputed, not stored): the bits of
+/// [`activation_grad`] at that sum, in one pass where the bias kernels take the shapes.
+pub(crate) fn bias_activation_grad<T: Element>(
+    x: &DeviceStorage<T>,
+    bias: &DeviceStorage<T>,
+    dy: &DeviceStorage<T>,
+    act: Unary,
+) -> Result<DeviceStorage<T>> {
+    same_gpu("bias and activation backward", x, bias)?;
+    same_gpu("bias and activation backward", x, dy)?;
+    let name = match act {
+        Unary::Gelu => "dt_bias_gelu_grad",
+        Unary::GeluTanh => "dt_bias_gelu_tanh_grad",
+        Unary::Silu => "dt_bias_silu_grad",
+        Unary::Relu => "dt_bias_relu_grad",
+        other => {
+            return Err(Error::InvalidArgument {
+                op: "bias and activation backward",
+                rank: 0,
+                reason: format!("{other:?} is not an activation"),
+            });
+        }
+    };
+    if dy.shape() != x.shape() {
+        return Err(Error::InvalidShape {
+            op: "bias and activation backward",
+            reason: format!("the gradient is {:?}, the input {:?}", dy.shape(), x.shape()),
+        });
+    }
+    if !bias_fits(x, bias) {
+        let sum = super::local::binary(x, bias, super::Binary::Add, x.shape())?;
+        return activation_grad(&sum, dy, act);
+    }
+    let out = output::<T, T>(x, x.shape())?;
+    let n = x.len();
+    after(x, bias)?;
+    after(x, dy)?;
+    x.gpu().bind()?;
+    let f = kernels::function(x.gpu(), Source::Train, T::DTYPE, name)?;
+    let cols = x.shape().last().copied().unwrap_or(0) as u64;
+    let words = [out.ptr(), x.ptr(), bias.ptr(), dy.ptr(), n as u64, cols];
+    launch_words(x, f, chunk_grid(n / vec_len::<T>()), &words)?;
+    Ok(out)
+}
+
+/// `MseArgs` in train.cu./// `MseArgs` in train.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct MseArgs {

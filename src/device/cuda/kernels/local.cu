@@ -107,6 +107,52 @@ DT_UNARY(dt_div_s, from_acc(op_div_s(to_acc(e), s)))
 DT_UNARY(dt_rsub_s, from_acc(op_rsub_s(to_acc(e), s)))
 DT_UNARY(dt_rdiv_s, from_acc(op_rdiv_s(to_acc(e), s)))
 
+// ---- a bias along the last dimension, then an activation: out = f(round(x + b)) ----
+
+// x: rows of `cols` elements (any leading dimensions), b: [cols], cols a whole number of vectors
+// and the tensor fewer than 2^32 vectors (the host checks, and otherwise adds and activates in
+// two passes). The sum is rounded to the element type before the activation, as the two passes
+// round it, so the results are the same bits. One pass instead of two, and the sum is never
+// stored: the backward pass (train.cu's DT_BIAS_ACT_GRAD) recomputes it. Chunks as DT_UNARY;
+// a thread's bias vector index follows its vectors (blockDim.x apart) without a division each.
+#define DT_BIAS_ACT(name, f)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        name(elem_t* __restrict__ out, const elem_t* __restrict__ x,                            \
+             const elem_t* __restrict__ bias, u64 n, u64 cols) {                                \
+        const u32 nv = (u32)(n / DT_VEC), cv = (u32)(cols / DT_VEC);                           \
+        const u32 span = DT_UNROLL * blockDim.x;                                                \
+        for (u32 chunk = blockIdx.x; (u64)chunk * span < nv; chunk += gridDim.x) {              \
+            const u32 base = chunk * span + threadIdx.x;                                        \
+            Vec16 a[DT_UNROLL], b[DT_UNROLL];                                                   \
+            u32 c = base % cv;                                                                  \
+            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                             \
+                const u32 i = base + h * blockDim.x;                                            \
+                if (i < nv) {                                                                   \
+                    a[h] = ((const Vec16*)x)[i];                                                \
+                    b[h] = ((const Vec16*)bias)[c];                                             \
+                }                                                                               \
+                c += blockDim.x;                                                                \
+                if (c >= cv) c %= cv;                                                           \
+            }                                                                                   \
+            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                             \
+                const u32 i = base + h * blockDim.x;                                            \
+                if (i < nv) {                                                                   \
+                    Vec16 r;                                                                    \
+                    _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) {                   \
+                        const elem_t e = from_acc(to_acc(a[h].v[j]) + to_acc(b[h].v[j]));       \
+                        r.v[j] = from_acc(f(to_acc(e), (acc_t)0));                              \
+                    }                                                                           \
+                    ((Vec16*)out)[i] = r;                                                       \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+DT_BIAS_ACT(dt_bias_gelu, op_gelu)
+DT_BIAS_ACT(dt_bias_gelu_tanh, op_gelu_tanh)
+DT_BIAS_ACT(dt_bias_silu, op_silu)
+DT_BIAS_ACT(dt_bias_relu, op_relu)
+
 // ---- casts: from this file's element type to each of the four ----
 
 // Each value widened exactly (f32, f16 and bf16 to f32; f64 stays) and rounded once to the
@@ -208,13 +254,42 @@ __device__ __forceinline__ acc_t op_sub(acc_t x, acc_t y) { return x - y; }
 __device__ __forceinline__ acc_t op_mul(acc_t x, acc_t y) { return x * y; }
 __device__ __forceinline__ acc_t op_div(acc_t x, acc_t y) { return x / y; }
 
-// Both inputs of the output's shape: 16-byte vectors in chunks, as DT_UNARY. A kernel of its own,
-// apart from the strided walks (DT_BINARY), whose registers lowered its occupancy: on one H200
-// add of [8192, 8192] bf16 ran at 1.048x the copy roofline inside the whole kernel, 1.031x alone.
+// Both inputs of the output's shape, fewer than 2^32 vectors of them: a kernel of its own, apart
+// from the strided walks (DT_BINARY), whose registers lowered its occupancy. Blocks of
+// DT_FLAT_BLOCK threads, each thread two 16-byte vector pairs DT_FLAT_BLOCK apart, both loaded
+// before either is computed, 32-bit indices; a block per 2 * DT_FLAT_BLOCK vectors, the last
+// block also walking the tail of fewer than a vector. On one H200 (add of [8192, 8192] bf16,
+// benches/gpu/variants.py) this ran at 1.002x the copy roofline, as torch's add; the chunked
+// walk of DT_UNARY (four vectors a thread, 64-bit indices, 256 threads) at 1.011x.
+#define DT_FLAT_BLOCK 128
 #define DT_BINARY_FLAT(name, f)                                                               \
-    extern "C" __global__ void __launch_bounds__(256) name(const __grid_constant__ BinaryArgs p) { \
-        DT_ZIP_CHUNKS((elem_t*)p.out, (const elem_t*)p.a, (const elem_t*)p.b, p.n,            \
-                      from_acc(f(to_acc(e0), to_acc(e1))));                                    \
+    extern "C" __global__ void __launch_bounds__(DT_FLAT_BLOCK)                               \
+        name(const __grid_constant__ BinaryArgs p) {                                          \
+        elem_t* out = (elem_t*)p.out;                                                         \
+        const elem_t* a = (const elem_t*)p.a;                                                 \
+        const elem_t* b = (const elem_t*)p.b;                                                 \
+        const u32 nv = (u32)(p.n / DT_VEC);                                                   \
+        const u32 base = blockIdx.x * (2 * DT_FLAT_BLOCK) + threadIdx.x;                      \
+        Vec16 x[2], y[2];                                                                     \
+        _Pragma("unroll") for (int h = 0; h < 2; h++) {                                       \
+            const u32 i = base + h * DT_FLAT_BLOCK;                                           \
+            if (i < nv) {                                                                     \
+                x[h] = ((const Vec16*)a)[i];                                                  \
+                y[h] = ((const Vec16*)b)[i];                                                  \
+            }                                                                                 \
+        }                                                                                     \
+        _Pragma("unroll") for (int h = 0; h < 2; h++) {                                       \
+            const u32 i = base + h * DT_FLAT_BLOCK;                                           \
+            if (i < nv) {                                                                     \
+                Vec16 r;                                                                      \
+                _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =              \
+                    from_acc(f(to_acc(x[h].v[j]), to_acc(y[h].v[j])));                        \
+                ((Vec16*)out)[i] = r;                                                         \
+            }                                                                                 \
+        }                                                                                     \
+        if (blockIdx.x == gridDim.x - 1)                                                      \
+            for (u64 i = (u64)nv * DT_VEC + threadIdx.x; i < p.n; i += DT_FLAT_BLOCK)         \
+                out[i] = from_acc(f(to_acc(a[i]), to_acc(b[i])));                             \
     }
 
 // Inputs broadcast or strided (`flat` is 0): each output element (or vector) finds its inputs.

@@ -55,6 +55,50 @@ DT_ACT_GRAD(dt_gelu_tanh_grad, d_gelu_tanh)
 DT_ACT_GRAD(dt_silu_grad, d_silu)
 DT_ACT_GRAD(dt_relu_grad, d_relu)
 
+// ---- through a bias and an activation: out = dy * f'(round(x + b)) ----
+
+// The backward pass of local.cu's DT_BIAS_ACT (same layout and checks): the sum x + b rounded
+// as the forward rounded it (not stored), then DT_ACT, so the bits are those of the activation's
+// derivative at the stored sum. Chunks of DT_UNROLL vector triples a thread.
+#define DT_BIAS_ACT_GRAD(name, d)                                                              \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        name(elem_t* __restrict__ out, const elem_t* __restrict__ x,                            \
+             const elem_t* __restrict__ bias, const elem_t* __restrict__ dy, u64 n, u64 cols) { \
+        const u32 nv = (u32)(n / DT_VEC), cv = (u32)(cols / DT_VEC);                           \
+        const u32 span = DT_UNROLL * blockDim.x;                                                \
+        for (u32 chunk = blockIdx.x; (u64)chunk * span < nv; chunk += gridDim.x) {              \
+            const u32 base = chunk * span + threadIdx.x;                                        \
+            Vec16 a[DT_UNROLL], b[DT_UNROLL], g[DT_UNROLL];                                     \
+            u32 c = base % cv;                                                                  \
+            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                             \
+                const u32 i = base + h * blockDim.x;                                            \
+                if (i < nv) {                                                                   \
+                    a[h] = ((const Vec16*)x)[i];                                                \
+                    b[h] = ((const Vec16*)bias)[c];                                             \
+                    g[h] = ((const Vec16*)dy)[i];                                               \
+                }                                                                               \
+                c += blockDim.x;                                                                \
+                if (c >= cv) c %= cv;                                                           \
+            }                                                                                   \
+            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                             \
+                const u32 i = base + h * blockDim.x;                                            \
+                if (i < nv) {                                                                   \
+                    Vec16 r;                                                                    \
+                    _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) {                   \
+                        const elem_t e = from_acc(to_acc(a[h].v[j]) + to_acc(b[h].v[j]));       \
+                        r.v[j] = DT_ACT(e, g[h].v[j], d);                                       \
+                    }                                                                           \
+                    ((Vec16*)out)[i] = r;                                                       \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+DT_BIAS_ACT_GRAD(dt_bias_gelu_grad, d_gelu)
+DT_BIAS_ACT_GRAD(dt_bias_gelu_tanh_grad, d_gelu_tanh)
+DT_BIAS_ACT_GRAD(dt_bias_silu_grad, d_silu)
+DT_BIAS_ACT_GRAD(dt_bias_relu_grad, d_relu)
+
 // ---- mse_loss: grad = (p - t) * scale in acc_t, rounded once; sum of (p - t)^2 in f64 ----
 
 // Chunk c (of `chunk` elements, a whole number of vectors; the last one shorter) is one block's:

@@ -1,0 +1,288 @@
+// Kernel variants timed by benches/gpu/variants.py beside the library's own kernels (local.cu),
+// compiled into the same module for bf16 (DT_ELEM 3): candidates for an elementwise pass that
+// keeps its loads in flight while it computes.
+
+// A persistent grid (a few waves of resident blocks): each thread keeps the next chunk's
+// DT_UNROLL vectors in flight while it computes the current chunk's.
+#define VAR_PIPE_UNARY(name, expr)                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        name(elem_t* __restrict__ out, const elem_t* __restrict__ x, u64 n) {                   \
+        const u64 nv = n / DT_VEC, span = (u64)DT_UNROLL * blockDim.x;                          \
+        u64 chunk = blockIdx.x;                                                                 \
+        Vec16 a[DT_UNROLL];                                                                     \
+        _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                                 \
+            const u64 i = chunk * span + threadIdx.x + (u64)h * blockDim.x;                     \
+            if (i < nv) a[h] = ((const Vec16*)x)[i];                                            \
+        }                                                                                       \
+        for (; chunk * span < nv; chunk += gridDim.x) {                                         \
+            const u64 next = chunk + gridDim.x;                                                 \
+            Vec16 b[DT_UNROLL];                                                                 \
+            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                             \
+                const u64 i = next * span + threadIdx.x + (u64)h * blockDim.x;                  \
+                if (i < nv) b[h] = ((const Vec16*)x)[i];                                        \
+            }                                                                                   \
+            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) {                             \
+                const u64 i = chunk * span + threadIdx.x + (u64)h * blockDim.x;                 \
+                if (i < nv) {                                                                   \
+                    Vec16 r;                                                                    \
+                    _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) {                   \
+                        const elem_t e = a[h].v[j];                                             \
+                        r.v[j] = (expr);                                                        \
+                    }                                                                           \
+                    ((Vec16*)out)[i] = r;                                                       \
+                }                                                                               \
+            }                                                                                   \
+            _Pragma("unroll") for (int h = 0; h < DT_UNROLL; h++) a[h] = b[h];                  \
+        }                                                                                       \
+    }
+
+// The chunked walk of DT_UNARY with U vectors a thread instead of DT_UNROLL.
+#define VAR_CHUNK_UNARY(name, U, expr)                                                         \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        name(elem_t* __restrict__ out, const elem_t* __restrict__ x, u64 n) {                   \
+        const u64 nv = n / DT_VEC, span = (u64)(U) * blockDim.x;                                \
+        for (u64 chunk = blockIdx.x; chunk * span < nv; chunk += gridDim.x) {                   \
+            const u64 base = chunk * span + threadIdx.x;                                        \
+            Vec16 a[U];                                                                         \
+            _Pragma("unroll") for (int h = 0; h < (U); h++) {                                   \
+                const u64 i = base + (u64)h * blockDim.x;                                       \
+                if (i < nv) a[h] = ((const Vec16*)x)[i];                                        \
+            }                                                                                   \
+            _Pragma("unroll") for (int h = 0; h < (U); h++) {                                   \
+                const u64 i = base + (u64)h * blockDim.x;                                       \
+                if (i < nv) {                                                                   \
+                    Vec16 r;                                                                    \
+                    _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) {                   \
+                        const elem_t e = a[h].v[j];                                             \
+                        r.v[j] = (expr);                                                        \
+                    }                                                                           \
+                    ((Vec16*)out)[i] = r;                                                       \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+// Phi through a shorter erfc fit: erfc(z) = t exp(-z^2 + Q(t)), t = 1 / (1 + z / 2), Q of
+// degree 5 fitted here in relative error (largest 7.7e-6 for z in [0, 10]): enough for the
+// forward pass of the half types (bf16's half ulp is 2e-3, f16's 2.4e-4).
+__device__ __forceinline__ float phi_short(float x) {
+    const float z = fabsf(x) * 0.70710678118654752f;
+    const float t = __fdividef(1.0f, 1.0f + 0.5f * z);
+    const float p =
+        -1.26654208f +
+        t * (1.01801848f +
+             t * (0.254417956f + t * (0.474547863f + t * (-0.709244132f + t * 0.228809521f))));
+    const float half_erfc = 0.5f * t * __expf(p - z * z);
+    return x >= 0.0f ? 1.0f - half_erfc : half_erfc;
+}
+
+VAR_PIPE_UNARY(var_gelu_pipe, from_acc(to_acc(e) * phi_half(to_acc(e))))
+VAR_PIPE_UNARY(var_silu_pipe, from_acc(__fdividef(to_acc(e), 1.0f + __expf(-to_acc(e)))))
+VAR_PIPE_UNARY(var_copy_pipe, e)
+VAR_CHUNK_UNARY(var_gelu_u8, 8, from_acc(to_acc(e) * phi_half(to_acc(e))))
+VAR_CHUNK_UNARY(var_gelu_u2, 2, from_acc(to_acc(e) * phi_half(to_acc(e))))
+VAR_CHUNK_UNARY(var_gelu_short, DT_UNROLL, from_acc(to_acc(e) * phi_short(to_acc(e))))
+VAR_PIPE_UNARY(var_gelu_short_pipe, from_acc(to_acc(e) * phi_short(to_acc(e))))
+VAR_CHUNK_UNARY(var_copy_u4, DT_UNROLL, e)
+
+// Same-shape add: the chunked walk, with streaming (evict-first) loads and stores.
+extern "C" __global__ void __launch_bounds__(256)
+    var_add_cs(elem_t* __restrict__ out, const elem_t* __restrict__ a, const elem_t* __restrict__ b,
+               u64 n) {
+    const u64 nv = n / DT_VEC, span = (u64)DT_UNROLL * blockDim.x;
+    for (u64 chunk = blockIdx.x; chunk * span < nv; chunk += gridDim.x) {
+        const u64 base = chunk * span + threadIdx.x;
+        uint4 av[DT_UNROLL], bv[DT_UNROLL];
+#pragma unroll
+        for (int h = 0; h < DT_UNROLL; h++) {
+            const u64 i = base + (u64)h * blockDim.x;
+            if (i < nv) {
+                av[h] = __ldcs(((const uint4*)a) + i);
+                bv[h] = __ldcs(((const uint4*)b) + i);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < DT_UNROLL; h++) {
+            const u64 i = base + (u64)h * blockDim.x;
+            if (i < nv) {
+                Vec16 x = *(Vec16*)&av[h], y = *(Vec16*)&bv[h], r;
+#pragma unroll
+                for (int j = 0; j < (int)DT_VEC; j++)
+                    r.v[j] = from_acc(to_acc(x.v[j]) + to_acc(y.v[j]));
+                __stcs(((uint4*)out) + i, *(uint4*)&r);
+            }
+        }
+    }
+}
+
+// Same-shape add, persistent and pipelined as VAR_PIPE_UNARY.
+extern "C" __global__ void __launch_bounds__(256)
+    var_add_pipe(elem_t* __restrict__ out, const elem_t* __restrict__ a,
+                 const elem_t* __restrict__ b, u64 n) {
+    const u64 nv = n / DT_VEC, span = (u64)DT_UNROLL * blockDim.x;
+    u64 chunk = blockIdx.x;
+    Vec16 x[DT_UNROLL], y[DT_UNROLL];
+#pragma unroll
+    for (int h = 0; h < DT_UNROLL; h++) {
+        const u64 i = chunk * span + threadIdx.x + (u64)h * blockDim.x;
+        if (i < nv) {
+            x[h] = ((const Vec16*)a)[i];
+            y[h] = ((const Vec16*)b)[i];
+        }
+    }
+    for (; chunk * span < nv; chunk += gridDim.x) {
+        const u64 next = chunk + gridDim.x;
+        Vec16 xn[DT_UNROLL], yn[DT_UNROLL];
+#pragma unroll
+        for (int h = 0; h < DT_UNROLL; h++) {
+            const u64 i = next * span + threadIdx.x + (u64)h * blockDim.x;
+            if (i < nv) {
+                xn[h] = ((const Vec16*)a)[i];
+                yn[h] = ((const Vec16*)b)[i];
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < DT_UNROLL; h++) {
+            const u64 i = chunk * span + threadIdx.x + (u64)h * blockDim.x;
+            if (i < nv) {
+                Vec16 r;
+#pragma unroll
+                for (int j = 0; j < (int)DT_VEC; j++)
+                    r.v[j] = from_acc(to_acc(x[h].v[j]) + to_acc(y[h].v[j]));
+                ((Vec16*)out)[i] = r;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < DT_UNROLL; h++) {
+            x[h] = xn[h];
+            y[h] = yn[h];
+        }
+    }
+}
+
+// Same-shape add with U vector pairs a thread (the chunked walk).
+#define VAR_ADD_U(name, U)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256)                                          \
+        name(elem_t* __restrict__ out, const elem_t* __restrict__ a,                            \
+             const elem_t* __restrict__ b, u64 n) {                                             \
+        const u64 nv = n / DT_VEC, span = (u64)(U) * blockDim.x;                                \
+        for (u64 chunk = blockIdx.x; chunk * span < nv; chunk += gridDim.x) {                   \
+            const u64 base = chunk * span + threadIdx.x;                                        \
+            Vec16 x[U], y[U];                                                                   \
+            _Pragma("unroll") for (int h = 0; h < (U); h++) {                                   \
+                const u64 i = base + (u64)h * blockDim.x;                                       \
+                if (i < nv) {                                                                   \
+                    x[h] = ((const Vec16*)a)[i];                                                \
+                    y[h] = ((const Vec16*)b)[i];                                                \
+                }                                                                               \
+            }                                                                                   \
+            _Pragma("unroll") for (int h = 0; h < (U); h++) {                                   \
+                const u64 i = base + (u64)h * blockDim.x;                                       \
+                if (i < nv) {                                                                   \
+                    Vec16 r;                                                                    \
+                    _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =            \
+                        from_acc(to_acc(x[h].v[j]) + to_acc(y[h].v[j]));                        \
+                    ((Vec16*)out)[i] = r;                                                       \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }
+VAR_ADD_U(var_add_u2, 2)
+VAR_ADD_U(var_add_u4, 4)
+VAR_ADD_U(var_add_u8, 8)
+
+// Same-shape add with 32-bit indices (fewer registers), U vector pairs a thread, any block size
+// up to 1024.
+#define VAR_ADD_U32(name, U)                                                                   \
+    extern "C" __global__ void __launch_bounds__(1024)                                         \
+        name(elem_t* __restrict__ out, const elem_t* __restrict__ a,                            \
+             const elem_t* __restrict__ b, u64 n) {                                             \
+        const u32 nv = (u32)(n / DT_VEC);                                                       \
+        const u32 base = blockIdx.x * (U) * blockDim.x + threadIdx.x;                           \
+        Vec16 x[U], y[U];                                                                       \
+        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
+            const u32 i = base + h * blockDim.x;                                                \
+            if (i < nv) {                                                                       \
+                x[h] = ((const Vec16*)a)[i];                                                    \
+                y[h] = ((const Vec16*)b)[i];                                                    \
+            }                                                                                   \
+        }                                                                                       \
+        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
+            const u32 i = base + h * blockDim.x;                                                \
+            if (i < nv) {                                                                       \
+                Vec16 r;                                                                        \
+                _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =                \
+                    from_acc(to_acc(x[h].v[j]) + to_acc(y[h].v[j]));                            \
+                ((Vec16*)out)[i] = r;                                                           \
+            }                                                                                   \
+        }                                                                                       \
+    }
+VAR_ADD_U32(var_add32_u1, 1)
+VAR_ADD_U32(var_add32_u2, 2)
+VAR_ADD_U32(var_add32_u4, 4)
+
+// A copy in the same walk (the roofline's shape in a kernel).
+#define VAR_COPY_U32(name, U)                                                                  \
+    extern "C" __global__ void __launch_bounds__(1024)                                         \
+        name(elem_t* __restrict__ out, const elem_t* __restrict__ x, u64 n) {                   \
+        const u32 nv = (u32)(n / DT_VEC);                                                       \
+        const u32 base = blockIdx.x * (U) * blockDim.x + threadIdx.x;                           \
+        Vec16 v[U];                                                                             \
+        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
+            const u32 i = base + h * blockDim.x;                                                \
+            if (i < nv) v[h] = ((const Vec16*)x)[i];                                            \
+        }                                                                                       \
+        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
+            const u32 i = base + h * blockDim.x;                                                \
+            if (i < nv) ((Vec16*)out)[i] = v[h];                                                \
+        }                                                                                       \
+    }
+VAR_COPY_U32(var_copy32_u1, 1)
+VAR_COPY_U32(var_copy32_u2, 2)
+VAR_COPY_U32(var_copy32_u4, 4)
+
+// Phi for the half types with the MUFU instructions written out (rcp.approx, ex2.approx) and
+// the exponential's constants folded into the fit: 0.5 t e^(P(t) - z^2) = t 2^(P'(t) - k x^2),
+// P' = P log2(e) - 1, k = log2(e) / 2. Degree 9 (Numerical Recipes' erfcc) or 5 (fitted here,
+// relative error 7.7e-6).
+__device__ __forceinline__ float var_rcp(float x) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ float var_ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+#define L2E 1.4426950408889634f
+__device__ __forceinline__ float phi_fast9(float x) {
+    const float a = fabsf(x);
+    const float t = var_rcp(fmaf(0.35355339059327376f, a, 1.0f));
+    float p = 0.17087277f * L2E;
+    p = fmaf(p, t, -0.82215223f * L2E);
+    p = fmaf(p, t, 1.48851587f * L2E);
+    p = fmaf(p, t, -1.13520398f * L2E);
+    p = fmaf(p, t, 0.27886807f * L2E);
+    p = fmaf(p, t, -0.18628806f * L2E);
+    p = fmaf(p, t, 0.09678418f * L2E);
+    p = fmaf(p, t, 0.37409196f * L2E);
+    p = fmaf(p, t, 1.00002368f * L2E);
+    p = fmaf(p, t, -1.26551223f * L2E - 1.0f);
+    const float h = t * var_ex2(fmaf(a * (-0.5f * L2E), a, p));
+    return x >= 0.0f ? 1.0f - h : h;
+}
+__device__ __forceinline__ float phi_fast5(float x) {
+    const float a = fabsf(x);
+    const float t = var_rcp(fmaf(0.35355339059327376f, a, 1.0f));
+    float p = 0.228809521f * L2E;
+    p = fmaf(p, t, -0.709244132f * L2E);
+    p = fmaf(p, t, 0.474547863f * L2E);
+    p = fmaf(p, t, 0.254417956f * L2E);
+    p = fmaf(p, t, 1.01801848f * L2E);
+    p = fmaf(p, t, -1.26654208f * L2E - 1.0f);
+    const float h = t * var_ex2(fmaf(a * (-0.5f * L2E), a, p));
+    return x >= 0.0f ? 1.0f - h : h;
+}
+VAR_CHUNK_UNARY(var_gelu_fast9, DT_UNROLL, from_acc(to_acc(e) * phi_fast9(to_acc(e))))
+VAR_CHUNK_UNARY(var_gelu_fast5, DT_UNROLL, from_acc(to_acc(e) * phi_fast5(to_acc(e))))

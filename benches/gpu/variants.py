@@ -1,0 +1,235 @@
+"""Kernel variants against the library's own elementwise kernels, on one GPU, in one process.
+
+Compiles src/device/cuda/kernels/common.cuh + local.cu (as the library does, for bf16) together
+with benches/gpu/variants.cu through CuPy's NVRTC, and times each kernel on [8192, 8192] bf16
+(uniform in [-4, 4), never zeros) beside PyTorch's op and a device copy (the roofline: bytes read
++ written over the copy's bandwidth), medians of CUDA-event timings after 50 ms of warm-up. Each
+output is checked bit for bit against the exactly rounded f64 result (torch on float64 inputs):
+'mismatch' counts elements that differ, 'max ulp' the largest difference in bf16 units.
+
+    python3 benches/gpu/variants.py [--iters 30]
+
+Not part of CI (needs a GPU, CuPy and PyTorch).
+"""
+
+import argparse
+import pathlib
+import time
+
+import cupy as cp
+import numpy as np
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KERNELS = ROOT / "src/device/cuda/kernels"
+
+
+def module():
+    code = "\n".join(
+        [
+            "#define DT_ELEM 3",
+            (KERNELS / "common.cuh").read_text(),
+            (KERNELS / "local.cu").read_text(),
+            (ROOT / "benches/gpu/variants.cu").read_text(),
+        ]
+    )
+    return cp.RawModule(code=code, options=("-std=c++17", "-default-device", "-lineinfo"), backend="nvrtc")
+
+
+def library_module(code, extra=(), ptx=False, lineinfo=True):
+    """`code` compiled as the library compiles its kernels (kernels.rs: NVRTC, the same options,
+    a cubin for this GPU), through the NVRTC that ctypes finds first, loaded by CuPy; with `extra`
+    options, without -lineinfo, or to PTX that the driver compiles when CuPy loads it."""
+    import ctypes
+    import ctypes.util
+    import tempfile
+
+    name = None
+    for cand in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", ctypes.util.find_library("nvrtc")):
+        try:
+            lib = ctypes.CDLL(cand)
+            name = cand
+            break
+        except (OSError, TypeError):
+            continue
+    if name is None:
+        return None, "no libnvrtc"
+    major, minor = torch.cuda.get_device_capability(0)
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), code.encode(), b"local.cu", 0, None, None) == 0
+    arch = f"compute_{major}{minor}" if ptx else f"sm_{major}{minor}"
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-default-device"]
+    opts += [b"-lineinfo"] if lineinfo else []
+    opts += [o.encode() for o in extra]
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    if rc != 0:
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        return None, log.value.decode()[-2000:]
+    size = ctypes.c_size_t()
+    (lib.nvrtcGetPTXSize if ptx else lib.nvrtcGetCUBINSize)(prog, ctypes.byref(size))
+    cubin = ctypes.create_string_buffer(size.value)
+    (lib.nvrtcGetPTX if ptx else lib.nvrtcGetCUBIN)(prog, cubin)
+    major_v, minor_v = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major_v), ctypes.byref(minor_v))
+    path = tempfile.mktemp(suffix=".ptx" if ptx else ".cubin")
+    with open(path, "wb") as f:
+        f.write(cubin.raw.rstrip(b"\0") if ptx else cubin.raw)
+    return cp.RawModule(path=path), f"{name} {major_v.value}.{minor_v.value}, cubin at {path}"
+
+
+def median_ms(fn, iters):
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.05:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    events = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        events.append((a, b))
+    torch.cuda.synchronize()
+    ms = sorted(a.elapsed_time(b) for a, b in events)
+    return ms[len(ms) // 2]
+
+
+def ulps(out, ref):
+    """Elements that differ, and the largest difference in bf16 units (ordered bit patterns)."""
+    o = out.view(torch.int16).to(torch.int32)
+    r = ref.view(torch.int16).to(torch.int32)
+    # Map sign-magnitude to an ordered integer line.
+    o = torch.where(o < 0, -32768 - o, o)
+    r = torch.where(r < 0, -32768 - r, r)
+    d = (o - r).abs()
+    return int((d != 0).sum()), int(d.max())
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=30)
+    args = parser.parse_args()
+    torch.cuda.set_device(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    mod = module()
+    code = "\n".join(["#define DT_ELEM 3", (KERNELS / "common.cuh").read_text(), (KERNELS / "local.cu").read_text(), (ROOT / "benches/gpu/variants.cu").read_text()])
+    builds = {
+        "cubin": library_module(code),
+        "cubin, no -lineinfo": library_module(code, lineinfo=False),
+        "ptx, driver-compiled": library_module(code, ptx=True),
+        "cubin -Xptxas=-O3": library_module(code, extra=("-Xptxas=-O3",)),
+        "cubin --extra-device-vectorization": library_module(code, extra=("--extra-device-vectorization",)),
+    }
+    for label, (_, info) in builds.items():
+        print(f"# the library's compilation, {label}: {info}")
+    n = 8192 * 8192
+    x = ((torch.rand(8192, 8192, device="cuda") * 2 - 1) * 4).to(torch.bfloat16)
+    y = ((torch.rand(8192, 8192, device="cuda") * 2 - 1) * 4).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    big = torch.rand(1 << 28, device="cuda")
+    big_out = torch.empty_like(big)
+    copy_ms = median_ms(lambda: big_out.copy_(big), args.iters)
+    gbs = 2 * big.numel() * 4 / (copy_ms * 1e-3) / 1e9
+    roof_unary = 2 * n * 2 / (gbs * 1e9) * 1e3
+    roof_binary = 3 * n * 2 / (gbs * 1e9) * 1e3
+    print(f"# {torch.cuda.get_device_name()} ({sms} SMs), torch {torch.__version__}, cupy {cp.__version__}; copy {gbs:.0f} GB/s; medians of {args.iters}")
+    gelu_ref = torch.nn.functional.gelu(x.double()).to(torch.bfloat16)
+    silu_ref = torch.nn.functional.silu(x.double()).to(torch.bfloat16)
+    add_ref = (x.double() + y.double()).to(torch.bfloat16)
+    nv = n // 8
+    chunks = lambda u: (nv + u * 256 - 1) // (u * 256)  # noqa: E731
+    p = lambda t: np.uint64(t.data_ptr())  # noqa: E731
+    rows = []
+
+    def unary(name, grid, ref, lib=False, block=256, inp=None):
+        inp = x if inp is None else inp
+        f = mod.get_function(name.split(" ")[0])
+        extra = (np.float64(0.0),) if lib else ()
+        launch = lambda: f((grid,), (block,), (p(out), p(inp), np.uint64(n)) + extra)  # noqa: E731
+        out.fill_(float("nan"))
+        launch()
+        torch.cuda.synchronize()
+        mism, ulp = ulps(out, ref)
+        rows.append((f"{name} grid {grid} block {block}", median_ms(launch, args.iters), roof_unary, mism, ulp))
+
+    def binary(name, grid, block=256):
+        f = mod.get_function(name)
+        launch = lambda: f((grid,), (block,), (p(out), p(x), p(y), np.uint64(n)))  # noqa: E731
+        out.fill_(float("nan"))
+        launch()
+        torch.cuda.synchronize()
+        mism, ulp = ulps(out, add_ref)
+        rows.append((f"{name} grid {grid} block {block}", median_ms(launch, args.iters), roof_binary, mism, ulp))
+
+    def blocks(u, block):
+        return (nv + u * block - 1) // (u * block)
+
+    def torch_row(name, fn, roof, ref):
+        r = fn()
+        mism, ulp = ulps(r, ref) if ref is not None else (0, 0)
+        rows.append((f"torch {name}", median_ms(fn, args.iters), roof, mism, ulp))
+
+    torch_row("gelu", lambda: torch.nn.functional.gelu(x), roof_unary, gelu_ref)
+    unary("dt_gelu", chunks(4), gelu_ref, lib=True)
+    narrow = (torch.rand(8192, 8192, device="cuda") * 2 - 1).to(torch.bfloat16)
+    unary("dt_gelu on [-1, 1)", chunks(4), torch.nn.functional.gelu(narrow.double()).to(torch.bfloat16), lib=True, inp=narrow)
+    def built(label, m, name, ref, lib):
+        f = m.get_function(name)
+        extra = (np.float64(0.0),) if lib else ()
+        launch = lambda: f((chunks(4),), (256,), (p(out), p(x), np.uint64(n)) + extra)  # noqa: E731
+        out.fill_(float("nan"))
+        launch()
+        torch.cuda.synchronize()
+        mism, ulp = ulps(out, ref)
+        rows.append((f"{name}, {label}", median_ms(launch, args.iters), roof_unary, mism, ulp))
+
+    for label, (m, _) in builds.items():
+        if m is None:
+            continue
+        built(label, m, "dt_gelu", gelu_ref, True)
+        built(label, m, "dt_silu", silu_ref, True)
+        built(label, m, "var_gelu_fast9", gelu_ref, False)
+        built(label, m, "var_gelu_fast5", gelu_ref, False)
+    unary("var_gelu_fast9", chunks(4), gelu_ref)
+    unary("var_gelu_fast5", chunks(4), gelu_ref)
+    unary("var_gelu_u8", chunks(8), gelu_ref)
+    unary("var_gelu_u2", chunks(2), gelu_ref)
+    for waves in (4, 8, 16):
+        unary("var_gelu_pipe", sms * waves, gelu_ref)
+    unary("var_gelu_short", chunks(4), gelu_ref)
+    for waves in (8, 16):
+        unary("var_gelu_short_pipe", sms * waves, gelu_ref)
+    torch_row("silu", lambda: torch.nn.functional.silu(x), roof_unary, silu_ref)
+    unary("dt_silu", chunks(4), silu_ref, lib=True)
+    unary("var_silu_pipe", sms * 8, silu_ref)
+    torch_row("clone", lambda: x.clone(), roof_unary, x)
+    unary("var_copy_u4", chunks(4), x)
+    unary("var_copy_pipe", sms * 8, x)
+    torch_row("add", lambda: x + y, roof_binary, add_ref)
+    binary("var_add_u4", chunks(4))
+    binary("var_add_u2", chunks(2))
+    binary("var_add_u8", chunks(8))
+    binary("var_add_cs", chunks(4))
+    for waves in (4, 8):
+        binary("var_add_pipe", sms * waves)
+    for u in (1, 2, 4):
+        for block in (128, 256, 512, 1024):
+            binary(f"var_add32_u{u}", blocks(u, block), block)
+    for u in (1, 2, 4):
+        for block in (128, 256, 1024):
+            unary(f"var_copy32_u{u}", blocks(u, block), x, block=block)
+    # The library's add in its own walk (DT_ZIP_CHUNKS, four pairs a thread): var_add_u4 is that.
+    print()
+    print("| kernel | ms | of roofline | mismatching elements | max ulp |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, ms, roof, mism, ulp in rows:
+        print(f"| {name} | {ms:.4f} | {ms / roof:.3f} | {mism} | {ulp} |")
+
+
+if __name__ == "__main__":
+    main()
