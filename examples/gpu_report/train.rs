@@ -155,10 +155,13 @@ fn host_ms<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>) 
     Ok(crate::stats::median(ms))
 }
 
+/// A product's name, `(m, n, k)`, and whether `a` and `b` are read transposed.
+type Product = (&'static str, (usize, usize, usize), (bool, bool));
+
 /// The step's six products, row-major `[m, k] x [k, n]`, and which operand is read transposed:
 /// the forward's two, then the backward's (each layer's weight gradient, `a` transposed, and its
 /// input gradient, `b` transposed), as `gpu_report --train` runs them.
-const PRODUCTS: [(&str, (usize, usize, usize), (bool, bool)); 6] = [
+const PRODUCTS: [Product; 6] = [
     ("x @ W1", (M, F, E), (false, false)),
     ("h @ W2", (M, E, F), (false, false)),
     ("h^T @ dy (dW2)", (F, E, M), (true, false)),

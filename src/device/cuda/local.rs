@@ -112,7 +112,7 @@ pub(crate) fn unary<T: Element>(
 pub(super) fn bias_fits<T: Element>(x: &DeviceStorage<T>, bias: &DeviceStorage<T>) -> bool {
     let cols = x.shape().last().copied().unwrap_or(0);
     let vectors = (x.len() / vec_len::<T>()) as u64;
-    bias.shape() == [cols] && cols > 0 && cols % vec_len::<T>() == 0 && vectors < 1 << 32
+    bias.shape() == [cols] && cols > 0 && cols.is_multiple_of(vec_len::<T>()) && vectors < 1 << 32
 }
 
 /// `act(x + bias)` for `bias` along `x`'s last dimension (broadcast over the rows), the sum
@@ -224,7 +224,7 @@ fn binary_plan(a: &[usize], b: &[usize], out: &[usize], vec_width: u64) -> Resul
         args.flat = 1;
         args.ndim = 1;
         (args.shape[0], args.sa[0], args.sb[0]) = (n as u64, 1, 1);
-        args.vec = u32::from(n as u64 % vec_width == 0);
+        args.vec = u32::from((n as u64).is_multiple_of(vec_width));
         return Ok(args);
     }
     let nd = out.len();
