@@ -24,8 +24,8 @@
 //! rank's gradients (1 MiB) do not depend on the batch, the backward pass's work does, and at
 //! 256 tokens the backward pass after the first bucket is sent is shorter than the throttled
 //! all-reduce alone, so no overlap could hide most of it (the figure would measure the model's
-//! smallness). 2048 is the smallest power of two at which it is longer (25 to 30 ms against 12
-//! to 18 on a 2-core host), and the all-reduce alone is then about a fifth of the step, a
+//! smallness). 2048 is the smallest power of two at which it is longer (19 to 32 ms against 11
+//! to 18 on a 2-core host), and the averaging alone is then about a fifth of the step, a
 //! data-parallel job's proportions.
 
 use std::time::Instant;
