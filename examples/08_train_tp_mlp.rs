@@ -280,13 +280,12 @@ fn mesh_run<T: Element>(
             fc1.zero_grad();
             fc2.zero_grad();
             let pre = h.into_local();
-            // Layer by layer: fc2's gradients go to be averaged while fc1's are computed.
+            // Each gradient goes to be averaged as soon as it is complete: fc2's while fc1's
+            // are computed, fc1's weight while its input gradient is.
             let ((), mean) = data_parallel::overlapped(&dpr, 16 << 10, |buckets| {
-                let da = fc2.backward(s2, &dy)?;
-                buckets.ready_all(&fc2)?;
+                let da = fc2.backward_hooked(s2, &dy, buckets)?;
                 let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
-                fc1.backward(s1, &dh)?;
-                buckets.ready_all(&fc1)
+                fc1.backward_hooked(s1, &dh, buckets).map(drop)
             })?;
             let mut params = fc2.parameters_mut();
             params.extend(fc1.parameters_mut());

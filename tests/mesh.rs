@@ -9,7 +9,7 @@ use dist_tensor::collectives;
 use dist_tensor::mesh::zero::Zero1;
 use dist_tensor::mesh::{DeviceMesh, data_parallel};
 use dist_tensor::nn::{
-    Activation, Adam, ColumnParallelLinear, Parameters, RowParallelLinear, mse_loss,
+    Activation, Adam, ColumnParallelLinear, GradHook, Parameters, RowParallelLinear, mse_loss,
 };
 use dist_tensor::shmem::try_symm_at;
 use dist_tensor::{DistTensor, Element, Error, Placement, Split, Tensor, World};
@@ -20,7 +20,8 @@ mod common;
 use common::checks::off;
 use common::crossed::{check_crossed, crossed_in_job, crossed_outcome};
 use common::mesh_ops::mesh_ops;
-use common::{slice, tolerance};
+use common::reference::{self, rel_err};
+use common::{f64s, slice, tolerance};
 
 const MESHES: [(usize, usize); 6] = [(1, 4), (2, 2), (4, 1), (2, 3), (3, 2), (2, 4)];
 
@@ -152,9 +153,20 @@ fn train_on_mesh(
     dp: usize,
     tp: usize,
     steps: usize,
-    overlap: bool,
+    averaging: Averaging,
 ) -> Vec<Vec<f64>> {
-    train_with(world, dp, tp, steps, overlap, Optimizer::Sgd)
+    train_with(world, dp, tp, steps, averaging, Optimizer::Sgd)
+}
+
+/// How [`train_with`] averages the gradients over dp.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Averaging {
+    /// After the backward pass (`all_reduce_mean`).
+    After,
+    /// During it, each layer's gradients handed in after the layer's `backward` (`ready_all`).
+    ByLayer,
+    /// During it, each parameter's gradient handed in as it completes (`backward_hooked`).
+    Hooked,
 }
 
 /// How [`train_with`] steps the parameters with the averaged gradients.
@@ -173,7 +185,7 @@ fn train_with(
     dp: usize,
     tp: usize,
     steps: usize,
-    overlap: bool,
+    averaging: Averaging,
     optimizer: Optimizer,
 ) -> Vec<Vec<f64>> {
     let (tokens, hidden, ffn) = (12, 6, 10);
@@ -210,20 +222,31 @@ fn train_with(
                 fc1.zero_grad();
                 fc2.zero_grad();
                 let pre = h.into_local();
-                // Layer by layer: fc2's gradients are ready (and go) before fc1's are computed.
+                // Layer by layer: fc2's gradients are ready (and go) before fc1's are computed;
+                // hooked, each parameter's as soon as it is (fc1's weight before dx).
+                let hooked = averaging == Averaging::Hooked;
                 let backward = |buckets: &mut data_parallel::GradBuckets<f64>| {
-                    let da = fc2.backward(s2, &dy)?;
-                    buckets.ready_all(&fc2)?;
+                    let da = if hooked {
+                        fc2.backward_hooked(s2, &dy, buckets)?
+                    } else {
+                        let da = fc2.backward(s2, &dy)?;
+                        buckets.ready_all(&fc2)?;
+                        da
+                    };
                     let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
-                    fc1.backward(s1, &dh)?;
-                    buckets.ready_all(&fc1)
+                    if hooked {
+                        fc1.backward_hooked(s1, &dh, buckets).map(drop)
+                    } else {
+                        fc1.backward(s1, &dh)?;
+                        buckets.ready_all(&fc1)
+                    }
                 };
-                let grads = if overlap {
-                    data_parallel::overlapped(&dpr, bucket, backward)?.1
-                } else {
+                let grads = if averaging == Averaging::After {
                     let mut local = data_parallel::GradBuckets::collect();
                     backward(&mut local)?;
                     data_parallel::all_reduce_mean(&dpr, bucket, &local.into_grads())?
+                } else {
+                    data_parallel::overlapped(&dpr, bucket, backward)?.1
                 };
                 let mut params = fc2.parameters_mut();
                 params.extend(fc1.parameters_mut());
@@ -252,19 +275,20 @@ fn train_with(
 #[test]
 fn training_on_a_2x2_mesh_equals_one_rank_on_the_whole_batch() {
     let steps = 6;
-    let one = train_on_mesh(&World::threads(1).unwrap(), 1, 1, steps, false);
-    for overlap in [true, false] {
-        let curves = train_on_mesh(&World::threads(4).unwrap(), 2, 2, steps, overlap);
-        for curve in &curves {
+    let one = train_on_mesh(&World::threads(1).unwrap(), 1, 1, steps, Averaging::After);
+    let mut curves = Vec::new();
+    for averaging in [Averaging::ByLayer, Averaging::Hooked, Averaging::After] {
+        let mesh = train_on_mesh(&World::threads(4).unwrap(), 2, 2, steps, averaging);
+        for curve in &mesh {
             let diff = curve.iter().zip(&one[0]).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
-            assert!(diff < 1e-12 * one[0][0], "overlap {overlap}: {curve:?} vs {:?}", one[0]);
+            assert!(diff < 1e-12 * one[0][0], "{averaging:?}: {curve:?} vs {:?}", one[0]);
         }
         assert!(one[0][steps - 1] < one[0][0] * 0.9, "it learns: {:?}", one[0]);
+        curves.push(mesh);
     }
-    // Overlapped or not, the same buckets and sums: the same bits.
-    let a = train_on_mesh(&World::threads(4).unwrap(), 2, 2, steps, true);
-    let b = train_on_mesh(&World::threads(4).unwrap(), 2, 2, steps, false);
-    assert_eq!(a, b);
+    // Overlapped or not, handed in by layer or by parameter: the same sums, the same bits.
+    assert_eq!(curves[0], curves[2]);
+    assert_eq!(curves[1], curves[2]);
 }
 
 /// A 2 x 2 mesh on four processes of this host (this test binary re-executed as the ranks of a
@@ -323,6 +347,126 @@ fn buckets_send_each_layers_bias_with_its_weight_and_keep_the_parameters_order()
     }
 }
 
+/// The layers' `backward_hooked` hand each gradient to the buckets (their `GradHook`) as it
+/// completes, here each into a bucket of its own sent at once: the averages come back in each
+/// layer's parameters' order, the same bits as handed in layer by layer and as averaged after
+/// the pass, and equal the mean of the two replicas' f64 reference gradients (odd widths: the
+/// hidden layer of 7 split 4 + 3 over tp).
+#[test]
+fn hooked_layers_hand_each_gradient_to_the_buckets_as_it_completes() {
+    let (tokens, hidden, ffn) = (6, 5, 7);
+    let (x, dy) =
+        (Tensor::<f64>::random(&[tokens, hidden], 1), Tensor::random(&[tokens, hidden], 2));
+    let (w1, b1) = (Tensor::<f64>::random(&[hidden, ffn], 3), Tensor::<f64>::random(&[ffn], 4));
+    let (w2, b2) = (Tensor::<f64>::random(&[ffn, hidden], 5), Tensor::<f64>::random(&[hidden], 6));
+    let per = tokens / 2;
+    let out = World::threads(4)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+            let (tpr, dpr) = (mesh.rank_of("tp")?, mesh.averager("dp")?);
+            let mut fc1 = ColumnParallelLinear::from_global(&tpr, &w1, Some(&b1), Split::Even)?;
+            let mut fc2 = RowParallelLinear::from_global(&tpr, &w2, Some(&b2), Split::Even)?;
+            let share = mesh.coord("dp")? * per..(mesh.coord("dp")? + 1) * per;
+            let xs =
+                DistTensor::from_global(&tpr, &slice(&x, 0, share.clone()), Placement::Shard(0))?;
+            let dys = DistTensor::from_global(&tpr, &slice(&dy, 0, share), Placement::Shard(0))?;
+            let mut runs = Vec::new();
+            for (hooked, overlap) in [(true, true), (false, true), (true, false)] {
+                fc1.zero_grad();
+                fc2.zero_grad();
+                let (h, s1) = fc1.forward(&xs)?;
+                let (_, s2) = fc2.forward(&h.map_local(|t| Activation::Gelu.forward(t))?)?;
+                let pre = h.into_local();
+                let backward = |buckets: &mut data_parallel::GradBuckets<f64>| {
+                    let da = if hooked {
+                        fc2.backward_hooked(s2, &dys, buckets)?
+                    } else {
+                        let da = fc2.backward(s2, &dys)?;
+                        buckets.ready_all(&fc2)?;
+                        da
+                    };
+                    let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
+                    if hooked {
+                        fc1.backward_hooked(s1, &dh, buckets).map(drop)
+                    } else {
+                        fc1.backward(s1, &dh)?;
+                        buckets.ready_all(&fc1)
+                    }
+                };
+                runs.push(if overlap {
+                    data_parallel::overlapped(&dpr, size_of::<f64>(), backward)?.1
+                } else {
+                    let mut local = data_parallel::GradBuckets::collect();
+                    backward(&mut local)?;
+                    data_parallel::all_reduce_mean(&dpr, 64, &local.into_grads())?
+                });
+            }
+            let same = runs[1..].iter().all(|r| *r == runs[0]);
+            // fc2's [W2 rows, b2], then fc1's [W1 columns, b1 part]: the whole averages.
+            let g = &runs[0];
+            let whole =
+                |t: &Tensor<f64>, p| DistTensor::from_local(&tpr, t.clone(), p)?.to_global();
+            Ok((
+                same,
+                [
+                    whole(&g[2], Placement::Shard(1))?,
+                    whole(&g[3], Placement::Shard(0))?,
+                    whole(&g[0], Placement::Shard(0))?,
+                    g[1].clone(),
+                ],
+            ))
+        })
+        .unwrap();
+    let weights = [&w1, &b1, &w2, &b2].map(f64s);
+    let replica = |d: usize| {
+        let rows = d * per..(d + 1) * per;
+        reference::mlp(
+            &f64s(&slice(&x, 0, rows.clone())),
+            &weights,
+            Activation::Gelu,
+            &f64s(&slice(&dy, 0, rows)),
+        )
+    };
+    let (r0, r1) = (replica(0), replica(1));
+    for (r, (same, got)) in out.into_iter().enumerate() {
+        assert!(same, "rank {r}: hooked, by layer and after the pass differ");
+        for (i, name) in ["W1", "b1", "W2", "b2"].iter().enumerate() {
+            let want = (&r0[i + 2] + &r1[i + 2]) / 2.0;
+            let err = rel_err(&f64s(&got[i]), &want);
+            assert!(err < 1e-12, "rank {r}: {name} off the mean of the replicas by {err:.1e}");
+        }
+    }
+}
+
+/// A hook's calls that do not make up a layer are typed errors: an index past the layer's
+/// count, an index twice, another count mid-layer, and a layer left unfinished at the end of
+/// the pass.
+#[test]
+fn grad_buckets_reject_hook_calls_that_do_not_make_up_a_layer() {
+    let g = Tensor::<f64>::random(&[3], 1);
+    let mut b = data_parallel::GradBuckets::<f64>::collect();
+    let bad = |e: dist_tensor::Result<()>| matches!(e, Err(Error::InvalidArgument { .. }));
+    assert!(bad(b.grad_ready(2, 2, &g)), "index past the count");
+    b.grad_ready(1, 2, &g).unwrap();
+    assert!(bad(b.grad_ready(1, 2, &g)), "index twice");
+    assert!(bad(b.grad_ready(0, 3, &g)), "another count");
+    b.grad_ready(0, 2, &g).unwrap();
+    b.grad_ready(0, 1, &g).unwrap(); // a layer of one: complete at once
+    assert_eq!(b.into_grads().len(), 3);
+    let unfinished = World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 2)])?;
+            let dp = mesh.averager("dp")?;
+            let done =
+                data_parallel::overlapped(&dp, 1 << 20, |buckets| buckets.grad_ready(0, 2, &g));
+            Ok(matches!(done, Err(Error::InvalidArgument { .. })))
+        })
+        .unwrap();
+    assert_eq!(unfinished, vec![true, true], "a layer left unfinished");
+}
+
 #[test]
 fn every_op_over_every_group_of_a_2x2_mesh_on_processes() {
     const NAME: &str = "every_op_over_every_group_of_a_2x2_mesh_on_processes";
@@ -350,14 +494,16 @@ fn zero1_equals_adam_on_every_rank_bit_for_bit() {
     let steps = 5;
     for (dp, tp) in [(2, 2), (4, 1), (3, 2)] {
         let world = World::threads(dp * tp).unwrap();
-        let adam = train_with(&world, dp, tp, steps, true, Optimizer::Adam);
-        let zero = train_with(&world, dp, tp, steps, true, Optimizer::Zero1);
+        let adam = train_with(&world, dp, tp, steps, Averaging::ByLayer, Optimizer::Adam);
+        let zero = train_with(&world, dp, tp, steps, Averaging::Hooked, Optimizer::Zero1);
         assert_eq!(adam, zero, "mesh {dp}x{tp}");
         assert!(zero[0][steps - 1] < zero[0][0], "it learns: {:?}", zero[0]);
     }
     // And Adam on the mesh is Adam on one rank with the whole batch.
-    let one = train_with(&World::threads(1).unwrap(), 1, 1, steps, false, Optimizer::Adam);
-    let mesh = train_with(&World::threads(4).unwrap(), 2, 2, steps, true, Optimizer::Zero1);
+    let one =
+        train_with(&World::threads(1).unwrap(), 1, 1, steps, Averaging::After, Optimizer::Adam);
+    let mesh =
+        train_with(&World::threads(4).unwrap(), 2, 2, steps, Averaging::Hooked, Optimizer::Zero1);
     let diff = mesh[0].iter().zip(&one[0]).fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
     assert!(diff < 1e-12 * one[0][0], "{:?} vs {:?}", mesh[0], one[0]);
 }

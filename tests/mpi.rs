@@ -814,12 +814,11 @@ fn dp_step(
     fc1.zero_grad();
     fc2.zero_grad();
     let pre = h.into_local();
+    // Each gradient handed in as soon as it is complete (fc1's weight before its input gradient).
     let backward = |buckets: &mut data_parallel::GradBuckets<f32>| {
-        let da = fc2.backward(s2, &dy)?;
-        buckets.ready_all(&*fc2)?;
+        let da = fc2.backward_hooked(s2, &dy, buckets)?;
         let dh = da.try_map_local(|g| Activation::Gelu.backward(&pre, g))?;
-        fc1.backward(s1, &dh)?;
-        buckets.ready_all(&*fc1)
+        fc1.backward_hooked(s1, &dh, buckets).map(drop)
     };
     let grads = if overlap {
         data_parallel::overlapped(&dp, bucket, backward)?.1

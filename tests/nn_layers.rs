@@ -26,8 +26,8 @@ mod common;
 use common::f64s;
 use common::reference::{self, rel_err};
 use dist_tensor::nn::{
-    Activation, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, UlyssesAttention,
-    UlyssesSelfAttention,
+    Activation, ColumnParallelLinear, ParallelMlp, Param, Parameters, RowParallelLinear,
+    UlyssesAttention, UlyssesSelfAttention,
 };
 use dist_tensor::{DistTensor, Element, Placement, Rank, Result, Split, Tensor, World};
 use half::bf16;
@@ -56,6 +56,27 @@ fn gather<T: Element>(
     Ok(DistTensor::from_local(rank, part.clone(), placement)?.to_global()?.cast())
 }
 
+/// What a layer's `backward_hooked` told its hook: each parameter's index and gradient.
+type Told<T> = Vec<(usize, Tensor<T>)>;
+
+/// A recording hook for `backward_hooked`.
+fn recorder<T: Element>(told: &mut Told<T>) -> impl FnMut(usize, &Tensor<T>) -> Result<()> + '_ {
+    |index, grad| {
+        told.push((index, grad.clone()));
+        Ok(())
+    }
+}
+
+/// Checks what a hook was told against the parameters after the pass: every parameter once, in
+/// `order`, each gradient the bits the parameter holds.
+fn check_told<T: Element>(what: &str, told: &Told<T>, params: &[&Param<T>], order: &[usize]) {
+    let indices: Vec<usize> = told.iter().map(|(i, _)| *i).collect();
+    assert_eq!(indices, order, "{what}: the parameters told, in order");
+    for (i, grad) in told {
+        assert!(params[*i].grad().as_ref() == Some(grad), "{what}: parameter {i} told other bits");
+    }
+}
+
 struct LinearCase {
     /// The input's global shape (`[..., in]`) and the dimension it is sharded on.
     x_shape: Vec<usize>,
@@ -63,7 +84,15 @@ struct LinearCase {
     out: usize,
 }
 
-fn column_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<()> {
+/// With `hooked`, the backward pass is `backward_hooked` (the bias told first, then the weight:
+/// both before the input gradient), checked as [`check_told`] says; the results against the
+/// reference all the same (and bit for bit against the plain pass, in [`linear_layers`]).
+fn column_case<T: Element>(
+    world: usize,
+    case: &LinearCase,
+    fused: bool,
+    hooked: bool,
+) -> Result<Vec<[Tensor<f64>; 4]>> {
     let k = *case.x_shape.last().unwrap();
     let x = Tensor::<f64>::random(&case.x_shape, 1);
     let (w, b) = (Tensor::<f64>::random(&[k, case.out], 2), Tensor::<f64>::random(&[case.out], 3));
@@ -78,7 +107,15 @@ fn column_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Resu
         let xs = DistTensor::from_global(rank, &xt, Placement::Shard(case.dim))?;
         let (y, saved) = fc.forward(&xs)?;
         let dys = DistTensor::from_global(rank, &dyt, Placement::Shard(last))?;
-        let dx = fc.backward(saved, &dys)?;
+        let mut told = Vec::new();
+        let dx = if hooked {
+            fc.backward_hooked(saved, &dys, &mut recorder(&mut told))?
+        } else {
+            fc.backward(saved, &dys)?
+        };
+        if hooked {
+            check_told(&format!("column world {world}"), &told, &fc.parameters(), &[1, 0]);
+        }
         assert_eq!(dx.shard_sizes(), xs.shard_sizes(), "the input gradient is split as the input");
         let [dw, db] = [0, 1].map(|i| fc.parameters()[i].grad().unwrap().clone());
         Ok([
@@ -94,17 +131,23 @@ fn column_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Resu
             ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate()
         {
             let what = format!(
-                "{} column world {world} {:?} fused {fused} rank {r}: {name}",
+                "{} column world {world} {:?} fused {fused} hooked {hooked} rank {r}: {name}",
                 T::DTYPE,
                 case.x_shape
             );
             assert_close(&what, &got[i], &want[i], layer_tolerance::<T>());
         }
     }
-    Ok(())
+    Ok(outs)
 }
 
-fn row_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<()> {
+/// As [`column_case`]; the weight is told first, the replicated bias once summed over the ranks.
+fn row_case<T: Element>(
+    world: usize,
+    case: &LinearCase,
+    fused: bool,
+    hooked: bool,
+) -> Result<Vec<[Tensor<f64>; 4]>> {
     // The layer's input [..., in] has every row and this rank's columns; its output is
     // sharded on `case.dim` (as a block's input would be).
     let k = *case.x_shape.last().unwrap();
@@ -123,7 +166,15 @@ fn row_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<
         // The output comes back split on the first dimension (numpy.array_split): dy alike.
         let dys = DistTensor::from_global(rank, &dyt, y.placement())?;
         assert_eq!(dys.shard_sizes(), y.shard_sizes());
-        let dh = fc.backward(saved, &dys)?;
+        let mut told = Vec::new();
+        let dh = if hooked {
+            fc.backward_hooked(saved, &dys, &mut recorder(&mut told))?
+        } else {
+            fc.backward(saved, &dys)?
+        };
+        if hooked {
+            check_told(&format!("row world {world}"), &told, &fc.parameters(), &[0, 1]);
+        }
         let [dw, db] = [0, 1].map(|i| fc.parameters()[i].grad().unwrap().clone());
         Ok([
             y.to_global()?.cast(),
@@ -138,7 +189,7 @@ fn row_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<
             ["output", "input gradient", "weight gradient", "bias gradient"].iter().enumerate()
         {
             let what = format!(
-                "{} row world {world} {:?} fused {fused} rank {r}: {name}",
+                "{} row world {world} {:?} fused {fused} hooked {hooked} rank {r}: {name}",
                 T::DTYPE,
                 case.x_shape
             );
@@ -147,7 +198,7 @@ fn row_case<T: Element>(world: usize, case: &LinearCase, fused: bool) -> Result<
     }
     // The replicated bias gradient is bitwise the same on every rank.
     assert!(outs.iter().all(|o| o[3] == outs[0][3]));
-    Ok(())
+    Ok(outs)
 }
 
 fn cases() -> Vec<LinearCase> {
@@ -164,8 +215,11 @@ fn linear_layers<T: Element>() -> Result<()> {
     for world in 1..=4 {
         for case in &cases() {
             for fused in [true, false] {
-                column_case::<T>(world, case, fused)?;
-                row_case::<T>(world, case, fused)?;
+                // Hooked or not, the same bits.
+                let column = column_case::<T>(world, case, fused, false)?;
+                assert!(column == column_case::<T>(world, case, fused, true)?, "column, hooked");
+                let row = row_case::<T>(world, case, fused, false)?;
+                assert!(row == row_case::<T>(world, case, fused, true)?, "row, hooked");
             }
         }
     }
@@ -187,13 +241,16 @@ fn linear_layers_bf16() -> Result<()> {
     linear_layers::<bf16>()
 }
 
+/// With `hooked`, the backward pass is `backward_hooked`: W2 told first, then b1 and W1 (before
+/// the input gradient), b2 once summed over the ranks; checked as [`check_told`] says.
 fn mlp_case<T: Element>(
     world: usize,
     x_shape: &[usize],
     dim: usize,
     ffn: usize,
     act: Activation,
-) -> Result<()> {
+    hooked: bool,
+) -> Result<Vec<[Tensor<f64>; 6]>> {
     let e = *x_shape.last().unwrap();
     let x = Tensor::<f64>::random(x_shape, 11);
     let dy = Tensor::<f64>::random(x_shape, 12);
@@ -203,9 +260,17 @@ fn mlp_case<T: Element>(
         let xs = DistTensor::from_global(rank, &xt, Placement::Shard(dim))?;
         let (y, saved) = mlp.forward(&xs)?;
         assert_eq!(y.shard_sizes(), xs.shard_sizes(), "the block's output lines up with its input");
-        let dx =
-            mlp.backward(saved, &DistTensor::from_global(rank, &dyt, Placement::Shard(dim))?)?;
+        let dys = DistTensor::from_global(rank, &dyt, Placement::Shard(dim))?;
+        let mut told = Vec::new();
+        let dx = if hooked {
+            mlp.backward_hooked(saved, &dys, &mut recorder(&mut told))?
+        } else {
+            mlp.backward(saved, &dys)?
+        };
         let p = mlp.parameters();
+        if hooked {
+            check_told(&format!("mlp world {world}"), &told, &p, &[2, 1, 0, 3]);
+        }
         let g = |i: usize| p[i].grad().unwrap().clone();
         // The whole weights (every rank initialised them alike) for the reference.
         let whole = [
@@ -231,21 +296,37 @@ fn mlp_case<T: Element>(
         ["output", "input gradient", "W1 gradient", "b1 gradient", "W2 gradient", "b2 gradient"];
     for (r, (got, _)) in outs.iter().enumerate() {
         for (i, name) in names.iter().enumerate() {
-            let what =
-                format!("{} mlp {act:?} world {world} {x_shape:?} rank {r}: {name}", T::DTYPE);
+            let what = format!(
+                "{} mlp {act:?} world {world} {x_shape:?} hooked {hooked} rank {r}: {name}",
+                T::DTYPE
+            );
             assert_close(&what, &got[i], &want[i], layer_tolerance::<T>());
         }
     }
+    Ok(outs.into_iter().map(|(got, _)| got).collect())
+}
+
+/// [`mlp_case`] plain and hooked: the same bits.
+fn mlp_both<T: Element>(
+    world: usize,
+    x_shape: &[usize],
+    dim: usize,
+    ffn: usize,
+    act: Activation,
+) -> Result<()> {
+    let plain = mlp_case::<T>(world, x_shape, dim, ffn, act, false)?;
+    let hooked = mlp_case::<T>(world, x_shape, dim, ffn, act, true)?;
+    assert!(plain == hooked, "{} mlp world {world} {x_shape:?}: hooked differs", T::DTYPE);
     Ok(())
 }
 
 #[test]
 fn mlp_against_one_rank_f64_reference() -> Result<()> {
     for world in 1..=4 {
-        mlp_case::<f64>(world, &[7, 6], 0, 11, Activation::Gelu)?;
-        mlp_case::<f32>(world, &[2, 5, 6], 1, 10, Activation::GeluTanh)?;
-        mlp_case::<bf16>(world, &[9, 8], 0, 13, Activation::Silu)?;
-        mlp_case::<f32>(world, &[3, 4], 0, 5, Activation::Relu)?;
+        mlp_both::<f64>(world, &[7, 6], 0, 11, Activation::Gelu)?;
+        mlp_both::<f32>(world, &[2, 5, 6], 1, 10, Activation::GeluTanh)?;
+        mlp_both::<bf16>(world, &[9, 8], 0, 13, Activation::Silu)?;
+        mlp_both::<f32>(world, &[3, 4], 0, 5, Activation::Relu)?;
     }
     Ok(())
 }
@@ -495,5 +576,32 @@ fn mlp_bias_and_activation_in_one_op_match_the_layers_one_by_one() -> Result<()>
         }
     }
     assert!(fails.is_empty(), "{}", fails.join("\n"));
+    Ok(())
+}
+
+/// A hook that fails ends the layer's backward pass with its error (on every rank, each hook
+/// failing alike); the replicated bias keeps the gradient it had before the pass, as after any
+/// failed pass.
+#[test]
+fn a_hook_that_fails_ends_the_backward_pass_with_its_error() -> Result<()> {
+    let h = Tensor::<f64>::random(&[5, 6], 1);
+    let (w, b) = (Tensor::<f64>::random(&[6, 3], 2), Tensor::<f64>::random(&[3], 3));
+    let out = World::threads(2)?.run(|rank| {
+        let mut fc = RowParallelLinear::from_global(rank, &w, Some(&b), Split::Even)?;
+        let hs = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
+        let (y, saved) = fc.forward(&hs)?;
+        let mut calls = 0;
+        let failed = fc.backward_hooked(saved, &y, &mut |index: usize, _: &Tensor<f64>| {
+            calls += 1;
+            Err(dist_tensor::Error::user(format!("hook refused parameter {index}")))
+        });
+        let message = failed.map(drop).unwrap_err().to_string();
+        Ok((message, calls, fc.bias().unwrap().grad().is_none()))
+    })?;
+    for (r, (message, calls, bias_untouched)) in out.into_iter().enumerate() {
+        assert!(message.contains("hook refused parameter 0"), "rank {r}: {message}");
+        assert_eq!(calls, 1, "rank {r}: the pass went on after the hook failed");
+        assert!(bias_untouched, "rank {r}: the bias got a gradient from a failed pass");
+    }
     Ok(())
 }

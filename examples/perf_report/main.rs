@@ -16,7 +16,7 @@
 //!
 //! `--mesh` runs rows of its own instead: a training step on a 2 x 2 mesh beside tensor and data
 //! parallelism over all 4 ranks, and the dp averaging the backward pass does not hide (see
-//! `mesh.rs`; `--quick`).
+//! `mesh.rs`; `--quick`, `--tokens N`).
 //!
 //! Under the table it prints the host schedule each fused product took on rank 0 and why
 //! (`fused::last_schedule`); the rows marked "forced" run the other choice through the call's

@@ -213,7 +213,12 @@ impl<'r, T: Element> DVar<'r, T> {
         let like = h.clone();
         let x = self.value.clone();
         let wv = w.value().clone();
-        let local = record(h.local().clone(), &[&self.local, w], move |g, need| {
+        // Two nodes: the input's gradient, recorded first, and the weight's, recorded after it
+        // and so run before it in the backward pass. The weight's gradient is then complete (and
+        // a hook of its leaf told, see `Recorded::backward_hooked`) before the input's exchange
+        // and product start: data parallelism sends it while they run. The same products as
+        // one node computing both, in the other order: the same bits.
+        let input_side = record(h.local().clone(), &[&self.local], move |g, _| {
             let dh = like.map_local(|_| g.clone())?;
             // dh's whole rows on this rank's columns: dx is the sum over ranks, scattered back
             // into x's rows (x's dimension and sizes).
@@ -221,20 +226,20 @@ impl<'r, T: Element> DVar<'r, T> {
                 Placement::Shard(d) => (d, x.shard_sizes().to_vec()),
                 _ => (0, Vec::new()),
             };
-            let dx = if need[0] {
-                let opts = base.transpose_weights(true);
-                let opts = if sizes.is_empty() { opts } else { opts.output_split(dim, sizes) };
-                let dx = dh.matmul_reduce_scatter_with(&wv, &opts)?;
-                Some(dx.into_local())
-            } else {
-                None
-            };
-            let dw = if need[1] {
-                Some(weight_grad(gathered.local(), g, like.rank().topology().aicore_num())?)
-            } else {
-                None
-            };
-            Ok(vec![dx, dw])
+            let opts = base.transpose_weights(true);
+            let opts = if sizes.is_empty() { opts } else { opts.output_split(dim, sizes) };
+            let dx = dh.matmul_reduce_scatter_with(&wv, &opts)?;
+            Ok(vec![Some(dx.into_local())])
+        });
+        if !w.is_tracked() {
+            return Ok(DVar { value: h, local: input_side });
+        }
+        let threads = h.rank().topology().aicore_num();
+        let local = record(h.local().clone(), &[&input_side, w], move |g, need| {
+            let dw = weight_grad(gathered.local(), g, threads)?;
+            // The whole output gradient goes on to the input's node (nothing when the input is
+            // untracked: that node records nothing then).
+            Ok(vec![need[0].then(|| g.clone()), Some(dw)])
         });
         Ok(DVar { value: h, local })
     }

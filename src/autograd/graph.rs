@@ -3,7 +3,10 @@
 //!
 //! Nodes are numbered in creation order. An op's inputs exist before its output, so walking the
 //! nodes reachable from the loss in decreasing number visits every node after all the nodes that
-//! use it: each node's gradient is complete before its backward function runs.
+//! use it: each node's gradient is complete before its backward function runs. A leaf's gradient
+//! is complete once the last node that uses it has run, which can be long before the walk ends
+//! (leaves are made first, so they come last in the walk): [`backward_from`] can tell a hook of
+//! each leaf then, as PyTorch's hooks after a gradient's accumulation fire.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -61,6 +64,10 @@ impl<'a, T: Element> AnyNode<'a> for LeafNode<T> {
         self.0.id
     }
 
+    fn is_leaf(&self) -> bool {
+        true
+    }
+
     fn parents(&self) -> &[Rc<dyn AnyNode<'a> + 'a>] {
         &[]
     }
@@ -102,6 +109,11 @@ impl<T: Element> Leaf<T> {
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<Tensor<T>>> {
         // A panic while the gradient was held leaves a whole tensor or none: still usable.
         self.grad.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Its number: the same in every graph it is a leaf of (see [`backward_from`]'s hook).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     pub(crate) fn accumulate(&self, g: Tensor<T>) -> Result<()> {
@@ -162,6 +174,10 @@ impl<'a, T: Element> Tracked<'a, T> {
 /// A node of any element type (a cast joins nodes of two types).
 pub(crate) trait AnyNode<'a> {
     fn id(&self) -> u64;
+    /// Whether it is a leaf (a parameter), whose gradient a hook may be told of.
+    fn is_leaf(&self) -> bool {
+        false
+    }
     fn parents(&self) -> &[Rc<dyn AnyNode<'a> + 'a>];
     /// Runs the backward function on the gradient gathered so far; a leaf keeps its gradient.
     fn run(&self) -> Result<()>;
@@ -226,9 +242,17 @@ impl<'a, T: Element> AnyNode<'a> for Node<'a, T> {
     }
 }
 
+/// Called with a leaf's number ([`Leaf::id`]) once its gradient is complete in a backward pass.
+pub(crate) type LeafHook<'h> = &'h mut dyn FnMut(u64) -> Result<()>;
+
 /// Runs the backward pass from `root`, whose gradient has been set: every reachable node in
-/// decreasing creation order.
-pub(crate) fn backward_from<'a>(root: Rc<dyn AnyNode<'a> + 'a>) -> Result<()> {
+/// decreasing creation order. With `hook`, each reachable leaf's number is passed to it right
+/// after the last node that uses the leaf has run (its gradient is then complete for this pass),
+/// before the nodes after it; in the walk's order, so the same on every rank of a model.
+pub(crate) fn backward_from<'a>(
+    root: Rc<dyn AnyNode<'a> + 'a>,
+    mut hook: Option<LeafHook<'_>>,
+) -> Result<()> {
     let mut seen = HashSet::new();
     let mut order: Vec<Rc<dyn AnyNode<'a> + 'a>> = Vec::new();
     let mut stack = vec![root];
@@ -240,8 +264,29 @@ pub(crate) fn backward_from<'a>(root: Rc<dyn AnyNode<'a> + 'a>) -> Result<()> {
         order.push(node);
     }
     order.sort_by_key(|n| std::cmp::Reverse(n.id()));
-    for node in order {
+    // For each step of the walk, the leaves whose last user it is.
+    let mut complete: Vec<Vec<u64>> = vec![Vec::new(); order.len()];
+    if hook.is_some() {
+        let mut last_user = std::collections::HashMap::new();
+        for (at, node) in order.iter().enumerate() {
+            for parent in node.parents().iter().filter(|p| p.is_leaf()) {
+                last_user.insert(parent.id(), at);
+            }
+        }
+        let mut leaves: Vec<(u64, usize)> = last_user.into_iter().collect();
+        // Leaves of one step in a fixed order (by number: creation order).
+        leaves.sort_unstable();
+        for (leaf, at) in leaves {
+            complete[at].push(leaf);
+        }
+    }
+    for (node, leaves) in order.into_iter().zip(complete) {
         node.run()?;
+        if let Some(hook) = hook.as_mut() {
+            for leaf in leaves {
+                hook(leaf)?;
+            }
+        }
     }
     Ok(())
 }

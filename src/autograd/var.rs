@@ -1,7 +1,7 @@
 //! [`Var`]: a tensor that may be tracked, and the helpers every op uses to record its backward
 //! function only when one of its inputs is tracked.
 
-use super::graph::{Leaf, Node, Tracked, backward_from};
+use super::graph::{Leaf, LeafHook, Node, Tracked, backward_from};
 use crate::{Element, Error, Result, Tensor};
 
 /// A tensor in a differentiable computation: a value, and, when tracked, its node on the tape.
@@ -172,6 +172,16 @@ impl<'a, T: Element> Var<'a, T> {
     /// # Errors
     /// As [`Var::backward`]; [`Error::InvalidShape`] when `grad`'s shape is not the value's.
     pub fn backward_with(&self, grad: Tensor<T>) -> Result<()> {
+        self.backward_hooked(grad, None)
+    }
+
+    /// [`Var::backward_with`], telling `hook` each leaf's number ([`Leaf::id`]) as soon as the
+    /// leaf's gradient is complete (see `graph::backward_from`).
+    pub(crate) fn backward_hooked(
+        &self,
+        grad: Tensor<T>,
+        hook: Option<LeafHook<'_>>,
+    ) -> Result<()> {
         let Some(node) = &self.node else {
             return Err(Error::InvalidArgument {
                 op: "Var::backward",
@@ -181,8 +191,8 @@ impl<'a, T: Element> Var<'a, T> {
         };
         node.accumulate(grad)?;
         match node {
-            Tracked::Leaf(_) => Ok(()),
-            Tracked::Op(_) => backward_from(node.as_any()),
+            Tracked::Leaf(leaf) => hook.map_or(Ok(()), |hook| hook(leaf.id())),
+            Tracked::Op(_) => backward_from(node.as_any(), hook),
         }
     }
 }

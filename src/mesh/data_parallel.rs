@@ -4,7 +4,11 @@
 //! [`overlapped`] runs the caller's backward pass with a [`GradBuckets`]: each gradient handed
 //! to [`GradBuckets::ready`] joins the current bucket, and a full bucket goes at once to a
 //! thread of this rank that all-reduces it over the data-parallel group while the backward pass
-//! computes the next layer's gradients. The group is a world of its own (see
+//! computes the next layer's gradients. A layer's `backward_hooked` (the buckets are its
+//! [`GradHook`]) hands in each parameter's gradient the moment it is complete, within the
+//! layer's own pass: a column-parallel layer's weight before its input gradient's exchange and
+//! product, which then hide its all-reduce; [`GradBuckets::ready_all`] after a layer's
+//! `backward` hands them in once the whole layer is done. The group is a world of its own (see
 //! [`Rank::split`](crate::Rank::split)), so its all-reduce runs beside the tensor-parallel
 //! group's fused ops of the same rank without meeting them. [`all_reduce_mean`] is the same
 //! averaging after the backward pass, in the same buckets (the baseline the overlap is measured
@@ -17,7 +21,7 @@
 use std::sync::mpsc;
 
 use super::Averager;
-use crate::nn::Parameters;
+use crate::nn::{GradHook, Parameters};
 use crate::{Element, Error, Result, Tensor};
 
 /// Bytes a bucket holds before it is sent (PyTorch's DDP uses 25 MiB; the models here are small).
@@ -29,13 +33,19 @@ pub struct GradBuckets<T: Element> {
     bucket_elems: usize,
     pending: Vec<T>,
     /// Every gradient handed in: its shape, its bucket and its offset there.
-    placed: Vec<(Vec<usize>, usize, usize)>,
+    placed: Vec<Placed>,
     buckets: usize,
     /// The full buckets, when nothing reduces them during the pass ([`all_reduce_mean`]).
     kept: Vec<Vec<T>>,
     /// This rank's index in the data-parallel group (0 for [`GradBuckets::collect`]), for errors.
     rank: usize,
+    /// The layer whose gradients come in through [`GradHook`] now: each of its parameters'
+    /// place, by index, once handed in.
+    layer: Vec<Option<Placed>>,
 }
+
+/// A gradient's shape, its bucket and its offset there.
+type Placed = (Vec<usize>, usize, usize);
 
 impl<T: Element> GradBuckets<T> {
     fn new(send: Option<mpsc::Sender<Vec<T>>>, bucket_bytes: usize, rank: usize) -> Self {
@@ -47,18 +57,26 @@ impl<T: Element> GradBuckets<T> {
             placed: Vec::new(),
             buckets: 0,
             kept: Vec::new(),
+            layer: Vec::new(),
         }
+    }
+
+    /// Puts `grad` in the current bucket, sending the bucket once full; where it went.
+    fn place(&mut self, grad: &Tensor<T>) -> Placed {
+        let at = (grad.shape().to_vec(), self.buckets, self.pending.len());
+        self.pending.extend_from_slice(grad.as_slice());
+        if self.pending.len() >= self.bucket_elems {
+            self.flush();
+        }
+        at
     }
 
     /// Hands in a gradient whose backward is done: it joins the current bucket, which is sent
     /// to be all-reduced once it holds at least the bucket's bytes. Every rank of the group must
     /// hand in gradients of the same shapes in the same order.
     pub fn ready(&mut self, grad: &Tensor<T>) {
-        self.placed.push((grad.shape().to_vec(), self.buckets, self.pending.len()));
-        self.pending.extend_from_slice(grad.as_slice());
-        if self.pending.len() >= self.bucket_elems {
-            self.flush();
-        }
+        let at = self.place(grad);
+        self.placed.push(at);
     }
 
     /// Hands in the gradient of every parameter of `layer`, once the layer's backward is done:
@@ -124,11 +142,29 @@ impl<T: Element> GradBuckets<T> {
         GradBuckets::new(None, usize::MAX, 0)
     }
 
-    /// The gradients handed in, as they were (unreduced), in order.
+    /// The gradients handed in, as they were (unreduced), in order (of a layer that handed in
+    /// only some of its gradients through [`GradHook`], none).
     pub fn into_grads(mut self) -> Vec<Tensor<T>> {
         self.flush();
         let kept = std::mem::take(&mut self.kept);
         self.unpack(&kept).expect("each gradient is whole in the kept buckets")
+    }
+
+    /// An error if a layer's backward pass handed in only some of its gradients.
+    fn check_layer_done(&self, op: &'static str) -> Result<()> {
+        if self.layer.is_empty() {
+            return Ok(());
+        }
+        let done = self.layer.iter().flatten().count();
+        Err(Error::InvalidArgument {
+            op,
+            rank: self.rank,
+            reason: format!(
+                "a layer handed in {done} of its {} parameters' gradients through GradHook: \
+                 its backward pass did not end",
+                self.layer.len()
+            ),
+        })
     }
 
     /// The gradients, averaged, from the reduced buckets.
@@ -140,6 +176,73 @@ impl<T: Element> GradBuckets<T> {
                 Tensor::from_shape_vec(shape, reduced[*bucket][*at..*at + len].to_vec())
             })
             .collect()
+    }
+}
+
+/// A layer's `backward_hooked` hands each parameter's gradient in as soon as it is complete, in
+/// the order they complete (the same on every rank); the layer's gradients come back together
+/// in its parameters' order all the same (as with [`GradBuckets::ready_all`]), at the place of
+/// the last one handed in.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when `index` is not below `count`, was handed in already in this
+/// layer's pass, or `count` is not that of the layer whose pass is under way.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::mesh::{data_parallel, DeviceMesh};
+/// use dist_tensor::nn::ColumnParallelLinear;
+/// use dist_tensor::{DistTensor, Placement, Split, Tensor, World};
+/// let (x, w, b) = (Tensor::<f64>::random(&[6, 4], 1), Tensor::random(&[4, 6], 2), Tensor::random(&[6], 3));
+/// World::threads(4)?.run(|rank| {
+///     let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
+///     let (tp, dp) = (mesh.rank_of("tp")?, mesh.averager("dp")?);
+///     let mut fc = ColumnParallelLinear::from_global(&tp, &w, Some(&b), Split::Even)?;
+///     let xs = DistTensor::from_global(&tp, &(&x * (1.0 + mesh.coord("dp")? as f64)), Placement::Shard(0))?;
+///     let (y, saved) = fc.forward(&xs)?;
+///     // The weight's gradient goes to be averaged before the input gradient is computed.
+///     let (dx, mean) = data_parallel::overlapped(&dp, 1 << 20, |buckets| {
+///         fc.backward_hooked(saved, &y, buckets)
+///     })?;
+///     assert_eq!(dx.local().shape(), xs.local().shape());
+///     // In the parameters' order: the weight's columns, then the bias's part.
+///     assert_eq!(mean[0].shape(), fc.weight().value().shape());
+///     assert_eq!(mean[1].shape(), fc.bias().unwrap().value().shape());
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+impl<T: Element> GradHook<T> for GradBuckets<T> {
+    fn grad_ready(&mut self, index: usize, count: usize, grad: &Tensor<T>) -> Result<()> {
+        let open = !self.layer.is_empty();
+        if index >= count || (open && (count != self.layer.len() || self.layer[index].is_some())) {
+            return Err(Error::InvalidArgument {
+                op: "GradBuckets::grad_ready",
+                rank: self.rank,
+                reason: format!(
+                    "parameter {index} of a layer of {count} handed in, where {}",
+                    if open {
+                        format!(
+                            "a layer of {} is under way ({} handed in)",
+                            self.layer.len(),
+                            self.layer.iter().flatten().count()
+                        )
+                    } else {
+                        "no layer is under way".to_string()
+                    }
+                ),
+            });
+        }
+        if !open {
+            self.layer = vec![None; count];
+        }
+        let at = self.place(grad);
+        self.layer[index] = Some(at);
+        if self.layer.iter().all(Option::is_some) {
+            let layer = std::mem::take(&mut self.layer);
+            self.placed.extend(layer.into_iter().flatten());
+        }
+        Ok(())
     }
 }
 
@@ -199,6 +302,7 @@ where
             Err(Error::Panicked { rank: dp.rank(), message: crate::shmem::panic_message(&*panic) })
         });
         let value = outcome?;
+        buckets.check_layer_done("data_parallel::overlapped")?;
         Ok((value, buckets.unpack(&reduced?)?))
     })
 }

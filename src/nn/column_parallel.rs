@@ -1,7 +1,7 @@
 //! [`ColumnParallelLinear`]: `y = x @ W + b` with `W` split by columns, input sharded by rows.
 
 use super::recorded::Recorded;
-use super::{Param, Parameters};
+use super::{GradHook, Param, Parameters};
 use crate::autograd::DVar;
 use crate::dist::{DistTensor, MatmulOptions, Split};
 use crate::shmem::Rank;
@@ -356,6 +356,30 @@ impl<T: Element> ColumnParallelLinear<T> {
         let mut dx = saved.recorded.backward("ColumnParallelLinear::backward", &*self, dy)?;
         Ok(dx.remove(0))
     }
+
+    /// [`ColumnParallelLinear::backward`], telling `hook` of each parameter's gradient as soon as it is
+    /// complete ([`GradHook`]: data parallelism's buckets send it while the rest of the pass
+    /// runs). The same gradients, bit for bit. Collective.
+    ///
+    /// # Errors
+    /// As [`ColumnParallelLinear::backward`]; the hook's error.
+    ///
+    /// # Examples
+    /// See [`GradHook`].
+    pub fn backward_hooked<'r>(
+        &mut self,
+        saved: ColumnParallelSaved<'r, T>,
+        dy: &DistTensor<'r, T>,
+        hook: &mut impl GradHook<T>,
+    ) -> Result<DistTensor<'r, T>> {
+        let mut dx = saved.recorded.backward_hooked(
+            "ColumnParallelLinear::backward",
+            &*self,
+            dy,
+            Some(hook),
+        )?;
+        Ok(dx.remove(0))
+    }
 }
 
 impl<T: Element> Parameters<T> for ColumnParallelLinear<T> {
@@ -394,5 +418,40 @@ pub(super) fn check_linear<T: Element>(
             ),
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Placement, World};
+
+    /// The weight's gradient (and the bias's) is complete, and the hook told, before the pass
+    /// computes the input gradient (its exchange and product), which data parallelism's
+    /// all-reduce of the weight then runs beside.
+    #[test]
+    fn the_weight_is_told_before_the_input_gradient_is_computed() {
+        let (x, w) = (Tensor::<f64>::random(&[7, 5], 1), Tensor::<f64>::random(&[5, 9], 2));
+        let b = Tensor::<f64>::random(&[9], 3);
+        let seen = World::threads(3)
+            .unwrap()
+            .run(|rank| {
+                let mut fc = ColumnParallelLinear::from_global(rank, &w, Some(&b), Split::Even)?;
+                let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+                let (y, saved) = fc.forward(&xs)?;
+                let probe = saved.recorded.clone(); // shares the record
+                let mut seen = Vec::new();
+                fc.backward_hooked(saved, &y, &mut |index: usize, _: &Tensor<f64>| {
+                    seen.push((index, probe.input_grad(0).is_some()));
+                    Ok(())
+                })?;
+                seen.push((usize::MAX, probe.input_grad(0).is_some()));
+                Ok(seen)
+            })
+            .unwrap();
+        for (r, seen) in seen.into_iter().enumerate() {
+            // (parameter, whether the input gradient existed when it was told); then after.
+            assert_eq!(seen, vec![(1, false), (0, false), (usize::MAX, true)], "rank {r}");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! [`ParallelMlp`]: the tensor-parallel MLP block, column-parallel, activation, row-parallel.
 
 use super::recorded::Recorded;
-use super::{Activation, ColumnParallelLinear, Param, Parameters, RowParallelLinear};
+use super::{Activation, ColumnParallelLinear, GradHook, Param, Parameters, RowParallelLinear};
 use crate::Result;
 use crate::autograd::DVar;
 use crate::dist::DistTensor;
@@ -311,6 +311,26 @@ impl<T: Element> ParallelMlp<T> {
         dy: &DistTensor<'r, T>,
     ) -> Result<DistTensor<'r, T>> {
         let mut dx = saved.recorded.backward("ParallelMlp::backward", &*self, dy)?;
+        Ok(dx.remove(0))
+    }
+
+    /// [`ParallelMlp::backward`], telling `hook` of each parameter's gradient as soon as it is
+    /// complete ([`GradHook`]: data parallelism's buckets send it while the rest of the pass
+    /// runs). The same gradients, bit for bit. Collective.
+    ///
+    /// # Errors
+    /// As [`ParallelMlp::backward`]; the hook's error.
+    ///
+    /// # Examples
+    /// See [`GradHook`].
+    pub fn backward_hooked<'r>(
+        &mut self,
+        saved: MlpSaved<'r, T>,
+        dy: &DistTensor<'r, T>,
+        hook: &mut impl GradHook<T>,
+    ) -> Result<DistTensor<'r, T>> {
+        let mut dx =
+            saved.recorded.backward_hooked("ParallelMlp::backward", &*self, dy, Some(hook))?;
         Ok(dx.remove(0))
     }
 }

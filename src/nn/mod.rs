@@ -67,7 +67,12 @@
 //!
 //! Every layer implements [`Parameters`]: its [`Param`]s, each this rank's shard of a weight
 //! (or a replicated bias) and its accumulated gradient. [`Sgd`] and [`Adam`] step them;
-//! [`mse_loss`] gives a loss and its gradient for row-sharded predictions.
+//! [`mse_loss`] gives a loss and its gradient for row-sharded predictions. A layer's
+//! `backward_hooked` is its `backward` telling a [`GradHook`] of each parameter's gradient the
+//! moment the pass completes it (a column-parallel weight before the input gradient's exchange
+//! and product): data parallelism's buckets
+//! ([`GradBuckets`](crate::mesh::data_parallel::GradBuckets)) send it to be averaged while the
+//! rest of the pass runs.
 //!
 //! ```
 //! use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, mse_loss};
@@ -99,6 +104,7 @@
 mod activation;
 mod attention;
 mod column_parallel;
+mod grad_hook;
 mod loss;
 mod mlp;
 mod optim;
@@ -110,6 +116,7 @@ mod state;
 pub use activation::Activation;
 pub use attention::{AttentionSaved, SelfAttentionSaved, UlyssesAttention, UlyssesSelfAttention};
 pub use column_parallel::{ColumnParallelLinear, ColumnParallelSaved};
+pub use grad_hook::GradHook;
 pub use loss::{mse_loss, mse_loss_var};
 pub use mlp::{MlpSaved, ParallelMlp};
 pub use optim::{Adam, Sgd};

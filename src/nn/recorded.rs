@@ -3,6 +3,8 @@
 //! derivative is left (none was measurably faster than autograd's, `cargo bench --bench nn --
 //! autograd`), so there is one backward pass per layer to keep right.
 
+use super::GradHook;
+use crate::autograd::graph::LeafHook;
 use crate::autograd::{DVar, Module, Sharing, Var};
 use crate::dist::{DistTensor, Placement};
 use crate::tensor::{Element, Tensor};
@@ -39,6 +41,12 @@ impl<'r, T: Element> Recorded<'r, T> {
         Ok((output.value().clone(), Recorded { inputs: leaves.into(), output }))
     }
 
+    /// The gradient a backward pass has computed for the `i`-th input so far.
+    #[cfg(test)]
+    pub(crate) fn input_grad(&self, i: usize) -> Option<Tensor<T>> {
+        self.inputs[i].grad()
+    }
+
     /// The `i`-th input, as the forward pass saw it.
     pub(crate) fn input(&self, i: usize) -> &DistTensor<'r, T> {
         self.inputs[i].value()
@@ -60,6 +68,28 @@ impl<'r, T: Element> Recorded<'r, T> {
         layer: &L,
         dy: &DistTensor<'r, T>,
     ) -> Result<Vec<DistTensor<'r, T>>> {
+        self.backward_hooked(op, layer, dy, None)
+    }
+
+    /// [`Recorded::backward`], telling `hook` of each of the layer's parameters (its index in
+    /// [`Module::visit`]'s order, which is the layer's
+    /// [`Parameters::parameters`](super::Parameters::parameters) order) as soon as its gradient
+    /// is complete: a sharded one right after the last op that uses it has run backward (before
+    /// the ops that come after it in the pass: a weight before the input gradient of its
+    /// product), a replicated one once its parts are summed over the ranks, after the pass; a
+    /// parameter the pass did not reach at the end, with what it had (zeros if nothing), so that
+    /// every parameter is told once. Collective.
+    ///
+    /// # Errors
+    /// As [`Recorded::backward`]; the hook's error (the pass stops there; replicated parameters
+    /// keep the gradients they had before it).
+    pub(crate) fn backward_hooked<L: for<'a> Module<'a, T> + ?Sized>(
+        self,
+        op: &'static str,
+        layer: &L,
+        dy: &DistTensor<'r, T>,
+        mut hook: Option<&mut dyn GradHook<T>>,
+    ) -> Result<Vec<DistTensor<'r, T>>> {
         let out = self.output.value();
         if dy.global_dims() != out.global_dims()
             || dy.placement() != out.placement()
@@ -79,21 +109,44 @@ impl<'r, T: Element> Recorded<'r, T> {
                 ),
             });
         }
-        let mut replicated: Vec<Var<'r, T>> = Vec::new();
-        layer.visit("", &mut |_, v, sharing| {
-            if sharing == Sharing::Replicated {
-                replicated.push(v.clone());
-            }
-        });
+        let mut params: Vec<(Var<'r, T>, Sharing)> = Vec::new();
+        layer.visit("", &mut |_, v, sharing| params.push((v.clone(), sharing)));
+        let count = params.len();
+        let replicated: Vec<usize> =
+            (0..count).filter(|&i| params[i].1 == Sharing::Replicated).collect();
         // This pass's parts alone: what earlier passes accumulated is complete already.
-        let before: Vec<Option<Tensor<T>>> = replicated.iter().map(Var::take_grad).collect();
-        if let Err(e) = self.output.local().backward_with(dy.local().clone()) {
-            for (v, prev) in replicated.iter().zip(before) {
-                v.set_grad(prev);
+        let before: Vec<Option<Tensor<T>>> =
+            replicated.iter().map(|&i| params[i].0.take_grad()).collect();
+        let mut told = vec![false; count];
+        let hooked = hook.is_some();
+        let pass = {
+            let ids: Vec<Option<u64>> =
+                params.iter().map(|(v, _)| v.leaf().map(|l| l.id())).collect();
+            let mut on_leaf = |id: u64| -> Result<()> {
+                let Some(i) = ids.iter().position(|&p| p == Some(id)) else {
+                    return Ok(()); // an input of the layer, not a parameter
+                };
+                let (v, sharing) = &params[i];
+                match hook.as_mut() {
+                    Some(hook) if *sharing == Sharing::Sharded => {
+                        told[i] = true;
+                        let g = v.grad().unwrap_or_else(|| Tensor::zeros(v.shape()));
+                        hook.grad_ready(i, count, &g)
+                    }
+                    _ => Ok(()),
+                }
+            };
+            let leaf_hook: Option<LeafHook<'_>> = if hooked { Some(&mut on_leaf) } else { None };
+            self.output.local().backward_hooked(dy.local().clone(), leaf_hook)
+        };
+        if let Err(e) = pass {
+            for (&i, prev) in replicated.iter().zip(before) {
+                params[i].0.set_grad(prev);
             }
             return Err(e);
         }
-        for (v, prev) in replicated.iter().zip(before) {
+        for (&i, prev) in replicated.iter().zip(before) {
+            let v = &params[i].0;
             let part = v.take_grad().unwrap_or_else(|| Tensor::zeros(v.shape()));
             let whole = DistTensor::from_local(dy.rank(), part, Placement::Partial)
                 .and_then(|p| p.redistribute(Placement::Replicate));
@@ -105,6 +158,19 @@ impl<'r, T: Element> Recorded<'r, T> {
                 Err(e) => {
                     v.set_grad(prev);
                     return Err(e);
+                }
+            }
+        }
+        if let Some(hook) = hook {
+            // The replicated ones, now whole; then any the pass did not reach.
+            for i in replicated.into_iter().chain(0..count) {
+                if !std::mem::replace(&mut told[i], true) {
+                    let v = &params[i].0;
+                    hook.grad_ready(
+                        i,
+                        count,
+                        &v.grad().unwrap_or_else(|| Tensor::zeros(v.shape())),
+                    )?;
                 }
             }
         }

@@ -2,7 +2,7 @@
 
 use super::column_parallel::check_linear;
 use super::recorded::Recorded;
-use super::{Param, Parameters};
+use super::{GradHook, Param, Parameters};
 use crate::Result;
 use crate::autograd::DVar;
 use crate::dist::{DistTensor, MatmulOptions, Split};
@@ -326,6 +326,30 @@ impl<T: Element> RowParallelLinear<T> {
         dy: &DistTensor<'r, T>,
     ) -> Result<DistTensor<'r, T>> {
         let mut dh = saved.recorded.backward("RowParallelLinear::backward", &*self, dy)?;
+        Ok(dh.remove(0))
+    }
+
+    /// [`RowParallelLinear::backward`], telling `hook` of each parameter's gradient as soon as it is
+    /// complete ([`GradHook`]: data parallelism's buckets send it while the rest of the pass
+    /// runs). The same gradients, bit for bit. Collective.
+    ///
+    /// # Errors
+    /// As [`RowParallelLinear::backward`]; the hook's error.
+    ///
+    /// # Examples
+    /// See [`GradHook`].
+    pub fn backward_hooked<'r>(
+        &mut self,
+        saved: RowParallelSaved<'r, T>,
+        dy: &DistTensor<'r, T>,
+        hook: &mut impl GradHook<T>,
+    ) -> Result<DistTensor<'r, T>> {
+        let mut dh = saved.recorded.backward_hooked(
+            "RowParallelLinear::backward",
+            &*self,
+            dy,
+            Some(hook),
+        )?;
         Ok(dh.remove(0))
     }
 

@@ -5,7 +5,7 @@ use super::{UlyssesAttention, check_sequence};
 use crate::autograd::{DVar, Var};
 use crate::dist::DistTensor;
 use crate::nn::recorded::Recorded;
-use crate::nn::{Param, Parameters, linear_init};
+use crate::nn::{GradHook, Param, Parameters, linear_init};
 use crate::tensor::{Element, Tensor};
 use crate::{Error, Result};
 
@@ -233,6 +233,45 @@ impl<T: Element> UlyssesSelfAttention<T> {
         const OP: &str = "UlyssesSelfAttention::backward";
         self.dims(OP, dy)?;
         let mut dx = saved.recorded.backward(OP, &*self, dy)?;
+        Ok(dx.remove(0))
+    }
+
+    /// [`UlyssesSelfAttention::backward`], telling `hook` of each weight's gradient once it is
+    /// complete ([`GradHook`]): the projections are replicated, so each is told once its parts
+    /// are summed over the ranks, at the end of the pass. The same gradients, bit for bit.
+    /// Collective.
+    ///
+    /// # Errors
+    /// As [`UlyssesSelfAttention::backward`]; the hook's error.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::nn::{Parameters, UlyssesSelfAttention};
+    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
+    /// let x = Tensor::<f64>::random(&[1, 6, 8], 1);
+    /// World::threads(2)?.run(|rank| {
+    ///     let mut attn = UlyssesSelfAttention::<f64>::new(8, 2, false, 5)?;
+    ///     let xs = DistTensor::from_global(rank, &x, Placement::Shard(1))?;
+    ///     let (y, saved) = attn.forward(&xs)?;
+    ///     let mut told = Vec::new();
+    ///     attn.backward_hooked(saved, &y, &mut |i: usize, _: &Tensor<f64>| {
+    ///         told.push(i);
+    ///         Ok(())
+    ///     })?;
+    ///     assert_eq!(told, (0..attn.parameters().len()).collect::<Vec<_>>());
+    ///     Ok(())
+    /// })?;
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn backward_hooked<'r>(
+        &mut self,
+        saved: SelfAttentionSaved<'r, T>,
+        dy: &DistTensor<'r, T>,
+        hook: &mut impl GradHook<T>,
+    ) -> Result<DistTensor<'r, T>> {
+        const OP: &str = "UlyssesSelfAttention::backward";
+        self.dims(OP, dy)?;
+        let mut dx = saved.recorded.backward_hooked(OP, &*self, dy, Some(hook))?;
         Ok(dx.remove(0))
     }
 
