@@ -199,26 +199,30 @@ fn module(gpu: &CudaDevice, source: Source, dtype: DType) -> Result<sys::CUmodul
     Ok(m)
 }
 
-/// Compiles (in parallel, once per process) and loads (eagerly: see `driver::init`) every
-/// kernel source for every dtype on `gpu`. A world of several ranks calls it when it opens:
-/// loading a module waits for the GPU to drain, which must never happen in the middle of an op
-/// whose kernels on other ranks wait for this rank's next launch.
-pub(crate) fn preload(gpu: &CudaDevice) -> Result<()> {
-    const SOURCES: [Source; 6] = [
-        Source::Signal,
-        Source::Exchange,
-        Source::Reduce,
-        Source::Local,
-        Source::Train,
-        Source::NormGrad,
-    ];
-    const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
-    let pairs: Vec<(Source, DType)> =
-        SOURCES.iter().flat_map(|&s| DTYPES.iter().map(move |&d| (s, d))).collect();
+/// Every kernel source file.
+const SOURCES: [Source; 6] = [
+    Source::Signal,
+    Source::Exchange,
+    Source::Reduce,
+    Source::Local,
+    Source::Train,
+    Source::NormGrad,
+];
+/// Every dtype a kernel is compiled for.
+const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// Every (source, dtype) pair.
+fn every_kernel() -> Vec<(Source, DType)> {
+    SOURCES.iter().flat_map(|&s| DTYPES.iter().map(move |&d| (s, d))).collect()
+}
+
+/// Compiles every kernel source for every dtype for `arch`, in parallel, into the process's
+/// cache. Needs NVRTC only, no GPU.
+fn compile_all(arch: (i32, i32)) -> Result<()> {
     std::thread::scope(|scope| {
-        let compiles: Vec<_> = pairs
-            .iter()
-            .map(|&(source, dtype)| scope.spawn(move || compiled(source, dtype, gpu.arch)))
+        let compiles: Vec<_> = every_kernel()
+            .into_iter()
+            .map(|(source, dtype)| scope.spawn(move || compiled(source, dtype, arch)))
             .collect();
         for compile in compiles {
             compile.join().unwrap_or_else(|_| {
@@ -229,9 +233,17 @@ pub(crate) fn preload(gpu: &CudaDevice) -> Result<()> {
                 })
             })?;
         }
-        Ok::<(), Error>(())
-    })?;
-    for (source, dtype) in pairs {
+        Ok(())
+    })
+}
+
+/// Compiles (in parallel, once per process) and loads (eagerly: see `driver::init`) every
+/// kernel source for every dtype on `gpu`. A world of several ranks calls it when it opens:
+/// loading a module waits for the GPU to drain, which must never happen in the middle of an op
+/// whose kernels on other ranks wait for this rank's next launch.
+pub(crate) fn preload(gpu: &CudaDevice) -> Result<()> {
+    compile_all(gpu.arch)?;
+    for (source, dtype) in every_kernel() {
         module(gpu, source, dtype)?;
     }
     Ok(())
@@ -414,4 +426,28 @@ pub(crate) fn grid_for(gpu: &CudaDevice, f: Function, tasks: u64) -> u32 {
     let full = gpu.sm_count as u64 * f.blocks_per_sm as u64;
     let warps_per_block = (BLOCK / 32) as u64;
     tasks.div_ceil(warps_per_block).clamp(1, full) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel file compiles, for every dtype, for Hopper (sm_90: the H200s this library
+    /// runs on), wherever NVRTC loads; no GPU is needed. CI has no GPU but fetches NVRTC (see
+    /// `.ci/run`), so a kernel that does not compile fails there, not first on a device.
+    #[test]
+    fn every_kernel_source_compiles_for_every_dtype_for_hopper() {
+        if let Err(e) = require_library("NVRTC (libnvrtc)", "nvrtc", rtc_sys::is_culib_present) {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        let start = std::time::Instant::now();
+        compile_all((9, 0)).unwrap_or_else(|e| panic!("a kernel does not compile: {e}"));
+        for (source, dtype) in every_kernel() {
+            let image = compiled(source, dtype, (9, 0)).unwrap();
+            // A cubin is an ELF file.
+            assert_eq!(&image[..4], b"\x7fELF", "{} {dtype:?}", source.name());
+        }
+        eprintln!("{} kernel images compiled in {:.1?}", every_kernel().len(), start.elapsed());
+    }
 }
