@@ -1,7 +1,7 @@
 //! [`Activation`]: the elementwise nonlinearities of an MLP, with their derivatives.
 
 use crate::Result;
-use crate::tensor::{Element, Tensor};
+use crate::tensor::{ActivationFn, Element, Tensor};
 
 /// An elementwise activation: its value ([`Activation::forward`], the same as
 /// [`Tensor::gelu`], [`Tensor::gelu_tanh`], [`Tensor::silu`] or [`Tensor::relu`]) and the
@@ -33,14 +33,13 @@ pub enum Activation {
 }
 
 impl Activation {
-    /// The GPU backend's name for it.
-    pub(crate) fn unary(self) -> crate::device::cuda::Unary {
-        use crate::device::cuda::Unary;
+    /// The tensor layer's name for it (what `Tensor::bias_activation` takes).
+    pub(crate) fn function(self) -> ActivationFn {
         match self {
-            Activation::Gelu => Unary::Gelu,
-            Activation::GeluTanh => Unary::GeluTanh,
-            Activation::Silu => Unary::Silu,
-            Activation::Relu => Unary::Relu,
+            Activation::Gelu => ActivationFn::Gelu,
+            Activation::GeluTanh => ActivationFn::GeluTanh,
+            Activation::Silu => ActivationFn::Silu,
+            Activation::Relu => ActivationFn::Relu,
         }
     }
 
@@ -54,12 +53,7 @@ impl Activation {
     /// assert_eq!(Activation::Silu.forward(&x), x.silu());
     /// ```
     pub fn forward<T: Element>(self, x: &Tensor<T>) -> Tensor<T> {
-        match self {
-            Activation::Gelu => x.gelu(),
-            Activation::GeluTanh => x.gelu_tanh(),
-            Activation::Silu => x.silu(),
-            Activation::Relu => x.relu(),
-        }
+        self.function().forward(x)
     }
 
     /// The gradient with respect to the input `x`, given the gradient `dy` with respect to the
@@ -92,11 +86,6 @@ impl Activation {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn backward<T: Element>(self, x: &Tensor<T>, dy: &Tensor<T>) -> Result<Tensor<T>> {
-        match self {
-            Activation::Gelu => x.gelu_backward(dy),
-            Activation::GeluTanh => x.gelu_tanh_backward(dy),
-            Activation::Silu => x.silu_backward(dy),
-            Activation::Relu => x.relu_backward(dy),
-        }
+        self.function().backward(x, dy)
     }
 }

@@ -231,7 +231,7 @@ impl<T: Element> ParallelMlp<T> {
     pub fn infer<'r>(&self, x: &DistTensor<'r, T>) -> Result<DistTensor<'r, T>> {
         let h = self.fc1.infer_product(x)?;
         let a = match self.fc1.bias() {
-            Some(b) => h.try_map_local(|t| t.bias_activation(b.value(), self.act.unary()))?,
+            Some(b) => h.try_map_local(|t| t.bias_activation(b.value(), self.act.function()))?,
             None => h.map_local(|t| self.act.forward(t))?,
         };
         self.fc2.infer(&a)
@@ -269,7 +269,7 @@ impl<T: Element> ParallelMlp<T> {
         let a = match self.fc1.bias() {
             Some(b) => {
                 let b = b.var();
-                h.map(|h| h.bias_activation(&b, self.act.unary()))?
+                h.map(|h| h.bias_activation(&b, self.act.function()))?
             }
             None => h.map(|h| Ok(super::activation_var(self.act, h)))?,
         };

@@ -9,27 +9,65 @@ use super::{Element, Tensor};
 use crate::device::cuda::{self, Unary};
 use crate::{Error, Result};
 
+/// The activations [`Tensor::bias_activation`] applies after the bias: named here, in the
+/// tensor layer, so that the layers above it (autograd, `nn`) name no backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ActivationFn {
+    /// The exact GELU, [`Tensor::gelu`].
+    Gelu,
+    /// [`Tensor::gelu_tanh`].
+    GeluTanh,
+    /// [`Tensor::silu`].
+    Silu,
+    /// [`Tensor::relu`].
+    Relu,
+}
+
+impl ActivationFn {
+    /// The GPU kernels' name for it.
+    fn unary(self) -> Unary {
+        match self {
+            ActivationFn::Gelu => Unary::Gelu,
+            ActivationFn::GeluTanh => Unary::GeluTanh,
+            ActivationFn::Silu => Unary::Silu,
+            ActivationFn::Relu => Unary::Relu,
+        }
+    }
+
+    /// The activation of `x`, elementwise.
+    pub(crate) fn forward<T: Element>(self, x: &Tensor<T>) -> Tensor<T> {
+        match self {
+            ActivationFn::Gelu => x.gelu(),
+            ActivationFn::GeluTanh => x.gelu_tanh(),
+            ActivationFn::Silu => x.silu(),
+            ActivationFn::Relu => x.relu(),
+        }
+    }
+
+    /// The gradient through it at `x`, given its output's gradient `dy`.
+    pub(crate) fn backward<T: Element>(self, x: &Tensor<T>, dy: &Tensor<T>) -> Result<Tensor<T>> {
+        match self {
+            ActivationFn::Gelu => x.gelu_backward(dy),
+            ActivationFn::GeluTanh => x.gelu_tanh_backward(dy),
+            ActivationFn::Silu => x.silu_backward(dy),
+            ActivationFn::Relu => x.relu_backward(dy),
+        }
+    }
+}
+
 impl<T: Element> Tensor<T> {
     /// `act(self + bias)`, with `bias` broadcast as the operator broadcasts it (on a GPU in one
     /// pass where it is `[last dimension]`): the bits of `&self + bias` and then `act`.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] when the shapes do not broadcast to `self`'s;
-    /// [`Error::InvalidArgument`] when `act` is not an activation (GELU, its tanh form, SiLU,
-    /// ReLU); as the ops on a GPU.
-    pub(crate) fn bias_activation(&self, bias: &Tensor<T>, act: Unary) -> Result<Tensor<T>> {
-        const OP: &str = "bias and activation";
-        check(OP, self, bias, act)?;
+    /// [`Error::InvalidShape`] when the shapes do not broadcast to `self`'s; as the ops on a
+    /// GPU.
+    pub(crate) fn bias_activation(&self, bias: &Tensor<T>, act: ActivationFn) -> Result<Tensor<T>> {
+        check_bias("bias and activation", self, bias)?;
         if let (Some(x), Some(b)) = (self.device_storage(), bias.device_storage()) {
-            return Ok(Tensor::from_device_storage(cuda::bias_activation(x, b, act)?));
+            return Ok(Tensor::from_device_storage(cuda::bias_activation(x, b, act.unary())?));
         }
-        let sum = self + bias;
-        Ok(match act {
-            Unary::Gelu => sum.gelu(),
-            Unary::GeluTanh => sum.gelu_tanh(),
-            Unary::Silu => sum.silu(),
-            _ => sum.relu(),
-        })
+        Ok(act.forward(&(self + bias)))
     }
 
     /// The gradient through [`Tensor::bias_activation`] at `self` and `bias`, given the
@@ -44,10 +82,10 @@ impl<T: Element> Tensor<T> {
         &self,
         bias: &Tensor<T>,
         dy: &Tensor<T>,
-        act: Unary,
+        act: ActivationFn,
     ) -> Result<Tensor<T>> {
         const OP: &str = "bias and activation backward";
-        check(OP, self, bias, act)?;
+        check_bias(OP, self, bias)?;
         if dy.shape() != self.shape() {
             return Err(Error::InvalidShape {
                 op: OP,
@@ -57,27 +95,15 @@ impl<T: Element> Tensor<T> {
         if let (Some(x), Some(b), Some(d)) =
             (self.device_storage(), bias.device_storage(), dy.device_storage())
         {
-            return Ok(Tensor::from_device_storage(cuda::bias_activation_grad(x, b, d, act)?));
+            let grad = cuda::bias_activation_grad(x, b, d, act.unary())?;
+            return Ok(Tensor::from_device_storage(grad));
         }
-        let sum = self + bias;
-        match act {
-            Unary::Gelu => sum.gelu_backward(dy),
-            Unary::GeluTanh => sum.gelu_tanh_backward(dy),
-            Unary::Silu => sum.silu_backward(dy),
-            _ => sum.relu_backward(dy),
-        }
+        act.backward(&(self + bias), dy)
     }
 }
 
-/// That `bias` broadcasts to `x`'s shape and `act` is an activation.
-fn check<T: Element>(op: &'static str, x: &Tensor<T>, bias: &Tensor<T>, act: Unary) -> Result<()> {
-    if !matches!(act, Unary::Gelu | Unary::GeluTanh | Unary::Silu | Unary::Relu) {
-        return Err(Error::InvalidArgument {
-            op,
-            rank: 0,
-            reason: format!("{act:?} is not an activation"),
-        });
-    }
+/// That `bias` broadcasts to `x`'s shape.
+fn check_bias<T: Element>(op: &'static str, x: &Tensor<T>, bias: &Tensor<T>) -> Result<()> {
     if broadcast_shape(x.shape(), bias.shape()).as_deref() != Some(x.shape()) {
         return Err(Error::InvalidShape {
             op,

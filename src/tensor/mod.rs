@@ -33,6 +33,7 @@ pub use attention::{
     scaled_dot_product_attention, scaled_dot_product_attention_backward,
     scaled_dot_product_attention_lse,
 };
+pub(crate) use bias_activation::ActivationFn;
 pub use dense::Tensor;
 pub(crate) use element::short_type_name;
 pub use element::{Accumulator, DType, Element};

@@ -4,7 +4,7 @@
 use crate::autograd::Var;
 use crate::autograd::ops::arith::sum_to_shape;
 use crate::autograd::var::record;
-use crate::device::cuda::Unary;
+use crate::tensor::ActivationFn;
 use crate::{Element, Result, Tensor};
 
 /// The gradient through an activation at `x` given its output's gradient: one of
@@ -46,7 +46,11 @@ impl<'a, T: Element> Var<'a, T> {
     ///
     /// # Errors
     /// As `Tensor::bias_activation`.
-    pub(crate) fn bias_activation(&self, bias: &Var<'a, T>, act: Unary) -> Result<Var<'a, T>> {
+    pub(crate) fn bias_activation(
+        &self,
+        bias: &Var<'a, T>,
+        act: ActivationFn,
+    ) -> Result<Var<'a, T>> {
         let value = self.value.bias_activation(&bias.value, act)?;
         let (x, b) = (self.value.clone(), bias.value.clone());
         Ok(record(value, &[self, bias], move |g, need| {
