@@ -451,7 +451,8 @@ pub(crate) mod public {
     /// `b` as `[n, k]` where `transposed` says so, each timed on random operands under sustained
     /// load (every candidate run 30 times first, then the fastest of three passes of 20
     /// products): a diagnostic of the algorithm the library's products use, marked
-    /// [`GemmCandidate::chosen`](super::super::GemmCandidate::chosen) (its plan is made and tuned by this call if it was not yet).
+    /// [`GemmCandidate::chosen`](super::super::GemmCandidate::chosen) (its plan is made and
+    /// tuned by this call if it was not yet).
     /// `gpu_report --gemm` prints them for the training step's products.
     ///
     /// # Errors

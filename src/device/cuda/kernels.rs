@@ -441,10 +441,11 @@ mod tests {
             eprintln!("skipped: {e}");
             return;
         }
+        const HOPPER: (i32, i32) = (9, 0);
         let start = std::time::Instant::now();
-        compile_all((9, 0)).unwrap_or_else(|e| panic!("a kernel does not compile: {e}"));
+        compile_all(HOPPER).unwrap_or_else(|e| panic!("a kernel does not compile: {e}"));
         for (source, dtype) in every_kernel() {
-            let image = compiled(source, dtype, (9, 0)).unwrap();
+            let image = compiled(source, dtype, HOPPER).unwrap();
             // A cubin is an ELF file.
             assert_eq!(&image[..4], b"\x7fELF", "{} {dtype:?}", source.name());
         }
