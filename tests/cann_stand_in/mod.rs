@@ -67,6 +67,23 @@ pub fn ascendc_cpu_dir() -> PathBuf {
     source("ascendc_cpu")
 }
 
+/// Why the executing stand-in cannot run kernels here: its `aclrtc` compiles them with the host
+/// C++ compiler (`$CXX`, or `c++`, through the shell), and there is none. `None` where there is
+/// one. The tests that run kernels on the stand-in say they skipped, with this, instead of
+/// failing on a machine that has only the Rust toolchain (CI installs one: they run there).
+pub fn no_cxx_compiler() -> Option<String> {
+    let compiler =
+        std::env::var("CXX").ok().filter(|c| !c.trim().is_empty()).unwrap_or_else(|| "c++".into());
+    let found = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{compiler} --version"))
+        .output()
+        .is_ok_and(|out| out.status.success());
+    (!found).then(|| {
+        format!("no C++ compiler ({compiler}) for the stand-in's aclrtc to compile Ascend C with")
+    })
+}
+
 /// Where the executing `aclrtc` keeps the kernels it compiled (by hash of source and options),
 /// across test runs.
 pub fn kernel_cache_dir() -> PathBuf {
