@@ -182,9 +182,9 @@ def local_rows(args):
     for op, shape, fn, nbytes in rows:
         ms = timeit(fn)
         roof = nbytes / (copy_gbs * 1e9) * 1e3
-        print(f"| {op} | {shape} | {ms:.3f} | {roof:.3f} | {ms / roof:.2f} | |")
+        print(f"| {op} | {shape} | {ms:.4f} | {roof:.4f} | {ms / roof:.3f} | |")
     ms = timeit(lambda: torch.bmm(a, b))
-    print(f"| bmm | [32, 2048, 128] x [32, 128, 2048] | {ms:.3f} | | | {2 * 32 * 2048 * 2048 * 128 / (ms * 1e-3) / 1e12:.0f} |")
+    print(f"| bmm | [32, 2048, 128] x [32, 128, 2048] | {ms:.4f} | | | {2 * 32 * 2048 * 2048 * 128 / (ms * 1e-3) / 1e12:.0f} |")
 
 
 def train_step(args):

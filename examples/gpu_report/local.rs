@@ -155,10 +155,10 @@ pub fn report(s: &Settings) -> Result<()> {
     for r in &rows {
         if r.bytes > 0.0 {
             let roof = r.bytes / (copy_gbs * 1e9) * 1e3;
-            println!("| {} | {} | {:.3} | {roof:.3} | {:.2} | |", r.op, r.shape, r.ms, r.ms / roof);
+            println!("| {} | {} | {:.4} | {roof:.4} | {:.3} | |", r.op, r.shape, r.ms, r.ms / roof);
         } else {
             let tflops = r.flops / (r.ms * 1e-3) / 1e12;
-            println!("| {} | {} | {:.3} | | | {tflops:.0} |", r.op, r.shape, r.ms);
+            println!("| {} | {} | {:.4} | | | {tflops:.0} |", r.op, r.shape, r.ms);
         }
     }
     Ok(())

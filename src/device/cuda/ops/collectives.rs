@@ -45,6 +45,11 @@ pub(crate) fn all_gather<T: Element>(
     let off = offsets(splits);
     let mut out_shape = shape.clone();
     out_shape[dim] = off[n];
+    if n == 1 && out_shape == shape {
+        // One rank: the gather is `x` itself (tensors are immutable, so it is shared, not
+        // copied: a world of one GPU pays no copy for a kept input or a gathered gradient).
+        return Ok(x.clone());
+    }
     let out: DeviceStorage<T> = out_tensor(g, &out_shape)?;
     let (outer, inner) = outer_inner(&shape, dim);
     let es = size_of::<T>();
@@ -91,6 +96,10 @@ pub(crate) fn reduce_sum<T: Element>(
         all.agree("reduce", i, "shape")?;
     }
     let (n, r) = (g.num_ranks(), g.rank);
+    if n == 1 {
+        // One rank's sum, and all of it its share: `x` itself, shared (tensors are immutable).
+        return Ok(x.clone());
+    }
     let es = size_of::<T>();
     let (out_shape, runs) = match dim {
         None => (shape.clone(), Runs::contiguous(x.len(), 0, 0, es, CHUNK_BYTES)),
@@ -115,10 +124,6 @@ pub(crate) fn reduce_sum<T: Element>(
         }
     };
     let out: DeviceStorage<T> = out_tensor(g, &out_shape)?;
-    if n == 1 {
-        exchange::<T>(g, None, OP_REDUCE, 0, x.ptr(), out.ptr(), &[runs], &[], g.stream())?;
-        return Ok(out);
-    }
     g.with_state("reduce", |st| {
         st.epoch += 1;
         reduce::<T>(g, st, OP_REDUCE, 1, x.ptr(), out.ptr(), &[], runs, g.stream())
@@ -138,6 +143,10 @@ pub(crate) fn broadcast<T: Element>(
     let all = agree(g, "broadcast", &[root as u64, x.len() as u64], problem)?;
     all.agree("broadcast", 0, "root")?;
     all.agree("broadcast", 1, "length")?;
+    if n == 1 {
+        // The root's tensor is `x`: shared, not copied (tensors are immutable).
+        return Ok(x.clone());
+    }
     let out: DeviceStorage<T> = out_tensor(g, x.shape())?;
     let es = size_of::<T>();
     let parts: Vec<Runs> = (0..n)
@@ -149,10 +158,6 @@ pub(crate) fn broadcast<T: Element>(
             }
         })
         .collect();
-    if n == 1 {
-        exchange::<T>(g, None, OP_BROADCAST, 0, x.ptr(), out.ptr(), &parts, &[], g.stream())?;
-        return Ok(out);
-    }
     g.with_state("broadcast", |st| {
         st.epoch += 1;
         exchange::<T>(g, Some(st), OP_BROADCAST, 1, x.ptr(), out.ptr(), &parts, &[], g.stream())
