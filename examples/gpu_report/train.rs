@@ -114,11 +114,14 @@ pub fn report(s: &Settings) -> Result<()> {
     let flops = 6.0 * 2.0 * (M * E * F) as f64;
     println!(
         "# gpu_report --train: {}, one rank, M={M} E={E} F={F} bf16, Adam (f32 master weights): \
-         {ms:.2} ms a step (median of {} after {} warm-up), {:.0} TFLOP/s of its products",
+         {ms:.2} ms a step (median of {} after {} warm-up), {:.0} TFLOP/s of its products \
+         (algorithms: {}={})",
         info.name,
         s.iters,
         s.warmup,
-        flops / (ms * 1e-3) / 1e12
+        flops / (ms * 1e-3) / 1e12,
+        cuda::GEMM_ALGO_ENV,
+        std::env::var(cuda::GEMM_ALGO_ENV).unwrap_or_else(|_| "tuned".into())
     );
     println!(
         "#   alone: forward {forward:.2} ms, mse_loss {loss:.2} ms, backward {backward:.2} ms \

@@ -5,19 +5,20 @@
 //! product's algorithm is the fastest, timed, of cuBLASLt's candidates and cuBLAS's own choice
 //! (`cublasGemmEx`, what PyTorch calls), whose kernels cuBLASLt's heuristic does not always offer:
 //! on one H200 (2026-12-02) its kernel for `[8192, 4096] x [4096, 16384]` bf16 took 1.44 ms
-//! against 1.54 ms for the best of cuBLASLt's eight.
+//! against 1.54 ms for the best of cuBLASLt's eight. [`GEMM_ALGO_ENV`](super::GEMM_ALGO_ENV) asks for cuBLAS's own
+//! choice or cuBLASLt's heuristic's first instead (no timing).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::cublas::sys as blas_sys;
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
 use cudarc::driver::{result as cu, sys};
 
-use super::GemmCandidate;
 use super::driver::{Check, CudaDevice, guarded, require_library};
 use super::memory::DeviceBuffer;
+use super::{GEMM_ALGO_ENV, GemmCandidate};
 use crate::tensor::DType;
 use crate::{Error, Result};
 
@@ -32,6 +33,35 @@ const TUNE_MIN_WORK: u64 = 1 << 32;
 const TUNE_RUNS: usize = 5;
 /// Untimed runs of each candidate before timing, to bring the clocks up.
 const TUNE_WARMUP: usize = 3;
+
+/// How a large product's algorithm is picked ([`GEMM_ALGO_ENV`](super::GEMM_ALGO_ENV)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Choice {
+    Tuned,
+    Cublas,
+    Heuristic,
+}
+
+/// The [`Choice`] that `value` (of [`GEMM_ALGO_ENV`], `None` where unset) names.
+fn parse_choice(value: Option<&str>) -> std::result::Result<Choice, String> {
+    match value {
+        None | Some("tuned") => Ok(Choice::Tuned),
+        Some("cublas") => Ok(Choice::Cublas),
+        Some("heuristic") => Ok(Choice::Heuristic),
+        Some(other) => {
+            Err(format!("{GEMM_ALGO_ENV}={other:?}: expected tuned, cublas or heuristic"))
+        }
+    }
+}
+
+/// The process's [`Choice`], or the error naming the variable's bad value.
+fn choice() -> Result<Choice> {
+    static CHOICE: OnceLock<std::result::Result<Choice, String>> = OnceLock::new();
+    CHOICE
+        .get_or_init(|| parse_choice(std::env::var(GEMM_ALGO_ENV).ok().as_deref()))
+        .clone()
+        .map_err(|reason| Error::Environment { op: "matmul on a GPU", reason })
+}
 
 /// How candidate algorithms are timed.
 #[derive(Debug, Clone, Copy)]
@@ -292,7 +322,11 @@ impl Blas {
         let algos = self.candidate_algos(key, &plan, CANDIDATES)?;
         plan.algo = algos[0];
         if algos.len() > 1 && key.work() >= TUNE_MIN_WORK {
-            plan.algo = self.fastest(gpu, key, &plan, &algos)?;
+            plan.algo = match choice()? {
+                Choice::Tuned => self.fastest(gpu, key, &plan, &algos)?,
+                Choice::Cublas => *algos.iter().find(|&&a| a == Algo::Cublas).unwrap_or(&algos[0]),
+                Choice::Heuristic => algos[0],
+            };
         }
         Ok(plan)
     }
@@ -909,4 +943,19 @@ pub(crate) fn candidates(
     let key =
         PlanKey { m, n, k, input, output: input, align: [256; 3], batch: Batch::ONE, transposed };
     blas.candidates(gpu, key, count, timing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Choice, parse_choice};
+
+    #[test]
+    fn gemm_algo_values() {
+        assert_eq!(parse_choice(None), Ok(Choice::Tuned));
+        assert_eq!(parse_choice(Some("tuned")), Ok(Choice::Tuned));
+        assert_eq!(parse_choice(Some("cublas")), Ok(Choice::Cublas));
+        assert_eq!(parse_choice(Some("heuristic")), Ok(Choice::Heuristic));
+        let err = parse_choice(Some("cuBLAS")).unwrap_err();
+        assert!(err.contains("DIST_TENSOR_GEMM_ALGO=\"cuBLAS\""), "{err}");
+    }
 }

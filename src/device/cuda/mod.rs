@@ -222,6 +222,14 @@ impl crate::World {
 /// Environment variable that overrides the capacity of each GPU's symmetric heap, in bytes.
 pub const GPU_HEAP_BYTES_ENV: &str = "DIST_TENSOR_GPU_HEAP_BYTES";
 
+/// Environment variable that chooses how a large product's algorithm is picked (read once per
+/// process): `tuned` (the default: the fastest of cuBLASLt's candidates and cuBLAS's own choice,
+/// each timed once per shape when the shape is first multiplied), `cublas` (cuBLAS's own choice,
+/// `cublasGemmEx`, what PyTorch runs; cuBLASLt's first candidate where cuBLAS cannot run the
+/// product) or `heuristic` (cuBLASLt's first candidate). Any other value makes the product fail
+/// with [`Error::Environment`](crate::Error::Environment) naming it.
+pub const GEMM_ALGO_ENV: &str = "DIST_TENSOR_GEMM_ALGO";
+
 impl<'w> crate::Rank<'w> {
     /// The GPUs of this rank's world, when it runs on GPUs; `None` otherwise.
     pub(crate) fn cuda_world(&self) -> Option<&'w CudaWorld> {
