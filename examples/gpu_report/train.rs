@@ -121,7 +121,7 @@ pub fn report(s: &Settings) -> Result<()> {
         s.warmup,
         flops / (ms * 1e-3) / 1e12,
         cuda::GEMM_ALGO_ENV,
-        std::env::var(cuda::GEMM_ALGO_ENV).unwrap_or_else(|_| "tuned".into())
+        std::env::var(cuda::GEMM_ALGO_ENV).unwrap_or_else(|_| "unset, cublas".into())
     );
     println!(
         "#   alone: forward {forward:.2} ms, mse_loss {loss:.2} ms, backward {backward:.2} ms \

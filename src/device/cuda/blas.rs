@@ -2,11 +2,12 @@
 //! accumulate, output in the element type or in f32 (partials of matmul_reduce_scatter). Plans
 //! (descriptors, layouts and the chosen algorithm) are cached per shape and alignment: the safe
 //! cudarc call rebuilds them on every call, which costs host time at decode sizes. A large
-//! product's algorithm is the fastest, timed, of cuBLASLt's candidates and cuBLAS's own choice
-//! (`cublasGemmEx`, what PyTorch calls), whose kernels cuBLASLt's heuristic does not always offer:
-//! on one H200 (2026-12-02) its kernel for `[8192, 4096] x [4096, 16384]` bf16 took 1.44 ms
-//! against 1.54 ms for the best of cuBLASLt's eight. [`GEMM_ALGO_ENV`](super::GEMM_ALGO_ENV) asks for cuBLAS's own
-//! choice or cuBLASLt's heuristic's first instead (no timing).
+//! product runs cuBLAS's own choice (`cublasGemmEx`, what PyTorch calls) where cuBLAS can run it:
+//! in the training step of `gpu_report --train` on one H200 (2026-12-04, two rounds taking turns)
+//! it was 0.8% and 2.3% faster than the fastest of cuBLASLt's candidates and cuBLAS's own timed
+//! alone, whose choice for one product was slower inside the step than in its timing.
+//! [`GEMM_ALGO_ENV`](super::GEMM_ALGO_ENV) asks for that timed choice or for cuBLASLt's
+//! heuristic's first instead.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -45,8 +46,8 @@ enum Choice {
 /// The [`Choice`] that `value` (of [`GEMM_ALGO_ENV`], `None` where unset) names.
 fn parse_choice(value: Option<&str>) -> std::result::Result<Choice, String> {
     match value {
-        None | Some("tuned") => Ok(Choice::Tuned),
-        Some("cublas") => Ok(Choice::Cublas),
+        Some("tuned") => Ok(Choice::Tuned),
+        None | Some("cublas") => Ok(Choice::Cublas),
         Some("heuristic") => Ok(Choice::Heuristic),
         Some(other) => {
             Err(format!("{GEMM_ALGO_ENV}={other:?}: expected tuned, cublas or heuristic"))
@@ -951,7 +952,7 @@ mod tests {
 
     #[test]
     fn gemm_algo_values() {
-        assert_eq!(parse_choice(None), Ok(Choice::Tuned));
+        assert_eq!(parse_choice(None), Ok(Choice::Cublas));
         assert_eq!(parse_choice(Some("tuned")), Ok(Choice::Tuned));
         assert_eq!(parse_choice(Some("cublas")), Ok(Choice::Cublas));
         assert_eq!(parse_choice(Some("heuristic")), Ok(Choice::Heuristic));

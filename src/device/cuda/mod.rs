@@ -223,11 +223,11 @@ impl crate::World {
 pub const GPU_HEAP_BYTES_ENV: &str = "DIST_TENSOR_GPU_HEAP_BYTES";
 
 /// Environment variable that chooses how a large product's algorithm is picked (read once per
-/// process): `tuned` (the default: the fastest of cuBLASLt's candidates and cuBLAS's own choice,
-/// each timed once per shape when the shape is first multiplied), `cublas` (cuBLAS's own choice,
-/// `cublasGemmEx`, what PyTorch runs; cuBLASLt's first candidate where cuBLAS cannot run the
-/// product) or `heuristic` (cuBLASLt's first candidate). Any other value makes the product fail
-/// with [`Error::Environment`](crate::Error::Environment) naming it.
+/// process): `cublas` (the default: cuBLAS's own choice, `cublasGemmEx`, what PyTorch runs;
+/// cuBLASLt's first candidate where cuBLAS cannot run the product), `tuned` (the fastest of
+/// cuBLASLt's candidates and cuBLAS's own choice, each timed alone once per shape when the shape
+/// is first multiplied) or `heuristic` (cuBLASLt's first candidate). Any other value makes the
+/// product fail with [`Error::Environment`](crate::Error::Environment) naming it.
 pub const GEMM_ALGO_ENV: &str = "DIST_TENSOR_GEMM_ALGO";
 
 impl<'w> crate::Rank<'w> {
