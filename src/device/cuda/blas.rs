@@ -3,9 +3,9 @@
 //! (descriptors, layouts and the chosen algorithm) are cached per shape and alignment: the safe
 //! cudarc call rebuilds them on every call, which costs host time at decode sizes. A large
 //! product runs cuBLAS's own choice (`cublasGemmEx`, what PyTorch calls) where cuBLAS can run it:
-//! in the training step of `gpu_report --train` on one H200 (2026-12-04, two rounds taking turns)
-//! it was 0.8% and 2.3% faster than the fastest of cuBLASLt's candidates and cuBLAS's own timed
-//! alone, whose choice for one product was slower inside the step than in its timing.
+//! in the training step of `gpu_report --train` on one H200 (2026-12-04, five rounds taking turns)
+//! the step was 0.4% to 2.3% faster with it than with the fastest of cuBLASLt's candidates and
+//! cuBLAS's own, each timed alone (the timed choice was slower inside the step than alone).
 //! [`GEMM_ALGO_ENV`](super::GEMM_ALGO_ENV) asks for that timed choice or for cuBLASLt's
 //! heuristic's first instead.
 
@@ -319,11 +319,13 @@ impl Blas {
     }
 
     fn make_plan(&self, gpu: &Arc<CudaDevice>, key: PlanKey) -> Result<Plan> {
+        // Checked for every product, so that a bad value fails at once, not at the first large one.
+        let choice = choice()?;
         let mut plan = self.describe(key)?;
         let algos = self.candidate_algos(key, &plan, CANDIDATES)?;
         plan.algo = algos[0];
         if algos.len() > 1 && key.work() >= TUNE_MIN_WORK {
-            plan.algo = match choice()? {
+            plan.algo = match choice {
                 Choice::Tuned => self.fastest(gpu, key, &plan, &algos)?,
                 Choice::Cublas => *algos.iter().find(|&&a| a == Algo::Cublas).unwrap_or(&algos[0]),
                 Choice::Heuristic => algos[0],
