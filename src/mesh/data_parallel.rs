@@ -286,6 +286,7 @@ where
         let reducer = std::thread::Builder::new()
             .name(format!("dp-rank-{}", dp.rank()))
             .spawn_scoped(scope, move || -> Result<Vec<Vec<T>>> {
+                crate::shmem::latency::prompt_wakeups();
                 receive.iter().map(|bucket| dp.mean(&bucket)).collect()
             })
             .map_err(|e| Error::System {

@@ -67,6 +67,11 @@ pub const THROTTLE_DELAY_ENV: &str = "DIST_TENSOR_MPI_DELAY_US";
 /// puts to other nodes at.
 pub const THROTTLE_BANDWIDTH_ENV: &str = "DIST_TENSOR_MPI_BANDWIDTH";
 
+/// Environment variable: `0` (or `off`) keeps the default scheduling slice for the threads that
+/// relay communication (the MPI proxy, the data-parallel reducer), which otherwise ask Linux for a
+/// short one so that they run as soon as they wake (see `shmem::latency`).
+pub const SHORT_SLICE_ENV: &str = "DIST_TENSOR_SHORT_SLICE";
+
 /// Every launcher's variables that say which job and rank a process is: a spawned rank gets
 /// only ours.
 pub(crate) const LAUNCHER_VARS: [&str; 26] = [

@@ -18,6 +18,7 @@ mod exchange;
 mod group;
 mod heap;
 pub mod job_env;
+pub(crate) mod latency;
 mod lent;
 mod mapping;
 #[cfg(feature = "mpi")]

@@ -211,6 +211,7 @@ pub(crate) fn world_from_env(env: &JobEnv) -> Result<World> {
     let thread = std::thread::Builder::new()
         .name("dist-tensor-mpi".into())
         .spawn(move || {
+            crate::shmem::latency::prompt_wakeups();
             proxy_thread(started_tx, attach_rx, capacity, wait_ms, per_node, join_timeout, throttle)
         })
         .map_err(|e| Error::System {
