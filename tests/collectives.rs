@@ -220,6 +220,38 @@ fn lengths_that_disagree_are_an_error_on_every_rank() {
     assert!(err.is_ok(), "{err:?}");
 }
 
+/// all_reduce over two ranks is one exchange of whole inputs (over more, a reduce_scatter then an
+/// all_gather): either way, inputs of different lengths and an output of the wrong length are
+/// the same typed error on every rank.
+#[test]
+fn all_reduce_rejects_disagreeing_lengths_on_every_rank_at_every_world() {
+    for n in [2, 3] {
+        let texts = World::threads(n)
+            .unwrap()
+            .run(|rank| {
+                let x = vec![1.0f32; 10 + rank.rank()];
+                let disagree = match collectives::all_reduce(rank, &x) {
+                    Err(
+                        e @ Error::RanksDisagree { op: "all_reduce", rank_a: 0, rank_b: 1, .. },
+                    ) => e.to_string(),
+                    other => panic!("world {n} rank {}: {other:?}", rank.rank()),
+                };
+                let x = vec![1.0f32; 10];
+                let mut out = vec![0.0f32; if rank.rank() == 1 { 9 } else { 10 }];
+                let short = collectives::all_reduce_into(rank, &x, &mut out).unwrap_err();
+                assert!(
+                    matches!(short, Error::InvalidArgument { op: "all_reduce", rank: 1, .. }),
+                    "world {n} rank {}: {short:?}",
+                    rank.rank()
+                );
+                Ok(disagree)
+            })
+            .unwrap();
+        assert!(texts[0].contains("input length = 10"), "{}", texts[0]);
+        assert!(texts.iter().all(|t| t == &texts[0]), "{texts:?}");
+    }
+}
+
 #[test]
 fn a_root_outside_the_world_is_an_error_on_every_rank() {
     let out = World::threads(3)

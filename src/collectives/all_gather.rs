@@ -6,7 +6,7 @@ use super::workspace::{
 };
 use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
 use crate::fused::all_gather_matmul::device_data;
-use crate::shmem::{DeviceWorld, GlobalPtr, GlobalPtrMut, Rank};
+use crate::shmem::{DeviceWorld, Exchanged, GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::{Tensor, split_offsets};
 use crate::{Element, Result};
 
@@ -125,6 +125,21 @@ pub(crate) fn gather<T: Element>(
     rows: usize,
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
+    gather_agreeing(op, rank, local, rows, out, &[], |_| Ok(()))
+}
+
+/// [`gather`] whose one exchange also carries the caller's `extra` words (after the gather's own
+/// three: rows, this rank's length, its output's length), and `agree` checks what every rank
+/// sent before anything moves: a composite op's own conditions, without an exchange of its own.
+pub(crate) fn gather_agreeing<T: Element>(
+    op: &'static str,
+    rank: &Rank<'_>,
+    local: Input<'_, T>,
+    rows: usize,
+    out: Out<'_, T>,
+    extra: &[u64],
+    agree: impl FnOnce(&Exchanged) -> Result<()>,
+) -> Result<Option<Vec<T>>> {
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = match rows {
         0 if !local.is_empty() => Some(format!("{} elements cannot form 0 rows", local.len())),
@@ -134,9 +149,11 @@ pub(crate) fn gather<T: Element>(
         _ => None,
     };
     let problem = problem.or_else(|| capability::dtype_problem(op, rank.backend(), T::DTYPE));
-    let words = [rows as u64, local.len() as u64, out.len_word()];
+    let mut words = vec![rows as u64, local.len() as u64, out.len_word()];
+    words.extend_from_slice(extra);
     let all = exchange_checked::<T>(rank, op, &words, problem, &[])?;
     all.agree(op, 0, "rows")?;
+    agree(&all)?;
     with_workspace::<T, _>(rank, |ws| {
         let cols: Vec<usize> =
             all.iter().map(|w| (w[1] as usize).checked_div(rows).unwrap_or(0)).collect();
