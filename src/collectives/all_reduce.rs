@@ -4,8 +4,8 @@ use super::all_gather::{gather, gather_agreeing};
 use super::reduce_scatter::reduce;
 use super::workspace::{Out, check_outputs};
 use super::{Input, ReduceOp};
-use crate::shmem::{DeviceWorld, Rank};
-use crate::tensor::array_split;
+use crate::shmem::{DeviceWorld, Exchanged, Rank};
+use crate::tensor::{array_split, pool};
 use crate::{Element, Result};
 
 /// Its own name in both exchanges: a rank in all_reduce never meets a rank in a plain
@@ -30,19 +30,22 @@ fn pair_sum<T: Element>(
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
     let len = input.len();
-    let agree = |all: &crate::shmem::Exchanged| {
+    let agree = |all: &Exchanged| {
         all.agree(OP, 1, "input length")?;
         check_outputs(OP, all, 3, |_| len)
     };
     let both = gather_agreeing(OP, rank, input, 1, Out::Alloc, &[out.len_word()], agree)?
         .expect("allocated");
     let (first, second) = both.split_at(len);
-    out.fill(OP, len, |out| {
+    let summed = out.fill(OP, len, |out| {
         for ((o, &a), &b) in out.iter_mut().zip(first).zip(second) {
             *o = T::from_acc(a.to_acc() + b.to_acc());
         }
         Ok(())
-    })
+    });
+    // The next call's exchange takes this buffer again instead of fresh pages.
+    pool::give(both);
+    summed
 }
 
 /// The reduce_scatter half: this rank's piece of the sum.
