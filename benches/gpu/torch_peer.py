@@ -8,6 +8,7 @@ all_reduce (a GPU barrier); the slowest rank's median. Inputs uniform in [-1, 1)
     python3 benches/gpu/torch_peer.py --local     # the local ops of `gpu_report --local`, one GPU
     python3 benches/gpu/torch_peer.py --train     # the training step of `gpu_report --train`
     python3 benches/gpu/torch_peer.py --gemm      # that step's six products, as `gpu_report --gemm`
+    python3 benches/gpu/torch_peer.py --add       # where a same-shape add's time goes, as `gpu_report --add`
 
 NVLink multicast stays off (the machine's rule): NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 are set here if unset.
@@ -44,6 +45,66 @@ def median_ms(fn, args, before_each=lambda: None):
     return ms[len(ms) // 2]
 
 
+def add_lines(args):
+    """The lines of `gpu_report --add`: torch's same-shape add of two [8192, 8192] bf16 tensors
+    timed per call (50 CUDA-event timings after 50 ms and 5 warm-up calls) and in batches of 100
+    calls (one event pair around each of 5 batches), with the host's time to queue a call; the
+    add into a given output, and of operands made directly in bf16 (not through a cast). Twice."""
+    torch.cuda.set_device(0)
+
+    def hot(fn):
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.05:
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+
+    def per_call(fn):
+        hot(fn)
+        return median_ms(fn, argparse.Namespace(warmup=5, iters=50))
+
+    def batched(fn):
+        hot(fn)
+        gpu, host = [], []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            wall = time.perf_counter()
+            start.record()
+            for _ in range(100):
+                fn()
+            stop.record()
+            host.append((time.perf_counter() - wall) * 1e3 / 100)
+            torch.cuda.synchronize()
+            gpu.append(start.elapsed_time(stop) / 100)
+        return sorted(gpu)[2], sorted(host)[2]
+
+    def rand(*shape, dtype=torch.bfloat16):
+        return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dtype)
+
+    for round_ in (1, 2):
+        print(f"# torch_peer --add: torch {torch.__version__}, {torch.cuda.get_device_name()}, round {round_}")
+        copied = rand(1 << 28, dtype=torch.float32)
+        gbs = 2 * (1 << 30) / (per_call(lambda: copied.clone()) * 1e-3) / 1e9
+        roof = 3 * 8192 * 8192 * 2 / (gbs * 1e9) * 1e3
+        print(f"copy {gbs:.0f} GB/s; add roofline {roof:.4f} ms")
+        x, y = rand(8192, 8192), rand(8192, 8192)
+        pc = per_call(lambda: x + y)
+        b, h = batched(lambda: x + y)
+        print(f"add: per call {pc:.4f} ms ({pc / roof:.4f} of roofline), batched {b:.4f} ({b / roof:.4f}), host {h:.4f} ms to queue a call")
+        pc = per_call(lambda: x * y)
+        print(f"mul: per call {pc:.4f} ms ({pc / roof:.4f})")
+        out = torch.empty_like(x)
+        pc = per_call(lambda: torch.add(x, y, out=out))
+        print(f"add into a given output: per call {pc:.4f} ms ({pc / roof:.4f})")
+        u = torch.empty(8192, 8192, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
+        v = torch.empty(8192, 8192, device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
+        pc = per_call(lambda: u + v)
+        print(f"add, operands made in bf16: per call {pc:.4f} ms ({pc / roof:.4f})")
+        del copied, x, y, out, u, v
+        torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=20)
@@ -51,6 +112,7 @@ def main():
     parser.add_argument("--local", action="store_true", help="the local-op rows, one GPU, no torchrun")
     parser.add_argument("--train", action="store_true", help="the MLP training step, one GPU, no torchrun")
     parser.add_argument("--gemm", action="store_true", help="the training step's products, one GPU, no torchrun")
+    parser.add_argument("--add", action="store_true", help="where a same-shape add's time goes, one GPU, no torchrun")
     args = parser.parse_args()
     if args.local:
         local_rows(args)
@@ -60,6 +122,9 @@ def main():
         return
     if args.gemm:
         step_products(args)
+        return
+    if args.add:
+        add_lines(args)
         return
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

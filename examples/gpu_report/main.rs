@@ -16,9 +16,11 @@
 //!
 //! `--local` instead times the local ops of a GPU tensor on one GPU against the HBM roofline
 //! (see `local.rs`); `--train` one training step of an MLP on one GPU (see `train.rs`); `--gemm`
-//! every cuBLASLt candidate for that step's six products, timed under sustained load.
+//! every cuBLASLt candidate for that step's six products, timed under sustained load; `--add`
+//! where a same-shape add's time goes (see `add.rs`).
 
 use dist_tensor::device::cuda::{self, Timer};
+mod add;
 mod local;
 #[path = "../common/stats.rs"]
 mod stats;
@@ -35,6 +37,7 @@ pub(crate) struct Settings {
     local: bool,
     train: bool,
     gemm: bool,
+    add: bool,
 }
 
 fn settings() -> Settings {
@@ -53,6 +56,7 @@ fn settings() -> Settings {
         local: args.iter().any(|a| a == "--local"),
         train: args.iter().any(|a| a == "--train"),
         gemm: args.iter().any(|a| a == "--gemm"),
+        add: args.iter().any(|a| a == "--add"),
     }
 }
 
@@ -259,6 +263,9 @@ fn main() -> Result<()> {
     }
     if s.gemm {
         return train::candidates();
+    }
+    if s.add {
+        return add::report();
     }
     let world = match World::cuda(&[0, 1]) {
         Ok(w) => w,
