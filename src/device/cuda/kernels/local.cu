@@ -256,30 +256,34 @@ __device__ __forceinline__ acc_t op_div(acc_t x, acc_t y) { return x / y; }
 
 // Both inputs of the output's shape, fewer than 2^32 vectors of them: a kernel of its own, apart
 // from the strided walks (DT_BINARY), whose registers lowered its occupancy. Blocks of
-// DT_FLAT_BLOCK threads, each thread two 16-byte vector pairs DT_FLAT_BLOCK apart, both loaded
-// before either is computed, 32-bit indices; a block per 2 * DT_FLAT_BLOCK vectors, the last
-// block also walking the tail of fewer than a vector. On one H200 (add of [8192, 8192] bf16,
-// benches/gpu/variants.py) this ran at 1.002x the copy roofline, as torch's add; the chunked
-// walk of DT_UNARY (four vectors a thread, 64-bit indices, 256 threads) at 1.011x.
+// DT_FLAT_BLOCK threads (the host launches that many; the kernel reads blockDim), each thread two
+// 16-byte vector pairs a block apart, both loaded before either is computed, 32-bit indices; a
+// block per 2 * DT_FLAT_BLOCK vectors, the last block also walking the tail of fewer than a
+// vector. Bounded for blocks of 1024 (at most 64 registers), as benches/gpu/variants.cu's
+// kernel: the same body bounded for 128 (`DT_FLAT_BLOCK` a constant) ran 0.3 to 0.8 us (0.4%) a
+// call slower on an add of [8192, 8192] bf16 (one H200 and one H100, 2026-12-05; so did a copy
+// of it taking its arguments plainly: the bound, not the argument struct, made the difference);
+// bounded for 1024, within 0.3% of torch's add on the H100 (gpu_report --add beside
+// torch_peer.py --add).
 #define DT_FLAT_BLOCK 128
 #define DT_BINARY_FLAT(name, f)                                                               \
-    extern "C" __global__ void __launch_bounds__(DT_FLAT_BLOCK)                               \
+    extern "C" __global__ void __launch_bounds__(1024)                                        \
         name(const __grid_constant__ BinaryArgs p) {                                          \
         elem_t* out = (elem_t*)p.out;                                                         \
         const elem_t* a = (const elem_t*)p.a;                                                 \
         const elem_t* b = (const elem_t*)p.b;                                                 \
         const u32 nv = (u32)(p.n / DT_VEC);                                                   \
-        const u32 base = blockIdx.x * (2 * DT_FLAT_BLOCK) + threadIdx.x;                      \
+        const u32 base = blockIdx.x * 2 * blockDim.x + threadIdx.x;                           \
         Vec16 x[2], y[2];                                                                     \
         _Pragma("unroll") for (int h = 0; h < 2; h++) {                                       \
-            const u32 i = base + h * DT_FLAT_BLOCK;                                           \
+            const u32 i = base + h * blockDim.x;                                              \
             if (i < nv) {                                                                     \
                 x[h] = ((const Vec16*)a)[i];                                                  \
                 y[h] = ((const Vec16*)b)[i];                                                  \
             }                                                                                 \
         }                                                                                     \
         _Pragma("unroll") for (int h = 0; h < 2; h++) {                                       \
-            const u32 i = base + h * DT_FLAT_BLOCK;                                           \
+            const u32 i = base + h * blockDim.x;                                              \
             if (i < nv) {                                                                     \
                 Vec16 r;                                                                      \
                 _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =              \
@@ -288,7 +292,7 @@ __device__ __forceinline__ acc_t op_div(acc_t x, acc_t y) { return x / y; }
             }                                                                                 \
         }                                                                                     \
         if (blockIdx.x == gridDim.x - 1)                                                      \
-            for (u64 i = (u64)nv * DT_VEC + threadIdx.x; i < p.n; i += DT_FLAT_BLOCK)         \
+            for (u64 i = (u64)nv * DT_VEC + threadIdx.x; i < p.n; i += blockDim.x)            \
                 out[i] = from_acc(f(to_acc(a[i]), to_acc(b[i])));                             \
     }
 
