@@ -260,7 +260,7 @@ __device__ __forceinline__ acc_t op_div(acc_t x, acc_t y) { return x / y; }
 // 16-byte vector pairs a block apart, both loaded before either is computed, 32-bit indices; a
 // block per 2 * DT_FLAT_BLOCK vectors, the last block also walking the tail of fewer than a
 // vector. Bounded for blocks of 1024 (at most 64 registers), as benches/gpu/variants.cu's
-// kernel: the same body bounded for 128 (`DT_FLAT_BLOCK` a constant) ran 0.3 to 0.8 us (0.4%) a
+// kernel: the same body bounded for 128 (`DT_FLAT_BLOCK` a constant) ran 0.2 to 0.8 us (0.4%) a
 // call slower on an add of [8192, 8192] bf16 (one H200 and one H100, 2026-12-05; so did a copy
 // of it taking its arguments plainly: the bound, not the argument struct, made the difference);
 // bounded for 1024, within 0.3% of torch's add on the H100 (gpu_report --add beside
