@@ -45,6 +45,21 @@ def median_ms(fn, args, before_each=lambda: None):
     return ms[len(ms) // 2]
 
 
+def run_hot(fn):
+    """Runs `fn` for 50 ms (waiting for the GPU every 10 calls), as gpu_report's local rows do
+    before timing, so that no row depends on how idle the GPU was before it."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.05:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+
+
+def uniform(*shape, dtype=torch.bfloat16):
+    """Uniform in [-1, 1), drawn in f32 and cast, as gpu_report's inputs."""
+    return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dtype)
+
+
 def add_lines(args):
     """The lines of `gpu_report --add`: torch's same-shape add of two [8192, 8192] bf16 tensors
     timed per call (50 CUDA-event timings after 50 ms and 5 warm-up calls) and in batches of 100
@@ -52,19 +67,12 @@ def add_lines(args):
     add into a given output, and of operands made directly in bf16 (not through a cast). Twice."""
     torch.cuda.set_device(0)
 
-    def hot(fn):
-        start = time.perf_counter()
-        while time.perf_counter() - start < 0.05:
-            for _ in range(10):
-                fn()
-            torch.cuda.synchronize()
-
     def per_call(fn):
-        hot(fn)
+        run_hot(fn)
         return median_ms(fn, argparse.Namespace(warmup=5, iters=50))
 
     def batched(fn):
-        hot(fn)
+        run_hot(fn)
         gpu, host = [], []
         for _ in range(5):
             torch.cuda.synchronize()
@@ -79,8 +87,7 @@ def add_lines(args):
             gpu.append(start.elapsed_time(stop) / 100)
         return sorted(gpu)[2], sorted(host)[2]
 
-    def rand(*shape, dtype=torch.bfloat16):
-        return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dtype)
+    rand = uniform
 
     for round_ in (1, 2):
         print(f"# torch_peer --add: torch {torch.__version__}, {torch.cuda.get_device_name()}, round {round_}")
@@ -210,17 +217,10 @@ def local_rows(args):
     bf = torch.bfloat16
 
     def timeit(fn):
-        # 50 ms of the op first, as gpu_report --local does.
-        start = time.perf_counter()
-        while time.perf_counter() - start < 0.05:
-            for _ in range(10):
-                fn()
-            torch.cuda.synchronize()
+        run_hot(fn)
         return median_ms(fn, args)
 
-    def rand(*shape, dtype=bf):
-        return (torch.rand(*shape, device="cuda", dtype=torch.float32) * 2 - 1).to(dtype)
-
+    rand = uniform
     copied = rand(1 << 28, dtype=torch.float32)
     copy_gbs = 2 * (1 << 30) / (timeit(lambda: copied.clone()) * 1e-3) / 1e9
     square, other, wide = rand(8192, 8192), rand(8192, 8192), rand(16384, 8192)

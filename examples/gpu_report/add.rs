@@ -8,44 +8,24 @@
 //! the spread. `benches/gpu/torch_peer.py --add` times torch's add the same ways.
 
 use dist_tensor::device::cuda::{self, Timer};
-use dist_tensor::{Rank, Result, Tensor, World};
+use dist_tensor::{Rank, Result, Tensor};
 use half::bf16;
 use std::time::Instant;
 
+use crate::Settings;
+use crate::local::{run_hot, time_hot};
 use crate::stats::median;
 
-/// Runs `op` for 50 ms, then synchronizes (as `--local` does before timing).
-fn hot<R>(rank: &Rank<'_>, op: &mut impl FnMut() -> Result<R>) -> Result<()> {
-    let start = Instant::now();
-    while start.elapsed().as_millis() < 50 {
-        for _ in 0..10 {
-            op()?;
-        }
-        cuda::synchronize(rank)?;
-    }
-    Ok(())
-}
-
-/// Median of 50 per-call event timings after 5 warm-up calls.
-fn per_call<R>(rank: &Rank<'_>, mut op: impl FnMut() -> Result<R>) -> Result<f64> {
-    hot(rank, &mut op)?;
-    for _ in 0..5 {
-        op()?;
-    }
-    let mut timers = (0..50).map(|_| Timer::new(rank)).collect::<Result<Vec<_>>>()?;
-    for t in &mut timers {
-        t.start(rank)?;
-        op()?;
-        t.stop(rank)?;
-    }
-    cuda::synchronize(rank)?;
-    Ok(median(timers.iter().map(|t| t.elapsed_ms().map(f64::from)).collect::<Result<_>>()?))
+/// Median of 50 per-call event timings after 50 ms and 5 warm-up calls (as `--local` times,
+/// with more samples).
+fn per_call<R>(rank: &Rank<'_>, op: impl FnMut() -> Result<R>) -> Result<f64> {
+    time_hot(rank, &Settings { warmup: 5, iters: 50, ..Settings::default() }, op)
 }
 
 /// Medians over 5 batches of 100 calls: GPU milliseconds a call (one event pair around the
 /// batch) and host milliseconds to queue a call.
 fn batched<R>(rank: &Rank<'_>, mut op: impl FnMut() -> Result<R>) -> Result<(f64, f64)> {
-    hot(rank, &mut op)?;
+    run_hot(rank, &mut op)?;
     let (mut gpu, mut host) = (Vec::new(), Vec::new());
     for _ in 0..5 {
         cuda::synchronize(rank)?;
@@ -121,12 +101,8 @@ fn lines(rank: &Rank<'_>) -> Result<Vec<String>> {
 
 /// Prints the lines, twice.
 pub fn report() -> Result<()> {
-    let world = match World::cuda(&[0]) {
-        Ok(w) => w,
-        Err(e) => {
-            println!("gpu_report --add: skipped, no GPU: {e}");
-            return Ok(());
-        }
+    let Some(world) = crate::one_gpu("--add") else {
+        return Ok(());
     };
     let info = world.run(cuda::gpu_info)?.remove(0);
     for round in 1..=2 {

@@ -6,7 +6,7 @@
 //! and timed the same way, for the side-by-side table.
 
 use dist_tensor::device::cuda::{self, Timer};
-use dist_tensor::{Rank, Result, World};
+use dist_tensor::{Rank, Result};
 use half::bf16;
 use std::time::Instant;
 
@@ -31,14 +31,12 @@ const HOT_MS: u128 = 50;
 /// rows put one before each call). In two runs on H200s (2026-12-02, a barrier before each
 /// call in the first) every row read the same to the microsecond but silu (0.070 against 0.069
 /// ms); this way is the peer's.
-fn time_hot<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>) -> Result<f64> {
-    let start = Instant::now();
-    while start.elapsed().as_millis() < HOT_MS {
-        for _ in 0..10 {
-            op()?;
-        }
-        cuda::synchronize(rank)?;
-    }
+pub(crate) fn time_hot<R>(
+    rank: &Rank<'_>,
+    s: &Settings,
+    mut op: impl FnMut() -> Result<R>,
+) -> Result<f64> {
+    run_hot(rank, &mut op)?;
     for _ in 0..s.warmup {
         op()?;
     }
@@ -52,6 +50,18 @@ fn time_hot<R>(rank: &Rank<'_>, s: &Settings, mut op: impl FnMut() -> Result<R>)
     let ms: Vec<f64> =
         timers.iter().map(|t| t.elapsed_ms().map(f64::from)).collect::<Result<_>>()?;
     Ok(crate::stats::median(ms))
+}
+
+/// Runs `op` for [`HOT_MS`], then waits for the GPU.
+pub(crate) fn run_hot<R>(rank: &Rank<'_>, op: &mut impl FnMut() -> Result<R>) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed().as_millis() < HOT_MS {
+        for _ in 0..10 {
+            op()?;
+        }
+        cuda::synchronize(rank)?;
+    }
+    Ok(())
 }
 
 fn rows(rank: &Rank<'_>, s: &Settings) -> Result<(f64, Vec<LocalRow>)> {
@@ -135,12 +145,8 @@ fn rows(rank: &Rank<'_>, s: &Settings) -> Result<(f64, Vec<LocalRow>)> {
 
 /// Prints the local-op table of GPU 0.
 pub fn report(s: &Settings) -> Result<()> {
-    let world = match World::cuda(&[0]) {
-        Ok(w) => w,
-        Err(e) => {
-            println!("gpu_report --local: skipped, no GPU: {e}");
-            return Ok(());
-        }
+    let Some(world) = crate::one_gpu("--local") else {
+        return Ok(());
     };
     let info = world.run(cuda::gpu_info)?.remove(0);
     let (copy_gbs, rows) = world.run(|rank| rows(rank, s))?.remove(0);

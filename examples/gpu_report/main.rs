@@ -30,6 +30,7 @@ use dist_tensor::fused::AgPath;
 use dist_tensor::{DistTensor, MatmulOptions, Placement, Rank, Result, Tensor, World};
 use half::bf16;
 
+#[derive(Default)]
 pub(crate) struct Settings {
     warmup: usize,
     iters: usize,
@@ -58,6 +59,11 @@ fn settings() -> Settings {
         gemm: args.iter().any(|a| a == "--gemm"),
         add: args.iter().any(|a| a == "--add"),
     }
+}
+
+/// A world of one rank on GPU 0, or `None` after saying why `flag`'s report is skipped.
+pub(crate) fn one_gpu(flag: &str) -> Option<World> {
+    World::cuda(&[0]).map_err(|e| println!("gpu_report {flag}: skipped, no GPU: {e}")).ok()
 }
 
 /// Median milliseconds of `op` on this rank's GPU: `warmup` untimed calls, then `iters` calls

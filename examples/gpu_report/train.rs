@@ -9,7 +9,7 @@ use dist_tensor::device::cuda;
 use dist_tensor::nn::{
     Activation, Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, mse_loss,
 };
-use dist_tensor::{DistTensor, Placement, Rank, Result, Split, Tensor, World};
+use dist_tensor::{DistTensor, Placement, Rank, Result, Split, Tensor};
 use half::bf16;
 use std::time::Instant;
 
@@ -26,12 +26,8 @@ fn random(shape: &[usize], seed: u64, scale: f64) -> Tensor<bf16> {
 
 /// Prints the step's time on GPU 0.
 pub fn report(s: &Settings) -> Result<()> {
-    let world = match World::cuda(&[0]) {
-        Ok(w) => w,
-        Err(e) => {
-            println!("gpu_report --train: skipped, no GPU: {e}");
-            return Ok(());
-        }
+    let Some(world) = crate::one_gpu("--train") else {
+        return Ok(());
     };
     let (w1, b1) = (random(&[E, F], 1, 1.0 / (E as f64).sqrt()), random(&[F], 2, 0.1));
     let (w2, b2) = (random(&[F, E], 3, 1.0 / (F as f64).sqrt()), random(&[E], 4, 0.1));
@@ -176,12 +172,8 @@ const PRODUCTS: [Product; 6] = [
 /// Prints, for each of the step's products, every cuBLASLt candidate (up to 32) timed under
 /// sustained load ([`cuda::gemm_candidates`]), and the one the library's plan chose.
 pub fn candidates() -> Result<()> {
-    let world = match World::cuda(&[0]) {
-        Ok(w) => w,
-        Err(e) => {
-            println!("gpu_report --gemm: skipped, no GPU: {e}");
-            return Ok(());
-        }
+    let Some(world) = crate::one_gpu("--gemm") else {
+        return Ok(());
     };
     let info = world.run(cuda::gpu_info)?.remove(0);
     println!(
