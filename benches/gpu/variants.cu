@@ -286,3 +286,80 @@ __device__ __forceinline__ float phi_fast5(float x) {
 }
 VAR_CHUNK_UNARY(var_gelu_fast9, DT_UNROLL, from_acc(to_acc(e) * phi_fast9(to_acc(e))))
 VAR_CHUNK_UNARY(var_gelu_fast5, DT_UNROLL, from_acc(to_acc(e) * phi_fast5(to_acc(e))))
+
+// Same-shape add in the library's walk (32-bit indices, two vector pairs a thread, bounded for
+// 1024) with cache hints on the loads (LD) and the stores (ST), as PTX: does asking L2 to fetch
+// 256 bytes a miss, or to evict the streamed lines first, move the add past torch's?
+__device__ __forceinline__ Vec16 var_bits_to_vec(uint4 r) {
+    return *reinterpret_cast<const Vec16*>(&r);
+}
+#define VAR_LD(name, qual)                                                                     \
+    __device__ __forceinline__ Vec16 name(const Vec16* p) {                                    \
+        uint4 r;                                                                               \
+        asm volatile("ld.global" qual ".v4.u32 {%0, %1, %2, %3}, [%4];"                        \
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));                  \
+        return var_bits_to_vec(r);                                                             \
+    }
+VAR_LD(var_ld_plain, "")
+VAR_LD(var_ld_l2_256, ".L2::256B")
+VAR_LD(var_ld_nc_l2_256, ".nc.L2::256B")
+VAR_LD(var_ld_lu, ".lu")
+#define VAR_ST(name, qual)                                                                     \
+    __device__ __forceinline__ void name(Vec16* p, Vec16 v) {                                  \
+        const uint4 r = *reinterpret_cast<const uint4*>(&v);                                   \
+        asm volatile("st.global" qual ".v4.u32 [%0], {%1, %2, %3, %4};"                        \
+                     :: "l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w) : "memory");           \
+    }
+VAR_ST(var_st_plain, "")
+VAR_ST(var_st_cs, ".cs")
+// L2 evict-first through a cache policy (Hopper takes the plain qualifier on 256-bit accesses only).
+__device__ __forceinline__ Vec16 var_ld_evict_first(const Vec16* p) {
+    uint4 r;
+    asm volatile(
+        "{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"
+        " ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], pol; }"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return var_bits_to_vec(r);
+}
+__device__ __forceinline__ void var_st_evict_first(Vec16* p, Vec16 v) {
+    const uint4 r = *reinterpret_cast<const uint4*>(&v);
+    asm volatile(
+        "{ .reg .b64 pol; createpolicy.fractional.L2::evict_first.b64 pol, 1.0;"
+        " st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, pol; }"
+        :: "l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w) : "memory");
+}
+#define VAR_ADD_HINT(name, U, LD, ST)                                                          \
+    extern "C" __global__ void __launch_bounds__(1024)                                         \
+        name(elem_t* __restrict__ out, const elem_t* __restrict__ a,                            \
+             const elem_t* __restrict__ b, u64 n) {                                             \
+        const u32 nv = (u32)(n / DT_VEC);                                                       \
+        const u32 base = blockIdx.x * (U) * blockDim.x + threadIdx.x;                           \
+        Vec16 x[U], y[U];                                                                       \
+        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
+            const u32 i = base + h * blockDim.x;                                                \
+            if (i < nv) {                                                                       \
+                x[h] = LD((const Vec16*)a + i);                                                 \
+                y[h] = LD((const Vec16*)b + i);                                                 \
+            }                                                                                   \
+        }                                                                                       \
+        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
+            const u32 i = base + h * blockDim.x;                                                \
+            if (i < nv) {                                                                       \
+                Vec16 r;                                                                        \
+                _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =                \
+                    from_acc(to_acc(x[h].v[j]) + to_acc(y[h].v[j]));                            \
+                ST((Vec16*)out + i, r);                                                         \
+            }                                                                                   \
+        }                                                                                       \
+    }
+VAR_ADD_HINT(var_add_h_plain, 2, var_ld_plain, var_st_plain)
+VAR_ADD_HINT(var_add_h_l2_256, 2, var_ld_l2_256, var_st_plain)
+VAR_ADD_HINT(var_add_h_nc_l2_256, 2, var_ld_nc_l2_256, var_st_plain)
+VAR_ADD_HINT(var_add_h_evict, 2, var_ld_evict_first, var_st_plain)
+VAR_ADD_HINT(var_add_h_lu, 2, var_ld_lu, var_st_plain)
+VAR_ADD_HINT(var_add_h_st_cs, 2, var_ld_plain, var_st_cs)
+VAR_ADD_HINT(var_add_h_st_evict, 2, var_ld_plain, var_st_evict_first)
+VAR_ADD_HINT(var_add_h_l2_256_st_cs, 2, var_ld_l2_256, var_st_cs)
+VAR_ADD_HINT(var_add_h_evict_both, 2, var_ld_evict_first, var_st_evict_first)
+VAR_ADD_HINT(var_add_h_l2_256_u1, 1, var_ld_l2_256, var_st_plain)
+VAR_ADD_HINT(var_add_h_l2_256_u4, 4, var_ld_l2_256, var_st_plain)

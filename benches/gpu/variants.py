@@ -8,6 +8,7 @@ output is checked bit for bit against the exactly rounded f64 result (torch on f
 'mismatch' counts elements that differ, 'max ulp' the largest difference in bf16 units.
 
     python3 benches/gpu/variants.py [--iters 30]
+    python3 benches/gpu/variants.py --add [--rounds 5]   # same-shape add only: cache hints, torch's in turn
 
 Not part of CI (needs a GPU, CuPy and PyTorch).
 """
@@ -113,10 +114,14 @@ def ulps(out, ref):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--add", action="store_true", help="the add's cache-hint variants only")
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.cuda.set_device(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     mod = module()
+    if args.add:
+        return add_hints(mod, args)
     code = "\n".join(["#define DT_ELEM 3", (KERNELS / "common.cuh").read_text(), (KERNELS / "local.cu").read_text(), (ROOT / "benches/gpu/variants.cu").read_text()])
     builds = {
         "cubin": library_module(code),
@@ -229,6 +234,51 @@ def main():
     print("| --- | --- | --- | --- | --- |")
     for name, ms, roof, mism, ulp in rows:
         print(f"| {name} | {ms:.4f} | {ms / roof:.3f} | {mism} | {ulp} |")
+
+
+def add_hints(mod, args):
+    """The same-shape add with cache hints on its loads and stores (variants.cu's
+    VAR_ADD_HINT), every variant and torch's add taking turns for `--rounds` rounds: per round
+    the median of `--iters` per-call timings; printed, the median and range over the rounds."""
+    n = 8192 * 8192
+    x = ((torch.rand(8192, 8192, device="cuda") * 2 - 1) * 4).to(torch.bfloat16)
+    y = ((torch.rand(8192, 8192, device="cuda") * 2 - 1) * 4).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    ref = (x.double() + y.double()).to(torch.bfloat16)
+    big = torch.rand(1 << 28, device="cuda")
+    big_out = torch.empty_like(big)
+    nv = n // 8
+    p = lambda t: np.uint64(t.data_ptr())  # noqa: E731
+    names = ["plain", "l2_256", "nc_l2_256", "evict", "lu", "st_cs", "st_evict", "l2_256_st_cs", "evict_both", "l2_256_u1", "l2_256_u4"]
+    launches = {"torch add": lambda: torch.add(x, y, out=out)}
+    for name in names:
+        f = mod.get_function(f"var_add_h_{name}")
+        u = 1 if name.endswith("_u1") else 4 if name.endswith("_u4") else 2
+        for block in (128, 256):
+            grid = (nv + u * block - 1) // (u * block)
+            launches[f"{name} block {block}"] = (lambda f=f, grid=grid, block=block: f((grid,), (block,), (p(out), p(x), p(y), np.uint64(n))))
+    bad = {}
+    for label, launch in launches.items():
+        out.fill_(float("nan"))
+        launch()
+        torch.cuda.synchronize()
+        bad[label] = ulps(out, ref)
+    times = {label: [] for label in launches}
+    copies = []
+    for _ in range(args.rounds):
+        copy_ms = median_ms(lambda: big_out.copy_(big), args.iters)
+        copies.append(2 * big.numel() * 4 / (copy_ms * 1e-3) / 1e9)
+        for label, launch in launches.items():
+            times[label].append(median_ms(launch, args.iters))
+    gbs = float(np.median(copies))
+    roof = 3 * n * 2 / (gbs * 1e9) * 1e3
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: add of [8192, 8192] bf16, {args.rounds} rounds in turn, each the median of {args.iters} calls; copy {gbs:.0f} GB/s (roofline {roof:.4f} ms)")
+    print("| kernel | median ms | range | of roofline | / torch | mismatching | max ulp |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    t0 = float(np.median(times["torch add"]))
+    for label, ms in times.items():
+        m = float(np.median(ms))
+        print(f"| {label} | {m:.4f} | {min(ms):.4f}-{max(ms):.4f} | {m / roof:.4f} | {m / t0:.4f} | {bad[label][0]} | {bad[label][1]} |")
 
 
 if __name__ == "__main__":
