@@ -363,3 +363,78 @@ VAR_ADD_HINT(var_add_h_l2_256_st_cs, 2, var_ld_l2_256, var_st_cs)
 VAR_ADD_HINT(var_add_h_evict_both, 2, var_ld_evict_first, var_st_evict_first)
 VAR_ADD_HINT(var_add_h_l2_256_u1, 1, var_ld_l2_256, var_st_plain)
 VAR_ADD_HINT(var_add_h_l2_256_u4, 4, var_ld_l2_256, var_st_plain)
+
+// Same-shape add through the bulk copy engine (TMA, 1-D `cp.async.bulk`): each block streams
+// chunks of VAR_TMA_BYTES of `a` and `b` into shared memory, double-buffered behind an mbarrier
+// each, adds them there, and writes the sum back with a bulk store. Large, aligned transfers
+// instead of one 16-byte load a thread: does DRAM serve them faster than the threads' loads?
+// `n` must be a multiple of a chunk (this harness's [8192, 8192] is).
+#define VAR_TMA_BYTES 8192
+#define VAR_TMA_VECS (VAR_TMA_BYTES / 16)
+__device__ __forceinline__ u32 var_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void var_mbar_init(u64* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(var_smem(bar)));
+}
+__device__ __forceinline__ void var_mbar_expect(u64* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(var_smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void var_mbar_wait(u64* bar, u32 parity) {
+    asm volatile(
+        "{ .reg .pred p; WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT; }"
+        :: "r"(var_smem(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void var_bulk_load(void* dst, const void* src, u32 bytes, u64* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+        :: "r"(var_smem(dst)), "l"(src), "r"(bytes), "r"(var_smem(bar)) : "memory");
+}
+__device__ __forceinline__ void var_bulk_store(void* dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 :: "l"(dst), "r"(var_smem(src)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+extern "C" __global__ void __launch_bounds__(256)
+    var_add_tma(elem_t* __restrict__ out, const elem_t* __restrict__ a, const elem_t* __restrict__ b, u64 n) {
+    __shared__ Vec16 sa[2][VAR_TMA_VECS], sb[2][VAR_TMA_VECS], so[VAR_TMA_VECS];
+    __shared__ alignas(8) u64 bar[2];
+    const u32 chunks = (u32)(n * sizeof(elem_t) / VAR_TMA_BYTES);
+    const bool lead = threadIdx.x == 0;
+    if (lead) {
+        var_mbar_init(&bar[0]);
+        var_mbar_init(&bar[1]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    auto issue = [&](u32 c, int s) {
+        if (lead && c < chunks) {
+            var_mbar_expect(&bar[s], 2 * VAR_TMA_BYTES);
+            var_bulk_load(sa[s], (const char*)a + (u64)c * VAR_TMA_BYTES, VAR_TMA_BYTES, &bar[s]);
+            var_bulk_load(sb[s], (const char*)b + (u64)c * VAR_TMA_BYTES, VAR_TMA_BYTES, &bar[s]);
+        }
+    };
+    issue(blockIdx.x, 0);
+    issue(blockIdx.x + gridDim.x, 1);
+    u32 parity[2] = {0, 0};
+    int s = 0;
+    for (u32 c = blockIdx.x; c < chunks; c += gridDim.x, s ^= 1) {
+        var_mbar_wait(&bar[s], parity[s]);
+        parity[s] ^= 1;
+        // The last bulk store has read `so` before anyone writes it again.
+        if (lead) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        __syncthreads();
+        for (u32 v = threadIdx.x; v < VAR_TMA_VECS; v += blockDim.x) {
+            Vec16 r;
+            _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =
+                from_acc(to_acc(sa[s][v].v[j]) + to_acc(sb[s][v].v[j]));
+            so[v] = r;
+        }
+        // The threads' writes to `so` seen by the bulk copy; every thread done with stage s.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncthreads();
+        if (lead) {
+            var_bulk_store((char*)out + (u64)c * VAR_TMA_BYTES, so, VAR_TMA_BYTES);
+            issue(c + 2 * gridDim.x, s);
+        }
+    }
+    if (lead) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}

@@ -257,6 +257,12 @@ def add_hints(mod, args):
         for block in (128, 256):
             grid = (nv + u * block - 1) // (u * block)
             launches[f"{name} block {block}"] = (lambda f=f, grid=grid, block=block: f((grid,), (block,), (p(out), p(x), p(y), np.uint64(n))))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tma = mod.get_function("var_add_tma")
+    for per_sm in (2, 4, 5):
+        for block in (128, 256):
+            grid = sms * per_sm
+            launches[f"tma, {per_sm} blocks an SM, block {block}"] = (lambda grid=grid, block=block: tma((grid,), (block,), (p(out), p(x), p(y), np.uint64(n))))
     bad = {}
     for label, launch in launches.items():
         out.fill_(float("nan"))
