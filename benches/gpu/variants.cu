@@ -192,8 +192,8 @@ VAR_ADD_U(var_add_u4, 4)
 VAR_ADD_U(var_add_u8, 8)
 
 // Same-shape add with 32-bit indices (fewer registers), U vector pairs a thread, any block size
-// up to 1024.
-#define VAR_ADD_U32(name, U)                                                                   \
+// up to 1024; LD and ST load and store a vector (plain here; with cache hints below).
+#define VAR_ADD_HINT(name, U, LD, ST)                                                          \
     extern "C" __global__ void __launch_bounds__(1024)                                         \
         name(elem_t* __restrict__ out, const elem_t* __restrict__ a,                            \
              const elem_t* __restrict__ b, u64 n) {                                             \
@@ -203,8 +203,8 @@ VAR_ADD_U(var_add_u8, 8)
         _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
             const u32 i = base + h * blockDim.x;                                                \
             if (i < nv) {                                                                       \
-                x[h] = ((const Vec16*)a)[i];                                                    \
-                y[h] = ((const Vec16*)b)[i];                                                    \
+                x[h] = LD((const Vec16*)a + i);                                                 \
+                y[h] = LD((const Vec16*)b + i);                                                 \
             }                                                                                   \
         }                                                                                       \
         _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
@@ -213,10 +213,13 @@ VAR_ADD_U(var_add_u8, 8)
                 Vec16 r;                                                                        \
                 _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =                \
                     from_acc(to_acc(x[h].v[j]) + to_acc(y[h].v[j]));                            \
-                ((Vec16*)out)[i] = r;                                                           \
+                ST((Vec16*)out + i, r);                                                         \
             }                                                                                   \
         }                                                                                       \
     }
+__device__ __forceinline__ Vec16 var_ld_c(const Vec16* p) { return *p; }
+__device__ __forceinline__ void var_st_c(Vec16* p, Vec16 v) { *p = v; }
+#define VAR_ADD_U32(name, U) VAR_ADD_HINT(name, U, var_ld_c, var_st_c)
 VAR_ADD_U32(var_add32_u1, 1)
 VAR_ADD_U32(var_add32_u2, 2)
 VAR_ADD_U32(var_add32_u4, 4)
@@ -328,30 +331,6 @@ __device__ __forceinline__ void var_st_evict_first(Vec16* p, Vec16 v) {
         " st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, pol; }"
         :: "l"(p), "r"(r.x), "r"(r.y), "r"(r.z), "r"(r.w) : "memory");
 }
-#define VAR_ADD_HINT(name, U, LD, ST)                                                          \
-    extern "C" __global__ void __launch_bounds__(1024)                                         \
-        name(elem_t* __restrict__ out, const elem_t* __restrict__ a,                            \
-             const elem_t* __restrict__ b, u64 n) {                                             \
-        const u32 nv = (u32)(n / DT_VEC);                                                       \
-        const u32 base = blockIdx.x * (U) * blockDim.x + threadIdx.x;                           \
-        Vec16 x[U], y[U];                                                                       \
-        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
-            const u32 i = base + h * blockDim.x;                                                \
-            if (i < nv) {                                                                       \
-                x[h] = LD((const Vec16*)a + i);                                                 \
-                y[h] = LD((const Vec16*)b + i);                                                 \
-            }                                                                                   \
-        }                                                                                       \
-        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
-            const u32 i = base + h * blockDim.x;                                                \
-            if (i < nv) {                                                                       \
-                Vec16 r;                                                                        \
-                _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =                \
-                    from_acc(to_acc(x[h].v[j]) + to_acc(y[h].v[j]));                            \
-                ST((Vec16*)out + i, r);                                                         \
-            }                                                                                   \
-        }                                                                                       \
-    }
 VAR_ADD_HINT(var_add_h_plain, 2, var_ld_plain, var_st_plain)
 VAR_ADD_HINT(var_add_h_l2_256, 2, var_ld_l2_256, var_st_plain)
 VAR_ADD_HINT(var_add_h_nc_l2_256, 2, var_ld_nc_l2_256, var_st_plain)
