@@ -8,7 +8,7 @@ output is checked bit for bit against the exactly rounded f64 result (torch on f
 'mismatch' counts elements that differ, 'max ulp' the largest difference in bf16 units.
 
     python3 benches/gpu/variants.py [--iters 30]
-    python3 benches/gpu/variants.py --add [--rounds 5]   # same-shape add only: cache hints, torch's in turn
+    python3 benches/gpu/variants.py --add [--rounds 5]   # same-shape add only: cache hints and the bulk copy engine, torch's in turn
 
 Not part of CI (needs a GPU, CuPy and PyTorch).
 """
@@ -114,14 +114,14 @@ def ulps(out, ref):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--add", action="store_true", help="the add's cache-hint variants only")
+    parser.add_argument("--add", action="store_true", help="the same-shape add's variants only (cache hints, bulk copies)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.cuda.set_device(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     mod = module()
     if args.add:
-        return add_hints(mod, args)
+        return add_variants(mod, sms, args)
     code = "\n".join(["#define DT_ELEM 3", (KERNELS / "common.cuh").read_text(), (KERNELS / "local.cu").read_text(), (ROOT / "benches/gpu/variants.cu").read_text()])
     builds = {
         "cubin": library_module(code),
@@ -236,10 +236,11 @@ def main():
         print(f"| {name} | {ms:.4f} | {ms / roof:.3f} | {mism} | {ulp} |")
 
 
-def add_hints(mod, args):
+def add_variants(mod, sms, args):
     """The same-shape add with cache hints on its loads and stores (variants.cu's
-    VAR_ADD_HINT), every variant and torch's add taking turns for `--rounds` rounds: per round
-    the median of `--iters` per-call timings; printed, the median and range over the rounds."""
+    VAR_ADD_HINT) and through the bulk copy engine (var_add_tma, on `sms` multiprocessors),
+    every variant and torch's add taking turns for `--rounds` rounds: per round the median of
+    `--iters` per-call timings; printed, the median and range over the rounds."""
     n = 8192 * 8192
     x = ((torch.rand(8192, 8192, device="cuda") * 2 - 1) * 4).to(torch.bfloat16)
     y = ((torch.rand(8192, 8192, device="cuda") * 2 - 1) * 4).to(torch.bfloat16)
@@ -257,7 +258,6 @@ def add_hints(mod, args):
         for block in (128, 256):
             grid = (nv + u * block - 1) // (u * block)
             launches[f"{name} block {block}"] = (lambda f=f, grid=grid, block=block: f((grid,), (block,), (p(out), p(x), p(y), np.uint64(n))))
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     tma = mod.get_function("var_add_tma")
     for per_sm in (2, 4, 5):
         for block in (128, 256):
