@@ -277,3 +277,57 @@ fn transposed_weights_and_kept_input_on_every_path() {
     }
     assert_none(fails);
 }
+
+/// `matmul_reduce_scatter` with a transposed weight (`transpose_weights`: each rank's `w` is
+/// `[N, k_r]`) on every path against `h @ w^T` in f64. By default the host runs it as one GEMM
+/// (`Single`) where the product has more rows than one tile (512), the chunked tiles where not.
+fn transposed_reduce_scatter_case<T: Element>(
+    n: usize,
+    (m, k, nc): (usize, usize, usize),
+    path: Option<RsPath>,
+) -> Option<String> {
+    let h = Tensor::<T>::random(&[m, k], 9);
+    let w = Tensor::<T>::random(&[nc, k], 10); // [N, K]
+    let (want, scale) = product(f64s2(&h).view(), f64s2(&w).t());
+    let what = format!("matmul_reduce_scatter w^T {} world {n} {m}x{k}x{nc} {path:?}", T::DTYPE);
+    let outs = World::threads(n).unwrap().run(|rank| {
+        let hd = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
+        let wd = DistTensor::from_global(rank, &w, Placement::Shard(1))?; // columns of w: its k_r
+        let opts = MatmulOptions::new().transpose_weights(true);
+        let opts = match path {
+            Some(p) => opts.matmul_reduce_scatter_path(p),
+            None => opts,
+        };
+        let y = hd.matmul_reduce_scatter_with(wd.local(), &opts)?;
+        let ran = last_schedule(rank)?.map(|s| s.path);
+        Ok((y.to_global()?, ran))
+    });
+    let outs = match outs {
+        Ok(outs) => outs,
+        Err(e) => return Some(format!("{what}: {e}")),
+    };
+    let expected = path.unwrap_or(if m > 512 { RsPath::Single } else { RsPath::Chunked });
+    let mut fails = Vec::new();
+    for (r, (y, ran)) in outs.iter().enumerate() {
+        if *ran != Some(PathTaken::MatmulReduceScatter(expected)) {
+            fails.push(format!("{what}: rank {r} ran {ran:?}, not {expected}"));
+        }
+        let tol = tolerance::<T>(k + n);
+        fails.extend(check(&format!("{what} rank {r}"), &f64s2(y), &want, &scale, tol));
+    }
+    (!fails.is_empty()).then(|| fails.join("\n"))
+}
+
+#[test]
+fn transposed_weights_in_matmul_reduce_scatter_on_every_path() {
+    let mut fails = Vec::new();
+    for n in [2, 3] {
+        for shape in [(5, 9, 7), (787, 19, 11)] {
+            for path in [None, Some(RsPath::Single), Some(RsPath::Chunked)] {
+                fails.extend(transposed_reduce_scatter_case::<f32>(n, shape, path));
+                fails.extend(transposed_reduce_scatter_case::<bf16>(n, shape, path));
+            }
+        }
+    }
+    assert_none(fails);
+}

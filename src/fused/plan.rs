@@ -7,7 +7,7 @@ use std::ops::Deref;
 use ndarray::{Array2, ArrayView2};
 
 use crate::shmem::{GlobalPtr, GlobalPtrMut};
-use crate::tensor::{Element, FEW_ROWS, pool, split_offsets};
+use crate::tensor::{Element, FEW_ROWS, pool, split_offsets, transpose_into};
 use crate::{Error, Result};
 
 /// An operand in its accumulator type: borrowed as it is when the element type is its own
@@ -104,52 +104,17 @@ impl<'a, A: Element> WeightData<'a, A> {
 }
 
 /// The `rows x cols` matrix stored column-major in `data` (column `j` at `j * ld`), in row-major
-/// order and the accumulator type. In blocks of 32 rows by 16 columns, written row by row: each
-/// output row's part is written whole (16 f32 are one 64-byte line), and the 16 columns read
-/// stay in the first-level cache. (Writing down a block's columns instead touches rows that lie a power of two
-/// apart, which share a cache set and evict each other: several times slower.)
+/// order and the accumulator type (see [`transpose_into`]).
 fn transposed<T: Element, U: Element>(
     op: &'static str,
     data: &[T],
     ld: usize,
-    (rows, cols): (usize, usize),
+    dims: (usize, usize),
     convert: impl Fn(T) -> U,
 ) -> Result<Vec<U>> {
-    const BLOCK_I: usize = 32;
-    const BLOCK_J: usize = 16;
-    let mut out = pool::take::<U>(op, rows * cols)?;
-    for i0 in (0..rows).step_by(BLOCK_I) {
-        for j0 in (0..cols).step_by(BLOCK_J) {
-            let js = j0..(j0 + BLOCK_J).min(cols);
-            for i in i0..(i0 + BLOCK_I).min(rows) {
-                let row = &mut out[i * cols..(i + 1) * cols];
-                for j in js.clone() {
-                    row[j] = convert(data[j * ld + i]);
-                }
-            }
-        }
-    }
+    let mut out = pool::take::<U>(op, dims.0 * dims.1)?;
+    transpose_into(&mut out, data, ld, dims, convert);
     Ok(out)
-}
-
-/// A row-major copy of a transposed (column-major) weight `w` for one GEMM over `rows` rows,
-/// when that GEMM has more rows than one tile (see [`WeightData::new`]: the `gemm` crate packs a
-/// column-major block much slower than a row-major one, and the copy is one pass); `None` when
-/// `w` is read as it is.
-pub(crate) fn row_major_copy<T: Element>(
-    op: &'static str,
-    w: ArrayView2<'_, T>,
-    rows: usize,
-) -> Result<Option<Array2<T>>> {
-    let strides = w.strides();
-    if rows <= BLOCK_ROWS || w.ncols() <= 1 || strides[0] != 1 {
-        return Ok(None);
-    }
-    let (Ok(ld), Some(data)) = (usize::try_from(strides[1]), w.to_slice_memory_order()) else {
-        return Ok(None);
-    };
-    let copy = transposed(op, data, ld, w.dim(), |v| v)?;
-    Ok(Some(Array2::from_shape_vec(w.dim(), copy).expect("rows x cols")))
 }
 
 /// An output array whose values are unspecified, from the buffer cache: every element is written

@@ -151,10 +151,40 @@ unsafe fn few_rows_threaded(
     true
 }
 
-/// Copies a strided `rows x cols` operand into a contiguous row-major f32 buffer.
+/// The `rows x cols` matrix stored column-major in `data` (column `j` at `j * ld`), written
+/// row-major into `out` through `convert`. In blocks of 32 rows by 16 columns, written row by
+/// row: each output row's part is written whole (16 f32 are one 64-byte line), and the 16 columns
+/// read stay in the first-level cache. (Writing down a block's columns instead touches rows that
+/// lie a power of two apart, which share a cache set and evict each other: several times
+/// slower.)
+pub(crate) fn transpose_into<T: Copy, U>(
+    out: &mut [U],
+    data: &[T],
+    ld: usize,
+    (rows, cols): (usize, usize),
+    convert: impl Fn(T) -> U,
+) {
+    const BLOCK_I: usize = 32;
+    const BLOCK_J: usize = 16;
+    for i0 in (0..rows).step_by(BLOCK_I) {
+        for j0 in (0..cols).step_by(BLOCK_J) {
+            let js = j0..(j0 + BLOCK_J).min(cols);
+            for i in i0..(i0 + BLOCK_I).min(rows) {
+                let row = &mut out[i * cols..(i + 1) * cols];
+                for j in js.clone() {
+                    row[j] = convert(data[j * ld + i]);
+                }
+            }
+        }
+    }
+}
+
+/// The `rows x cols` operand at `src` (strides `rs`, `cs`) widened to f32 into `out`, row-major.
+/// A column-major operand (a transposed weight in a backward pass) goes through
+/// [`transpose_into`]: read element by element down its rows, it took several times as long.
 ///
 /// # Safety
-/// `src` must be valid for every element its shape and strides reach.
+/// `src` must address a `rows x cols` operand with those strides.
 unsafe fn widen<T: Element<Acc = f32>>(
     rows: usize,
     cols: usize,
@@ -162,6 +192,14 @@ unsafe fn widen<T: Element<Acc = f32>>(
     out: &mut Vec<f32>,
 ) {
     out.clear();
+    if rs == 1 && cs > 1 && rows > 1 && cols > 1 {
+        let ld = cs as usize;
+        // SAFETY: column j's `rows` elements start at `j * ld`; the last ends the operand.
+        let data = unsafe { std::slice::from_raw_parts(src, (cols - 1) * ld + rows) };
+        out.resize(rows * cols, 0.0);
+        transpose_into(out, data, ld, (rows, cols), |x| x.to_acc());
+        return;
+    }
     out.reserve(rows * cols);
     for i in 0..rows as isize {
         if cs == 1 {

@@ -38,6 +38,7 @@ pub use dense::Tensor;
 pub(crate) use element::short_type_name;
 pub use element::{Accumulator, DType, Element};
 pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;
+pub(crate) use gemm_kernel::transpose_into;
 #[cfg(all(test, feature = "cuda"))]
 pub(crate) use map::broadcast_shape;
 pub use matmul::{matmul, matmul_into};

@@ -14,7 +14,7 @@
 
 mod nodes;
 
-use ndarray::{Array2, ArrayView2};
+use ndarray::{Array2, ArrayView2, ShapeBuilder};
 
 use super::RsPath;
 use super::all_gather_matmul::device_data;
@@ -98,11 +98,13 @@ fn agree<T: Element>(
     rank: &Rank<'_>,
     x: (usize, usize),
     w: (usize, usize),
-    (my_rows, path): (usize, u64),
+    (my_rows, path, transposed): (usize, u64, bool),
     problem: Option<String>,
-) -> Result<(Shards, usize, Option<RsPath>)> {
-    // Last: the path the call's options ask for (0: by shape), the same on every rank.
-    let words = [x.0 as u64, x.1 as u64, w.0 as u64, w.1 as u64, my_rows as u64, path];
+) -> Result<(Shards, usize, Option<RsPath>, bool)> {
+    // Then the path the call's options ask for (0: by shape), the same on every rank, and
+    // whether this rank's weight is transposed (the host's schedule looks at every rank's).
+    let words =
+        [x.0 as u64, x.1 as u64, w.0 as u64, w.1 as u64, my_rows as u64, path, transposed as u64];
     let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
     for (r, v) in all.iter().enumerate() {
         if v[1] != v[2] {
@@ -132,7 +134,8 @@ fn agree<T: Element>(
             ),
         });
     }
-    Ok((Shards::new(counts), n, path))
+    let transposed = all.iter().any(|v| v[6] != 0);
+    Ok((Shards::new(counts), n, path, transposed))
 }
 
 /// This rank's rows of an `m`-row output split as `numpy.array_split` splits it.
@@ -146,9 +149,11 @@ fn array_split_rows(rank: &Rank<'_>, m: usize) -> usize {
 ///
 /// `w` may be a transposed view (`w.t()` of an `[N, k_r]` matrix, as a backward pass has it):
 /// a row-major weight is read in place by the tiles, and so is a column-major one in a product
-/// of at most one tile of rows; in a longer product a column-major weight, and any other layout,
-/// is copied once into row-major order (the GEMM packs a column-major block of the weight for
-/// every block of rows, much slower than a row-major one).
+/// of at most one tile of rows; in a longer product the host's schedule runs a column-major
+/// weight through one GEMM ([`RsPath::Single`](super::RsPath::Single)), which reads it in place
+/// and packs each block of it once. Forced onto the tiles, it is copied once into row-major
+/// order (each tile's GEMM packs its block of the weight, for every block of rows, and packs a
+/// column-major block much slower than a row-major one), as is any other layout.
 ///
 /// # Reduction order
 /// On one node, `P_0 + P_1 + ... + P_{n-1}` in rank order (`P_s = x_s @ w_s`, summed in the
@@ -215,8 +220,8 @@ pub(crate) fn run<'a, T: Element>(
         .or_else(|| capability::dtype_problem(OP, backend, T::DTYPE))
         .or_else(|| schedule::local_problem(rank, path == Some(RsPath::Local)));
     // Its own name in the exchange for the unfused baseline, as in all_gather_matmul's.
-    let (rows, n, path) =
-        agree::<T>(op, rank, x.dim(), w.dim(), (my_rows, RsPath::word(path)), problem)?;
+    let words = (my_rows, RsPath::word(path), w.transposed());
+    let (rows, n, path, transposed) = agree::<T>(op, rank, x.dim(), w.dim(), words, problem)?;
     let host = |out: Array2<T>| Tensor::from_array(out.into_dyn());
     let ran = match rank.device_world() {
         DeviceWorld::Host => (|| {
@@ -227,7 +232,7 @@ pub(crate) fn run<'a, T: Element>(
             } else {
                 let (path, why) = match path {
                     Some(path) => (path, "asked for by the call's options".to_string()),
-                    None => schedule::matmul_reduce_scatter_path(rank.num_ranks()),
+                    None => schedule::host_rs_path(rank.num_ranks(), rows.total(), transposed),
                 };
                 let out = match path {
                     RsPath::Single if rank.num_ranks() > 1 => single(rank, x, w, &rows, n),
@@ -329,6 +334,8 @@ fn unfused<T: Element>(
 /// [`RsPath::Single`] on the host: the unfused shape with the fused op's arithmetic: one GEMM over
 /// all rows on this rank's computing cores, in the accumulator type, then
 /// [`collectives::reduce_scatter_cols`], which adds the partials in rank order and rounds once.
+/// The weight is read in its own memory order (a transposed one in place; a half type widened
+/// in one contiguous pass, keeping that order): one GEMM packs each block of it once.
 fn single<T: Element>(
     rank: &Rank<'_>,
     x: ArrayView2<T>,
@@ -340,9 +347,20 @@ fn single<T: Element>(
     let x = x.as_standard_layout();
     let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
     let x_acc = ArrayView2::from_shape((m, k), &x_acc).expect("M x k_r");
-    let w = w.as_standard_layout();
-    let w_acc = AccData::new(OP, w.as_slice().expect("standard layout"))?;
-    let w_acc = ArrayView2::from_shape((k, n), &w_acc).expect("k_r x N");
+    let in_place = match (usize::try_from(w.strides()[0]), usize::try_from(w.strides()[1])) {
+        (Ok(rs), Ok(cs)) => w.to_slice_memory_order().map(|data| (data, (rs, cs))),
+        _ => None,
+    };
+    let standard;
+    let (w_data, strides) = match in_place {
+        Some(found) => found,
+        None => {
+            standard = w.as_standard_layout();
+            (standard.as_slice().expect("standard layout"), (n, 1))
+        }
+    };
+    let w_acc = AccData::new(OP, w_data)?;
+    let w_acc = ArrayView2::from_shape((k, n).strides(strides), &w_acc).expect("k_r x N");
     let mut partial = scratch::<T::Acc>(OP, (m, n))?;
     matmul_into(partial.view_mut(), x_acc, w_acc, false, rank.topology().aicore_num())?;
     let counts: Vec<usize> = rows.counts().iter().map(|&c| c * n).collect();
@@ -386,7 +404,8 @@ pub fn matmul_reduce_scatter_unfused_mpi<'a, T: Element>(
     // the agreement, so that every rank fails together).
     let host = x.host().and_then(|x| Ok((x, w.host()?)));
     let problem = host.as_ref().err().map(ToString::to_string);
-    let (rows, n, _) = agree::<T>(MPI_OP, rank, x.dim(), w.dim(), (my_rows, 0), problem)?;
+    let words = (my_rows, 0, w.transposed());
+    let (rows, n, ..) = agree::<T>(MPI_OP, rank, x.dim(), w.dim(), words, problem)?;
     let (x, w) = host.expect("a problem fails the agreement");
     let (x, w) = (x.view(), w.view());
     let mut partial =
