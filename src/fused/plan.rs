@@ -74,12 +74,7 @@ impl<'a, A: Element> WeightData<'a, A> {
         w: ArrayView2<'a, T>,
         rows: usize,
     ) -> Result<Self> {
-        let strides = w.strides();
-        let in_place = match (usize::try_from(strides[0]), usize::try_from(strides[1])) {
-            (Ok(rs), Ok(cs)) => w.to_slice_memory_order().map(|data| (data, [rs, cs])),
-            _ => None,
-        };
-        match in_place {
+        match in_memory_order(w) {
             Some((data, strides)) if strides[1] == 1 || w.ncols() == 1 || rows <= BLOCK_ROWS => {
                 Ok(WeightData { data: AccData::new(op, data)?, strides })
             }
@@ -100,6 +95,16 @@ impl<'a, A: Element> WeightData<'a, A> {
     /// The tiles' pointer to the weight's first element.
     pub(crate) fn ptr(&self) -> GlobalPtr<'_, A> {
         GlobalPtr::from_slice(&self.data)
+    }
+}
+
+/// A matrix's elements in memory order with its (non-negative) strides `[row, column]`, where it
+/// is one contiguous block: a row-major or a transposed (column-major) view, read in place.
+pub(crate) fn in_memory_order<'a, T>(w: ArrayView2<'a, T>) -> Option<(&'a [T], [usize; 2])> {
+    let strides = w.strides();
+    match (usize::try_from(strides[0]), usize::try_from(strides[1])) {
+        (Ok(rs), Ok(cs)) => w.to_slice_memory_order().map(|data| (data, [rs, cs])),
+        _ => None,
     }
 }
 

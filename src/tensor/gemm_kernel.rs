@@ -191,15 +191,17 @@ unsafe fn widen<T: Element<Acc = f32>>(
     (src, rs, cs): (*const T, isize, isize),
     out: &mut Vec<f32>,
 ) {
-    out.clear();
     if rs == 1 && cs > 1 && rows > 1 && cols > 1 {
         let ld = cs as usize;
         // SAFETY: column j's `rows` elements start at `j * ld`; the last ends the operand.
         let data = unsafe { std::slice::from_raw_parts(src, (cols - 1) * ld + rows) };
+        // Every element is written below: a buffer kept from a product of the same size is
+        // reused as it is, without zeroing it first.
         out.resize(rows * cols, 0.0);
         transpose_into(out, data, ld, (rows, cols), |x| x.to_acc());
         return;
     }
+    out.clear();
     out.reserve(rows * cols);
     for i in 0..rows as isize {
         if cs == 1 {

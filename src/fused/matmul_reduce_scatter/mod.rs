@@ -22,7 +22,7 @@ use super::operand::Operand;
 use super::plan::scratch;
 use super::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Shards, WeightData, compute_lanes, computing_programs,
-    row_chunks,
+    in_memory_order, row_chunks,
 };
 use super::schedule::{self, PathTaken, Schedule};
 use crate::collectives::{self, ReduceOp};
@@ -347,20 +347,16 @@ fn single<T: Element>(
     let x = x.as_standard_layout();
     let x_acc = AccData::new(OP, x.as_slice().expect("standard layout"))?;
     let x_acc = ArrayView2::from_shape((m, k), &x_acc).expect("M x k_r");
-    let in_place = match (usize::try_from(w.strides()[0]), usize::try_from(w.strides()[1])) {
-        (Ok(rs), Ok(cs)) => w.to_slice_memory_order().map(|data| (data, (rs, cs))),
-        _ => None,
-    };
     let standard;
-    let (w_data, strides) = match in_place {
+    let (w_data, [rs, cs]) = match in_memory_order(w) {
         Some(found) => found,
         None => {
             standard = w.as_standard_layout();
-            (standard.as_slice().expect("standard layout"), (n, 1))
+            (standard.as_slice().expect("standard layout"), [n, 1])
         }
     };
     let w_acc = AccData::new(OP, w_data)?;
-    let w_acc = ArrayView2::from_shape((k, n).strides(strides), &w_acc).expect("k_r x N");
+    let w_acc = ArrayView2::from_shape((k, n).strides((rs, cs)), &w_acc).expect("k_r x N");
     let mut partial = scratch::<T::Acc>(OP, (m, n))?;
     matmul_into(partial.view_mut(), x_acc, w_acc, false, rank.topology().aicore_num())?;
     let counts: Vec<usize> = rows.counts().iter().map(|&c| c * n).collect();
