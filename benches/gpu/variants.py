@@ -9,6 +9,7 @@ output is checked bit for bit against the exactly rounded f64 result (torch on f
 
     python3 benches/gpu/variants.py [--iters 30]
     python3 benches/gpu/variants.py --add [--rounds 5]   # same-shape add only: cache hints and the bulk copy engine, torch's in turn
+    python3 benches/gpu/variants.py --unary [--rounds 5] # silu and gelu_tanh: the library's chunks, torch's launch shape, torch's in turn
 
 Not part of CI (needs a GPU, CuPy and PyTorch).
 """
@@ -115,6 +116,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--add", action="store_true", help="the same-shape add's variants only (cache hints, bulk copies)")
+    parser.add_argument("--unary", action="store_true", help="silu and gelu_tanh in turns: the library's chunks, other walks, torch's")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.cuda.set_device(0)
@@ -122,6 +124,8 @@ def main():
     mod = module()
     if args.add:
         return add_variants(mod, sms, args)
+    if args.unary:
+        return unary_variants(mod, args)
     code = "\n".join(["#define DT_ELEM 3", (KERNELS / "common.cuh").read_text(), (KERNELS / "local.cu").read_text(), (ROOT / "benches/gpu/variants.cu").read_text()])
     builds = {
         "cubin": library_module(code),
@@ -258,6 +262,10 @@ def add_variants(mod, sms, args):
         for block in (128, 256):
             grid = (nv + u * block - 1) // (u * block)
             launches[f"{name} block {block}"] = (lambda f=f, grid=grid, block=block: f((grid,), (block,), (p(out), p(x), p(y), np.uint64(n))))
+    for name, u in (("u1_m16", 1), ("u2_m16", 2), ("u2_m12", 2)):
+        f = mod.get_function(f"var_add_occ_{name}")
+        grid = (nv + u * 128 - 1) // (u * 128)
+        launches[f"occupancy {name} block 128"] = (lambda f=f, grid=grid: f((grid,), (128,), (p(out), p(x), p(y), np.uint64(n))))
     tma = mod.get_function("var_add_tma")
     for per_sm in (2, 4, 5):
         for block in (128, 256):
@@ -285,6 +293,62 @@ def add_variants(mod, sms, args):
     for label, ms in times.items():
         m = float(np.median(ms))
         print(f"| {label} | {m:.4f} | {min(ms):.4f}-{max(ms):.4f} | {m / roof:.4f} | {m / t0:.4f} | {bad[label][0]} | {bad[label][1]} |")
+
+
+def in_turns(launches, bad, big, big_out, bytes_moved, args, title):
+    """Every launch taking turns for `--rounds` rounds (per round the median of `--iters`
+    calls), with a device copy for the roofline; prints the median and range over the rounds."""
+    times = {label: [] for label in launches}
+    copies = []
+    for _ in range(args.rounds):
+        copy_ms = median_ms(lambda: big_out.copy_(big), args.iters)
+        copies.append(2 * big.numel() * 4 / (copy_ms * 1e-3) / 1e9)
+        for label, launch in launches.items():
+            times[label].append(median_ms(launch, args.iters))
+    gbs = float(np.median(copies))
+    roof = bytes_moved / (gbs * 1e9) * 1e3
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: {title}, {args.rounds} rounds in turn, each the median of {args.iters} calls; copy {gbs:.0f} GB/s (roofline {roof:.4f} ms)")
+    print("| kernel | median ms | range | of roofline | / torch | mismatching | max ulp |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    t0 = float(np.median(next(ms for label, ms in times.items() if label.startswith("torch"))))
+    for label, ms in times.items():
+        m = float(np.median(ms))
+        print(f"| {label} | {m:.4f} | {min(ms):.4f}-{max(ms):.4f} | {m / roof:.4f} | {m / t0:.4f} | {bad[label][0]} | {bad[label][1]} |")
+
+
+def unary_variants(mod, args):
+    """silu and gelu_tanh of [8192, 8192] bf16: torch's, the library's chunked walk (dt_*, four
+    vectors a thread in blocks of 256) and the 32-bit walk of one, two or four vectors a thread
+    in blocks of 128 or 256 (U = 1, block 128 is torch's launch shape), in turns; each output
+    checked against the library's dt_* (the same per-element code) and the exactly rounded f64
+    result."""
+    n = 8192 * 8192
+    x = ((torch.rand(8192, 8192, device="cuda") * 2 - 1) * 4).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    big = torch.rand(1 << 28, device="cuda")
+    big_out = torch.empty_like(big)
+    nv = n // 8
+    p = lambda t: np.uint64(t.data_ptr())  # noqa: E731
+    for op, fn in (("silu", lambda t: torch.nn.functional.silu(t)), ("gelu_tanh", lambda t: torch.nn.functional.gelu(t, approximate="tanh"))):
+        ref = fn(x.double()).to(torch.bfloat16)
+        lib = mod.get_function(f"dt_{op}")
+        launches = {f"torch {op}": lambda fn=fn: fn(x)}
+        grid = (nv + 4 * 256 - 1) // (4 * 256)
+        launches[f"dt_{op} (library) block 256"] = lambda grid=grid: lib((grid,), (256,), (p(out), p(x), np.uint64(n), np.float64(0.0)))
+        for u in (1, 2, 4):
+            f = mod.get_function(f"var_{op}32_u{u}")
+            for block in (128, 256):
+                g = (nv + u * block - 1) // (u * block)
+                launches[f"var_{op}32_u{u} block {block}"] = lambda f=f, g=g, block=block: f((g,), (block,), (p(out), p(x), np.uint64(n)))
+        f = mod.get_function(f"var_{op}_occ")
+        launches[f"var_{op}_occ block 128"] = lambda f=f: f(((nv + 127) // 128,), (128,), (p(out), p(x), np.uint64(n)))
+        bad = {}
+        for label, launch in launches.items():
+            out.fill_(float("nan"))
+            r = launch()
+            torch.cuda.synchronize()
+            bad[label] = ulps(r if label.startswith("torch") else out, ref)
+        in_turns(launches, bad, big, big_out, 2 * n * 2, args, f"{op} of [8192, 8192] bf16")
 
 
 if __name__ == "__main__":
