@@ -192,9 +192,10 @@ VAR_ADD_U(var_add_u4, 4)
 VAR_ADD_U(var_add_u8, 8)
 
 // Same-shape add with 32-bit indices (fewer registers), U vector pairs a thread, any block size
-// up to 1024; LD and ST load and store a vector (plain here; with cache hints below).
-#define VAR_ADD_HINT(name, U, LD, ST)                                                          \
-    extern "C" __global__ void __launch_bounds__(1024)                                         \
+// up to 1024; LD and ST load and store a vector (plain here; with cache hints below). BOUNDS is
+// the launch bound's argument list.
+#define VAR_ADD_BOUNDED(name, U, LD, ST, BOUNDS)                                               \
+    extern "C" __global__ void __launch_bounds__ BOUNDS                                        \
         name(elem_t* __restrict__ out, const elem_t* __restrict__ a,                            \
              const elem_t* __restrict__ b, u64 n) {                                             \
         const u32 nv = (u32)(n / DT_VEC);                                                       \
@@ -219,6 +220,7 @@ VAR_ADD_U(var_add_u8, 8)
     }
 __device__ __forceinline__ Vec16 var_ld_c(const Vec16* p) { return *p; }
 __device__ __forceinline__ void var_st_c(Vec16* p, Vec16 v) { *p = v; }
+#define VAR_ADD_HINT(name, U, LD, ST) VAR_ADD_BOUNDED(name, U, LD, ST, (1024))
 #define VAR_ADD_U32(name, U) VAR_ADD_HINT(name, U, var_ld_c, var_st_c)
 VAR_ADD_U32(var_add32_u1, 1)
 VAR_ADD_U32(var_add32_u2, 2)
@@ -228,37 +230,17 @@ VAR_ADD_U32(var_add32_u4, 4)
 // compiler keeps the registers under 65,536 / (128 MINB): at 16, 32 registers and every warp
 // slot of an SM filled (ncu on an H100: the library's add at 42 registers, 54.7% of the warp
 // slots active; torch's at 34, 63.7%). Launch with blocks of 128 only.
-#define VAR_ADD_OCC(name, U, MINB)                                                             \
-    extern "C" __global__ void __launch_bounds__(128, MINB)                                    \
-        name(elem_t* __restrict__ out, const elem_t* __restrict__ a,                            \
-             const elem_t* __restrict__ b, u64 n) {                                             \
-        const u32 nv = (u32)(n / DT_VEC);                                                       \
-        const u32 base = blockIdx.x * (U) * 128u + threadIdx.x;                                 \
-        Vec16 x[U], y[U];                                                                       \
-        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
-            const u32 i = base + h * 128u;                                                      \
-            if (i < nv) {                                                                       \
-                x[h] = ((const Vec16*)a)[i];                                                    \
-                y[h] = ((const Vec16*)b)[i];                                                    \
-            }                                                                                   \
-        }                                                                                       \
-        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
-            const u32 i = base + h * 128u;                                                      \
-            if (i < nv) {                                                                       \
-                Vec16 r;                                                                        \
-                _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =                \
-                    from_acc(to_acc(x[h].v[j]) + to_acc(y[h].v[j]));                            \
-                ((Vec16*)out)[i] = r;                                                           \
-            }                                                                                   \
-        }                                                                                       \
-    }
+#define VAR_ADD_OCC(name, U, MINB) VAR_ADD_BOUNDED(name, U, var_ld_c, var_st_c, (128, MINB))
 VAR_ADD_OCC(var_add_occ_u1_m16, 1, 16)
 VAR_ADD_OCC(var_add_occ_u2_m16, 2, 16)
 VAR_ADD_OCC(var_add_occ_u2_m12, 2, 12)
 
-// A copy in the same walk (the roofline's shape in a kernel).
-#define VAR_COPY_U32(name, U)                                                                  \
-    extern "C" __global__ void __launch_bounds__(1024)                                         \
+// One input in the same walk (32-bit indices, U vectors a thread, a block per chunk, no loop),
+// each vector mapped by MAPV: a copy (the roofline's shape in a kernel) and activations, whose
+// U = 1 in blocks of 128 is torch's launch shape (ncu on an H100: 65,536 blocks of 128, 32
+// registers; the library's chunks are U = 4, block 256 with 64-bit indices and a loop).
+#define VAR_MAP_BOUNDED(name, U, MAPV, BOUNDS)                                                 \
+    extern "C" __global__ void __launch_bounds__ BOUNDS                                        \
         name(elem_t* __restrict__ out, const elem_t* __restrict__ x, u64 n) {                   \
         const u32 nv = (u32)(n / DT_VEC);                                                       \
         const u32 base = blockIdx.x * (U) * blockDim.x + threadIdx.x;                           \
@@ -269,58 +251,33 @@ VAR_ADD_OCC(var_add_occ_u2_m12, 2, 12)
         }                                                                                       \
         _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
             const u32 i = base + h * blockDim.x;                                                \
-            if (i < nv) ((Vec16*)out)[i] = v[h];                                                \
+            if (i < nv) ((Vec16*)out)[i] = MAPV(v[h]);                                          \
         }                                                                                       \
     }
+__device__ __forceinline__ Vec16 var_map_id(Vec16 v) { return v; }
+#define VAR_MAP_OP(fname, OP)                                                                  \
+    __device__ __forceinline__ Vec16 fname(Vec16 v) {                                          \
+        Vec16 r;                                                                               \
+        _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =                       \
+            from_acc(OP(to_acc(v.v[j]), (acc_t)0));                                            \
+        return r;                                                                              \
+    }
+VAR_MAP_OP(var_map_silu, op_silu)
+VAR_MAP_OP(var_map_gelu_tanh, op_gelu_tanh)
+#define VAR_COPY_U32(name, U) VAR_MAP_BOUNDED(name, U, var_map_id, (1024))
 VAR_COPY_U32(var_copy32_u1, 1)
 VAR_COPY_U32(var_copy32_u2, 2)
 VAR_COPY_U32(var_copy32_u4, 4)
-
-// Activations in the same walk (32-bit indices, U vectors a thread, a block per chunk, no
-// loop): torch's launch shape at U = 1, block 128 (ncu on an H100: 65,536 blocks of 128, 32
-// registers); the library's chunks are U = 4, block 256 with 64-bit indices and a loop.
-#define VAR_UNARY_U32(name, U, OP)                                                             \
-    extern "C" __global__ void __launch_bounds__(1024)                                         \
-        name(elem_t* __restrict__ out, const elem_t* __restrict__ x, u64 n) {                   \
-        const u32 nv = (u32)(n / DT_VEC);                                                       \
-        const u32 base = blockIdx.x * (U) * blockDim.x + threadIdx.x;                           \
-        Vec16 v[U];                                                                             \
-        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
-            const u32 i = base + h * blockDim.x;                                                \
-            if (i < nv) v[h] = ((const Vec16*)x)[i];                                            \
-        }                                                                                       \
-        _Pragma("unroll") for (int h = 0; h < (U); h++) {                                       \
-            const u32 i = base + h * blockDim.x;                                                \
-            if (i < nv) {                                                                       \
-                Vec16 r;                                                                        \
-                _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =                \
-                    from_acc(OP(to_acc(v[h].v[j]), (acc_t)0));                                  \
-                ((Vec16*)out)[i] = r;                                                           \
-            }                                                                                   \
-        }                                                                                       \
-    }
-VAR_UNARY_U32(var_silu32_u1, 1, op_silu)
-VAR_UNARY_U32(var_silu32_u2, 2, op_silu)
-VAR_UNARY_U32(var_silu32_u4, 4, op_silu)
-VAR_UNARY_U32(var_gelu_tanh32_u1, 1, op_gelu_tanh)
-VAR_UNARY_U32(var_gelu_tanh32_u2, 2, op_gelu_tanh)
-VAR_UNARY_U32(var_gelu_tanh32_u4, 4, op_gelu_tanh)
+#define VAR_UNARY_U32(name, U, MAPV) VAR_MAP_BOUNDED(name, U, MAPV, (1024))
+VAR_UNARY_U32(var_silu32_u1, 1, var_map_silu)
+VAR_UNARY_U32(var_silu32_u2, 2, var_map_silu)
+VAR_UNARY_U32(var_silu32_u4, 4, var_map_silu)
+VAR_UNARY_U32(var_gelu_tanh32_u1, 1, var_map_gelu_tanh)
+VAR_UNARY_U32(var_gelu_tanh32_u2, 2, var_map_gelu_tanh)
+VAR_UNARY_U32(var_gelu_tanh32_u4, 4, var_map_gelu_tanh)
 // U = 1 in blocks of 128 with 16 blocks resident an SM (at most 32 registers).
-#define VAR_UNARY_OCC(name, OP)                                                                \
-    extern "C" __global__ void __launch_bounds__(128, 16)                                      \
-        name(elem_t* __restrict__ out, const elem_t* __restrict__ x, u64 n) {                   \
-        const u32 nv = (u32)(n / DT_VEC);                                                       \
-        const u32 i = blockIdx.x * 128u + threadIdx.x;                                          \
-        if (i < nv) {                                                                           \
-            const Vec16 v = ((const Vec16*)x)[i];                                               \
-            Vec16 r;                                                                            \
-            _Pragma("unroll") for (int j = 0; j < (int)DT_VEC; j++) r.v[j] =                    \
-                from_acc(OP(to_acc(v.v[j]), (acc_t)0));                                         \
-            ((Vec16*)out)[i] = r;                                                               \
-        }                                                                                       \
-    }
-VAR_UNARY_OCC(var_silu_occ, op_silu)
-VAR_UNARY_OCC(var_gelu_tanh_occ, op_gelu_tanh)
+VAR_MAP_BOUNDED(var_silu_occ, 1, var_map_silu, (128, 16))
+VAR_MAP_BOUNDED(var_gelu_tanh_occ, 1, var_map_gelu_tanh, (128, 16))
 
 // Phi for the half types with the MUFU instructions written out (rcp.approx, ex2.approx) and
 // the exponential's constants folded into the fit: 0.5 t e^(P(t) - z^2) = t 2^(P'(t) - k x^2),

@@ -277,22 +277,7 @@ def add_variants(mod, sms, args):
         launch()
         torch.cuda.synchronize()
         bad[label] = ulps(out, ref)
-    times = {label: [] for label in launches}
-    copies = []
-    for _ in range(args.rounds):
-        copy_ms = median_ms(lambda: big_out.copy_(big), args.iters)
-        copies.append(2 * big.numel() * 4 / (copy_ms * 1e-3) / 1e9)
-        for label, launch in launches.items():
-            times[label].append(median_ms(launch, args.iters))
-    gbs = float(np.median(copies))
-    roof = 3 * n * 2 / (gbs * 1e9) * 1e3
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: add of [8192, 8192] bf16, {args.rounds} rounds in turn, each the median of {args.iters} calls; copy {gbs:.0f} GB/s (roofline {roof:.4f} ms)")
-    print("| kernel | median ms | range | of roofline | / torch | mismatching | max ulp |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    t0 = float(np.median(times["torch add"]))
-    for label, ms in times.items():
-        m = float(np.median(ms))
-        print(f"| {label} | {m:.4f} | {min(ms):.4f}-{max(ms):.4f} | {m / roof:.4f} | {m / t0:.4f} | {bad[label][0]} | {bad[label][1]} |")
+    in_turns(launches, bad, big, big_out, 3 * n * 2, args, "add of [8192, 8192] bf16")
 
 
 def in_turns(launches, bad, big, big_out, bytes_moved, args, title):
