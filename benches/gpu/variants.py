@@ -304,9 +304,9 @@ def in_turns(launches, bad, big, big_out, bytes_moved, args, title):
 def unary_variants(mod, args):
     """silu and gelu_tanh of [8192, 8192] bf16: torch's, the library's chunked walk (dt_*, four
     vectors a thread in blocks of 256) and the 32-bit walk of one, two or four vectors a thread
-    in blocks of 128 or 256 (U = 1, block 128 is torch's launch shape), in turns; each output
-    checked against the library's dt_* (the same per-element code) and the exactly rounded f64
-    result."""
+    in blocks of 128 or 256 (U = 1, block 128 is torch's launch shape), and U = 1 bounded to 16
+    blocks of 128 an SM, in turns; each output (torch's too) checked against the exactly rounded
+    f64 result."""
     n = 8192 * 8192
     x = ((torch.rand(8192, 8192, device="cuda") * 2 - 1) * 4).to(torch.bfloat16)
     out = torch.empty_like(x)
