@@ -69,7 +69,7 @@ MUTATIONS = [
     ),
     (
         "split-units-chunk",
-        "src/dist/split.rs",
+        "src/dist_tensor/split.rs",
         "Ok(array_split(len / unit, world).iter().map(|u| u * unit).collect())",
         "{ let units = len / unit; let per = units.div_ceil(world); "
         "Ok((0..world).map(|r| per.min(units.saturating_sub(r * per)) * unit).collect()) }",

@@ -113,7 +113,7 @@
 //! | [`autograd`] | reverse-mode autograd: [`Var`](autograd::Var) over [`Tensor`], [`DVar`](autograd::DVar) over [`DistTensor`] with the fused ops' duals, `gradcheck`, modules, the layers of a GPT |
 //! | [`mesh`] | meshes of ranks with named dimensions, a group per dimension; data parallelism with bucketed gradient averaging overlapping the backward pass |
 //! | [`nn`] | layers that train: column- and row-parallel linear, MLP, Ulysses attention, each with its backward pass; optimizers |
-//! | [`dist`] | [`DistTensor`], [`Placement`]: validate, lay out, never name a backend |
+//! | [`dist_tensor`](mod@dist_tensor) | [`DistTensor`], [`Placement`]: validate, lay out, never name a backend |
 //! | [`fused`] | one file per fused op, with its unfused baseline; each op's one backend `match` |
 //! | [`collectives`] | all_gather, reduce_scatter, all_reduce, all_to_all, broadcast; each one backend `match` |
 //! | [`device`] | the backends (`host`, `cuda`, `ascend`), the capability table, topologies, launches, tile operations |
@@ -175,7 +175,7 @@ pub mod autograd;
 pub mod checkpoint;
 pub mod collectives;
 pub mod device;
-pub mod dist;
+pub mod dist_tensor;
 pub mod error;
 pub mod fused;
 pub mod mesh;
@@ -184,7 +184,7 @@ pub mod shmem;
 pub mod tensor;
 
 pub use device::Device;
-pub use dist::{DistTensor, MatmulOptions, Placement, Split};
+pub use dist_tensor::{DistTensor, MatmulOptions, Placement, Split};
 pub use error::{Error, Result};
 pub use shmem::{Rank, World};
 pub use tensor::{DType, Element, Tensor};

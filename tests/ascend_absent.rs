@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use dist_tensor::Error;
 use dist_tensor::World;
 use dist_tensor::device::ascend::{Ascend, AscendWorldBuilder, sys};
+use dist_tensor::device::capability::Op;
 use dist_tensor::device::{Device, Topology};
 
 /// `$ASCEND_HOME_PATH` when set and not empty, as the loader reads it.
@@ -115,7 +116,7 @@ mod ascend {
     fn the_host_works_as_before() {
         assert_eq!(Device::default(), Device::Host);
         assert_eq!(Device::Host.topology(2).unwrap(), Topology::host_default(2));
-        assert!(Device::Host.ensure_supported("all_gather_matmul").is_ok());
+        assert!(Device::Host.ensure_supported(Op::AllGatherMatmul).is_ok());
     }
 
     #[test]
@@ -149,15 +150,17 @@ mod ascend {
 
     #[test]
     fn ops_without_an_npu_kernel_say_so() {
-        for op in dist_tensor::device::NPU_OPS {
+        // Every op of the table has an Ascend C kernel.
+        for op in Op::ALL {
             assert!(Device::Ascend(0).ensure_supported(op).is_ok(), "{op}");
         }
-        let err = Device::Ascend(0).ensure_supported("layer_norm").unwrap_err();
+        // The GPU has no all_to_all_v kernel: the same table says so, typed.
+        let err = Device::Cuda(0).ensure_supported(Op::AllToAllV).unwrap_err();
         let Error::DeviceUnavailable { op: named, device, reason } = &err else {
             panic!("expected DeviceUnavailable, got {err:?}");
         };
-        assert_eq!((*named, device.as_str()), ("layer_norm", "ascend:0"));
-        assert!(reason.contains("layer_norm has no NPU kernel"), "{reason}");
+        assert_eq!((*named, device.as_str()), ("all_to_all_v", "cuda"));
+        assert!(reason.contains("all_to_all_v has no GPU kernel"), "{reason}");
         assert!(reason.contains("all_gather_matmul"), "{reason}");
         assert!(err.to_string().starts_with("layer_norm: device ascend:0 unavailable: "));
     }

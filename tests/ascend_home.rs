@@ -10,6 +10,7 @@ mod cann_stand_in;
 
 use cann_stand_in::{AclStandIn, Variant};
 use dist_tensor::device::ascend::{Ascend, sys};
+use dist_tensor::device::capability::Op;
 use dist_tensor::device::{Device, Topology};
 use dist_tensor::{Error, Result};
 
@@ -42,7 +43,7 @@ mod ascend {
         assert!(matches!(err, Error::DeviceUnavailable { .. }), "{err}");
 
         // The fused ops have NPU kernels.
-        assert!(Device::Ascend(0).ensure_supported("all_gather_matmul").is_ok());
+        assert!(Device::Ascend(0).ensure_supported(Op::AllGatherMatmul).is_ok());
         Ok(())
     }
 }

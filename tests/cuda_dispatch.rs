@@ -8,7 +8,6 @@
 mod common;
 
 use common::gpu::cuda_world;
-use dist_tensor::device::capability::Backend;
 use dist_tensor::{Device, Tensor, collectives, fused};
 
 fn worst(got: &[f32], want: &[f64]) -> f64 {
@@ -28,7 +27,7 @@ fn the_public_fused_all_gather_matmul_runs_on_the_gpus_of_a_cuda_world() {
     let w = Tensor::<f32>::random(&[k, cols], 99);
     let outs = world
         .run(|rank| {
-            assert_eq!(rank.backend(), Backend::Cuda);
+            assert!(matches!(rank.device(), dist_tensor::Device::Cuda(_)));
             let x = xs[rank.rank()].view2("x")?;
             let out = fused::all_gather_matmul(rank, x, &[w.view2("w")?])?;
             // Computed on this rank's GPU, not the host simulation.

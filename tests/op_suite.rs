@@ -21,8 +21,9 @@ mod cann_stand_in;
 use std::time::Duration;
 
 use dist_tensor::collectives::{self, ReduceOp};
+use dist_tensor::device::Device;
 use dist_tensor::device::ascend::{Ascend, AscendWorldBuilder};
-use dist_tensor::device::capability::{self, Backend};
+use dist_tensor::device::capability::{self, Op};
 use dist_tensor::tensor::DType;
 use dist_tensor::{
     DistTensor, Element, Error, Placement, Rank, Result, Split, Tensor, World, fused,
@@ -73,7 +74,7 @@ fn rows_of(r: usize, n: usize) -> usize {
 /// stand-in CANN `aclnnMatmul` is recorded, not computed (the fused kernels and the collectives
 /// are Ascend C kernels, which the executing stand-in runs), so their values are not checked.
 fn vendor_matmul_computes(rank: &Rank<'_>) -> bool {
-    rank.backend() != Backend::Ascend
+    !matches!(rank.device(), Device::Ascend(_))
 }
 
 /// `a @ b` in f64, row-major.
@@ -311,11 +312,11 @@ fn collectives_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     all_reduce_case::<T>(rank, check)?;
     // A GPU world has no all_to_all_v kernel: the table says so, and the capability test checks
     // that it is refused as the table says.
-    if capability::refusal("all_to_all_v", rank.backend(), T::DTYPE, &[]).is_none() {
+    if capability::refusal(Op::AllToAllV, rank.device(), T::DTYPE, &[]).is_none() {
         all_to_all_v_case::<T>(rank, check)?;
     }
     broadcast_case::<T>(rank, check)?;
-    redistribute_split_case::<T>(rank, check, rank.backend() != Backend::Cuda)
+    redistribute_split_case::<T>(rank, check, !matches!(rank.device(), Device::Cuda(_)))
 }
 
 /// Tensors passed straight to the lower levels (the collectives, the fused ops on matrices):
@@ -374,7 +375,7 @@ fn dist_ops<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     let xd = DistTensor::from_local(rank, local, Placement::Shard(0))?;
     // Where the world keeps its tensors: each rank's GPU in a CUDA world, the host otherwise
     // (an Ascend world's kernels take host memory).
-    if rank.backend() != Backend::Ascend {
+    if !matches!(rank.device(), Device::Ascend(_)) {
         assert_eq!(xd.local().device(), rank.device());
     }
     let ws: Vec<Tensor<T>> =
@@ -494,8 +495,8 @@ fn every_op<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
 
 /// Every case in every dtype the world's backend has.
 fn suite(rank: &Rank<'_>, check: bool) -> Result<()> {
-    let backend = rank.backend();
-    let has = |dtype| capability::dtype_problem("all_gather_matmul", backend, dtype).is_none();
+    let device = rank.device();
+    let has = |dtype| capability::dtype_problem(Op::AllGatherMatmul, device, dtype).is_none();
     every_op::<f32>(rank, check)?;
     if has(DType::F64) {
         every_op::<f64>(rank, check)?;
@@ -706,17 +707,17 @@ fn ascend_world(n: u32) -> World {
 // ---- the capability table against the code ---------------------------------------------------
 
 /// Runs `op` (a name of the table) once in `T`; `Ok` when it ran (values checked where `check`).
-fn run_cell<T: Element>(rank: &Rank<'_>, op: &str, check: bool) -> Result<()> {
+fn run_cell<T: Element>(rank: &Rank<'_>, op: Op, check: bool) -> Result<()> {
     match op {
-        "all_gather_matmul" => all_gather_matmul::<T>(rank, check),
-        "matmul_reduce_scatter" => matmul_reduce_scatter::<T>(rank, check),
-        "all_to_all" => all_to_all::<T>(rank, check),
-        "all_gather" => all_gather_case::<T>(rank, check),
-        "reduce_scatter" => reduce_scatter_case::<T>(rank, check),
-        "all_reduce" => all_reduce_case::<T>(rank, check),
-        "all_to_all_v" => all_to_all_v_case::<T>(rank, check),
-        "broadcast" => broadcast_case::<T>(rank, check),
-        "redistribute_split" => redistribute_split_case::<T>(rank, check, false),
+        Op::AllGatherMatmul => all_gather_matmul::<T>(rank, check),
+        Op::MatmulReduceScatter => matmul_reduce_scatter::<T>(rank, check),
+        Op::AllToAll => all_to_all::<T>(rank, check),
+        Op::AllGather => all_gather_case::<T>(rank, check),
+        Op::ReduceScatter => reduce_scatter_case::<T>(rank, check),
+        Op::AllReduce => all_reduce_case::<T>(rank, check),
+        Op::AllToAllV => all_to_all_v_case::<T>(rank, check),
+        Op::Broadcast => broadcast_case::<T>(rank, check),
+        Op::RedistributeSplit => redistribute_split_case::<T>(rank, check, false),
         other => panic!("the capability table names {other}, which has no case here"),
     }
 }
@@ -725,7 +726,7 @@ fn run_cell<T: Element>(rank: &Rank<'_>, op: &str, check: bool) -> Result<()> {
 /// it runs and matches f64 where the table says it runs; where the table refuses it, every rank
 /// fails with the table's reason as [`Error::InvalidArgument`] (the element type travels in the
 /// agreement exchange, so that every rank fails together).
-fn cell<T: Element>(world: World, backend: Backend, op: &'static str, check: bool) {
+fn cell<T: Element>(world: World, backend: Device, op: Op, check: bool) {
     let promised = capability::refusal(op, backend, T::DTYPE, &[]);
     let outcome = world.run(|rank| run_cell::<T>(rank, op, check));
     match (promised, outcome) {
@@ -752,10 +753,10 @@ fn cell<T: Element>(world: World, backend: Backend, op: &'static str, check: boo
 fn column(
     world: &dyn Fn() -> World,
     split_world: &dyn Fn() -> World,
-    backend: Backend,
+    backend: Device,
     check: bool,
 ) {
-    for op in capability::OPS {
+    for op in Op::ALL {
         cell::<f32>(world(), backend, op, check);
         cell::<f64>(world(), backend, op, check);
         cell::<f16>(world(), backend, op, check);
@@ -764,7 +765,7 @@ fn column(
     // A feature cell: an uneven re-split runs where the table has the feature, and is refused
     // before any exchange, as DeviceUnavailable with the table's reason, where it has not.
     let features = [capability::Feature::UnevenSplit];
-    let promised = capability::refusal("redistribute_split", backend, DType::F32, &features);
+    let promised = capability::refusal(Op::RedistributeSplit, backend, DType::F32, &features);
     let outcome = split_world().run(|rank| redistribute_split_case::<f32>(rank, check, true));
     match (promised, outcome) {
         (None, outcome) => {
@@ -781,13 +782,13 @@ fn column(
 #[test]
 fn every_cell_of_the_capability_table_runs_or_gives_its_typed_error() {
     let threads = || World::threads(3).unwrap();
-    column(&threads, &threads, Backend::Host, true);
+    column(&threads, &threads, Device::Host, true);
     match cann_stand_in::no_cxx_compiler() {
         // The stand-in's kernels compile with the host C++ compiler.
         Some(reason) => println!("SKIPPED the Ascend column: {reason}"),
         None => {
             let _serial = ascend_serial();
-            column(&|| ascend_world(2), &|| ascend_world(2), Backend::Ascend, true);
+            column(&|| ascend_world(2), &|| ascend_world(2), Device::Ascend(0), true);
         }
     }
     match World::cuda(&[0]) {
@@ -795,7 +796,7 @@ fn every_cell_of_the_capability_table_runs_or_gives_its_typed_error() {
         Ok(_) => column(
             &|| World::cuda(&[0]).unwrap(),
             &|| World::cuda(&[0, 1 % dist_tensor::device::cuda::device_count().unwrap()]).unwrap(),
-            Backend::Cuda,
+            Device::Cuda(0),
             true,
         ),
         Err(e) => println!("SKIPPED the CUDA column: {e}"),

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use super::error::{CheckpointError, CheckpointErrorKind, agree};
 use super::file::{BoxCopy, MappedFile, copy_box};
 use super::index::{FORMAT, INDEX_FILE, Index, VERSION, dtype_from_name};
-use crate::dist::DistTensor;
+use crate::dist_tensor::DistTensor;
 use crate::shmem::Rank;
 use crate::tensor::{DType, Element, Tensor, split_offsets};
 use crate::{Error, Placement, Result, Split};

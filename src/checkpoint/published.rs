@@ -9,7 +9,7 @@ use super::error::{CheckpointError, CheckpointErrorKind, agree};
 use super::file::MappedFile;
 use super::index::from_st;
 use super::load::{Source, Target, check_target, load_part, wrap};
-use crate::dist::DistTensor;
+use crate::dist_tensor::DistTensor;
 use crate::shmem::Rank;
 use crate::tensor::{DType, Element};
 use crate::{Error, Result};

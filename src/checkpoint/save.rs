@@ -30,7 +30,7 @@ use super::index::{
     SliceEntry, TensorEntry, VERSION, chunk_crcs, dtype_name, dtype_size, file_name, generation_of,
     placement_name, to_st,
 };
-use crate::dist::DistTensor;
+use crate::dist_tensor::DistTensor;
 use crate::shmem::{Rank, WordExchange, check_agree};
 use crate::tensor::{DType, Element, Tensor, split_offsets};
 use crate::{Error, Placement, Result};
@@ -308,7 +308,7 @@ fn name_differing_replica(rank: &Rank<'_>, entries: &[Entry<'_>], replicas: &[u3
 
 /// The global shape and splits of an entry made from a local part: the ranks exchange shapes.
 fn exchange_layout(rank: &Rank<'_>, e: &Entry<'_>) -> Result<(Vec<usize>, Vec<usize>)> {
-    const MAX: usize = crate::dist::MAX_DIMS;
+    const MAX: usize = crate::dist_tensor::MAX_DIMS;
     let shape = &e.local_shape;
     let problem = match e.placement {
         _ if shape.len() > MAX => {

@@ -4,6 +4,7 @@ use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
+use crate::device::capability::Op;
 use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
 use crate::fused::all_gather_matmul::device_data;
 use crate::shmem::{DeviceWorld, Exchanged, GlobalPtr, GlobalPtrMut, Rank};
@@ -62,7 +63,7 @@ pub fn all_gather_cols<'a, T: Element>(
     local: impl Into<Input<'a, T>>,
     rows: usize,
 ) -> Result<Vec<T>> {
-    Ok(gather("all_gather", rank, local.into(), rows, Out::Alloc)?.expect("allocated"))
+    Ok(gather(Op::AllGather, rank, local.into(), rows, Out::Alloc)?.expect("allocated"))
 }
 
 /// [`all_gather`] into the caller's `out`, which must hold the whole result.
@@ -87,7 +88,7 @@ pub fn all_gather_into<'a, T: Element>(
     local: impl Into<Input<'a, T>>,
     out: &mut [T],
 ) -> Result<()> {
-    gather("all_gather", rank, local.into(), 1, Out::Into(out)).map(drop)
+    gather(Op::AllGather, rank, local.into(), 1, Out::Into(out)).map(drop)
 }
 
 /// [`all_gather_cols`] into the caller's `out`, which must hold the whole `[rows, sum of cols_r]`.
@@ -113,13 +114,13 @@ pub fn all_gather_cols_into<'a, T: Element>(
     rows: usize,
     out: &mut [T],
 ) -> Result<()> {
-    gather("all_gather", rank, local.into(), rows, Out::Into(out)).map(drop)
+    gather(Op::AllGather, rank, local.into(), rows, Out::Into(out)).map(drop)
 }
 
 /// The all_gather, for the call `op` (a composite op such as all_reduce names itself, so that
 /// its exchanges never meet a plain all_gather's).
 pub(crate) fn gather<T: Element>(
-    op: &'static str,
+    op: Op,
     rank: &Rank<'_>,
     local: Input<'_, T>,
     rows: usize,
@@ -132,7 +133,7 @@ pub(crate) fn gather<T: Element>(
 /// three: rows, this rank's length, its output's length), and `agree` checks what every rank
 /// sent before anything moves: a composite op's own conditions, without an exchange of its own.
 pub(crate) fn gather_agreeing<T: Element>(
-    op: &'static str,
+    which: Op,
     rank: &Rank<'_>,
     local: Input<'_, T>,
     rows: usize,
@@ -140,6 +141,7 @@ pub(crate) fn gather_agreeing<T: Element>(
     extra: &[u64],
     agree: impl FnOnce(&Exchanged) -> Result<()>,
 ) -> Result<Option<Vec<T>>> {
+    let op = which.name();
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = match rows {
         0 if !local.is_empty() => Some(format!("{} elements cannot form 0 rows", local.len())),
@@ -148,7 +150,7 @@ pub(crate) fn gather_agreeing<T: Element>(
         }
         _ => None,
     };
-    let problem = problem.or_else(|| capability::dtype_problem(op, rank.backend(), T::DTYPE));
+    let problem = problem.or_else(|| capability::dtype_problem(which, rank.device(), T::DTYPE));
     let mut words = vec![rows as u64, local.len() as u64, out.len_word()];
     words.extend_from_slice(extra);
     let all = exchange_checked::<T>(rank, op, &words, problem, &[])?;

@@ -4,6 +4,7 @@ use super::all_gather::{gather, gather_agreeing};
 use super::reduce_scatter::reduce;
 use super::workspace::{Out, check_outputs};
 use super::{Input, ReduceOp};
+use crate::device::capability::Op;
 use crate::shmem::{DeviceWorld, Exchanged, Rank};
 use crate::tensor::{array_split, pool};
 use crate::{Element, Result};
@@ -34,8 +35,9 @@ fn pair_sum<T: Element>(
         all.agree(OP, 1, "input length")?;
         check_outputs(OP, all, 3, |_| len)
     };
-    let both = gather_agreeing(OP, rank, input, 1, Out::Alloc, &[out.len_word()], agree)?
-        .expect("allocated");
+    let both =
+        gather_agreeing(Op::AllReduce, rank, input, 1, Out::Alloc, &[out.len_word()], agree)?
+            .expect("allocated");
     let (first, second) = both.split_at(len);
     let summed = out.fill(OP, len, |out| {
         for ((o, &a), &b) in out.iter_mut().zip(first).zip(second) {
@@ -51,7 +53,8 @@ fn pair_sum<T: Element>(
 /// The reduce_scatter half: this rank's piece of the sum.
 fn reduced_piece<T: Element>(rank: &Rank<'_>, input: Input<'_, T>) -> Result<Vec<T>> {
     let counts = array_split(input.len(), rank.num_ranks());
-    Ok(reduce(OP, rank, input, 1, &counts, ReduceOp::Sum, Out::Alloc)?.expect("allocated"))
+    Ok(reduce(Op::AllReduce, rank, input, 1, &counts, ReduceOp::Sum, Out::Alloc)?
+        .expect("allocated"))
 }
 
 /// Sums `input` over all ranks; every rank gets the whole sum.
@@ -82,7 +85,7 @@ pub fn all_reduce<'a, T: Element>(
         return Ok(pair_sum(rank, input.into(), Out::Alloc)?.expect("allocated"));
     }
     let piece = reduced_piece(rank, input.into())?;
-    Ok(gather(OP, rank, (&piece).into(), 1, Out::Alloc)?.expect("allocated"))
+    Ok(gather(Op::AllReduce, rank, (&piece).into(), 1, Out::Alloc)?.expect("allocated"))
 }
 
 /// [`all_reduce`] into the caller's `out`, which must be as long as `input`.
@@ -111,5 +114,5 @@ pub fn all_reduce_into<'a, T: Element>(
         return pair_sum(rank, input.into(), Out::Into(out)).map(drop);
     }
     let piece = reduced_piece(rank, input.into())?;
-    gather(OP, rank, (&piece).into(), 1, Out::Into(out)).map(drop)
+    gather(Op::AllReduce, rank, (&piece).into(), 1, Out::Into(out)).map(drop)
 }

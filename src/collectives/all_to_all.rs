@@ -10,6 +10,7 @@ use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
+use crate::device::capability::Op;
 use crate::device::{LaunchMode, ascend, capability, launch, tile};
 use crate::shmem::{
     DeviceWorld, GlobalPtr, GlobalPtrMut, MAX_WORDS, NotifySem, Rank, Scope, SignalBuf, SignalOp,
@@ -144,7 +145,7 @@ pub fn all_to_all_v_tensor<'a, T: Element>(
     const OP: &str = "all_to_all_v_tensor";
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = counts_problem(rank, input, send_counts)
-        .or_else(|| capability::dtype_problem("all_to_all_v", rank.backend(), T::DTYPE));
+        .or_else(|| capability::dtype_problem(Op::AllToAllV, rank.device(), T::DTYPE));
     // Every rank's counts for every rank, where they fit in the exchange (else no push).
     let push = n + 2 <= MAX_WORDS;
     let mut words = vec![input.len() as u64, rank.free_output_blocks()];
@@ -307,7 +308,7 @@ fn exchange_and_send<T: Element>(
     let words = [input.len() as u64, out.len_word()];
     let personal = personal_words(send_counts, n);
     let problem =
-        problem.or_else(|| capability::dtype_problem("all_to_all_v", rank.backend(), T::DTYPE));
+        problem.or_else(|| capability::dtype_problem(Op::AllToAllV, rank.device(), T::DTYPE));
     let all = exchange_checked::<T>(rank, OP, &words, problem, &personal)?;
     // What rank p sends me, and where in p's input it starts.
     let recv: Vec<usize> = (0..n).map(|p| all.personal(p)[0] as usize).collect();
@@ -352,7 +353,7 @@ fn pull<T: Element>(
             });
         }
         // Refused in the exchange above (the capability table has no GPU kernel for it).
-        DeviceWorld::Cuda(_) => capability::check("all_to_all_v", rank.backend(), T::DTYPE, &[])?,
+        DeviceWorld::Cuda(_) => capability::check(Op::AllToAllV, rank.device(), T::DTYPE, &[])?,
     }
     let input = input.host().inspect_err(|e| rank.fail_after_agreeing(e))?;
     let input = &*input;

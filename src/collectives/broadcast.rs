@@ -4,6 +4,7 @@ use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
+use crate::device::capability::Op;
 use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
 use crate::fused::operand::to_world_device;
 use crate::shmem::{DeviceWorld, GlobalPtr, GlobalPtrMut, Rank};
@@ -70,7 +71,7 @@ fn cast<T: Element>(
     let (me, n) = (rank.rank(), rank.num_ranks());
     let problem = (root >= n)
         .then(|| format!("root {root} is outside a world of {n} ranks"))
-        .or_else(|| capability::dtype_problem(OP, rank.backend(), T::DTYPE));
+        .or_else(|| capability::dtype_problem(Op::Broadcast, rank.device(), T::DTYPE));
     let words = [root as u64, data.len() as u64, out.len_word()];
     let all = exchange_checked::<T>(rank, OP, &words, problem, &[])?;
     all.agree(OP, 0, "root")?;

@@ -4,6 +4,7 @@ use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
+use crate::device::capability::Op;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, ascend, capability, cuda, launch};
 use crate::fused::all_gather_matmul::device_data;
@@ -80,7 +81,7 @@ pub fn reduce_scatter_into<'a, T: Element>(
 ) -> Result<()> {
     let input = input.into();
     let counts = array_split(input.len(), rank.num_ranks());
-    reduce("reduce_scatter", rank, input, 1, &counts, op, Out::Into(out)).map(drop)
+    reduce(Op::ReduceScatter, rank, input, 1, &counts, op, Out::Into(out)).map(drop)
 }
 
 /// [`reduce_scatter_cols`] into the caller's `out`, which must hold `[rows, counts[rank]]`.
@@ -110,7 +111,7 @@ pub fn reduce_scatter_cols_into<'a, T: Element>(
     op: ReduceOp,
     out: &mut [T],
 ) -> Result<()> {
-    reduce("reduce_scatter", rank, input.into(), rows, counts, op, Out::Into(out)).map(drop)
+    reduce(Op::ReduceScatter, rank, input.into(), rows, counts, op, Out::Into(out)).map(drop)
 }
 
 /// Reduces row-major `[rows, sum of counts]` inputs over all ranks and gives rank `r` its column
@@ -141,7 +142,7 @@ pub fn reduce_scatter_cols<'a, T: Element>(
     counts: &[usize],
     op: ReduceOp,
 ) -> Result<Vec<T>> {
-    Ok(reduce("reduce_scatter", rank, input.into(), rows, counts, op, Out::Alloc)?
+    Ok(reduce(Op::ReduceScatter, rank, input.into(), rows, counts, op, Out::Alloc)?
         .expect("allocated"))
 }
 
@@ -175,7 +176,7 @@ fn on_gpus<T: Element>(
 }
 
 pub(crate) fn reduce<T: Element>(
-    name: &'static str,
+    which: Op,
     rank: &Rank<'_>,
     input: Input<'_, T>,
     rows: usize,
@@ -183,6 +184,7 @@ pub(crate) fn reduce<T: Element>(
     op: ReduceOp,
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
+    let name = which.name();
     let (me, n) = (rank.rank(), rank.num_ranks());
     let total = counts.iter().try_fold(0usize, |t, &c| t.checked_add(c));
     let problem = if counts.len() != n {
@@ -190,7 +192,7 @@ pub(crate) fn reduce<T: Element>(
     } else if total.and_then(|t| rows.checked_mul(t)) != Some(input.len()) {
         Some(format!("{} elements are not {rows} rows of {total:?}", input.len()))
     } else {
-        capability::dtype_problem(name, rank.backend(), T::DTYPE)
+        capability::dtype_problem(which, rank.device(), T::DTYPE)
     };
     let total = total.unwrap_or(0);
     // The counts must be the same on every rank: each sends a digest, and the counts themselves

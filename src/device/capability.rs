@@ -4,47 +4,99 @@
 //! ([`Error::DeviceUnavailable`] naming the op, the backend and what is missing), so the refusals
 //! live in one place; `tests/op_suite.rs` runs every cell against the code.
 
+use super::Device;
 use crate::tensor::DType;
 use crate::{Error, Result};
 
-/// A kind of backend a world runs its ops on (see [`Rank::device`](crate::Rank::device) for the
-/// device of one rank).
+/// A public op the capability table covers: the fused ops, then the collectives.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::device::capability::Op;
+/// assert_eq!(Op::AllGatherMatmul.name(), "all_gather_matmul");
+/// assert_eq!(Op::ALL.len(), 9);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// The host simulation of an NPU.
-    Host,
-    /// NVIDIA GPUs (feature `cuda`).
-    Cuda,
-    /// Ascend NPUs.
-    Ascend,
+#[non_exhaustive]
+pub enum Op {
+    /// [`fused::all_gather_matmul`](crate::fused::all_gather_matmul) (and `DistTensor`'s).
+    AllGatherMatmul,
+    /// [`fused::matmul_reduce_scatter`](crate::fused::matmul_reduce_scatter).
+    MatmulReduceScatter,
+    /// [`fused::all_to_all`](crate::fused::all_to_all): the sequence-parallel exchange.
+    AllToAll,
+    /// [`collectives::all_gather`](crate::collectives::all_gather).
+    AllGather,
+    /// [`collectives::reduce_scatter`](crate::collectives::reduce_scatter).
+    ReduceScatter,
+    /// [`collectives::all_reduce`](crate::collectives::all_reduce).
+    AllReduce,
+    /// [`collectives::all_to_all_v`](crate::collectives::all_to_all_v).
+    AllToAllV,
+    /// [`collectives::broadcast`](crate::collectives::broadcast).
+    Broadcast,
+    /// [`DistTensor::redistribute`](crate::DistTensor::redistribute) from one split of a
+    /// dimension to another.
+    RedistributeSplit,
 }
 
-impl Backend {
-    /// Every backend.
-    pub const ALL: [Backend; 3] = [Backend::Host, Backend::Cuda, Backend::Ascend];
+impl Op {
+    /// Every op of the table, in its order.
+    pub const ALL: [Op; 9] = [
+        Op::AllGatherMatmul,
+        Op::MatmulReduceScatter,
+        Op::AllToAll,
+        Op::AllGather,
+        Op::ReduceScatter,
+        Op::AllReduce,
+        Op::AllToAllV,
+        Op::Broadcast,
+        Op::RedistributeSplit,
+    ];
 
-    fn name(self) -> &'static str {
+    /// The op's name as errors and reports say it (its function's name).
+    pub const fn name(self) -> &'static str {
         match self {
-            Backend::Host => "host",
-            Backend::Cuda => "cuda",
-            Backend::Ascend => "ascend",
-        }
-    }
-
-    /// What runs a kernel there, as the refusals say it.
-    fn unit(self) -> &'static str {
-        match self {
-            Backend::Host => "host",
-            Backend::Cuda => "GPU",
-            Backend::Ascend => "NPU",
+            Op::AllGatherMatmul => "all_gather_matmul",
+            Op::MatmulReduceScatter => "matmul_reduce_scatter",
+            Op::AllToAll => "all_to_all",
+            Op::AllGather => "all_gather",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::AllReduce => "all_reduce",
+            Op::AllToAllV => "all_to_all_v",
+            Op::Broadcast => "broadcast",
+            Op::RedistributeSplit => "redistribute_split",
         }
     }
 }
 
-impl std::fmt::Display for Backend {
+impl std::fmt::Display for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// What runs a kernel on `device`, as the refusals say it.
+fn unit(device: Device) -> &'static str {
+    match device {
+        Device::Host => "host",
+        Device::Cuda(_) => "GPU",
+        Device::Ascend(_) => "NPU",
+    }
+}
+
+/// The backend's name (the device without its index), as the errors say it.
+fn backend_name(device: Device) -> &'static str {
+    match device {
+        Device::Host => "host",
+        Device::Cuda(_) => "cuda",
+        Device::Ascend(_) => "ascend",
+    }
+}
+
+/// Whether `a` and `b` are devices of one backend (the index aside).
+fn same_backend(a: Device, b: Device) -> bool {
+    std::mem::discriminant(&a) == std::mem::discriminant(&b)
 }
 
 /// What a call asks of an op beyond its plain form.
@@ -77,8 +129,9 @@ impl Feature {
 
 /// One row of the table: what `backend` runs of `op`.
 struct Row {
-    op: &'static str,
-    backend: Backend,
+    op: Op,
+    /// The backend (any index of its kind).
+    device: Device,
     dtypes: &'static [DType],
     features: &'static [Feature],
 }
@@ -87,141 +140,139 @@ const ALL_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
 /// The AI cores' cube and vector units have no f64 arithmetic.
 const NPU_DTYPES: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 
-/// The public ops the table covers: the fused ops, then the collectives.
-pub const OPS: [&str; 9] = [
-    "all_gather_matmul",
-    "matmul_reduce_scatter",
-    "all_to_all",
-    "all_gather",
-    "reduce_scatter",
-    "all_reduce",
-    "all_to_all_v",
-    "broadcast",
-    "redistribute_split",
-];
-
-const fn host(op: &'static str) -> Row {
-    Row { op, backend: Backend::Host, dtypes: ALL_DTYPES, features: &Feature::ALL }
+const fn host(op: Op) -> Row {
+    Row { op, device: Device::Host, dtypes: ALL_DTYPES, features: &Feature::ALL }
 }
 
-const fn npu(op: &'static str, features: &'static [Feature]) -> Row {
-    Row { op, backend: Backend::Ascend, dtypes: NPU_DTYPES, features }
+const fn npu(op: Op, features: &'static [Feature]) -> Row {
+    Row { op, device: Device::Ascend(0), dtypes: NPU_DTYPES, features }
 }
 
-const fn gpu(op: &'static str, features: &'static [Feature]) -> Row {
-    Row { op, backend: Backend::Cuda, dtypes: ALL_DTYPES, features }
+const fn gpu(op: Op, features: &'static [Feature]) -> Row {
+    Row { op, device: Device::Cuda(0), dtypes: ALL_DTYPES, features }
 }
 
 /// The table. An (op, backend) pair without a row has no kernel there.
 const TABLE: &[Row] = &[
-    host("all_gather_matmul"),
-    host("matmul_reduce_scatter"),
-    host("all_to_all"),
-    host("all_gather"),
-    host("reduce_scatter"),
-    host("all_reduce"),
-    host("all_to_all_v"),
-    host("broadcast"),
-    host("redistribute_split"),
+    host(Op::AllGatherMatmul),
+    host(Op::MatmulReduceScatter),
+    host(Op::AllToAll),
+    host(Op::AllGather),
+    host(Op::ReduceScatter),
+    host(Op::AllReduce),
+    host(Op::AllToAllV),
+    host(Op::Broadcast),
+    host(Op::RedistributeSplit),
     // The NPU kernels take N-D inputs as rows and read weights in any layout; they do not hand
     // back the gathered input. `all_reduce` runs as `reduce_scatter` then `all_gather`.
-    npu("all_gather_matmul", &[Feature::NdInput, Feature::TransposedWeight]),
-    npu("matmul_reduce_scatter", &[Feature::NdInput, Feature::TransposedWeight]),
-    npu("all_to_all", &[Feature::NdInput, Feature::UnevenSplit]),
-    npu("all_gather", &[Feature::UnevenSplit]),
-    npu("reduce_scatter", &[Feature::UnevenSplit]),
-    npu("all_reduce", &[]),
-    npu("all_to_all_v", &[Feature::UnevenSplit]),
-    npu("broadcast", &[]),
-    npu("redistribute_split", &[Feature::NdInput, Feature::UnevenSplit]),
+    npu(Op::AllGatherMatmul, &[Feature::NdInput, Feature::TransposedWeight]),
+    npu(Op::MatmulReduceScatter, &[Feature::NdInput, Feature::TransposedWeight]),
+    npu(Op::AllToAll, &[Feature::NdInput, Feature::UnevenSplit]),
+    npu(Op::AllGather, &[Feature::UnevenSplit]),
+    npu(Op::ReduceScatter, &[Feature::UnevenSplit]),
+    npu(Op::AllReduce, &[]),
+    npu(Op::AllToAllV, &[Feature::UnevenSplit]),
+    npu(Op::Broadcast, &[]),
+    npu(Op::RedistributeSplit, &[Feature::NdInput, Feature::UnevenSplit]),
     // The GPU kernels take [M, K] row-major operands: an N-D input is its rows (a reshape), a
     // transposed weight is transposed on the GPU first (one copy), a kept input is gathered
     // again into a tensor of its own. An uneven re-split gathers the whole tensor and cuts it.
-    gpu("all_gather_matmul", &[Feature::NdInput, Feature::TransposedWeight, Feature::KeptInput]),
-    gpu("matmul_reduce_scatter", &[Feature::NdInput, Feature::TransposedWeight]),
-    gpu("all_to_all", &[Feature::NdInput, Feature::UnevenSplit]),
-    gpu("all_gather", &[Feature::NdInput, Feature::UnevenSplit]),
-    gpu("reduce_scatter", &[Feature::NdInput, Feature::UnevenSplit]),
-    gpu("all_reduce", &[Feature::NdInput]),
-    gpu("broadcast", &[Feature::NdInput]),
-    gpu("redistribute_split", &[Feature::NdInput, Feature::UnevenSplit]),
+    gpu(Op::AllGatherMatmul, &[Feature::NdInput, Feature::TransposedWeight, Feature::KeptInput]),
+    gpu(Op::MatmulReduceScatter, &[Feature::NdInput, Feature::TransposedWeight]),
+    gpu(Op::AllToAll, &[Feature::NdInput, Feature::UnevenSplit]),
+    gpu(Op::AllGather, &[Feature::NdInput, Feature::UnevenSplit]),
+    gpu(Op::ReduceScatter, &[Feature::NdInput, Feature::UnevenSplit]),
+    gpu(Op::AllReduce, &[Feature::NdInput]),
+    gpu(Op::Broadcast, &[Feature::NdInput]),
+    gpu(Op::RedistributeSplit, &[Feature::NdInput, Feature::UnevenSplit]),
 ];
 
-/// Why `backend` cannot run `op` on `dtype` with `features`, or `None` when it can: the reason
-/// an op's agreement exchange carries, so that every rank fails together.
+/// Why `device`'s backend cannot run `op` on `dtype` with `features`, or `None` when it can:
+/// the reason an op's agreement exchange carries, so that every rank fails together. Only the
+/// device's kind counts (`cuda:0` and `cuda:3` are one column).
 ///
 /// # Examples
 /// ```
-/// use dist_tensor::device::capability::{Backend, Feature, refusal};
+/// use dist_tensor::device::Device;
+/// use dist_tensor::device::capability::{Feature, Op, refusal};
 /// use dist_tensor::tensor::DType;
-/// assert_eq!(refusal("all_gather_matmul", Backend::Host, DType::F64, &Feature::ALL), None);
-/// let why = refusal("all_gather_matmul", Backend::Ascend, DType::F32, &[Feature::KeptInput]);
+/// assert_eq!(refusal(Op::AllGatherMatmul, Device::Host, DType::F64, &Feature::ALL), None);
+/// let why = refusal(Op::AllGatherMatmul, Device::Ascend(0), DType::F32, &[Feature::KeptInput]);
 /// assert!(why.unwrap().contains("keep_input"));
-/// assert!(refusal("broadcast", Backend::Ascend, DType::F64, &[]).unwrap().contains("f64"));
+/// assert!(refusal(Op::Broadcast, Device::Ascend(1), DType::F64, &[]).unwrap().contains("f64"));
+/// assert!(refusal(Op::AllToAllV, Device::Cuda(0), DType::F32, &[]).is_some());
 /// ```
-pub fn refusal(op: &str, backend: Backend, dtype: DType, features: &[Feature]) -> Option<String> {
-    let Some(row) = TABLE.iter().find(|r| r.op == op && r.backend == backend) else {
-        let with: Vec<&str> = TABLE.iter().filter(|r| r.backend == backend).map(|r| r.op).collect();
+pub fn refusal(op: Op, device: Device, dtype: DType, features: &[Feature]) -> Option<String> {
+    let Some(row) = row(op, device) else {
+        let with: Vec<&str> =
+            TABLE.iter().filter(|r| same_backend(r.device, device)).map(|r| r.op.name()).collect();
         return Some(format!(
             "{op} has no {} kernel; the ops with one are {}; run {op} on a host world",
-            backend.unit(),
+            unit(device),
             with.join(", ")
         ));
     };
     if !row.dtypes.contains(&dtype) {
-        let why = match backend {
-            Backend::Ascend => {
+        let why = match device {
+            Device::Ascend(_) => {
                 ": the AI cores' cube and vector units have no f64 arithmetic; run f64 on a host \
                  world (World::threads)"
             }
             _ => "",
         };
-        return Some(format!("{dtype} has no {} kernel{why}", backend.unit()));
+        return Some(format!("{dtype} has no {} kernel{why}", unit(device)));
     }
     features.iter().find(|f| !row.features.contains(f)).map(|f| {
         format!(
             "{op} on the {} does not take {}; run it on a host world",
-            backend.unit(),
+            unit(device),
             f.describe()
         )
     })
 }
 
-/// The part of [`refusal`] an op checks before its agreement exchange: whether `backend` runs
-/// `op` with `features`, whatever the element type.
+/// The table's row for `op` on `device`'s backend.
+fn row(op: Op, device: Device) -> Option<&'static Row> {
+    TABLE.iter().find(|r| r.op == op && same_backend(r.device, device))
+}
+
+/// The part of [`refusal`] an op checks before its agreement exchange: whether `device`'s
+/// backend runs `op` with `features`, whatever the element type.
 ///
 /// # Errors
 /// [`Error::DeviceUnavailable`] naming `op`, the backend and the missing feature (or op).
-pub fn check_features(op: &'static str, backend: Backend, features: &[Feature]) -> Result<()> {
-    let dtype = TABLE
-        .iter()
-        .find(|r| r.op == op && r.backend == backend)
-        .and_then(|r| r.dtypes.first().copied())
-        .unwrap_or(DType::F32);
-    check(op, backend, dtype, features)
+pub fn check_features(op: Op, device: Device, features: &[Feature]) -> Result<()> {
+    let dtype = row(op, device).and_then(|r| r.dtypes.first().copied()).unwrap_or(DType::F32);
+    check(op, device, dtype, features)
 }
 
 /// The part of [`refusal`] an op's agreement exchange carries, so that every rank fails together
-/// ([`Error::InvalidArgument`] naming the first rank): whether `backend` runs `op` on `dtype`.
-pub fn dtype_problem(op: &str, backend: Backend, dtype: DType) -> Option<String> {
-    refusal(op, backend, dtype, &[])
+/// ([`Error::InvalidArgument`] naming the first rank): whether `device`'s backend runs `op` on
+/// `dtype`.
+pub fn dtype_problem(op: Op, device: Device, dtype: DType) -> Option<String> {
+    refusal(op, device, dtype, &[])
 }
 
 /// [`refusal`] as the error an op returns: [`Error::DeviceUnavailable`] naming `op`, the backend
-/// and the reason.
+/// (`host`, `cuda` or `ascend`) and the reason.
 ///
 /// # Examples
 /// ```
-/// use dist_tensor::device::capability::{Backend, check};
+/// use dist_tensor::device::Device;
+/// use dist_tensor::device::capability::{Op, check};
 /// use dist_tensor::tensor::DType;
 /// use dist_tensor::Error;
-/// assert!(check("all_reduce", Backend::Cuda, DType::BF16, &[]).is_ok());
-/// let err = check("softmax", Backend::Ascend, DType::F32, &[]).unwrap_err();
-/// assert!(matches!(err, Error::DeviceUnavailable { op: "softmax", .. }), "{err}");
+/// assert!(check(Op::AllReduce, Device::Cuda(0), DType::BF16, &[]).is_ok());
+/// let err = check(Op::AllToAllV, Device::Cuda(1), DType::F32, &[]).unwrap_err();
+/// assert!(matches!(err, Error::DeviceUnavailable { op: "all_to_all_v", .. }), "{err}");
 /// ```
-pub fn check(op: &'static str, backend: Backend, dtype: DType, features: &[Feature]) -> Result<()> {
-    match refusal(op, backend, dtype, features) {
+pub fn check(op: Op, device: Device, dtype: DType, features: &[Feature]) -> Result<()> {
+    match refusal(op, device, dtype, features) {
         None => Ok(()),
-        Some(reason) => Err(Error::DeviceUnavailable { op, device: backend.to_string(), reason }),
+        Some(reason) => Err(Error::DeviceUnavailable {
+            op: op.name(),
+            device: backend_name(device).to_string(),
+            reason,
+        }),
     }
 }

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use super::Topology;
 use super::ascend::Ascend;
-use super::capability::{self, Backend};
+use super::capability::{self, Op};
 use crate::tensor::DType;
 use crate::{Error, Result};
 
@@ -82,58 +82,28 @@ impl Device {
         }
     }
 
-    /// Checks that operation `op` has a kernel for this device, before it starts.
-    ///
-    /// Every operation runs on the host simulation. On an NPU, the ops with an Ascend C tile
-    /// kernel ([`NPU_OPS`]) run in a [`World::ascend`](crate::World::ascend) world; anything
-    /// else has no NPU kernel. (Whether CANN is present is [`Device::topology`]'s question, and
-    /// [`World::ascend`](crate::World::ascend)'s.)
+    /// Checks that `op` has a kernel on this device's backend, before it starts: the capability
+    /// table's answer for the op in f32 with no extra feature.
     ///
     /// # Errors
-    /// [`Error::DeviceUnavailable`] for [`Device::Ascend`] and an op without an NPU kernel,
-    /// naming `op`, the device and the ops that have one.
+    /// [`Error::DeviceUnavailable`] naming `op`, the backend and the ops that have a kernel there.
     ///
     /// # Examples
     /// ```
     /// use dist_tensor::device::Device;
+    /// use dist_tensor::device::capability::Op;
     /// use dist_tensor::Error;
     ///
-    /// assert!(Device::Host.ensure_supported("softmax").is_ok());
-    /// assert!(Device::Ascend(0).ensure_supported("all_gather_matmul").is_ok());
-    /// let err = Device::Ascend(0).ensure_supported("softmax").unwrap_err();
-    /// assert!(matches!(err, Error::DeviceUnavailable { op: "softmax", .. }));
-    /// assert!(err.to_string().contains("no NPU kernel"));
+    /// assert!(Device::Host.ensure_supported(Op::AllToAllV).is_ok());
+    /// assert!(Device::Ascend(0).ensure_supported(Op::AllGatherMatmul).is_ok());
+    /// let err = Device::Cuda(0).ensure_supported(Op::AllToAllV).unwrap_err();
+    /// assert!(matches!(err, Error::DeviceUnavailable { op: "all_to_all_v", .. }));
+    /// assert!(err.to_string().contains("no GPU kernel"), "{err}");
     /// ```
-    pub fn ensure_supported(&self, op: &'static str) -> Result<()> {
-        match *self {
-            Device::Host | Device::Cuda(_) => Ok(()),
-            Device::Ascend(_) => match capability::refusal(op, Backend::Ascend, DType::F32, &[]) {
-                None => Ok(()),
-                Some(reason) => {
-                    Err(Error::DeviceUnavailable { op, device: self.to_string(), reason })
-                }
-            },
-        }
+    pub fn ensure_supported(&self, op: Op) -> Result<()> {
+        capability::check(op, *self, DType::F32, &[])
     }
 }
-
-/// The ops that run on NPUs, each as an Ascend C tile kernel (`all_reduce` as `reduce_scatter`
-/// then `all_gather`, as on the host).
-///
-/// # Examples
-/// ```
-/// assert!(dist_tensor::device::NPU_OPS.contains(&"matmul_reduce_scatter"));
-/// ```
-pub const NPU_OPS: [&str; 8] = [
-    "all_gather_matmul",
-    "matmul_reduce_scatter",
-    "all_to_all",
-    "all_gather",
-    "reduce_scatter",
-    "all_reduce",
-    "all_to_all_v",
-    "broadcast",
-];
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

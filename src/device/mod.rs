@@ -13,5 +13,5 @@ mod topology;
 pub use host::launch::launch;
 pub use host::program::Program;
 pub use host::tile;
-pub use kind::{Device, NPU_OPS};
+pub use kind::Device;
 pub use topology::{LaunchMode, Topology};

@@ -39,7 +39,7 @@ use super::routing::{GatherRoutes, REMOTE_CHUNK_ELEMS};
 use super::schedule::{self, AgShape, HostMachine, PathTaken, Schedule};
 use crate::collectives;
 use crate::device::ascend;
-use crate::device::capability::{self, Feature};
+use crate::device::capability::{self, Feature, Op};
 use crate::device::tile::{self, Tile};
 use crate::device::{Device, cuda};
 use crate::device::{LaunchMode, launch};
@@ -314,7 +314,7 @@ pub(crate) fn run<'a, T: Element>(
     path: Option<AgPath>,
 ) -> Result<AgProducts<T>> {
     let op = if fused { OP } else { UNFUSED_OP };
-    let backend = rank.backend();
+    let device = rank.device();
     let mut features = Vec::new();
     if x.ndim() > 2 {
         features.push(Feature::NdInput);
@@ -325,9 +325,9 @@ pub(crate) fn run<'a, T: Element>(
     if keep_input {
         features.push(Feature::KeptInput);
     }
-    capability::check_features(OP, backend, &features)?;
+    capability::check_features(Op::AllGatherMatmul, device, &features)?;
     let problem = problem
-        .or_else(|| capability::dtype_problem(OP, backend, T::DTYPE))
+        .or_else(|| capability::dtype_problem(Op::AllGatherMatmul, device, T::DTYPE))
         .or_else(|| schedule::local_problem(rank, path == Some(AgPath::Local)));
     // Its own name in the exchange for the unfused baseline: a rank in the fused op and one in
     // the unfused one would otherwise agree on the shapes and then wait for each other in

@@ -37,6 +37,7 @@ use super::plan::row_chunks;
 use super::routing;
 use crate::collectives;
 use crate::device::capability;
+use crate::device::capability::Op;
 use crate::device::{LaunchMode, launch, tile};
 use crate::device::{ascend, cuda};
 use crate::shmem::{
@@ -180,7 +181,7 @@ fn agree<T: Element>(
     } else if scatter_dim == gather_dim {
         Some(format!("scatter and gather dimension are both {scatter_dim}"))
     } else {
-        capability::dtype_problem(OP, rank.backend(), T::DTYPE)
+        capability::dtype_problem(Op::AllToAll, rank.device(), T::DTYPE)
     };
     let free = rank.free_output_blocks();
     let mut words = vec![ndim as u64, scatter_dim as u64, gather_dim as u64, free];

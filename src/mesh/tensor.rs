@@ -14,7 +14,7 @@ use ndarray::{Axis, Slice};
 
 use super::DeviceMesh;
 use crate::collectives::all_gather;
-use crate::dist::MAX_DIMS;
+use crate::dist_tensor::MAX_DIMS;
 use crate::tensor::array_split;
 use crate::{DistTensor, Element, Error, Placement, Result, Tensor};
 

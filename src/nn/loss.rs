@@ -2,7 +2,7 @@
 
 use crate::autograd::{DVar, Var};
 use crate::collectives;
-use crate::dist::{DistTensor, Placement};
+use crate::dist_tensor::{DistTensor, Placement};
 use crate::tensor::Element;
 use crate::{Error, Result};
 

@@ -4,7 +4,7 @@ use super::recorded::Recorded;
 use super::{Activation, ColumnParallelLinear, GradHook, Param, Parameters, RowParallelLinear};
 use crate::Result;
 use crate::autograd::DVar;
-use crate::dist::DistTensor;
+use crate::dist_tensor::DistTensor;
 use crate::shmem::Rank;
 use crate::tensor::Element;
 

@@ -125,7 +125,7 @@ pub use row_parallel::{RowParallelLinear, RowParallelSaved};
 pub use state::{NamedState, OptimizerState, load_training, save_training};
 
 use crate::autograd::{Module, Sharing, Var};
-use crate::dist::Placement;
+use crate::dist_tensor::Placement;
 
 use crate::Result;
 use crate::tensor::{Element, Tensor};

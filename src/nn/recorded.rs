@@ -6,7 +6,7 @@
 use super::GradHook;
 use crate::autograd::graph::LeafHook;
 use crate::autograd::{DVar, Module, Sharing, Var};
-use crate::dist::{DistTensor, Placement};
+use crate::dist_tensor::{DistTensor, Placement};
 use crate::tensor::{Element, Tensor};
 use crate::{Error, Result};
 

@@ -5,7 +5,7 @@ use super::recorded::Recorded;
 use super::{GradHook, Param, Parameters};
 use crate::Result;
 use crate::autograd::DVar;
-use crate::dist::{DistTensor, MatmulOptions, Split};
+use crate::dist_tensor::{DistTensor, MatmulOptions, Split};
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
 

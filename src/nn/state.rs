@@ -22,7 +22,7 @@ use std::path::Path;
 use super::UlyssesSelfAttention;
 use super::{Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, Sgd};
 use crate::checkpoint::{self, Checkpoint, Entry, Saved, Target};
-use crate::dist::DistTensor;
+use crate::dist_tensor::DistTensor;
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
 use crate::{Placement, Result, Split};

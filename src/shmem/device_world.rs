@@ -11,7 +11,6 @@ use std::sync::Arc;
 use crate::Result;
 use crate::device::Device;
 use crate::device::ascend::world::AscendWorld;
-use crate::device::capability::Backend;
 use crate::device::cuda::{self, CudaWorld};
 
 /// Where a world's ranks run their kernels.
@@ -26,15 +25,6 @@ pub(crate) enum DeviceWorld {
 }
 
 impl DeviceWorld {
-    /// The kind of backend, for the capability table.
-    pub(crate) fn backend(&self) -> Backend {
-        match self {
-            DeviceWorld::Host => Backend::Host,
-            DeviceWorld::Cuda(_) => Backend::Cuda,
-            DeviceWorld::Ascend(_) => Backend::Ascend,
-        }
-    }
-
     /// Where rank `rank`'s tensors live: its GPU in a CUDA world; the host otherwise (an Ascend
     /// world's ops copy their operands to the NPU and back).
     pub(crate) fn tensor_device(&self, rank: usize) -> Device {

@@ -158,8 +158,8 @@ impl<'w> Rank<'w> {
         let problem = match world.device {
             DeviceWorld::Host => None,
             _ => Some(format!(
-                "groups run on the host simulation; this world runs on {:?}",
-                self.backend()
+                "groups run on the host simulation; this world runs on {}",
+                self.device()
             )),
         };
         let all = self.exchange(Call::untyped(OP), &[color, key], problem, &[])?;

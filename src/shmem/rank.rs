@@ -82,19 +82,6 @@ impl<'w> Rank<'w> {
         self.world.device.device_of(self.rank)
     }
 
-    /// The kind of backend this rank's world runs its ops on (the capability table's column).
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::World;
-    /// use dist_tensor::device::capability::Backend;
-    /// assert_eq!(World::threads(2)?.run(|rank| Ok(rank.backend()))?, vec![Backend::Host; 2]);
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    pub fn backend(&self) -> crate::device::capability::Backend {
-        self.world.device.backend()
-    }
-
     /// Where this rank's tensors live (its GPU in a CUDA world, the host otherwise): what the
     /// ops move their inputs to, once, at their entry.
     pub(crate) fn tensor_device(&self) -> crate::Device {

@@ -26,7 +26,7 @@ use super::plan::{
 };
 use super::schedule::{self, PathTaken, Schedule};
 use crate::collectives::{self, ReduceOp};
-use crate::device::capability::{self, Feature};
+use crate::device::capability::{self, Feature, Op};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::device::{ascend, cuda};
@@ -207,7 +207,7 @@ pub(crate) fn run<'a, T: Element>(
     path: Option<RsPath>,
 ) -> Result<(Tensor<T>, Vec<usize>)> {
     let op = if fused { OP } else { UNFUSED_OP };
-    let backend = rank.backend();
+    let device = rank.device();
     let mut features = Vec::new();
     if x.ndim() > 2 {
         features.push(Feature::NdInput);
@@ -215,9 +215,9 @@ pub(crate) fn run<'a, T: Element>(
     if w.transposed() {
         features.push(Feature::TransposedWeight);
     }
-    capability::check_features(OP, backend, &features)?;
+    capability::check_features(Op::MatmulReduceScatter, device, &features)?;
     let problem = problem
-        .or_else(|| capability::dtype_problem(OP, backend, T::DTYPE))
+        .or_else(|| capability::dtype_problem(Op::MatmulReduceScatter, device, T::DTYPE))
         .or_else(|| schedule::local_problem(rank, path == Some(RsPath::Local)));
     // Its own name in the exchange for the unfused baseline, as in all_gather_matmul's.
     let words = (my_rows, RsPath::word(path), w.transposed());

@@ -9,7 +9,7 @@ pub use ulysses::{AttentionSaved, UlyssesAttention};
 
 use crate::Error;
 use crate::Result;
-use crate::dist::DistTensor;
+use crate::dist_tensor::DistTensor;
 use crate::tensor::Element;
 
 /// Checks that `t` is `[B, s_r, ...]` of `ndim` dimensions sharded on the sequence.

@@ -3,7 +3,7 @@
 
 use super::{UlyssesAttention, check_sequence};
 use crate::autograd::{DVar, Var};
-use crate::dist::DistTensor;
+use crate::dist_tensor::DistTensor;
 use crate::nn::recorded::Recorded;
 use crate::nn::{GradHook, Param, Parameters, linear_init};
 use crate::tensor::{Element, Tensor};

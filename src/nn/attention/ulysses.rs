@@ -3,7 +3,7 @@
 use super::check_sequence;
 use crate::Result;
 use crate::autograd::{DVar, Module, Sharing, Var};
-use crate::dist::DistTensor;
+use crate::dist_tensor::DistTensor;
 use crate::nn::recorded::Recorded;
 use crate::tensor::Element;
 

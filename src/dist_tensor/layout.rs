@@ -1,6 +1,6 @@
 //! `reshape` and `permute` of a [`DistTensor`]: local, with the placement following the data.
 
-use super::dist_tensor::RowSplit;
+use super::tensor::RowSplit;
 use super::{DistTensor, Placement};
 use crate::tensor::Element;
 use crate::{Error, Result};

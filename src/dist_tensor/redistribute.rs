@@ -2,10 +2,10 @@
 
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
 
-use super::dist_tensor::shard_of;
+use super::tensor::shard_of;
 use super::{DistTensor, Placement, Split};
 use crate::collectives::{self, ReduceOp};
-use crate::device::capability::{self, Feature};
+use crate::device::capability::{self, Feature, Op};
 use crate::fused;
 use crate::fused::operand::to_world_device;
 use crate::tensor::{Element, Tensor, array_split, split_offsets};
@@ -134,7 +134,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
             return self.redistribute(Placement::Shard(dim));
         }
         // Any other split is cut from this rank's part on the host.
-        capability::check_features("redistribute_split", rank.backend(), &[Feature::UnevenSplit])?;
+        capability::check_features(Op::RedistributeSplit, rank.device(), &[Feature::UnevenSplit])?;
         if self.local.device_storage().is_some() {
             return self.resplit_on_device(dim, sizes);
         }

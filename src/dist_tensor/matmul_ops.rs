@@ -11,9 +11,9 @@
 
 use ndarray::{Array2, ArrayView2, Axis, Slice};
 
-use super::dist_tensor::RowSplit;
+use super::tensor::RowSplit;
 use super::{DistTensor, Placement, Split};
-use crate::device::capability::{self, Feature};
+use crate::device::capability::{self, Feature, Op};
 use crate::fused::operand::Operand;
 use crate::fused::{AgPath, RsPath, all_gather_matmul, matmul_reduce_scatter};
 use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
@@ -674,7 +674,11 @@ impl<'r, T: Element> DistTensor<'r, T> {
         } else {
             // Rows grouped by the rank that keeps them: a host copy, so the table is asked
             // first whether this world takes an N-D input at all.
-            capability::check_features(OP, self.rank.backend(), &[Feature::NdInput])?;
+            capability::check_features(
+                Op::MatmulReduceScatter,
+                self.rank.device(),
+                &[Feature::NdInput],
+            )?;
             // A part on a GPU is grouped on the host (the op moves it back at its entry).
             let on_host;
             let local = if self.local.device_storage().is_some() {

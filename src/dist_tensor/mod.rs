@@ -1,7 +1,6 @@
 //! Distributed tensors: [`DistTensor`] and its [`Placement`], the user-facing layer. Methods here
 //! validate, choose a kernel and return new distributed tensors; they never touch raw memory.
 
-mod dist_tensor;
 mod layout;
 mod local;
 mod matmul_ops;
@@ -9,8 +8,9 @@ mod placement;
 mod redistribute;
 mod sequence;
 mod split;
+mod tensor;
 
-pub use dist_tensor::{DistTensor, MAX_DIMS};
 pub use matmul_ops::MatmulOptions;
 pub use placement::Placement;
 pub use split::Split;
+pub use tensor::{DistTensor, MAX_DIMS};
