@@ -18,8 +18,8 @@
 
 use std::time::Instant;
 
+use dist_tensor::device::DEVICE_ENV;
 use dist_tensor::device::cuda;
-use dist_tensor::shmem::DEVICE_ENV;
 use dist_tensor::{Error, Rank, Result, World};
 
 struct Args {

@@ -8,20 +8,20 @@ compare against these committed files, so CI never needs Python.
 
 Install (CPython 3.11, Linux x86_64, CPU only, PyPI only):
 
-    python3 -m venv .venv-ref
-    .venv-ref/bin/pip install -r scripts/requirements-reference.txt
+    python3 -m venv ~/.venv-ref
+    ~/.venv-ref/bin/pip install -r scripts/requirements-reference.txt
 
 (PyPI's Linux torch wheel is the CUDA build and needs the nvidia-*-cu12 wheels at import time even
 on CPU, so `pip install --no-deps torch` does not work; the whole venv is about 6.7 GB.)
 
 Regenerate everything (from the repository root):
 
-    .venv-ref/bin/python scripts/make_reference_models.py --out tests/data/models
+    ~/.venv-ref/bin/python scripts/make_reference_models.py --out tests/data/models
 
 then check each directory loads back in transformers:
 
     for d in tests/data/models/*/; do
-        .venv-ref/bin/python scripts/check_hf_model.py "$d" "$d/reference.json" || exit 1
+        ~/.venv-ref/bin/python scripts/check_hf_model.py "$d" "$d/reference.json" || exit 1
     done
 
 The output is deterministic for the pinned versions: each model is built after
@@ -38,12 +38,12 @@ import shutil
 import sys
 
 INSTALL = """install (CPython 3.11, CPU only, PyPI only):
-  python3 -m venv .venv-ref
-  .venv-ref/bin/pip install -r scripts/requirements-reference.txt
+  python3 -m venv ~/.venv-ref
+  ~/.venv-ref/bin/pip install -r scripts/requirements-reference.txt
   (PyPI's Linux torch wheel needs the nvidia-*-cu12 wheels to import, even on CPU)
 
 regenerate (from the repository root):
-  .venv-ref/bin/python scripts/make_reference_models.py --out tests/data/models
+  ~/.venv-ref/bin/python scripts/make_reference_models.py --out tests/data/models
 """
 
 # Fixed prompts. Ids near 0 and near vocab-1 are included on purpose (embedding / vocab-parallel
@@ -153,7 +153,7 @@ def model_specs(T):
                 tie_word_embeddings=False,
                 initializer_range=INIT_RANGE,
             ),
-            dict(max_shard_size="200KB"),
+            dict(max_shard_size="150KB"),
         ),
         "mistral": (
             T.MistralConfig,
@@ -407,7 +407,11 @@ def try_seed(name, spec, seed, args, tok):
     model.eval()
     if opts.get("save_dtype") == "bfloat16":
         # The file holds bf16 weights: the f32 references are for those weights upcast to f32.
-        model.to(torch.bfloat16).to(torch.float32)
+        # Round the parameters only: the rotary inv_freq buffer stays float32, as from_pretrained
+        # computes it.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
 
     runs = {"prompt": PROMPT_IDS}
     for i, p in enumerate(BATCH_PROMPT_IDS):
@@ -464,11 +468,37 @@ def make_model(name, spec, args, tok, versions):
         if g != results[key][0]:
             raise SystemExit(f"{name}/{key}: generate() {g} != manual greedy {results[key][0]}")
 
+    # Write the directory exactly as save_pretrained does (reference.json is added below).
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+    save_model = model
+    if opts.get("save_dtype") == "bfloat16":
+        save_model = copy.deepcopy(model).to(torch.bfloat16)
+    save_kwargs = dict(safe_serialization=True)
+    if "max_shard_size" in opts:
+        save_kwargs["max_shard_size"] = opts["max_shard_size"]
+    save_model.save_pretrained(out_dir, **save_kwargs)
+    del save_model
+
+    # The references come from the directory as transformers loads it (AutoModelForCausalLM),
+    # in float32 and in bfloat16, so check_hf_model.py reproduces them exactly.
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    loaded16 = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.bfloat16, attn_implementation="eager").eval()
+    assert next(loaded16.parameters()).dtype == torch.bfloat16
     with torch.no_grad():
-        prompt_logits = model(torch.tensor([PROMPT_IDS])).logits[0].float()
-        m16 = copy.deepcopy(model).to(torch.bfloat16)
-        bf16_logits = m16(torch.tensor([PROMPT_IDS])).logits[0].float()
-        del m16
+        mem_logits = model(torch.tensor([PROMPT_IDS])).logits[0].float()
+        prompt_logits = loaded(torch.tensor([PROMPT_IDS])).logits[0].float()
+        bf16_logits = loaded16(torch.tensor([PROMPT_IDS])).logits[0].float()
+    reload_diff = float((mem_logits - prompt_logits).abs().max())
+    if reload_diff > 1e-5:
+        raise SystemExit(f"{name}: reloaded logits differ from the in-memory model by {reload_diff}")
+    for key, prompt in runs.items():
+        g = greedy_generate(loaded, prompt, MAX_NEW)
+        if g != results[key][0]:
+            raise SystemExit(f"{name}/{key}: reloaded generate() {g} != greedy {results[key][0]}")
 
     ref = {
         "model": name,
@@ -516,17 +546,6 @@ def make_model(name, spec, args, tok, versions):
         ref["text_full_decoded"] = tok.decode(text_prompt_ids + new_ids)
         ref["text_decode_note"] = "decoded with tokenizers' Tokenizer.decode(ids, skip_special_tokens=True)"
 
-    # Write the directory exactly as save_pretrained does, plus reference.json.
-    if os.path.isdir(out_dir):
-        shutil.rmtree(out_dir)
-    os.makedirs(out_dir)
-    save_model = model
-    if opts.get("save_dtype") == "bfloat16":
-        save_model = copy.deepcopy(model).to(torch.bfloat16)
-    save_kwargs = dict(safe_serialization=True)
-    if "max_shard_size" in opts:
-        save_kwargs["max_shard_size"] = opts["max_shard_size"]
-    save_model.save_pretrained(out_dir, **save_kwargs)
     if tok is not None:
         from transformers import PreTrainedTokenizerFast
 
@@ -547,7 +566,7 @@ def make_model(name, spec, args, tok, versions):
     print(
         f"{name:10s} seed={seed:<4d} tries={ref['seeds_tried']:<3d} greedy_min_margin={min_margin:.4f}"
         + (f" router_min_margin={rmm:.4f}" if rmm is not None else "")
-        + f" bf16_diff={ref['bf16_max_abs_diff_vs_f32']:.3g} shards={len(shards)}"
+        + f" bf16_diff={ref['bf16_max_abs_diff_vs_f32']:.3g} reload_diff={reload_diff:.2g} shards={len(shards)}"
         + f" size={dir_size(out_dir) / 1024:.0f}KiB greedy={ref['greedy_new_ids']}"
     )
 
@@ -558,6 +577,7 @@ def main():
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(1)  # fixed reduction order for reproducible references
     T = transformers
     versions = {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]}

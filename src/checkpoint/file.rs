@@ -9,8 +9,8 @@ use memmap2::Mmap;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Metadata, TensorInfo};
 
-use super::error::{CheckpointError, CheckpointErrorKind};
 use super::index::{dtype_size, from_st};
+use crate::error::{CheckpointError, CheckpointErrorKind};
 use crate::tensor::{DType, Element};
 use crate::{Error, Result};
 

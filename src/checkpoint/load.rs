@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use super::error::{CheckpointError, CheckpointErrorKind, agree};
+use super::agree::agree;
 use super::file::{BoxCopy, MappedFile, copy_box};
 use super::index::{FORMAT, INDEX_FILE, Index, VERSION, dtype_from_name};
 use crate::dist_tensor::DistTensor;
+use crate::error::{CheckpointError, CheckpointErrorKind};
 use crate::shmem::Rank;
 use crate::tensor::{DType, Element, Tensor, split_offsets};
 use crate::{Error, Placement, Result, Split};

@@ -46,14 +46,14 @@
 //!
 //! [`DistTensor`]: crate::DistTensor
 
-mod error;
+mod agree;
 mod file;
 mod index;
 mod load;
 mod published;
 mod save;
 
-pub use error::{CheckpointError, CheckpointErrorKind};
+pub use crate::error::{CheckpointError, CheckpointErrorKind};
 pub use index::INDEX_FILE;
 pub use load::{Checkpoint, Target};
 pub use published::{SafetensorsFile, write_safetensors};

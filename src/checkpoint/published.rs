@@ -5,11 +5,12 @@ use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use super::error::{CheckpointError, CheckpointErrorKind, agree};
+use super::agree::agree;
 use super::file::MappedFile;
 use super::index::from_st;
 use super::load::{Source, Target, check_target, load_part, wrap};
 use crate::dist_tensor::DistTensor;
+use crate::error::{CheckpointError, CheckpointErrorKind};
 use crate::shmem::Rank;
 use crate::tensor::{DType, Element};
 use crate::{Error, Result};

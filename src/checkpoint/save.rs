@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Metadata, TensorInfo};
 
-use super::error::{CheckpointError, agree};
+use super::agree::agree;
 use super::file::{MappedFile, as_bytes};
 use super::index::{
     CHUNK_BYTES, FILE_META_KEY, FORMAT, FileEntry, FileMeta, FileSlice, INDEX_FILE, Index,
@@ -31,6 +31,7 @@ use super::index::{
     placement_name, to_st,
 };
 use crate::dist_tensor::DistTensor;
+use crate::error::CheckpointError;
 use crate::shmem::{Rank, WordExchange, check_agree};
 use crate::tensor::{DType, Element, Tensor, split_offsets};
 use crate::{Error, Placement, Result};

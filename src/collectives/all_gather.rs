@@ -4,10 +4,11 @@ use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
+use crate::device::DeviceWorld;
 use crate::device::capability::Op;
 use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
 use crate::fused::all_gather_matmul::device_data;
-use crate::shmem::{DeviceWorld, Exchanged, GlobalPtr, GlobalPtrMut, Rank};
+use crate::shmem::{Exchanged, GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::{Tensor, split_offsets};
 use crate::{Element, Result};
 

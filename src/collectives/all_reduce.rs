@@ -4,8 +4,9 @@ use super::all_gather::{gather, gather_agreeing};
 use super::reduce_scatter::reduce;
 use super::workspace::{Out, check_outputs};
 use super::{Input, ReduceOp};
+use crate::device::DeviceWorld;
 use crate::device::capability::Op;
-use crate::shmem::{DeviceWorld, Exchanged, Rank};
+use crate::shmem::{Exchanged, Rank};
 use crate::tensor::{array_split, pool};
 use crate::{Element, Result};
 

@@ -10,11 +10,12 @@ use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, RotatedTasks, check_outputs, exchange_checked, with_workspace,
 };
+use crate::device::DeviceWorld;
 use crate::device::capability::Op;
 use crate::device::{LaunchMode, ascend, capability, launch, tile};
 use crate::shmem::{
-    DeviceWorld, GlobalPtr, GlobalPtrMut, MAX_WORDS, NotifySem, Rank, Scope, SignalBuf, SignalOp,
-    WaitCmp, WaitSem, Workspace, symm_at,
+    GlobalPtr, GlobalPtrMut, MAX_WORDS, NotifySem, Rank, Scope, SignalBuf, SignalOp, WaitCmp,
+    WaitSem, Workspace, symm_at,
 };
 use crate::tensor::split_offsets;
 use crate::{Element, Result, Tensor};

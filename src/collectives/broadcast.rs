@@ -4,10 +4,11 @@ use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
+use crate::device::DeviceWorld;
 use crate::device::capability::Op;
 use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
 use crate::fused::operand::to_world_device;
-use crate::shmem::{DeviceWorld, GlobalPtr, GlobalPtrMut, Rank};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::{Element, Result, Tensor};
 
 /// Every rank gets a copy of `root`'s `data`; the other ranks' `data` is not read (pass `&[]`).

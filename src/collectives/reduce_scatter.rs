@@ -4,11 +4,12 @@ use super::Input;
 use super::workspace::{
     CHUNK_ELEMS, Chunks, Out, Region, check_outputs, exchange_checked, with_workspace,
 };
+use crate::device::DeviceWorld;
 use crate::device::capability::Op;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, ascend, capability, cuda, launch};
 use crate::fused::all_gather_matmul::device_data;
-use crate::shmem::{DeviceWorld, GlobalPtr, GlobalPtrMut, MAX_WORDS, Rank, digest};
+use crate::shmem::{GlobalPtr, GlobalPtrMut, MAX_WORDS, Rank, digest};
 use crate::tensor::{Tensor, array_split, split_offsets};
 use crate::{Element, Result};
 

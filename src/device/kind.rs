@@ -3,9 +3,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::Topology;
 use super::ascend::Ascend;
 use super::capability::{self, Op};
+use crate::shmem::topology::Topology;
 use crate::tensor::DType;
 use crate::{Error, Result};
 

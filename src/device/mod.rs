@@ -8,10 +8,12 @@ pub mod capability;
 pub mod cuda;
 pub mod host;
 mod kind;
-mod topology;
+mod world;
 
+pub use crate::shmem::topology::{LaunchMode, Topology};
 pub use host::launch::launch;
 pub use host::program::Program;
 pub use host::tile;
 pub use kind::Device;
-pub use topology::{LaunchMode, Topology};
+pub use world::DEVICE_ENV;
+pub(crate) use world::DeviceWorld;

@@ -38,14 +38,15 @@ use super::plan::{
 use super::routing::{GatherRoutes, REMOTE_CHUNK_ELEMS};
 use super::schedule::{self, AgShape, HostMachine, PathTaken, Schedule};
 use crate::collectives;
+use crate::device::DeviceWorld;
 use crate::device::ascend;
 use crate::device::capability::{self, Feature, Op};
 use crate::device::tile::{self, Tile};
 use crate::device::{Device, cuda};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
-    Call, DeviceWorld, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp,
-    SymmBuf, Token, WaitCmp, WaitSem, Workspace, consume_token, symm_at,
+    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
+    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, Tensor, matmul_into, pool};
 use crate::{Error, Result};

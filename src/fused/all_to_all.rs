@@ -36,13 +36,14 @@ use super::operand::to_world_device;
 use super::plan::row_chunks;
 use super::routing;
 use crate::collectives;
+use crate::device::DeviceWorld;
 use crate::device::capability;
 use crate::device::capability::Op;
 use crate::device::{LaunchMode, launch, tile};
 use crate::device::{ascend, cuda};
 use crate::shmem::{
-    Call, DeviceWorld, GlobalPtr, GlobalPtrMut, NotifySem, OutputBlock, Rank, Scope, SignalBuf,
-    SignalOp, SymmBuf, Token, WaitCmp, WaitSem, Workspace, consume_token, symm_at,
+    Call, GlobalPtr, GlobalPtrMut, NotifySem, OutputBlock, Rank, Scope, SignalBuf, SignalOp,
+    SymmBuf, Token, WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, Tensor, array_split, pool, split_offsets};
 use crate::{Error, Result};

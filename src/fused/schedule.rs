@@ -345,7 +345,7 @@ pub fn last_schedule(rank: &Rank<'_>) -> Result<Option<Schedule>> {
 /// of several ranks: it travels in the op's agreement exchange, so that every rank fails together
 /// with [`Error::InvalidArgument`](crate::Error::InvalidArgument) and the world stays usable.
 pub(crate) fn local_problem(rank: &Rank<'_>, local_asked: bool) -> Option<String> {
-    let host = matches!(rank.device_world(), crate::shmem::DeviceWorld::Host);
+    let host = matches!(rank.device_world(), crate::device::DeviceWorld::Host);
     (host && local_asked && rank.num_ranks() > 1).then(|| {
         format!(
             "the call's options ask for the local path, which runs one rank only; this world has \

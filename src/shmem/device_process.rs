@@ -1,24 +1,18 @@
-//! A world of processes whose ranks run on GPUs: which device a launched process asks for, the
-//! GPU world it joins after the host rendezvous (`device::cuda::process`), and the thread that
-//! carries the host side's failures (a dead peer found by its pid, a rank's error or panic
-//! recorded in the control block) to the words every GPU kernel's waits read.
+//! A world of processes whose ranks run on a device: the device world each process joins after
+//! the host rendezvous (opened by the backend, e.g. `device::cuda::process`), and the thread
+//! that carries the host side's failures (a dead peer found by its pid, a rank's error or panic
+//! recorded in the control block) to the words every device kernel's waits read.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::DeviceWorld;
 use super::control::{Control, RankState, describe_status};
 use super::job_env::JobEnv;
 use super::world::WorldShared;
-use crate::{Error, Result};
+use crate::Result;
+use crate::shmem::device_runtime::OpenProcessDevice;
 
-/// Environment variable that puts the ranks of a launched world (`World::from_env`, torchrun,
-/// mpirun, Slurm, `World::spawn_local`) on a device: `cuda` (one GPU per process, by local rank:
-/// `local_rank % device count` of the visible devices) or `host` (the default). `--device cuda`
-/// among a program's arguments does the same for [`World::from_args`](crate::World::from_args).
-pub const DEVICE_ENV: &str = "DIST_TENSOR_DEVICE";
-
-/// How often the watch thread carries host failures to the GPUs.
+/// How often the watch thread carries host failures to the devices.
 const WATCH_EVERY: Duration = Duration::from_millis(1);
 
 /// What a process of the world must know to join the GPU world.
@@ -38,42 +32,13 @@ pub(crate) struct ProcessJob<'a> {
     pub(crate) failed: &'a (dyn Fn() -> Option<(usize, String)> + Sync),
 }
 
-/// Whether the environment asks for GPUs ([`DEVICE_ENV`]).
-pub(crate) fn cuda_from_env() -> Result<bool> {
-    parse_device(std::env::var(DEVICE_ENV).ok().as_deref())
-}
-
-fn parse_device(value: Option<&str>) -> Result<bool> {
-    match value {
-        None => Ok(false),
-        Some(v) if v.eq_ignore_ascii_case("cuda") => Ok(true),
-        Some(v) if v.is_empty() || v.eq_ignore_ascii_case("host") => Ok(false),
-        Some(v) => Err(Error::Environment {
-            op: "World::from_env",
-            reason: format!("{DEVICE_ENV}={v:?}: the devices are `cuda` and `host`"),
-        }),
-    }
-}
-
-/// Whether a program's arguments hold `--device cuda`.
-pub(crate) fn cuda_from_args(args: &[String]) -> bool {
-    args.windows(2).any(|w| w[0] == "--device" && w[1].eq_ignore_ascii_case("cuda"))
-}
-
-/// Takes `--device cuda` out of `args`.
-pub(crate) fn take_device_arg(args: &mut Vec<String>) {
-    if let Some(at) =
-        args.windows(2).position(|w| w[0] == "--device" && w[1].eq_ignore_ascii_case("cuda"))
-    {
-        args.drain(at..at + 2);
-    }
-}
-
-/// Puts `shared`, this process's rank of the world `env` describes, on its GPU.
-pub(crate) fn attach_cuda(
+/// Puts `shared`, this process's rank of the world `env` describes, on its device, as `open`
+/// (the backend's) opens it.
+pub(crate) fn attach_device(
     shared: &mut WorldShared,
     env: &JobEnv,
     join_timeout: Duration,
+    open: OpenProcessDevice,
 ) -> Result<()> {
     let control = &shared.control;
     let n = env.world_size;
@@ -89,41 +54,41 @@ pub(crate) fn attach_cuda(
         join_timeout,
         failed: &failed,
     };
-    let world = match crate::device::cuda::open_process_world(&job) {
-        Ok(world) => world,
+    let device = match open(&job) {
+        Ok(device) => device,
         Err(e) => {
             // The others stop waiting for this rank at once, with its reason.
-            control.fail(env.rank, &format!("rank {} could not open its GPU: {e}", env.rank));
+            control.fail(env.rank, &format!("rank {} could not open its device: {e}", env.rank));
             return Err(e);
         }
     };
-    shared.device = DeviceWorld::Cuda(world);
+    shared.device = Some(device);
     Ok(())
 }
 
-/// Starts the thread that carries host failures to the GPU kernels of `shared`'s world (if it is
-/// on GPUs): it looks for dead peers (the world's pid watch), and once the control block says the
-/// world failed, it raises the abort word every wait of every kernel reads, with the failed rank
-/// and its reason. It ends when the world goes.
+/// Starts the thread that carries host failures to the device kernels of `shared`'s world (if
+/// its device asks for it): it looks for dead peers (the world's pid watch), and once the control
+/// block says the world failed, it tells the device (which raises the abort word every wait of
+/// every kernel reads), with the failed rank and its reason. It ends when the world goes.
 pub(crate) fn watch_device(shared: &Arc<WorldShared>) {
-    if !matches!(shared.device, DeviceWorld::Cuda(_)) {
+    if !shared.device.as_ref().is_some_and(|d| d.watches_host_failures()) {
         return;
     }
     let weak: Weak<WorldShared> = Arc::downgrade(shared);
     let mut exiting = Exiting::new(shared.num_ranks());
     let spawned =
-        std::thread::Builder::new().name("dist-tensor gpu watch".into()).spawn(move || {
+        std::thread::Builder::new().name("dist-tensor device watch".into()).spawn(move || {
             loop {
                 let Some(shared) = weak.upgrade() else { return };
                 if let Some(tick) = &shared.on_tick {
                     tick(&shared.control);
                 }
                 exiting.check(&shared.control);
-                if let DeviceWorld::Cuda(gpus) = &shared.device
+                if let Some(device) = &shared.device
                     && shared.control.failed()
                     && let Some((rank, reason)) = shared.control.first_failure()
                 {
-                    crate::device::cuda::world_failed(gpus, rank, &reason);
+                    device.failed(rank, &reason);
                     return; // a failed world stays failed: nothing more to carry
                 }
                 drop(shared);
@@ -132,7 +97,9 @@ pub(crate) fn watch_device(shared: &Arc<WorldShared>) {
         });
     if let Err(e) = spawned {
         // Without the thread, kernels still end at their wait timeout; say why it is slower.
-        eprintln!("dist-tensor: no GPU watch thread ({e}): a dead peer ends waits at the timeout");
+        eprintln!(
+            "dist-tensor: no device watch thread ({e}): a dead peer ends waits at the timeout"
+        );
     }
 }
 
@@ -204,24 +171,6 @@ fn stat_flags(line: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_device_comes_from_the_environment_or_the_arguments() {
-        assert!(!parse_device(None).unwrap());
-        assert!(!parse_device(Some("")).unwrap());
-        assert!(!parse_device(Some("host")).unwrap());
-        assert!(parse_device(Some("CUDA")).unwrap());
-        let err = parse_device(Some("tpu")).unwrap_err().to_string();
-        assert!(err.contains("DIST_TENSOR_DEVICE") && err.contains("tpu"), "{err}");
-        let mut args: Vec<String> =
-            ["--size", "8", "--device", "cuda", "--reps", "2"].map(String::from).to_vec();
-        assert!(cuda_from_args(&args));
-        take_device_arg(&mut args);
-        assert_eq!(args, ["--size", "8", "--reps", "2"]);
-        assert!(!cuda_from_args(&args));
-        // `cuda` as another flag's value is not the device.
-        assert!(!cuda_from_args(&["--name".into(), "cuda".into()]));
-    }
 
     #[test]
     fn the_flags_of_a_stat_line_are_read_after_the_command() {

@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::control::{Control, RankState};
-use super::device_world::DeviceWorld;
 use super::exchange::Call;
 use super::heap::{Heap, lock};
 use super::mapping::Mapping;
@@ -155,13 +154,9 @@ impl<'w> Rank<'w> {
         const OP: &str = "Rank::split";
         let me = self.rank;
         let world = self.world;
-        let problem = match world.device {
-            DeviceWorld::Host => None,
-            _ => Some(format!(
-                "groups run on the host simulation; this world runs on {}",
-                self.device()
-            )),
-        };
+        let problem = world.device.as_ref().map(|_| {
+            format!("groups run on the host simulation; this world runs on {}", self.device())
+        });
         let all = self.exchange(Call::untyped(OP), &[color, key], problem, &[])?;
         let seq = lock(&world.local[me].calls).seq;
         let mut members: Vec<usize> = (0..all.len()).filter(|&r| all[r][0] == color).collect();

@@ -13,7 +13,7 @@ mod buffer;
 mod control;
 mod crossed;
 mod device_process;
-mod device_world;
+mod device_runtime;
 mod exchange;
 mod group;
 mod heap;
@@ -30,6 +30,7 @@ mod rank;
 mod signal;
 mod spawn;
 mod sync;
+pub(crate) mod topology;
 mod transport;
 mod world;
 
@@ -38,9 +39,8 @@ pub use buffer::{
     GlobalPtr, GlobalPtrMut, Readable, SymmBuf, SymmPtr, Writable, consume_token, symm_at,
     try_symm_at,
 };
-pub use device_process::DEVICE_ENV;
 pub(crate) use device_process::ProcessJob;
-pub(crate) use device_world::DeviceWorld;
+pub(crate) use device_runtime::{DeviceRuntime, OpenProcessDevice};
 pub(crate) use exchange::{Call, Exchanged, digest};
 pub use exchange::{MAX_WORDS, WordExchange, check_agree};
 pub use group::Group;
@@ -52,6 +52,7 @@ pub use rank::Rank;
 pub(crate) use signal::Awaited;
 pub use signal::{NotifySem, Scope, SignalBuf, SignalOp, Token, WaitCmp, WaitSem};
 pub use spawn::{LocalJob, RankExit};
+pub(crate) use world::DeviceSetup;
 pub use world::{
     DEFAULT_HEAP_BYTES, DEFAULT_WAIT_TIMEOUT, HEAP_BYTES_ENV, WAIT_TIMEOUT_ENV, Workspace, World,
     WorldBuilder,

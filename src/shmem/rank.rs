@@ -11,8 +11,8 @@ use super::signal::{
 };
 use super::signal::{SIGNAL_STRIDE, cell};
 use super::world::{Workspace, WorldShared};
-use crate::device::Topology;
 use crate::error::ProgramLabel;
+use crate::shmem::topology::Topology;
 use crate::tensor::Pod;
 use crate::{Error, Result};
 
@@ -36,8 +36,8 @@ impl<'w> Rank<'w> {
     }
 
     /// Where this rank's world runs its kernels: what every op's dispatch matches on.
-    pub(crate) fn device_world(&self) -> &'w super::device_world::DeviceWorld {
-        &self.world.device
+    pub(crate) fn device_runtime(&self) -> Option<&'w dyn super::device_runtime::DeviceRuntime> {
+        self.world.device.as_deref()
     }
 
     /// This rank's index, `0..num_ranks()`.
@@ -79,13 +79,13 @@ impl<'w> Rank<'w> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn device(&self) -> crate::Device {
-        self.world.device.device_of(self.rank)
+        self.world.device.as_ref().map_or(crate::Device::Host, |d| d.device_of(self.rank))
     }
 
     /// Where this rank's tensors live (its GPU in a CUDA world, the host otherwise): what the
     /// ops move their inputs to, once, at their entry.
     pub(crate) fn tensor_device(&self) -> crate::Device {
-        self.world.device.tensor_device(self.rank)
+        self.world.device.as_ref().map_or(crate::Device::Host, |d| d.tensor_device(self.rank))
     }
 
     /// The topology of this rank's device.

@@ -348,7 +348,7 @@ impl<'w> Rank<'w> {
     /// This rank's NPU, when the world runs on Ascend NPUs; `None` on a host world.
     pub(crate) fn ascend(&self) -> Option<AscendRank<'_>> {
         match self.device_world() {
-            crate::shmem::DeviceWorld::Ascend(world) => Some(AscendRank { world, rank: self }),
+            crate::device::DeviceWorld::Ascend(world) => Some(AscendRank { world, rank: self }),
             _ => None,
         }
     }

@@ -23,9 +23,9 @@ use super::kernels::{self, KernelCache};
 use super::npu::{AscendRankHandles, Handle, RankState};
 use super::sys::{self, Acl, Hccl, Nnop, Rtc, Shmem};
 use super::{Ascend, AscendDevice, result};
-use crate::shmem::DeviceWorld;
+use crate::shmem::{DeviceRuntime, DeviceSetup};
 use crate::shmem::{Rank, World};
-use crate::{DType, Error, Result};
+use crate::{DType, Device, Error, Result};
 
 const OP: &str = "World::ascend";
 
@@ -422,7 +422,7 @@ impl AscendWorldBuilder {
         let mut builder = World::builder(devices.len())
             .topology(topology)
             .heap_capacity(HOST_META_HEAP_BYTES)
-            .device_world(DeviceWorld::Ascend(Arc::new(world)));
+            .device_setup(DeviceSetup::Opened(Arc::new(world)));
         if let Some(timeout) = self.wait_timeout {
             builder = builder.wait_timeout(timeout);
         }
@@ -628,4 +628,50 @@ fn probe_peers(shmem: &Shmem, device: u32, n: usize) -> Result<()> {
     // SAFETY: every PE frees the probe it allocated, in the same order; nothing uses it.
     unsafe { result::shmem::free(shmem, probe) };
     reachable
+}
+
+/// What the runtime needs of an NPU world: each rank's NPU. Its ops copy host operands to the
+/// NPU and back, so tensors stay on the host; failures need no device hook (the kernels' waits
+/// end through the runtime's own control block).
+impl DeviceRuntime for AscendWorld {
+    fn device_of(&self, rank: usize) -> Device {
+        Device::Ascend(self.ranks[rank].device)
+    }
+
+    fn tensor_device(&self, _rank: usize) -> Device {
+        Device::Host
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl World {
+    /// A world of one rank per Ascend NPU in `devices` (indices among the visible devices),
+    /// each rank a thread of this process running the tile kernels on its NPU: compiled from
+    /// Ascend C with `aclrtc` at first use, on Ascend SHMEM's symmetric heap. Built by
+    /// [`AscendWorldBuilder`](crate::device::ascend::AscendWorldBuilder) with its defaults; see
+    /// there for the settings and [`device::ascend`](crate::device::ascend) for what has run
+    /// where.
+    ///
+    /// # Errors
+    /// As [`AscendWorldBuilder::build`](crate::device::ascend::AscendWorldBuilder::build): on a
+    /// machine without CANN, [`Error::LibraryNotFound`] naming every library path tried.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::{Error, World};
+    /// match World::ascend(&[0, 1]) {
+    ///     Ok(world) => assert_eq!(world.num_ranks(), 2),
+    ///     Err(Error::LibraryNotFound { tried, .. }) => {
+    ///         assert!(tried.iter().any(|t| t.contains("libascendcl.so")))
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn ascend(devices: &[u32]) -> Result<World> {
+        super::AscendWorldBuilder::new(devices).build()
+    }
 }

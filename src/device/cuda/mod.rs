@@ -234,8 +234,33 @@ impl<'w> crate::Rank<'w> {
     /// The GPUs of this rank's world, when it runs on GPUs; `None` otherwise.
     pub(crate) fn cuda_world(&self) -> Option<&'w CudaWorld> {
         match self.device_world() {
-            crate::shmem::DeviceWorld::Cuda(gpus) => Some(gpus),
+            crate::device::DeviceWorld::Cuda(gpus) => Some(gpus),
             _ => None,
         }
+    }
+}
+
+/// What the runtime needs of a GPU world: each rank's GPU, an end to every kernel when a rank
+/// fails, and a rank's part of a run ending once its GPU work is done.
+impl crate::shmem::DeviceRuntime for CudaWorld {
+    fn device_of(&self, rank: usize) -> crate::Device {
+        crate::Device::Cuda(ordinal_of(self, rank) as u32)
+    }
+
+    fn failed(&self, rank: usize, reason: &str) {
+        world_failed(self, rank, reason);
+    }
+
+    fn finish_rank(&self, rank: usize) -> crate::Result<()> {
+        finish_rank(self, rank)
+    }
+
+    /// The kernels' waits read device memory: host failures are carried there.
+    fn watches_host_failures(&self) -> bool {
+        true
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

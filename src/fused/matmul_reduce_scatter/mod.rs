@@ -26,13 +26,14 @@ use super::plan::{
 };
 use super::schedule::{self, PathTaken, Schedule};
 use crate::collectives::{self, ReduceOp};
+use crate::device::DeviceWorld;
 use crate::device::capability::{self, Feature, Op};
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::device::{ascend, cuda};
 use crate::shmem::{
-    Call, DeviceWorld, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp,
-    SymmBuf, Token, WaitCmp, WaitSem, Workspace, consume_token, symm_at,
+    Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
+    WaitCmp, WaitSem, Workspace, consume_token, symm_at,
 };
 use crate::tensor::{Element, Tensor, array_split, matmul_into, pool};
 use crate::{Error, Result};

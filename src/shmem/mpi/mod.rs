@@ -42,7 +42,7 @@ use super::process::{Members, join};
 use super::sync::{WaitOutcome, wait_until};
 use super::transport::{CollectiveKind, Nodes, Owned, Put, Transport};
 use super::world::{Settings, World, WorldKind, WorldShared, env_number};
-use crate::device::Topology;
+use crate::shmem::topology::Topology;
 use crate::{Error, Result};
 
 use collective::CollTask;

@@ -4,12 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{World, WorldShared};
-use crate::device::Topology;
 use crate::shmem::control::Control;
-use crate::shmem::device_world::DeviceWorld;
+use crate::shmem::device_runtime::{DeviceRuntime, OpenDevice};
 use crate::shmem::exchange::reserved_bytes;
 use crate::shmem::heap::{Heap, segment_bytes};
 use crate::shmem::mapping::Mapping;
+use crate::shmem::topology::Topology;
 use crate::{Error, Result};
 
 /// Default capacity of each rank's heap segment. Address space only: untouched pages cost nothing.
@@ -42,8 +42,26 @@ pub struct WorldBuilder {
     heap_capacity: Option<usize>,
     topology: Option<Topology>,
     wait_timeout: Option<Duration>,
-    device: DeviceWorld,
-    cuda: Option<Vec<usize>>,
+    device: Option<DeviceSetup>,
+}
+
+/// How a builder puts its world on a device (a backend's part; see `device_runtime`).
+#[derive(Clone)]
+pub(crate) enum DeviceSetup {
+    /// A device world the backend opened already (an NPU world's builder does).
+    Opened(Arc<dyn DeviceRuntime>),
+    /// Opened when the world is built, for its rank count and wait timeout, by the backend
+    /// named here (for the builder's `Debug`).
+    Open { backend: &'static str, open: OpenDevice },
+}
+
+impl std::fmt::Debug for DeviceSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSetup::Opened(device) => write!(f, "Opened({})", device.device_of(0)),
+            DeviceSetup::Open { backend, .. } => write!(f, "Open({backend})"),
+        }
+    }
 }
 
 pub(crate) fn env_number(name: &'static str) -> Result<Option<u64>> {
@@ -58,24 +76,6 @@ pub(crate) fn env_number(name: &'static str) -> Result<Option<u64>> {
 }
 
 impl WorldBuilder {
-    /// Runs the world on NVIDIA GPUs: rank `r` on CUDA device `devices[r]` (feature `cuda`; see
-    /// [`World::cuda`]). The number of devices must be the number of ranks.
-    ///
-    /// # Examples
-    /// ```
-    /// use std::time::Duration;
-    /// use dist_tensor::World;
-    /// // Without GPUs (or without the `cuda` feature) building fails with a typed error.
-    /// match World::builder(1).cuda(&[0]).wait_timeout(Duration::from_secs(5)).build() {
-    ///     Ok(world) => assert_eq!(world.num_ranks(), 1),
-    ///     Err(e) => println!("no GPU world: {e}"),
-    /// }
-    /// ```
-    pub fn cuda(mut self, devices: &[usize]) -> Self {
-        self.cuda = Some(devices.to_vec());
-        self
-    }
-
     /// Capacity of each rank's heap segment in bytes (default [`DEFAULT_HEAP_BYTES`], or the
     /// environment variable [`HEAP_BYTES_ENV`](crate::shmem::HEAP_BYTES_ENV)).
     ///
@@ -123,9 +123,9 @@ impl WorldBuilder {
     }
 
     /// Runs the ranks' kernels on a device backend instead of the host simulation (used by the
-    /// device worlds' constructors, such as [`World::ascend`]).
-    pub(crate) fn device_world(mut self, device: DeviceWorld) -> Self {
-        self.device = device;
+    /// device worlds' constructors, such as `World::ascend` and `WorldBuilder::cuda`).
+    pub(crate) fn device_setup(mut self, device: DeviceSetup) -> Self {
+        self.device = Some(device);
         self
     }
 
@@ -144,15 +144,6 @@ impl WorldBuilder {
     /// ```
     pub fn build(self) -> Result<World> {
         let n = self.num_ranks;
-        if let Some(devices) = &self.cuda
-            && devices.len() != n
-        {
-            return Err(Error::InvalidArgument {
-                op: "World::build",
-                rank: 0,
-                reason: format!("{n} ranks on {} GPUs: one rank per GPU", devices.len()),
-            });
-        }
         if n == 0 {
             return Err(Error::InvalidArgument {
                 op: "World::build",
@@ -181,11 +172,10 @@ impl WorldBuilder {
             })?;
         let topology = self.topology.unwrap_or_else(|| Topology::host_default(n));
         let mut shared = WorldShared::new(heap, Control::create(control, n), topology, &settings);
-        shared.device = match &self.cuda {
-            Some(devices) => {
-                DeviceWorld::Cuda(crate::device::cuda::open_world(devices, settings.wait_timeout)?)
-            }
-            None => self.device,
+        shared.device = match self.device {
+            None => None,
+            Some(DeviceSetup::Opened(device)) => Some(device),
+            Some(DeviceSetup::Open { open, .. }) => Some(open(n, settings.wait_timeout)?),
         };
         Ok(World { shared: Arc::new(shared), here: None })
     }
@@ -262,8 +252,7 @@ impl World {
             heap_capacity: None,
             topology: None,
             wait_timeout: None,
-            device: DeviceWorld::Host,
-            cuda: None,
+            device: None,
         }
     }
 }

@@ -7,8 +7,9 @@ use std::time::Duration;
 use super::{Settings, World, WorldShared, env_number};
 use crate::Error;
 use crate::Result;
-use crate::device::Topology;
 use crate::shmem::control::{Control, RankState};
+use crate::shmem::device_runtime::OpenProcessDevice;
+use crate::shmem::topology::Topology;
 
 impl World {
     /// A world of `num_ranks` ranks with default settings.
@@ -27,80 +28,10 @@ impl World {
         Self::builder(num_ranks).build()
     }
 
-    /// A world of one rank per Ascend NPU in `devices` (indices among the visible devices),
-    /// each rank a thread of this process running the tile kernels on its NPU: compiled from
-    /// Ascend C with `aclrtc` at first use, on Ascend SHMEM's symmetric heap. Built by
-    /// [`AscendWorldBuilder`](crate::device::ascend::AscendWorldBuilder) with its defaults; see
-    /// there for the settings and [`device::ascend`](crate::device::ascend) for what has run
-    /// where.
-    ///
-    /// # Errors
-    /// As [`AscendWorldBuilder::build`](crate::device::ascend::AscendWorldBuilder::build): on a
-    /// machine without CANN, [`Error::LibraryNotFound`] naming every library path tried.
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::{Error, World};
-    /// match World::ascend(&[0, 1]) {
-    ///     Ok(world) => assert_eq!(world.num_ranks(), 2),
-    ///     Err(Error::LibraryNotFound { tried, .. }) => {
-    ///         assert!(tried.iter().any(|t| t.contains("libascendcl.so")))
-    ///     }
-    ///     Err(e) => return Err(e),
-    /// }
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    pub fn ascend(devices: &[u32]) -> Result<World> {
-        crate::device::ascend::AscendWorldBuilder::new(devices).build()
-    }
-
-    /// This process as one rank of a job whose ranks are the processes of this host, started by
-    /// mpirun, torchrun, Slurm or [`World::spawn_local`]: the rank, world size and job come from
-    /// the environment (see [`job_env`](crate::shmem::job_env)). The ranks meet, exchange their
-    /// heap segments (memfds passed over an abstract Unix socket) and map each other's; then
-    /// [`World::run`] runs the closure once, for this rank, and every op runs as between threads.
-    ///
-    /// Heap capacity and wait timeout come from the environment ([`HEAP_BYTES_ENV`](crate::shmem::HEAP_BYTES_ENV),
-    /// [`WAIT_TIMEOUT_ENV`](crate::shmem::WAIT_TIMEOUT_ENV)) and must be the same on every rank (each rank checks rank 0's
-    /// against its own); how long the ranks wait for each other to join from
-    /// [`JOIN_TIMEOUT_ENV`](crate::shmem::job_env::JOIN_TIMEOUT_ENV) (default 60 s).
-    ///
-    /// With the `mpi` feature, a job started by an MPI launcher (OpenMPI's mpirun, MPICH's
-    /// Hydra) may span many hosts: a proxy thread initialises MPI, whose communicator says who is
-    /// who; the ranks of each node meet as above (one node per host, from MPI's shared-memory
-    /// split, or [`RANKS_PER_NODE_ENV`](crate::shmem::job_env::RANKS_PER_NODE_ENV) ranks per
-    /// node), and ranks of different nodes reach each other through the proxy (see
-    /// [`Rank::put_signal`](crate::shmem::Rank::put_signal), [`Rank::is_local`](crate::shmem::Rank::is_local)). Every rank must have the same heap capacity
-    /// and wait timeout. MPI starts once per process: one such world per process, and MPI ends
-    /// when it is dropped (`MPI_Finalize`, once every rank of the other nodes said goodbye).
-    /// When a process dies, plain mpirun ends the whole job at once (naming the rank); with
-    /// OpenMPI's `--enable-recovery` the others go on long enough to end with an error naming it.
-    ///
-    /// # Errors
-    /// [`Error::Environment`] naming what is missing or inconsistent (no rank, a rank not below
-    /// the world size, two launchers that disagree, a job over several hosts without the `mpi`
-    /// feature, ranks of one node on different hosts, settings that differ between ranks, MPI
-    /// started twice), or a peer that never joins within the join timeout;
-    /// [`Error::ForeignPeer`] when the process at the other end of the rendezvous runs as another
-    /// user or belongs to another launch with the same job id; [`Error::BadPeerMessage`] naming
-    /// a field rank 0 (or a joining rank of this launch) sent that is not acceptable; [`Error::System`]
-    /// when the operating system refuses a step of the rendezvous; [`Error::Mpi`] when MPI fails.
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::World;
-    /// // Not started as a rank: the error says what it looked for.
-    /// if !World::launched() {
-    ///     let err = World::from_env().unwrap_err().to_string();
-    ///     assert!(err.contains("no rank in the environment"), "{err}");
-    /// }
-    /// ```
-    pub fn from_env() -> Result<World> {
-        World::from_env_on(crate::shmem::device_process::cuda_from_env()?)
-    }
-
-    /// [`World::from_env`], on GPUs when `cuda` (see [`DEVICE_ENV`](crate::shmem::DEVICE_ENV)).
-    fn from_env_on(cuda: bool) -> Result<World> {
+    /// `World::from_env` (defined with the device backends, which choose `device`): this
+    /// process as a rank of a launched job, its device side opened by `device` after the host
+    /// rendezvous.
+    pub(crate) fn from_env_on(device: Option<OpenProcessDevice>) -> Result<World> {
         let get = |name: &str| std::env::var(name).ok();
         let env = crate::shmem::job_env::JobEnv::read_spanning(&get)?;
         if let Some(world) = crate::shmem::transport::join_by_mpi(&env) {
@@ -125,8 +56,8 @@ impl World {
         shared.kind = super::WorldKind::Processes { job_id: env.job_id.clone(), join_timeout };
         let peers = joined.peers;
         shared.on_tick = Some(Box::new(move |control: &Control| peers.check(control)));
-        if cuda {
-            crate::shmem::device_process::attach_cuda(&mut shared, &env, join_timeout)?;
+        if let Some(open) = device {
+            crate::shmem::device_process::attach_device(&mut shared, &env, join_timeout, open)?;
         }
         let shared = Arc::new(shared);
         crate::shmem::device_process::watch_device(&shared);
@@ -175,39 +106,15 @@ impl World {
         crate::shmem::LocalJob::new(num_ranks)
     }
 
-    /// Where a program's ranks live, from its arguments and environment (what the examples use):
-    ///
-    /// - started as a rank of a job (mpirun, torchrun, Slurm, or a parent's `--processes`, see
-    ///   [`World::launched`]): this process's rank, [`World::from_env`];
-    /// - `--processes N` among `args`: starts `N` ranks of this program with
-    ///   [`World::spawn_local`], waits for them, prints what they printed (rank 0 last, as it
-    ///   prints the summary) and returns `None`;
-    /// - otherwise [`World::threads`]`(threads)`.
-    ///
-    /// `--device cuda` among `args` with `--processes N` (or in a launched rank) makes the world
-    /// on GPUs, one per process (see [`DEVICE_ENV`](crate::shmem::DEVICE_ENV)), and is taken out too.
-    ///
-    /// `--processes N` is taken out of `args` in every case, so the program parses the rest.
-    ///
-    /// # Errors
-    /// As [`World::from_env`] or [`World::threads`]; for `--processes`, a value that is not a
-    /// number, or [`Error::RankFailed`] naming the first rank whose process failed (with what it
-    /// wrote to its standard error).
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::World;
-    /// let mut args = vec!["--size".to_string(), "8".to_string()];
-    /// if let Some(world) = World::from_args(&mut args, 2)? {
-    ///     let ones = world.run(|rank| Ok(rank.num_ranks()))?;
-    ///     if !World::launched() {
-    ///         assert_eq!(ones, vec![2, 2]);
-    ///     }
-    /// }
-    /// assert_eq!(args, ["--size", "8"]);
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    pub fn from_args(args: &mut Vec<String>, threads: usize) -> Result<Option<World>> {
+    /// `World::from_args` (defined with the device backends): `--processes N` is parsed and
+    /// taken out here; `device` then sees the rest of the arguments and whether the ranks are
+    /// processes (launched, or about to be spawned), takes out its own, and says how a launched
+    /// rank's device side opens.
+    pub(crate) fn from_args_on(
+        args: &mut Vec<String>,
+        threads: usize,
+        device: impl FnOnce(&mut Vec<String>, bool) -> Result<Option<OpenProcessDevice>>,
+    ) -> Result<Option<World>> {
         let mut processes = None;
         if let Some(at) = args.iter().position(|a| a == "--processes") {
             let value = args.get(at + 1).cloned().unwrap_or_default();
@@ -219,15 +126,9 @@ impl World {
             args.drain(at..(at + 2).min(args.len()));
             processes = Some(n);
         }
-        // `--device cuda` with processes: the world is made on GPUs, and the argument taken out
-        // (the children see it among this process's own arguments).
-        let cuda = crate::shmem::device_process::cuda_from_args(args);
-        if cuda && (processes.is_some() || World::launched()) {
-            crate::shmem::device_process::take_device_arg(args);
-        }
+        let device = device(args, processes.is_some() || World::launched())?;
         if World::launched() {
-            let cuda = cuda || crate::shmem::device_process::cuda_from_env()?;
-            return World::from_env_on(cuda).map(Some);
+            return World::from_env_on(device).map(Some);
         }
         let Some(n) = processes else {
             return World::threads(threads).map(Some);

@@ -13,14 +13,14 @@ use std::time::Duration;
 pub use builder::{
     DEFAULT_HEAP_BYTES, DEFAULT_WAIT_TIMEOUT, HEAP_BYTES_ENV, WAIT_TIMEOUT_ENV, WorldBuilder,
 };
-pub(crate) use builder::{Settings, env_number};
+pub(crate) use builder::{DeviceSetup, Settings, env_number};
 pub(crate) use run::panic_message;
 pub use shared::Workspace;
 pub(crate) use shared::{WorldKind, WorldShared};
 
 use super::control::RankState;
 use super::heap::lock;
-use crate::device::Topology;
+use crate::shmem::topology::Topology;
 
 /// A world of ranks, each a thread of this process, sharing a symmetric heap.
 ///

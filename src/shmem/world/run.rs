@@ -159,7 +159,10 @@ where
     // On a device world, a rank's part ends once its device work is done.
     let body = || {
         let value = f(&rank)?;
-        shared.device.finish_rank(r).map(|()| value)
+        match &shared.device {
+            Some(device) => device.finish_rank(r).map(|()| value),
+            None => Ok(value),
+        }
     };
     let outcome = catch_unwind(AssertUnwindSafe(body));
     let err = match outcome {

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use super::Settings;
 use crate::Error;
-use crate::device::Topology;
 use crate::shmem::control::{Control, RankState};
-use crate::shmem::device_world::DeviceWorld;
+use crate::shmem::device_runtime::DeviceRuntime;
 use crate::shmem::exchange::CallCounter;
 use crate::shmem::heap::{Heap, lock};
 use crate::shmem::sync::{Watch, deadline_after};
+use crate::shmem::topology::Topology;
 use crate::shmem::transport::Transport;
 
 /// What a rank keeps in its own process: nothing here is read by a peer.
@@ -40,9 +40,10 @@ pub(crate) struct WorldShared {
     pub(crate) local: Vec<RankLocal>,
     /// Looks at the world while a wait is blocked (a process world looks for dead peers).
     pub(crate) on_tick: Option<Box<OnTick>>,
-    /// Where the ranks' kernels run: the host simulation, GPUs or NPUs. Set when the world is
-    /// made; every op's dispatch reads it (see `device_world`).
-    pub(crate) device: DeviceWorld,
+    /// Where the ranks' kernels run: `None` for the host simulation, else the device backend's
+    /// world (GPUs, NPUs). Set when the world is made; every op's dispatch reads it (through
+    /// `device::DeviceWorld`).
+    pub(crate) device: Option<Arc<dyn DeviceRuntime>>,
     pub(super) run_lock: Mutex<()>,
     /// Which ranks are on this node (reached by pointer), and the way to the others.
     pub(crate) transport: Transport,
@@ -118,7 +119,9 @@ impl WorldShared {
         drop(own);
         let reason = err.to_string();
         self.control.fail(rank, &reason);
-        self.device.failed(rank, &reason);
+        if let Some(device) = &self.device {
+            device.failed(rank, &reason);
+        }
         // A group's failure is its world's: the ranks outside the group stop too.
         if let Some(parent) = &self.parent {
             parent.fail_with(rank, err);
@@ -161,7 +164,7 @@ impl WorldShared {
             wait_timeout: settings.wait_timeout,
             local: (0..n).map(|_| RankLocal::default()).collect(),
             on_tick: None,
-            device: DeviceWorld::Host,
+            device: None,
             run_lock: Mutex::new(()),
             transport: Transport::local(n),
             kind: WorldKind::Threads,

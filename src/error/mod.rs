@@ -6,6 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+mod checkpoint;
+
+pub use checkpoint::{CheckpointError, CheckpointErrorKind};
+
 /// Result of every fallible operation in the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -359,7 +363,7 @@ pub enum Error {
     /// A checkpoint or safetensors file that cannot be saved or loaded: the rank that found it,
     /// the file, the tensor and why (see [`checkpoint`](crate::checkpoint)).
     #[error(transparent)]
-    Checkpoint(Box<crate::checkpoint::CheckpointError>),
+    Checkpoint(Box<CheckpointError>),
 
     // ---- user errors -----------------------------------------------------------------------
     /// An error of the user's own code inside [`World::run`](crate::World::run): `?` on an
