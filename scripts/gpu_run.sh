@@ -1,5 +1,6 @@
 #!/bin/bash
-# The GPU run of the README in one device call: every CUDA test binary and examples 07, 08 and 05,
+# The GPU run (docs/GPU.md; each run's results go to a dated file in docs/results/) in one device
+# call: every CUDA test binary and examples 07, 08 and 05,
 # then the local-op table, --add and --train of gpu_report beside torch_peer.py, taking turns.
 # $1: a folder of the binaries built here (`cargo build --release --features cuda --test ... --example ...`,
 # stripped); each part logs to $OUT (the device machine's folder that comes back), so a timeout

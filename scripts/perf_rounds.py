@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """perf_report and the mpi4py + numpy baseline, interleaved: round after round, each round one
 `perf_report --runs 1` then `mpi_numpy_baseline.py` at world 2 and at world 4, so that a change
-in the machine's load between rounds reaches both sides alike. Prints the README's table: every
-ratio is the median over the rounds of that round's ratio (fused/numpy pairs the fused time with
-the same round's numpy time), with the range over the rounds; times are medians over the rounds.
+in the machine's load between rounds reaches both sides alike. Prints the table of the host runs
+in docs/results/ (see docs/PERFORMANCE.md): every ratio is the median over the rounds of that
+round's ratio (fused/numpy pairs the fused time with the same round's numpy time), with the range
+over the rounds; times are medians over the rounds.
 
 Run from the repository root after `cargo build --release --example perf_report` (the MPI side
 needs `apt-get install openmpi-bin libopenmpi-dev` and `pip install numpy mpi4py`):
