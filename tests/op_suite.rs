@@ -23,7 +23,7 @@ use std::time::Duration;
 use dist_tensor::collectives::{self, ReduceOp};
 use dist_tensor::device::Device;
 use dist_tensor::device::ascend::{Ascend, AscendWorldBuilder};
-use dist_tensor::device::capability::{self, Op};
+use dist_tensor::device::capability::{self, Feature, Op};
 use dist_tensor::tensor::DType;
 use dist_tensor::{
     DistTensor, Element, Error, Placement, Rank, Result, Split, Tensor, World, fused,
@@ -762,19 +762,113 @@ fn column(
         cell::<f16>(world(), backend, op, check);
         cell::<bf16>(world(), backend, op, check);
     }
-    // A feature cell: an uneven re-split runs where the table has the feature, and is refused
-    // before any exchange, as DeviceUnavailable with the table's reason, where it has not.
-    let features = [capability::Feature::UnevenSplit];
-    let promised = capability::refusal(Op::RedistributeSplit, backend, DType::F32, &features);
-    let outcome = split_world().run(|rank| redistribute_split_case::<f32>(rank, check, true));
-    match (promised, outcome) {
-        (None, outcome) => {
-            outcome.unwrap_or_else(|e| panic!("redistribute_split {backend}: uneven: {e}"));
+    feature_column(split_world, backend, check);
+}
+
+/// One (op, feature) cell's call in f32, with the feature asked for and its values checked
+/// against f64: an N-D input (a leading dimension of 1), a weight read transposed (stored
+/// `[N, K]`, passed as its transposed view), the gathered input kept.
+fn run_feature_cell(rank: &Rank<'_>, op: Op, feature: Feature, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let (k, c) = (7, 5);
+    match op {
+        Op::AllGatherMatmul => {
+            let x = random::<f32>(rows_of(me, n), k, seed(me, 1));
+            let w = random::<f32>(k, c, 21);
+            let w_t = w.transpose(0, 1)?;
+            let (wv, wtv) = (w.view2("w")?, w_t.view2("w_t")?);
+            let out = match feature {
+                Feature::NdInput => {
+                    let x3 = x.reshape(&[1, rows_of(me, n), k])?;
+                    fused::all_gather_matmul(rank, &x3, &[wv])?
+                }
+                Feature::TransposedWeight => {
+                    fused::all_gather_matmul(rank, x.view2("x")?, &[wtv.t()])?
+                }
+                Feature::KeptInput => {
+                    fused::all_gather_matmul_keep_input(rank, x.view2("x")?, &[wv])?
+                }
+                other => panic!("{op} cannot be asked for {other:?}"),
+            };
+            let all: Vec<f64> = (0..n)
+                .flat_map(|r| f64s(random::<f32>(rows_of(r, n), k, seed(r, 1)).as_slice()))
+                .collect();
+            let m = all.len() / k;
+            if feature == Feature::KeptInput {
+                let kept = out.gathered.as_ref().expect("the gathered input, asked for");
+                close("kept input", &kept.iter().copied().collect::<Vec<_>>(), &all, 1);
+            }
+            if check {
+                let want = matmul_f64(&all, &f64s(w.as_slice()), m, k, c);
+                let got: Vec<f32> = out.outputs[0].iter().copied().collect();
+                close(&format!("{op} with {feature:?}"), &got, &want, k);
+            }
         }
-        (Some(why), Ok(_)) => panic!("redistribute_split {backend}: refused ({why}), but ran"),
-        (Some(why), Err(e)) => {
-            let e = e.rank_error().clone();
-            assert!(matches!(&e, Error::DeviceUnavailable { reason, .. } if *reason == why), "{e}");
+        Op::MatmulReduceScatter => {
+            let m = 5;
+            let k_of = |r: usize| r + 2;
+            let x = random::<f32>(m, k_of(me), seed(me, 2));
+            let w = random::<f32>(k_of(me), c, seed(me, 3));
+            let w_t = w.transpose(0, 1)?;
+            let out = match feature {
+                Feature::NdInput => {
+                    let x3 = x.reshape(&[1, m, k_of(me)])?;
+                    fused::matmul_reduce_scatter(rank, &x3, w.view2("w")?)?
+                }
+                Feature::TransposedWeight => {
+                    fused::matmul_reduce_scatter(rank, x.view2("x")?, w_t.view2("w_t")?.t())?
+                }
+                other => panic!("{op} cannot be asked for {other:?}"),
+            };
+            if check {
+                let mut sum = vec![0.0; m * c];
+                for r in 0..n {
+                    let xr = f64s(random::<f32>(m, k_of(r), seed(r, 2)).as_slice());
+                    let wr = f64s(random::<f32>(k_of(r), c, seed(r, 3)).as_slice());
+                    for (s, p) in sum.iter_mut().zip(matmul_f64(&xr, &wr, m, k_of(r), c)) {
+                        *s += p;
+                    }
+                }
+                let mine = dist_tensor::tensor::array_split(m, n);
+                let start: usize = mine[..me].iter().sum();
+                let got: Vec<f32> = out.iter().copied().collect();
+                close(
+                    &format!("{op} with {feature:?}"),
+                    &got,
+                    &sum[start * c..(start + mine[me]) * c],
+                    n * (n + 1),
+                );
+            }
+        }
+        Op::RedistributeSplit => redistribute_split_case::<f32>(rank, check, true)?,
+        other => panic!("{other} takes no feature"),
+    }
+    Ok(())
+}
+
+/// Every (op, feature) cell of `backend`'s column, in a world of two ranks or more (`world`):
+/// it runs and matches f64 where the table has the feature, and is refused before any exchange,
+/// as [`Error::DeviceUnavailable`] with the table's reason, where it has not.
+fn feature_column(world: &dyn Fn() -> World, backend: Device, check: bool) {
+    for op in Op::ALL {
+        for &feature in op.features() {
+            let promised = capability::refusal(op, backend, DType::F32, &[feature]);
+            let outcome = world().run(|rank| run_feature_cell(rank, op, feature, check));
+            match (promised, outcome) {
+                (None, outcome) => {
+                    outcome.unwrap_or_else(|e| panic!("{op} {backend} {feature:?}: {e}"));
+                }
+                (Some(why), Ok(_)) => {
+                    panic!("{op} {backend} {feature:?}: refused ({why}), but ran")
+                }
+                (Some(why), Err(e)) => {
+                    let e = e.rank_error().clone();
+                    assert!(
+                        matches!(&e, Error::DeviceUnavailable { reason, .. } if *reason == why),
+                        "{op} {backend} {feature:?}: {e} is not the table's {why}"
+                    );
+                }
+            }
         }
     }
 }

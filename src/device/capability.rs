@@ -54,6 +54,18 @@ impl Op {
         Op::RedistributeSplit,
     ];
 
+    /// The features a call of this op can ask for (what its entry checks against the table).
+    pub const fn features(self) -> &'static [Feature] {
+        match self {
+            Op::AllGatherMatmul => {
+                &[Feature::NdInput, Feature::TransposedWeight, Feature::KeptInput]
+            }
+            Op::MatmulReduceScatter => &[Feature::NdInput, Feature::TransposedWeight],
+            Op::RedistributeSplit => &[Feature::UnevenSplit],
+            _ => &[],
+        }
+    }
+
     /// The op's name as errors and reports say it (its function's name).
     pub const fn name(self) -> &'static str {
         match self {
@@ -141,7 +153,7 @@ const ALL_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
 const NPU_DTYPES: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 
 const fn host(op: Op) -> Row {
-    Row { op, device: Device::Host, dtypes: ALL_DTYPES, features: &Feature::ALL }
+    Row { op, device: Device::Host, dtypes: ALL_DTYPES, features: op.features() }
 }
 
 const fn npu(op: Op, features: &'static [Feature]) -> Row {
@@ -167,24 +179,25 @@ const TABLE: &[Row] = &[
     // back the gathered input. `all_reduce` runs as `reduce_scatter` then `all_gather`.
     npu(Op::AllGatherMatmul, &[Feature::NdInput, Feature::TransposedWeight]),
     npu(Op::MatmulReduceScatter, &[Feature::NdInput, Feature::TransposedWeight]),
-    npu(Op::AllToAll, &[Feature::NdInput, Feature::UnevenSplit]),
-    npu(Op::AllGather, &[Feature::UnevenSplit]),
-    npu(Op::ReduceScatter, &[Feature::UnevenSplit]),
+    npu(Op::AllToAll, &[]),
+    npu(Op::AllGather, &[]),
+    npu(Op::ReduceScatter, &[]),
     npu(Op::AllReduce, &[]),
-    npu(Op::AllToAllV, &[Feature::UnevenSplit]),
+    npu(Op::AllToAllV, &[]),
     npu(Op::Broadcast, &[]),
-    npu(Op::RedistributeSplit, &[Feature::NdInput, Feature::UnevenSplit]),
+    npu(Op::RedistributeSplit, &[Feature::UnevenSplit]),
     // The GPU kernels take [M, K] row-major operands: an N-D input is its rows (a reshape), a
     // transposed weight is transposed on the GPU first (one copy), a kept input is gathered
     // again into a tensor of its own. An uneven re-split gathers the whole tensor and cuts it.
+    // No all_to_all_v kernel.
     gpu(Op::AllGatherMatmul, &[Feature::NdInput, Feature::TransposedWeight, Feature::KeptInput]),
     gpu(Op::MatmulReduceScatter, &[Feature::NdInput, Feature::TransposedWeight]),
-    gpu(Op::AllToAll, &[Feature::NdInput, Feature::UnevenSplit]),
-    gpu(Op::AllGather, &[Feature::NdInput, Feature::UnevenSplit]),
-    gpu(Op::ReduceScatter, &[Feature::NdInput, Feature::UnevenSplit]),
-    gpu(Op::AllReduce, &[Feature::NdInput]),
-    gpu(Op::Broadcast, &[Feature::NdInput]),
-    gpu(Op::RedistributeSplit, &[Feature::NdInput, Feature::UnevenSplit]),
+    gpu(Op::AllToAll, &[]),
+    gpu(Op::AllGather, &[]),
+    gpu(Op::ReduceScatter, &[]),
+    gpu(Op::AllReduce, &[]),
+    gpu(Op::Broadcast, &[]),
+    gpu(Op::RedistributeSplit, &[Feature::UnevenSplit]),
 ];
 
 /// Why `device`'s backend cannot run `op` on `dtype` with `features`, or `None` when it can:
@@ -196,7 +209,7 @@ const TABLE: &[Row] = &[
 /// use dist_tensor::device::Device;
 /// use dist_tensor::device::capability::{Feature, Op, refusal};
 /// use dist_tensor::tensor::DType;
-/// assert_eq!(refusal(Op::AllGatherMatmul, Device::Host, DType::F64, &Feature::ALL), None);
+/// assert_eq!(refusal(Op::AllGatherMatmul, Device::Host, DType::F64, Op::AllGatherMatmul.features()), None);
 /// let why = refusal(Op::AllGatherMatmul, Device::Ascend(0), DType::F32, &[Feature::KeptInput]);
 /// assert!(why.unwrap().contains("keep_input"));
 /// assert!(refusal(Op::Broadcast, Device::Ascend(1), DType::F64, &[]).unwrap().contains("f64"));
@@ -274,5 +287,30 @@ pub fn check(op: Op, device: Device, dtype: DType, features: &[Feature]) -> Resu
             device: backend_name(device).to_string(),
             reason,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row lists only features its op can be asked for (else the walk over
+    /// [`Op::features`] in `tests/op_suite.rs` would never reach them), and every op has a
+    /// host row.
+    #[test]
+    fn rows_list_only_the_features_their_op_checks() {
+        for row in TABLE {
+            for f in row.features {
+                assert!(
+                    row.op.features().contains(f),
+                    "{} on {:?} lists {f:?}",
+                    row.op,
+                    row.device
+                );
+            }
+        }
+        for op in Op::ALL {
+            assert!(row(op, Device::Host).is_some(), "{op} has no host row");
+        }
     }
 }
