@@ -23,7 +23,7 @@
 //!
 //! `--bench N` times N training steps instead (f32, heads split over the ranks, after 3
 //! unmeasured ones) and prints their median and fastest: the step that
-//! `benches/torch/gpt_step.py` times in PyTorch (README, "Training step against PyTorch").
+//! `benches/torch/gpt_step.py` times in PyTorch (docs/results/2026-12-01-gpt-step-vs-torch-zen4.md).
 
 use dist_tensor::autograd::gpt::{AttentionForm, Gpt, GptConfig};
 use dist_tensor::autograd::{

@@ -12,8 +12,7 @@ World 2 is PyTorch's tensor parallelism on gloo: torch.distributed.tensor.parall
 ColwiseParallel on q, k, v and fc1, RowwiseParallel on the attention output and fc2 (heads
 and the MLP split over the ranks, Megatron-style), one thread per process. Each prints the
 median and fastest step over --steps steps after 3 unmeasured ones. Compare with
-`cargo run --release --example 09_train_gpt -- --processes N --bench 30` (README, "Training step
-against PyTorch"). Not part of CI: it needs torch (`pip install torch`).
+`cargo run --release --example 09_train_gpt -- --processes N --bench 30` (docs/results/2026-12-01-gpt-step-vs-torch-zen4.md). Not part of CI: it needs torch (`pip install torch`).
 """
 
 import argparse

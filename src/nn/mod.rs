@@ -55,7 +55,7 @@
 //! The `forward` / `backward` pairs are autograd too: `forward` runs `forward_var` on a tracked
 //! copy of its input and keeps the record, and `backward` runs the record backward, seeded with
 //! the output gradient. No hand-written derivative is left: none was faster than autograd's
-//! (`cargo bench --bench nn -- autograd` timed both; the README has the figures), and one
+//! (`cargo bench --bench nn -- autograd` timed both; docs/results/2026-12-01-autograd-cost-zen4.md has the figures), and one
 //! backward pass per layer is one to keep right. One difference remains between the two ways to
 //! call them: `backward` returns the gradients of replicated parameters (a row-parallel bias,
 //! the Ulysses projections) complete on every rank, summing this pass's parts over the ranks,

@@ -10,7 +10,7 @@
 //! deadline, so it runs as soon as it wakes, for its short turn. The nice value and policy stay.
 //!
 //! Measured with `perf_report --mesh` on the throttled fake nodes (2 cores, 2x2 mesh, 2048
-//! tokens; see the README): the part of the dp averaging the backward pass leaves unhidden fell
+//! tokens; docs/results/2026-12-04-mesh-short-slices-zen4.md): the part of the dp averaging the backward pass leaves unhidden fell
 //! from 74% to 85% of the averaging alone to 44% to 58%. [`SHORT_SLICE_ENV`] = `0` turns it off.
 //!
 //! [`SHORT_SLICE_ENV`]: crate::shmem::job_env::SHORT_SLICE_ENV

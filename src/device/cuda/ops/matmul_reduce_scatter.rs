@@ -9,7 +9,7 @@
 //! - `single` (few rows, as in decoding): one GEMM over all rows reads the weight once; the
 //!   reduce kernel then reads every peer's partial of this rank's rows over NVLink (`symm_at` of
 //!   the published partials), with no copy. Two alternatives measured slower or no faster on
-//!   two H200s (the README's GPU section has the figures): blocks of columns, each block's
+//!   two H200s (docs/results/2026-11-30-gpu-2x-h200.md has the figures): blocks of columns, each block's
 //!   reduce overlapping the next block's product on a second stream; and one kernel that pushes
 //!   each peer its rows of the partial into a double buffer, then sums locally.
 //!
