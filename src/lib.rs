@@ -179,6 +179,7 @@ pub mod dist_tensor;
 pub mod error;
 pub mod fused;
 pub mod mesh;
+pub mod models;
 pub mod nn;
 pub mod shmem;
 pub mod tensor;

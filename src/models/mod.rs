@@ -1,0 +1,230 @@
+//! Published models: Hugging Face directories (`config.json`, safetensors) loaded straight into
+//! a tensor-parallel layout, each rank reading only its slice, and run.
+//!
+//! One file per architecture family, sharing blocks:
+//!
+//! | family | `architectures` | file |
+//! | --- | --- | --- |
+//! | Llama 2 / 3, Mistral, Qwen2, Qwen3 | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` | [`llama`] |
+//! | GPT-2 | `GPT2LMHeadModel` | [`gpt2`] |
+//!
+//! [`load`] reads `config.json`, opens `model.safetensors` or the shards that
+//! `model.safetensors.index.json` names, and builds the model on the rank's world in `T` (f32,
+//! bf16, f16; the weights converted from the file's type, rounded once). The split is Megatron's:
+//! attention by whole heads (q / k / v column-parallel, KV heads replicated when fewer than the
+//! ranks, the output projection row-parallel), MLPs column- then row-parallel, the embedding and
+//! the head vocab-parallel; between the blocks the activations are sharded on the sequence, so
+//! each parallel product is one fused op ([`DistTensor::all_gather_matmul`](crate::DistTensor::all_gather_matmul),
+//! [`DistTensor::matmul_reduce_scatter`](crate::DistTensor::matmul_reduce_scatter)).
+//!
+//! [`Model::forward`] runs a whole prompt (no KV cache yet) and [`Model::generate_greedy`] is the
+//! simplest correct greedy loop (the window recomputed every step).
+
+pub mod blocks;
+pub mod gpt2;
+pub mod llama;
+mod weights;
+
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+
+pub use gpt2::{Gpt2, Gpt2Config};
+pub use llama::{Llama, LlamaConfig};
+pub use weights::{HF_INDEX, HF_SINGLE, Weights};
+
+use crate::checkpoint::CheckpointErrorKind;
+use crate::shmem::Rank;
+use crate::tensor::{DType, Element, Tensor};
+use crate::{Error, Result};
+
+/// The config file of a model directory.
+pub const CONFIG: &str = "config.json";
+
+/// A loaded causal language model of any supported family.
+pub enum Model<'r, T: Element> {
+    /// Llama 2 / 3, Mistral, Qwen2, Qwen3.
+    Llama(Llama<'r, T>),
+    /// GPT-2.
+    Gpt2(Gpt2<'r, T>),
+}
+
+/// The families and the `architectures` (or `model_type`) names that select them.
+const LLAMA: &[&str] =
+    &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"];
+const LLAMA_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+const GPT2: &[&str] = &["GPT2LMHeadModel"];
+
+/// Loads the Hugging Face model in `dir` on `rank`'s world, in `T`: reads `config.json`, picks
+/// the family from its `architectures` (or `model_type`), opens `model.safetensors` or the
+/// sharded index, and each rank reads only its slice. Collective: every rank calls it.
+///
+/// # Errors
+/// On every rank, and nothing half-loaded is returned:
+/// - [`Error::Checkpoint`] naming the file (and the tensor): `config.json` missing or not
+///   parsing, an unknown architecture ([`CheckpointErrorKind::Malformed`] naming it and the
+///   known ones), no weights file, a truncated or damaged file, a missing tensor
+///   ([`CheckpointErrorKind::TensorNotFound`]), a tensor of another shape
+///   ([`CheckpointErrorKind::ShapeMismatch`]);
+/// - [`Error::InvalidArgument`] naming the numbers when the world size does not divide the
+///   attention heads (or the KV heads, or is not a multiple of fewer KV heads).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{World, models};
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/models/llama3");
+/// let new = World::threads(2)?.run(|rank| {
+///     let model = models::load::<f32>(rank, dir)?;
+///     model.generate_greedy(&[1, 0, 17, 42, 99, 126, 127], 8)
+/// })?;
+/// assert_eq!(new[0], [74, 96, 96, 96, 96, 92, 66, 57]); // as transformers generates
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn load<'r, T: Element>(rank: &'r Rank<'r>, dir: impl AsRef<Path>) -> Result<Model<'r, T>> {
+    let dir = dir.as_ref();
+    let me = rank.rank();
+    let raw: serde_json::Value = read_config(me, dir)?;
+    let arch = raw
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(|a| a.as_str())
+        .map(str::to_string);
+    let model_type = raw.get("model_type").and_then(|t| t.as_str()).unwrap_or("").to_string();
+    let path = dir.join(CONFIG);
+    let is = |names: &[&str], types: &[&str]| match &arch {
+        Some(a) => names.contains(&a.as_str()),
+        None => types.contains(&model_type.as_str()),
+    };
+    if is(LLAMA, LLAMA_TYPES) {
+        let config: LlamaConfig = config_from(me, &path, raw)?;
+        let weights = Weights::open(rank, dir)?;
+        Ok(Model::Llama(Llama::from_weights(rank, config, &weights)?))
+    } else if is(GPT2, &["gpt2"]) {
+        let config: Gpt2Config = config_from(me, &path, raw)?;
+        let weights = Weights::open(rank, dir)?;
+        Ok(Model::Gpt2(Gpt2::from_weights(rank, config, &weights)?))
+    } else {
+        let known: Vec<&str> = LLAMA.iter().chain(GPT2).copied().collect();
+        Err(weights::ck_error(
+            me,
+            &path,
+            None,
+            CheckpointErrorKind::Malformed {
+                reason: format!(
+                    "unknown architecture {} (model_type {model_type:?}); known: {}",
+                    arch.as_deref().map_or("(none)".to_string(), |a| format!("{a:?}")),
+                    known.join(", ")
+                ),
+            },
+        ))
+    }
+}
+
+/// The element type `config.json` says the weights were saved in (`dtype`, or the older
+/// `torch_dtype`), if it names one this crate has: to load a model in its own type.
+///
+/// # Errors
+/// [`Error::Checkpoint`] naming `config.json` when it is missing or not JSON.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{DType, models};
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/models/qwen2");
+/// assert_eq!(models::saved_dtype(dir)?, Some(DType::BF16));
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn saved_dtype(dir: impl AsRef<Path>) -> Result<Option<DType>> {
+    let raw: serde_json::Value = read_config(0, dir.as_ref())?;
+    let name = raw.get("dtype").or_else(|| raw.get("torch_dtype")).and_then(|v| v.as_str());
+    Ok(match name {
+        Some("float32") => Some(DType::F32),
+        Some("bfloat16") => Some(DType::BF16),
+        Some("float16") => Some(DType::F16),
+        Some("float64") => Some(DType::F64),
+        _ => None,
+    })
+}
+
+impl<'r, T: Element> Model<'r, T> {
+    /// The logits `[len, vocab]` (f32) of every position of `ids`, the whole prompt without a
+    /// cache, on every rank. Collective.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty prompt or an id outside the vocabulary (GPT-2: a
+    /// prompt longer than its positions); as the collectives.
+    pub fn forward(&self, ids: &[u32]) -> Result<Tensor<f32>> {
+        match self {
+            Model::Llama(m) => m.forward(ids),
+            Model::Gpt2(m) => m.forward(ids),
+        }
+    }
+
+    /// `max_new` tokens after `ids`, each the argmax of the last position's logits (the first on
+    /// ties), the whole window recomputed at every step. Collective; every rank returns them.
+    ///
+    /// # Errors
+    /// As [`Model::forward`].
+    pub fn generate_greedy(&self, ids: &[u32], max_new: usize) -> Result<Vec<u32>> {
+        let mut seq = ids.to_vec();
+        for _ in 0..max_new {
+            let logits = self.forward(&seq)?;
+            let vocab = logits.shape()[1];
+            let last = &logits.as_slice()[(seq.len() - 1) * vocab..];
+            seq.push(blocks::argmax(last));
+        }
+        Ok(seq.split_off(ids.len()))
+    }
+
+    /// The vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Model::Llama(m) => m.config().vocab_size,
+            Model::Gpt2(m) => m.config().vocab_size,
+        }
+    }
+}
+
+/// Reads and parses `dir/config.json`.
+pub(crate) fn read_config<C: DeserializeOwned>(rank: usize, dir: &Path) -> Result<C> {
+    let path = dir.join(CONFIG);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        let kind = if e.kind() == std::io::ErrorKind::NotFound {
+            CheckpointErrorKind::MissingFile
+        } else {
+            CheckpointErrorKind::Io { action: "read".into(), message: e.to_string() }
+        };
+        weights::ck_error(rank, &path, None, kind)
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        weights::ck_error(
+            rank,
+            &path,
+            None,
+            CheckpointErrorKind::Malformed { reason: e.to_string() },
+        )
+    })
+}
+
+/// A family's config from the parsed `config.json`.
+fn config_from<C: DeserializeOwned>(rank: usize, path: &Path, raw: serde_json::Value) -> Result<C> {
+    serde_json::from_value(raw).map_err(|e| {
+        weights::ck_error(
+            rank,
+            path,
+            None,
+            CheckpointErrorKind::Malformed { reason: e.to_string() },
+        )
+    })
+}
+
+/// Refuses an empty prompt.
+pub(crate) fn check_ids(rank: usize, ids: &[u32]) -> Result<()> {
+    if ids.is_empty() {
+        return Err(Error::InvalidArgument {
+            op: blocks::FWD,
+            rank,
+            reason: "an empty prompt".into(),
+        });
+    }
+    Ok(())
+}
