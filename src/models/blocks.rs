@@ -212,7 +212,7 @@ impl Rope {
                         let scaled = if wavelen > low_wavelen { f / factor } else { f };
                         let smooth = (old / wavelen - low) / (high - low);
                         let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
-                        let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                        let medium = wavelen >= high_wavelen && wavelen <= low_wavelen; // no NaN here
                         if medium { smoothed } else { scaled }
                     })
                     .collect();
