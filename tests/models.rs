@@ -289,3 +289,36 @@ fn a_world_that_does_not_divide_the_heads_is_refused_naming_the_numbers() {
     let err = load_error(&dir("llama3"), 8);
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
 }
+
+/// Processes: llama3 (sharded files, GQA with KV heads replicated on 4 ranks) on 4 processes of
+/// this test, each reading its slice; every rank prints its check.
+#[test]
+fn llama3_on_4_processes_matches_transformers() {
+    let r = reference("llama3");
+    if World::launched() {
+        let world = World::from_env().unwrap();
+        let out = world
+            .run(|rank| {
+                let model = models::load::<f32>(rank, dir("llama3"))?;
+                let logits = model.forward(&r.prompt_ids)?;
+                let new = model.generate_greedy(&r.prompt_ids, 8)?;
+                Ok((rank.rank(), max_abs(&logits, &r.prompt_logits), new))
+            })
+            .unwrap();
+        for (rank, err, new) in out {
+            assert!(err <= F32_TOL, "rank {rank}: max abs {err:e}");
+            assert_eq!(new, r.greedy_new_ids, "rank {rank}");
+            println!("PROCESS RANK {rank} OK");
+        }
+        return;
+    }
+    for exit in World::spawn_local(4).unwrap() {
+        let out = exit.stdout_text();
+        assert!(exit.success(), "rank {}: {out}\n{}", exit.rank, exit.stderr_text());
+        assert!(
+            out.contains(&format!("PROCESS RANK {} OK", exit.rank)),
+            "rank {}: {out}",
+            exit.rank
+        );
+    }
+}
