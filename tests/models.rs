@@ -116,6 +116,16 @@ fn gpt2_matches_on_1_2_4_ranks() {
     check_all_worlds("gpt2");
 }
 
+#[test]
+fn mixtral_matches_on_1_2_4_ranks() {
+    check_all_worlds("mixtral");
+}
+
+#[test]
+fn qwen2_moe_with_shared_expert_matches_on_1_2_4_ranks() {
+    check_all_worlds("qwen2_moe");
+}
+
 /// bf16 weights and activations, against `transformers`' bf16 run, on 1 and 2 ranks.
 fn check_bf16(name: &str) {
     let r = reference(name);
@@ -135,7 +145,7 @@ fn check_bf16(name: &str) {
 
 #[test]
 fn bf16_matches_transformers_bf16() {
-    for name in ["llama3", "qwen2", "gpt2"] {
+    for name in ["llama3", "qwen2", "gpt2", "mixtral"] {
         check_bf16(name);
     }
 }

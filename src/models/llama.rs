@@ -1,5 +1,6 @@
 //! The Llama family: Llama 2 and 3, Mistral, Qwen2 (q / k / v biases), Qwen3 (q / k norms, an
-//! explicit `head_dim`). One decoder: RMSNorm, rotary attention with GQA / MQA, a SwiGLU MLP,
+//! explicit `head_dim`), and their sparse MoE variants Mixtral and Qwen2-MoE (shared expert;
+//! the MoE block in [`super::moe`]). One decoder: RMSNorm, rotary attention with GQA / MQA, a SwiGLU MLP,
 //! a tied or untied head.
 //!
 //! Tensor-parallel from the file: q / k / v split by whole heads (column-parallel, KV heads
@@ -15,6 +16,7 @@ use super::blocks::{
     AttnSpec, HeadPlan, Rope, RopeScaling, VocabShard, add_bias, apply_rope, attention, cat_cols,
     column, from_f32, head_rms_norm, row, rows, rt, t2, to_f32,
 };
+use super::moe::{Moe, MoeNames};
 use super::weights::Weights;
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
@@ -64,6 +66,9 @@ pub struct LlamaConfig {
     /// Biases on q / k / v / o (Qwen2 always has q / k / v biases).
     #[serde(default)]
     pub attention_bias: bool,
+    /// Qwen2-MoE's q / k / v biases.
+    #[serde(default)]
+    pub qkv_bias: bool,
     /// Biases on the MLP's projections.
     #[serde(default)]
     pub mlp_bias: bool,
@@ -79,6 +84,30 @@ pub struct LlamaConfig {
     /// Qwen's per-layer attention kinds (`full_attention`, `sliding_attention`).
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
+    /// MoE (Mixtral): experts per layer.
+    #[serde(default)]
+    pub num_local_experts: Option<usize>,
+    /// MoE (Qwen2-MoE): experts per layer.
+    #[serde(default)]
+    pub num_experts: Option<usize>,
+    /// MoE: experts each token is routed to.
+    #[serde(default = "default_top_k")]
+    pub num_experts_per_tok: usize,
+    /// Qwen2-MoE: each expert's width (Mixtral's is `intermediate_size`).
+    #[serde(default)]
+    pub moe_intermediate_size: Option<usize>,
+    /// Qwen2-MoE: the shared expert's width.
+    #[serde(default)]
+    pub shared_expert_intermediate_size: Option<usize>,
+    /// Qwen2-MoE: whether the top-k routing weights are renormalised (Mixtral always does).
+    #[serde(default)]
+    pub norm_topk_prob: bool,
+    /// Qwen2-MoE: every this many layers is sparse.
+    #[serde(default = "default_sparse_step")]
+    pub decoder_sparse_step: usize,
+    /// Qwen2-MoE: layers that keep a dense MLP.
+    #[serde(default)]
+    pub mlp_only_layers: Vec<usize>,
     /// The saved element type (`float32`, `bfloat16`, ...), as transformers 4.56+ writes it.
     #[serde(default)]
     pub dtype: Option<String>,
@@ -95,6 +124,12 @@ fn default_theta() -> f64 {
 }
 fn default_max_positions() -> usize {
     2048
+}
+fn default_top_k() -> usize {
+    2
+}
+fn default_sparse_step() -> usize {
+    1
 }
 fn default_act() -> String {
     "silu".into()
@@ -124,7 +159,20 @@ impl LlamaConfig {
     }
 
     fn qkv_bias(&self) -> bool {
-        self.attention_bias || self.model_type == "qwen2"
+        self.attention_bias || self.qkv_bias || self.model_type == "qwen2"
+    }
+
+    /// The experts of layer `i`, if it is sparse.
+    fn experts(&self, i: usize) -> Option<usize> {
+        match self.model_type.as_str() {
+            "mixtral" => self.num_local_experts,
+            "qwen2_moe" => self.num_experts.filter(|&e| {
+                e > 0
+                    && !self.mlp_only_layers.contains(&i)
+                    && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -140,13 +188,24 @@ struct Layer<T: Element> {
     o: Tensor<T>,
     o_bias: Option<Vec<f32>>,
     post_norm: Tensor<T>,
+    mlp: Mlp<T>,
+    window: Option<usize>,
+}
+
+/// A layer's MLP: dense (SwiGLU), or a sparse MoE block.
+enum Mlp<T: Element> {
+    Dense(Dense<T>),
+    Moe(Moe<T>),
+}
+
+/// A dense MLP's part on this rank.
+struct Dense<T: Element> {
     /// `[hidden, 2 * ffn_r]`: this rank's gate then up columns.
     gate_up: Tensor<T>,
     gate_up_bias: Option<Vec<f32>>,
     /// `[ffn_r, hidden]`.
     down: Tensor<T>,
     down_bias: Option<Vec<f32>>,
-    window: Option<usize>,
 }
 
 /// A Llama-family causal LM, tensor-parallel over `rank`'s world, its weights in `T`.
@@ -270,40 +329,90 @@ impl<'r, T: Element> Llama<'r, T> {
                 None
             };
             let m = format!("{p}.mlp");
-            let ffn = c.intermediate_size;
-            let gate = t2(&w.part::<T>(
-                &format!("{m}.gate_proj.weight"),
-                &[ffn, hidden],
-                Placement::Shard(0),
-                Split::Even,
-            )?)?;
-            let up = t2(&w.part::<T>(
-                &format!("{m}.up_proj.weight"),
-                &[ffn, hidden],
-                Placement::Shard(0),
-                Split::Even,
-            )?)?;
-            let down = t2(&w.part::<T>(
-                &format!("{m}.down_proj.weight"),
-                &[hidden, ffn],
-                Placement::Shard(1),
-                Split::Even,
-            )?)?;
-            let (gate_up_bias, down_bias) = if c.mlp_bias {
-                let b = |n: &str| {
-                    f32v(w.part::<T>(
-                        &format!("{m}.{n}.bias"),
-                        &[ffn],
-                        Placement::Shard(0),
-                        Split::Even,
-                    )?)
+            let mlp = if let Some(experts) = c.experts(i) {
+                let names = if c.model_type == "mixtral" {
+                    let b = format!("{p}.block_sparse_moe");
+                    MoeNames {
+                        router: format!("{b}.gate.weight"),
+                        expert: Box::new(move |e| {
+                            ["w1", "w3", "w2"].map(|n| format!("{b}.experts.{e}.{n}.weight"))
+                        }),
+                        shared: None,
+                    }
+                } else {
+                    let proj = |pre: &str| {
+                        ["gate_proj", "up_proj", "down_proj"].map(|n| format!("{pre}.{n}.weight"))
+                    };
+                    let mm = m.clone();
+                    MoeNames {
+                        router: format!("{m}.gate.weight"),
+                        expert: Box::new(move |e| {
+                            ["gate_proj", "up_proj", "down_proj"]
+                                .map(|n| format!("{mm}.experts.{e}.{n}.weight"))
+                        }),
+                        shared: c.shared_expert_intermediate_size.filter(|&s| s > 0).map(|_| {
+                            (
+                                proj(&format!("{m}.shared_expert")),
+                                format!("{m}.shared_expert_gate.weight"),
+                            )
+                        }),
+                    }
                 };
-                (
-                    Some([b("gate_proj")?, b("up_proj")?].concat()),
-                    Some(f32v(w.whole::<T>(&format!("{m}.down_proj.bias"), &[hidden])?)?),
-                )
+                let ffn = c.moe_intermediate_size.unwrap_or(c.intermediate_size);
+                let normalize = c.model_type == "mixtral" || c.norm_topk_prob;
+                let shared = c.shared_expert_intermediate_size.unwrap_or(0);
+                Mlp::Moe(Moe::load(
+                    w,
+                    &names,
+                    hidden,
+                    experts,
+                    c.num_experts_per_tok,
+                    normalize,
+                    ffn,
+                    shared,
+                )?)
             } else {
-                (None, None)
+                let ffn = c.intermediate_size;
+                let gate = t2(&w.part::<T>(
+                    &format!("{m}.gate_proj.weight"),
+                    &[ffn, hidden],
+                    Placement::Shard(0),
+                    Split::Even,
+                )?)?;
+                let up = t2(&w.part::<T>(
+                    &format!("{m}.up_proj.weight"),
+                    &[ffn, hidden],
+                    Placement::Shard(0),
+                    Split::Even,
+                )?)?;
+                let down = t2(&w.part::<T>(
+                    &format!("{m}.down_proj.weight"),
+                    &[hidden, ffn],
+                    Placement::Shard(1),
+                    Split::Even,
+                )?)?;
+                let (gate_up_bias, down_bias) = if c.mlp_bias {
+                    let b = |n: &str| {
+                        f32v(w.part::<T>(
+                            &format!("{m}.{n}.bias"),
+                            &[ffn],
+                            Placement::Shard(0),
+                            Split::Even,
+                        )?)
+                    };
+                    (
+                        Some([b("gate_proj")?, b("up_proj")?].concat()),
+                        Some(f32v(w.whole::<T>(&format!("{m}.down_proj.bias"), &[hidden])?)?),
+                    )
+                } else {
+                    (None, None)
+                };
+                Mlp::Dense(Dense {
+                    gate_up: cat_cols(&[&gate, &up])?,
+                    gate_up_bias,
+                    down,
+                    down_bias,
+                })
             };
             layers.push(Layer {
                 input_norm: w.whole(&format!("{p}.input_layernorm.weight"), &[hidden])?,
@@ -314,10 +423,7 @@ impl<'r, T: Element> Llama<'r, T> {
                 o,
                 o_bias,
                 post_norm: w.whole(&format!("{p}.post_attention_layernorm.weight"), &[hidden])?,
-                gate_up: cat_cols(&[&gate, &up])?,
-                gate_up_bias,
-                down,
-                down_bias,
+                mlp,
                 window: c.window(i),
             });
         }
@@ -381,16 +487,21 @@ impl<'r, T: Element> Llama<'r, T> {
             };
             x = x.zip_local(&o, |a, b| a + b)?;
             let h = x.try_map_local(|t| t.rms_norm(Some(&l.post_norm), eps))?;
-            let gu = column(&h, &l.gate_up)?;
-            let gu = match &l.gate_up_bias {
-                Some(b) => add_bias(&gu, b)?,
-                None => gu,
-            };
-            let act = self.activation(&gu)?;
-            let y = row(rank, act, &l.down, &x)?;
-            let y = match &l.down_bias {
-                Some(b) => y.try_map_local(|t| add_bias(t, b))?,
-                None => y,
+            let y = match &l.mlp {
+                Mlp::Moe(moe) => moe.forward(rank, &h, &x)?,
+                Mlp::Dense(mlp) => {
+                    let gu = column(&h, &mlp.gate_up)?;
+                    let gu = match &mlp.gate_up_bias {
+                        Some(b) => add_bias(&gu, b)?,
+                        None => gu,
+                    };
+                    let act = self.activation(&gu)?;
+                    let y = row(rank, act, &mlp.down, &x)?;
+                    match &mlp.down_bias {
+                        Some(b) => y.try_map_local(|t| add_bias(t, b))?,
+                        None => y,
+                    }
+                }
             };
             x = x.zip_local(&y, |a, b| a + b)?;
         }

@@ -6,6 +6,7 @@
 //! | family | `architectures` | file |
 //! | --- | --- | --- |
 //! | Llama 2 / 3, Mistral, Qwen2, Qwen3 | `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` | [`llama`] |
+//! | Mixtral, Qwen2-MoE (shared expert) | `MixtralForCausalLM`, `Qwen2MoeForCausalLM` | [`llama`], its MoE block in `moe.rs` |
 //! | GPT-2 | `GPT2LMHeadModel` | [`gpt2`] |
 //!
 //! [`load`] reads `config.json`, opens `model.safetensors` or the shards that
@@ -23,6 +24,7 @@
 pub mod blocks;
 pub mod gpt2;
 pub mod llama;
+mod moe;
 mod weights;
 
 use std::path::Path;
@@ -43,16 +45,22 @@ pub const CONFIG: &str = "config.json";
 
 /// A loaded causal language model of any supported family.
 pub enum Model<'r, T: Element> {
-    /// Llama 2 / 3, Mistral, Qwen2, Qwen3.
+    /// Llama 2 / 3, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE.
     Llama(Llama<'r, T>),
     /// GPT-2.
     Gpt2(Gpt2<'r, T>),
 }
 
 /// The families and the `architectures` (or `model_type`) names that select them.
-const LLAMA: &[&str] =
-    &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"];
-const LLAMA_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+const LLAMA: &[&str] = &[
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+];
+const LLAMA_TYPES: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe"];
 const GPT2: &[&str] = &["GPT2LMHeadModel"];
 
 /// Loads the Hugging Face model in `dir` on `rank`'s world, in `T`: reads `config.json`, picks
