@@ -46,9 +46,9 @@ pub const CONFIG: &str = "config.json";
 /// A loaded causal language model of any supported family.
 pub enum Model<'r, T: Element> {
     /// Llama 2 / 3, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE.
-    Llama(Llama<'r, T>),
+    Llama(Box<Llama<'r, T>>),
     /// GPT-2.
-    Gpt2(Gpt2<'r, T>),
+    Gpt2(Box<Gpt2<'r, T>>),
 }
 
 /// The families and the `architectures` (or `model_type`) names that select them.
@@ -106,11 +106,11 @@ pub fn load<'r, T: Element>(rank: &'r Rank<'r>, dir: impl AsRef<Path>) -> Result
     if is(LLAMA, LLAMA_TYPES) {
         let config: LlamaConfig = config_from(me, &path, raw)?;
         let weights = Weights::open(rank, dir)?;
-        Ok(Model::Llama(Llama::from_weights(rank, config, &weights)?))
+        Ok(Model::Llama(Box::new(Llama::from_weights(rank, config, &weights)?)))
     } else if is(GPT2, &["gpt2"]) {
         let config: Gpt2Config = config_from(me, &path, raw)?;
         let weights = Weights::open(rank, dir)?;
-        Ok(Model::Gpt2(Gpt2::from_weights(rank, config, &weights)?))
+        Ok(Model::Gpt2(Box::new(Gpt2::from_weights(rank, config, &weights)?)))
     } else {
         let known: Vec<&str> = LLAMA.iter().chain(GPT2).copied().collect();
         Err(weights::ck_error(
