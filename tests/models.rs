@@ -332,3 +332,29 @@ fn llama3_on_4_processes_matches_transformers() {
         );
     }
 }
+
+/// The two other prompts of every reference (lengths 4 and 10), each continued alone, on 2
+/// ranks: greedy exactly as transformers.
+#[test]
+fn batch_prompts_continue_as_transformers_on_2_ranks() {
+    for name in ["llama2", "llama3", "mistral", "qwen2", "qwen3", "gpt2", "mixtral", "qwen2_moe"] {
+        let text = std::fs::read_to_string(dir(name).join("reference.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let ids = |x: &serde_json::Value| -> Vec<Vec<u32>> {
+            x.as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect())
+                .collect()
+        };
+        let (prompts, want) = (ids(&v["batch_prompt_ids"]), ids(&v["batch_greedy_new_ids"]));
+        let got = World::threads(2)
+            .unwrap()
+            .run(|rank| {
+                let model = models::load::<f32>(rank, dir(name))?;
+                prompts.iter().map(|p| model.generate_greedy(p, 8)).collect::<Result<Vec<_>, _>>()
+            })
+            .unwrap();
+        assert_eq!(got[0], want, "{name}");
+    }
+}
