@@ -133,7 +133,7 @@ MUTATIONS = [
     ),
     (
         "transposed-weight-copy-short-block",
-        "src/fused/plan.rs",
+        "src/device/host/plan.rs",
         "for i in i0..(i0 + BLOCK_I).min(rows) {",
         "for i in i0..(i0 + BLOCK_J).min(rows) {",
         ["--test", "nn_fused_ops", "shard_by_shard_path_with_transposed_weights"],

@@ -6,8 +6,8 @@ use super::workspace::{
 };
 use crate::device::DeviceWorld;
 use crate::device::capability::Op;
+use crate::device::device_data;
 use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
-use crate::fused::all_gather_matmul::device_data;
 use crate::shmem::{Exchanged, GlobalPtr, GlobalPtrMut, Rank};
 use crate::tensor::{Tensor, split_offsets};
 use crate::{Element, Result};

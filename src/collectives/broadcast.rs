@@ -6,8 +6,8 @@ use super::workspace::{
 };
 use crate::device::DeviceWorld;
 use crate::device::capability::Op;
+use crate::device::to_world_device;
 use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
-use crate::fused::operand::to_world_device;
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::{Element, Result, Tensor};
 

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use crate::Result;
-use crate::fused::operand::to_world_device;
+use crate::device::to_world_device;
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
 

@@ -6,9 +6,9 @@ use super::workspace::{
 };
 use crate::device::DeviceWorld;
 use crate::device::capability::Op;
+use crate::device::device_data;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, ascend, capability, cuda, launch};
-use crate::fused::all_gather_matmul::device_data;
 use crate::shmem::{GlobalPtr, GlobalPtrMut, MAX_WORDS, Rank, digest};
 use crate::tensor::{Tensor, array_split, split_offsets};
 use crate::{Element, Result};

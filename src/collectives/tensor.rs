@@ -6,8 +6,7 @@ use super::{ReduceOp, all_gather_cols, all_reduce, reduce_scatter_cols};
 use crate::Result;
 use crate::device::DeviceWorld;
 use crate::device::cuda;
-use crate::fused::all_gather_matmul::device_data;
-use crate::fused::operand::to_world_device;
+use crate::device::{device_data, to_world_device};
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor, array_split, split_offsets};
 

@@ -8,6 +8,8 @@ pub mod capability;
 pub mod cuda;
 pub mod host;
 mod kind;
+mod moves;
+pub(crate) mod path;
 mod world;
 
 pub use crate::shmem::topology::{LaunchMode, Topology};
@@ -15,5 +17,6 @@ pub use host::launch::launch;
 pub use host::program::Program;
 pub use host::tile;
 pub use kind::Device;
+pub(crate) use moves::{device_data, to_world_device};
 pub use world::DEVICE_ENV;
 pub(crate) use world::DeviceWorld;

@@ -146,7 +146,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
             op: "DistTensor::permute",
             reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.global_shape),
         })?;
-        let local = crate::fused::operand::to_world_device(self.rank, local)?;
+        let local = crate::device::to_world_device(self.rank, local)?;
         let moved = |d: usize| axes.iter().position(|&a| a == d).expect("a permutation");
         let placement = match self.placement {
             Placement::Shard(d) => Placement::Shard(moved(d)),

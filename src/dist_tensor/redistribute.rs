@@ -6,8 +6,8 @@ use super::tensor::shard_of;
 use super::{DistTensor, Placement, Split};
 use crate::collectives::{self, ReduceOp};
 use crate::device::capability::{self, Feature, Op};
+use crate::device::to_world_device;
 use crate::fused;
-use crate::fused::operand::to_world_device;
 use crate::tensor::{Element, Tensor, array_split, split_offsets};
 use crate::{Error, Result};
 

@@ -5,7 +5,7 @@ use ndarray::{ArrayViewD, Axis, Slice};
 use super::{Placement, Split};
 use crate::collectives;
 use crate::device::Device;
-use crate::fused::operand::to_world_device;
+use crate::device::to_world_device;
 use crate::shmem::{Rank, WordExchange, Workspace, check_agree};
 use crate::tensor::{Element, Tensor, array_split, split_offsets};
 use crate::{Error, Result};

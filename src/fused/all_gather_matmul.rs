@@ -28,21 +28,21 @@
 
 use ndarray::{Array2, ArrayView2, CowArray, Ix2};
 
-use super::AgPath;
 use super::operand::Operand;
-use super::plan::scratch;
-use super::plan::{
-    AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, WeightData, compute_lanes,
-    computing_programs,
-};
-use super::routing::{GatherRoutes, REMOTE_CHUNK_ELEMS};
-use super::schedule::{self, AgShape, HostMachine, PathTaken, Schedule};
 use crate::collectives;
 use crate::device::DeviceWorld;
 use crate::device::ascend;
 use crate::device::capability::{self, Feature, Op};
+use crate::device::host::plan::scratch;
+use crate::device::host::plan::{
+    AccData, GemmTiles, MIN_SHARD_ROWS, Output, Shards, WeightData, compute_lanes,
+    computing_programs,
+};
+use crate::device::host::routing::{GatherRoutes, REMOTE_CHUNK_ELEMS};
+use crate::device::host::schedule::{self, AgShape, HostMachine, PathTaken, Schedule};
+use crate::device::path::AgPath;
 use crate::device::tile::{self, Tile};
-use crate::device::{Device, cuda};
+use crate::device::{Device, cuda, device_data};
 use crate::device::{LaunchMode, launch};
 use crate::shmem::{
     Call, GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token,
@@ -482,11 +482,6 @@ fn host_arrays<'a, T: Element>(
     Ok((x.host()?, weights.iter().map(Operand::host).collect::<Result<_>>()?))
 }
 
-/// The device data of a tensor the op moved to its world's device.
-pub(crate) fn device_data<T: Element>(t: &Tensor<T>) -> &cuda::DeviceStorage<T> {
-    t.device_storage().expect("moved to the world's device at the op's entry")
-}
-
 /// The unfused baseline: [`collectives::all_gather`] of the rows, then one local product per
 /// weight on this rank's compute cores. Same results as [`all_gather_matmul`].
 ///
@@ -613,8 +608,8 @@ fn run_fused<T: Element>(
     let chunks = Chunking {
         rows,
         k,
-        local: super::plan::row_chunks(k, PUSH_CHUNK_ELEMS),
-        remote: super::plan::row_chunks(k, REMOTE_CHUNK_ELEMS),
+        local: crate::device::host::plan::row_chunks(k, PUSH_CHUNK_ELEMS),
+        remote: crate::device::host::plan::row_chunks(k, REMOTE_CHUNK_ELEMS),
     };
     // The counts before this call: a forwarded chunk `c` of shard `s` has arrived once
     // `arrived[s]` passes `before[s] + c`.
@@ -648,7 +643,7 @@ fn run_fused<T: Element>(
     let mut kept = if keep_input { Some(scratch(OP, (m_total, k))?) } else { None };
     let kept_ptr = kept.as_mut().map(|g| Output::<T>::new(g.as_slice_mut().expect("fresh array")));
     let x_own = GlobalPtr::from_slice(x.as_slice().expect("standard layout"));
-    let keep_rows = super::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
+    let keep_rows = crate::device::host::plan::row_chunks(k, PUSH_CHUNK_ELEMS);
     let keep_tasks = if kept_ptr.is_some() && k > 0 { m_total.div_ceil(keep_rows) } else { 0 };
 
     // The compute tiles, in the order data becomes available: own shard, then the others rotated

@@ -31,14 +31,14 @@
 //! streams past the cache: nothing here reads the blocks again before they would be evicted
 //! anyway.
 
-use super::all_gather_matmul::device_data;
-use super::operand::to_world_device;
-use super::plan::row_chunks;
-use super::routing;
 use crate::collectives;
 use crate::device::DeviceWorld;
 use crate::device::capability;
 use crate::device::capability::Op;
+use crate::device::device_data;
+use crate::device::host::plan::row_chunks;
+use crate::device::host::routing;
+use crate::device::to_world_device;
 use crate::device::{LaunchMode, launch, tile};
 use crate::device::{ascend, cuda};
 use crate::shmem::{

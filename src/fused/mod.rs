@@ -6,11 +6,12 @@ pub(crate) mod all_gather_matmul;
 pub(crate) mod all_to_all;
 pub(crate) mod matmul_reduce_scatter;
 pub(crate) mod operand;
-mod path;
-mod plan;
-mod routing;
-mod schedule;
 
+pub use crate::device::host::schedule::{
+    AgShape, HostMachine, PathTaken, Schedule, TILE_COST, all_gather_matmul_path, last_schedule,
+    matmul_reduce_scatter_path,
+};
+pub use crate::device::path::{AgPath, RsPath};
 pub use all_gather_matmul::{
     AgMatmulOutput, MAX_WEIGHTS, all_gather_matmul, all_gather_matmul_keep_input,
     all_gather_matmul_unfused, all_gather_matmul_unfused_mpi,
@@ -22,8 +23,3 @@ pub use matmul_reduce_scatter::{
     matmul_reduce_scatter, matmul_reduce_scatter_unfused, matmul_reduce_scatter_unfused_mpi,
 };
 pub use operand::Operand;
-pub use path::{AgPath, RsPath};
-pub use schedule::{
-    AgShape, HostMachine, PathTaken, Schedule, TILE_COST, all_gather_matmul_path, last_schedule,
-    matmul_reduce_scatter_path,
-};

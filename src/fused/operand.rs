@@ -1,8 +1,9 @@
-//! [`Operand`]: a matrix operand of a fused op, from a host view or a tensor on any device, and
-//! [`to_world_device`], the one move of an input to the device its world computes on.
+//! [`Operand`]: a matrix operand of a fused op, from a host view or a tensor on any device; it
+//! moves to the device its world computes on with [`to_world_device`].
 
 use ndarray::{ArrayView2, CowArray, Ix2};
 
+use crate::device::to_world_device;
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
 use crate::{Error, Result};
@@ -153,10 +154,4 @@ impl<'a, T: Element> Operand<'a, T> {
             t.reshape(&[rows, cols])
         }
     }
-}
-
-/// `t` where `rank`'s world keeps its tensors (its GPU in a CUDA world, the host otherwise):
-/// moved once if it lives elsewhere, as it is otherwise.
-pub(crate) fn to_world_device<T: Element>(rank: &Rank<'_>, t: Tensor<T>) -> Result<Tensor<T>> {
-    if t.device() == rank.tensor_device() { Ok(t) } else { t.to_rank(rank) }
 }

@@ -10,7 +10,7 @@ use super::ops::{
 };
 use super::storage::Home;
 use super::world::CudaRank;
-use crate::fused::{AgPath, RsPath};
+use crate::device::path::{AgPath, RsPath};
 use crate::shmem::Rank;
 use crate::tensor::Element;
 use crate::{Error, Result};

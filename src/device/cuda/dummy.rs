@@ -237,7 +237,7 @@ pub(crate) fn all_gather_matmul<T: Element>(
     _ws: &[&DeviceStorage<T>],
     _weights_transposed: bool,
     _fused: bool,
-    _path: Option<crate::fused::AgPath>,
+    _path: Option<crate::device::path::AgPath>,
 ) -> Result<Vec<DeviceStorage<T>>> {
     match *world {}
 }
@@ -251,7 +251,7 @@ pub(crate) fn matmul_reduce_scatter<T: Element>(
     _w_transposed: bool,
     _splits: &[usize],
     _fused: bool,
-    _path: Option<crate::fused::RsPath>,
+    _path: Option<crate::device::path::RsPath>,
 ) -> Result<DeviceStorage<T>> {
     match *world {}
 }

@@ -31,7 +31,7 @@
 //! ([`all_gather_matmul_path`], [`matmul_reduce_scatter_path`]) and printed by the `gpu_report`
 //! example, unless the call's options ask for one ([`AgPath`], [`RsPath`]).
 
-use crate::fused::{AgPath, RsPath};
+use crate::device::path::{AgPath, RsPath};
 
 #[cfg(feature = "cuda")]
 mod api;

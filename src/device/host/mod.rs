@@ -11,8 +11,11 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 
 pub(crate) mod launch;
+pub(crate) mod plan;
 mod pool;
 pub(crate) mod program;
+pub(crate) mod routing;
+pub(crate) mod schedule;
 pub mod tile;
 
 use pool::ProgramPool;

@@ -16,18 +16,18 @@ mod nodes;
 
 use ndarray::{Array2, ArrayView2, ShapeBuilder};
 
-use super::RsPath;
-use super::all_gather_matmul::device_data;
 use super::operand::Operand;
-use super::plan::scratch;
-use super::plan::{
-    AccData, GemmTiles, MIN_SHARD_ROWS, Shards, WeightData, compute_lanes, computing_programs,
-    in_memory_order, row_chunks,
-};
-use super::schedule::{self, PathTaken, Schedule};
 use crate::collectives::{self, ReduceOp};
 use crate::device::DeviceWorld;
 use crate::device::capability::{self, Feature, Op};
+use crate::device::device_data;
+use crate::device::host::plan::scratch;
+use crate::device::host::plan::{
+    AccData, GemmTiles, MIN_SHARD_ROWS, Shards, WeightData, compute_lanes, computing_programs,
+    in_memory_order, row_chunks,
+};
+use crate::device::host::schedule::{self, PathTaken, Schedule};
+use crate::device::path::RsPath;
 use crate::device::tile::{self, Tile};
 use crate::device::{LaunchMode, launch};
 use crate::device::{ascend, cuda};
@@ -151,7 +151,7 @@ fn array_split_rows(rank: &Rank<'_>, m: usize) -> usize {
 /// `w` may be a transposed view (`w.t()` of an `[N, k_r]` matrix, as a backward pass has it):
 /// a row-major weight is read in place by the tiles, and so is a column-major one in a product
 /// of at most one tile of rows; in a longer product the host's schedule runs a column-major
-/// weight through one GEMM ([`RsPath::Single`](super::RsPath::Single)), which reads it in place
+/// weight through one GEMM ([`RsPath::Single`](crate::device::path::RsPath::Single)), which reads it in place
 /// and packs each block of it once. Forced onto the tiles, it is copied once into row-major
 /// order (each tile's GEMM packs its block of the weight, for every block of rows, and packs a
 /// column-major block much slower than a row-major one), as is any other layout.

@@ -26,13 +26,13 @@ use ndarray::{Array2, ArrayView2};
 
 use super::{MmRsWorkspace, OP};
 use crate::Result;
-use crate::device::tile::{self, Tile};
-use crate::device::{LaunchMode, Program, launch};
-use crate::fused::plan::{
+use crate::device::host::plan::{
     AccData, GemmTiles, MIN_SHARD_ROWS, Shards, compute_lanes, computing_programs, row_chunks,
     scratch,
 };
-use crate::fused::routing::{REMOTE_CHUNK_ELEMS, ReducePlan};
+use crate::device::host::routing::{REMOTE_CHUNK_ELEMS, ReducePlan};
+use crate::device::tile::{self, Tile};
+use crate::device::{LaunchMode, Program, launch};
 use crate::shmem::{
     GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalOp, SymmBuf, Token, WaitCmp, WaitSem,
     consume_token, symm_at,

@@ -22,7 +22,7 @@ use crate::device::cuda::blas;
 use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::storage::{DeviceStorage, Home};
 use crate::device::cuda::world::{CudaRank, OP_ALL_GATHER_MATMUL};
-use crate::fused::AgPath;
+use crate::device::path::AgPath;
 use crate::tensor::Element;
 use crate::{Error, Result};
 

@@ -21,7 +21,7 @@ use crate::device::cuda::kernels::{MAX_RANKS, Runs};
 use crate::device::cuda::matmul_reduce_scatter_path;
 use crate::device::cuda::storage::DeviceStorage;
 use crate::device::cuda::world::{CudaRank, OP_MATMUL_REDUCE_SCATTER};
-use crate::fused::RsPath;
+use crate::device::path::RsPath;
 use crate::tensor::{DType, Element};
 use crate::{Error, Result};
 

@@ -31,8 +31,8 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use super::plan::BLOCK_ROWS;
-use super::{AgPath, RsPath};
 use crate::Result;
+use crate::device::path::{AgPath, RsPath};
 use crate::shmem::{Rank, Workspace};
 
 /// Of a product's GEMM time, what its per-shard tiles cost beyond one GEMM over all rows (the
