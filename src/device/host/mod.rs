@@ -10,6 +10,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 
+pub(crate) mod all_gather_matmul;
 pub(crate) mod launch;
 pub(crate) mod plan;
 mod pool;
