@@ -12,6 +12,7 @@ use std::sync::Mutex;
 
 pub(crate) mod all_gather_matmul;
 pub(crate) mod launch;
+pub(crate) mod matmul_reduce_scatter;
 pub(crate) mod plan;
 mod pool;
 pub(crate) mod program;
