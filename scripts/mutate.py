@@ -121,7 +121,7 @@ MUTATIONS = [
     ),
     (
         "all-to-all-even-destination",
-        "src/fused/all_to_all.rs",
+        "src/device/host/all_to_all.rs",
         "dst: ((a * g_total + g_off) * bm + b) * s * c,",
         "dst: ((a * g_total + src * g) * bm + b) * s * c,",
         [

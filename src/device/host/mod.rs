@@ -11,6 +11,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Mutex;
 
 pub(crate) mod all_gather_matmul;
+pub(crate) mod all_to_all;
 pub(crate) mod launch;
 pub(crate) mod matmul_reduce_scatter;
 pub(crate) mod plan;
