@@ -18,6 +18,8 @@ use dist_tensor::{
 };
 use half::{bf16, f16};
 
+mod common;
+
 /// A world of `n` GPUs, or `None` after printing why there is none.
 fn gpus(test: &str, n: usize) -> Option<World> {
     gpus_with(test, n, Duration::from_secs(30))
@@ -104,10 +106,7 @@ fn round_trip<T: Element>() {
 
 #[test]
 fn tensors_move_to_and_from_the_gpu_in_every_dtype() {
-    round_trip::<f32>();
-    round_trip::<f64>();
-    round_trip::<f16>();
-    round_trip::<bf16>();
+    common::in_every_dtype!(round_trip());
 }
 
 #[test]

@@ -196,25 +196,13 @@ fn check_all_shapes<T: Element>() {
     }
 }
 
-#[test]
-fn matches_reference_f32() {
-    check_all_shapes::<f32>();
-}
-
-#[test]
-fn matches_reference_f64() {
-    check_all_shapes::<f64>();
-}
-
-#[test]
-fn matches_reference_f16() {
-    check_all_shapes::<f16>();
-}
-
-#[test]
-fn matches_reference_bf16() {
-    check_all_shapes::<bf16>();
-}
+common::test_dtypes!(
+    check_all_shapes,
+    matches_reference_f32,
+    matches_reference_f64,
+    matches_reference_f16,
+    matches_reference_bf16,
+);
 
 /// threads = 2 and threads = 1 agree within the sum of their tolerances (each is within `tol` of
 /// the exact product), on a size large enough for gemm to split the work.
@@ -234,10 +222,7 @@ fn check_threads_agree<T: Element>() {
 
 #[test]
 fn two_threads_agree_with_one() {
-    check_threads_agree::<f32>();
-    check_threads_agree::<f64>();
-    check_threads_agree::<f16>();
-    check_threads_agree::<bf16>();
+    common::in_every_dtype!(check_threads_agree());
 }
 
 fn check_errors<T: Element>() {
@@ -280,10 +265,7 @@ fn check_errors<T: Element>() {
 
 #[test]
 fn shape_errors() {
-    check_errors::<f32>();
-    check_errors::<f64>();
-    check_errors::<f16>();
-    check_errors::<bf16>();
+    common::in_every_dtype!(check_errors());
 }
 
 /// `x` rounded to the nearest `T` (ties to even), computed in f64 from `T::EPSILON` alone, for a

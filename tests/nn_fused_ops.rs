@@ -164,25 +164,13 @@ fn every_shape<T: Element>() -> Result<()> {
     matmul_reduce_scatter_case::<T>(8, 13, 11, 5, false)
 }
 
-#[test]
-fn transposed_weights_and_kept_input_f32() -> Result<()> {
-    every_shape::<f32>()
-}
-
-#[test]
-fn transposed_weights_and_kept_input_f64() -> Result<()> {
-    every_shape::<f64>()
-}
-
-#[test]
-fn transposed_weights_and_kept_input_bf16() -> Result<()> {
-    every_shape::<bf16>()
-}
-
-#[test]
-fn transposed_weights_and_kept_input_f16() -> Result<()> {
-    every_shape::<f16>()
-}
+common::test_dtypes!(
+    every_shape -> Result<()>,
+    transposed_weights_and_kept_input_f32,
+    transposed_weights_and_kept_input_f64,
+    transposed_weights_and_kept_input_f16,
+    transposed_weights_and_kept_input_bf16,
+);
 
 #[test]
 fn shard_by_shard_path_with_transposed_weights() -> Result<()> {

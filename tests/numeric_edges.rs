@@ -109,10 +109,7 @@ fn check_large_logits<T: Element>() -> Vec<String> {
 /// `[NaN, 0]`; likewise past f64's range and near f16's and bf16's largest values.
 #[test]
 fn softmax_subtracts_the_row_max_so_large_logits_do_not_overflow() {
-    let mut fails = check_large_logits::<f32>();
-    fails.extend(check_large_logits::<f64>());
-    fails.extend(check_large_logits::<f16>());
-    fails.extend(check_large_logits::<bf16>());
+    let mut fails = common::in_every_dtype!(check_large_logits()).concat();
     // The case the issue names, by value.
     let p = Tensor::<f32>::from(vec![100.0f32, 0.0]).softmax(0).unwrap();
     if p.as_slice()[0] != 1.0 || !(p.as_slice()[1] >= 0.0 && p.as_slice()[1] < 1e-40) {
@@ -423,9 +420,6 @@ fn check_activations_against_reference<T: Element>() -> Vec<String> {
 /// out in `tests/common/reference.rs`, over [-6, 6].
 #[test]
 fn activations_and_derivatives_match_written_out_f64_formulas_in_every_type() {
-    let mut fails = check_activations_against_reference::<f64>();
-    fails.extend(check_activations_against_reference::<f32>());
-    fails.extend(check_activations_against_reference::<f16>());
-    fails.extend(check_activations_against_reference::<bf16>());
+    let fails = common::in_every_dtype!(check_activations_against_reference()).concat();
     common::assert_none(fails);
 }

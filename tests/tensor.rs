@@ -6,6 +6,8 @@ use half::{bf16, f16};
 use ndarray::{Array, ArrayD, Dimension, IxDyn, ShapeBuilder, s};
 use proptest::prelude::*;
 
+mod common;
+
 /// The row-major linear index of `idx` in `shape`.
 fn linear(idx: &[usize], shape: &[usize]) -> usize {
     idx.iter().zip(shape).fold(0, |acc, (&i, &d)| acc * d + i)
@@ -103,25 +105,13 @@ fn check_random<T: Element>() {
     assert_eq!(out, 0, "{}: {out} of {n} values outside the documented [-1, 1)", T::DTYPE);
 }
 
-#[test]
-fn random_is_deterministic_per_seed_and_uniform_f32() {
-    check_random::<f32>();
-}
-
-#[test]
-fn random_is_deterministic_per_seed_and_uniform_f64() {
-    check_random::<f64>();
-}
-
-#[test]
-fn random_is_deterministic_per_seed_and_uniform_f16() {
-    check_random::<f16>();
-}
-
-#[test]
-fn random_is_deterministic_per_seed_and_uniform_bf16() {
-    check_random::<bf16>();
-}
+common::test_dtypes!(
+    check_random,
+    random_is_deterministic_per_seed_and_uniform_f32,
+    random_is_deterministic_per_seed_and_uniform_f64,
+    random_is_deterministic_per_seed_and_uniform_f16,
+    random_is_deterministic_per_seed_and_uniform_bf16,
+);
 
 /// `random` promises the same tensor on every run and every machine: pin a few values, so that a
 /// change of generator (a `rand` upgrade, a different distribution) shows here.

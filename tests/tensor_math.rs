@@ -214,11 +214,7 @@ fn apply_owned<T: Element>(a: Tensor<T>, b: Tensor<T>, op: char) -> Tensor<T> {
 
 #[test]
 fn operators_broadcast_and_match_f64_in_every_type() {
-    let mut fails = check_operators::<f32>();
-    fails.extend(check_operators::<f64>());
-    fails.extend(check_operators::<f16>());
-    fails.extend(check_operators::<bf16>());
-    assert_none(fails);
+    assert_none(common::in_every_dtype!(check_operators()).concat());
 }
 
 /// `scalar op tensor`, implemented per concrete type.
@@ -335,11 +331,7 @@ fn check_activations<T: Element>() -> Vec<String> {
 
 #[test]
 fn activations_match_f64_formulas_in_every_type() {
-    let mut fails = check_activations::<f32>();
-    fails.extend(check_activations::<f64>());
-    fails.extend(check_activations::<f16>());
-    fails.extend(check_activations::<bf16>());
-    assert_none(fails);
+    assert_none(common::in_every_dtype!(check_activations()).concat());
 }
 
 #[test]
@@ -389,11 +381,7 @@ fn check_softmax<T: Element>() -> Vec<String> {
 
 #[test]
 fn softmax_over_every_axis_matches_f64() {
-    let mut fails = check_softmax::<f32>();
-    fails.extend(check_softmax::<f64>());
-    fails.extend(check_softmax::<f16>());
-    fails.extend(check_softmax::<bf16>());
-    assert_none(fails);
+    assert_none(common::in_every_dtype!(check_softmax()).concat());
 }
 
 // ---- reductions and norms -------------------------------------------------------------------
@@ -457,11 +445,7 @@ fn check_reductions<T: Element>() -> Vec<String> {
 
 #[test]
 fn sums_and_means_match_f64() {
-    let mut fails = check_reductions::<f32>();
-    fails.extend(check_reductions::<f64>());
-    fails.extend(check_reductions::<f16>());
-    fails.extend(check_reductions::<bf16>());
-    assert_none(fails);
+    assert_none(common::in_every_dtype!(check_reductions()).concat());
 }
 
 #[test]
@@ -537,11 +521,7 @@ fn check_norms<T: Element>() -> Vec<String> {
 
 #[test]
 fn rms_and_layer_norms_match_f64() {
-    let mut fails = check_norms::<f32>();
-    fails.extend(check_norms::<f64>());
-    fails.extend(check_norms::<f16>());
-    fails.extend(check_norms::<bf16>());
-    assert_none(fails);
+    assert_none(common::in_every_dtype!(check_norms()).concat());
 }
 
 // ---- batched matmul, layout, conversions ----------------------------------------------------
@@ -603,11 +583,7 @@ fn check_batched_matmul<T: Element>() -> Vec<String> {
 
 #[test]
 fn batched_matmul_broadcasts_batches_and_matches_f64() {
-    let mut fails = check_batched_matmul::<f32>();
-    fails.extend(check_batched_matmul::<f64>());
-    fails.extend(check_batched_matmul::<f16>());
-    fails.extend(check_batched_matmul::<bf16>());
-    assert_none(fails);
+    assert_none(common::in_every_dtype!(check_batched_matmul()).concat());
 }
 
 #[test]
@@ -696,10 +672,7 @@ fn activation_backward_in<T: Element>(fails: &mut Vec<String>) {
 #[test]
 fn activation_backward_methods_match_f64_derivatives_in_every_type() {
     let mut fails = Vec::new();
-    activation_backward_in::<f32>(&mut fails);
-    activation_backward_in::<f64>(&mut fails);
-    activation_backward_in::<f16>(&mut fails);
-    activation_backward_in::<bf16>(&mut fails);
+    common::in_every_dtype!(activation_backward_in(&mut fails));
     assert_none(fails);
 }
 
@@ -717,8 +690,5 @@ fn fallible_forms_in<T: Element>() {
 
 #[test]
 fn fallible_sum_mean_and_map_inplace_agree_with_the_panicking_forms() {
-    fallible_forms_in::<f32>();
-    fallible_forms_in::<f64>();
-    fallible_forms_in::<f16>();
-    fallible_forms_in::<bf16>();
+    common::in_every_dtype!(fallible_forms_in());
 }

@@ -129,3 +129,50 @@ pub fn seeded<T: Element>(rank: usize, len: usize, salt: usize) -> Vec<T> {
         .map(|i| T::from_f64((((rank * 131 + i * 17 + salt) % 97) as f64 - 48.0) / 7.0))
         .collect()
 }
+
+/// `$f::<T>(args)` for every element type, f32, f64, f16 and bf16 in turn, the four results as
+/// an array: `()`s for a check that asserts, or the failures of each for one that lists them
+/// (`.concat()` them).
+#[allow(unused_macros)]
+macro_rules! in_every_dtype {
+    ($f:ident($($arg:expr),* $(,)?)) => {
+        [
+            $f::<f32>($($arg),*),
+            $f::<f64>($($arg),*),
+            $f::<::half::f16>($($arg),*),
+            $f::<::half::bf16>($($arg),*),
+        ]
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use in_every_dtype;
+
+/// One test per element type of the generic `$check` (as candle's `test_device!` makes one per
+/// device), each named by the caller: `test_dtypes!(check, name_f32, name_f64, name_f16,
+/// name_bf16)`; with `check -> Type`, the tests return what `check` returns.
+#[allow(unused_macros)]
+macro_rules! test_dtypes {
+    ($check:ident $(-> $ret:ty)?, $f32:ident, $f64:ident, $f16:ident, $bf16:ident $(,)?) => {
+        #[test]
+        fn $f32() $(-> $ret)? {
+            $check::<f32>()
+        }
+
+        #[test]
+        fn $f64() $(-> $ret)? {
+            $check::<f64>()
+        }
+
+        #[test]
+        fn $f16() $(-> $ret)? {
+            $check::<::half::f16>()
+        }
+
+        #[test]
+        fn $bf16() $(-> $ret)? {
+            $check::<::half::bf16>()
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use test_dtypes;
