@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use dist_tensor::device::cuda;
 use dist_tensor::shmem::RankExit;
 use dist_tensor::shmem::job_env::JOIN_TIMEOUT_ENV;
-use dist_tensor::{Device, DistTensor, Error, Placement, Rank, Tensor, World, collectives, fused};
+use dist_tensor::{Device, Error, Rank, Tensor, World, collectives, fused};
 use half::{bf16, f16};
 
 mod common;
@@ -124,15 +124,7 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     check.heads_all_to_all("ulysses all_to_all", heads.as_slice(), (me, n), shape, 13);
     out.push(digest(heads.as_slice()));
     // The DistTensor layer: an MLP block end to end, fewer rows than some worlds have ranks.
-    let x = Tensor::<f32>::random(&[29, 16], 1);
-    let w1 = Tensor::<f32>::random(&[16, 40], 2);
-    let w2 = Tensor::<f32>::random(&[40, 16], 3);
-    let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
-    let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
-    let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
-    let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
-    let y = y.to_global()?.to_host()?;
-    check.mlp_block("mlp block", &y, [&x, &w1, &w2], n);
+    let (y, _) = check.run_mlp_block("mlp block", rank)?;
     out.push(digest(y.as_slice()));
     Ok(format!("{}|{}", out.join(","), check.fails.join("; ")))
 }
@@ -432,68 +424,74 @@ fn wait_all(mut children: Vec<std::process::Child>) -> Vec<String> {
     outs
 }
 
-#[test]
-fn torchrun_variables_set_by_hand_start_a_gpu_world_of_processes() {
-    const NAME: &str = "torchrun_variables_set_by_hand_start_a_gpu_world_of_processes";
+/// Test `name`, whose ranks run [`launched_body`] in a GPU world of 2 processes that `start`
+/// starts (given this binary's path; `None` skips the test, having said why), where there is a
+/// GPU: one of the children must print rank 0's result.
+fn gpu_job_started_by_hand(
+    name: &str,
+    start: impl FnOnce(&std::path::Path) -> Option<Vec<std::process::Child>>,
+) {
     if in_rank(launched_body) {
         return;
     }
-    if !common::gpu::gpu_here(NAME) {
+    if !common::gpu::gpu_here(name) {
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let run_id = format!("cuda-processes-{}", std::process::id());
-    let children = (0..2)
-        .map(|r| {
-            let mut c = Command::new(&exe);
-            c.args(test_args(NAME)).stdout(Stdio::piped()).stderr(Stdio::piped());
-            c.env("RANK", r.to_string())
-                .env("WORLD_SIZE", "2")
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", "2")
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", "29500")
-                .env("TORCHELASTIC_RUN_ID", &run_id)
-                .env("DIST_TENSOR_DEVICE", "cuda")
-                .env("DIST_TENSOR_GPU_HEAP_BYTES", HEAP)
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let outs = wait_all(children);
-    let all = outs.join("\n");
+    let Some(children) = start(&std::env::current_exe().unwrap()) else {
+        return;
+    };
+    let all = wait_all(children).join("\n");
     assert!(all.contains("RESULT 0 of 2: [0.5, 1.5]"), "{all}");
+}
+
+#[test]
+fn torchrun_variables_set_by_hand_start_a_gpu_world_of_processes() {
+    const NAME: &str = "torchrun_variables_set_by_hand_start_a_gpu_world_of_processes";
+    gpu_job_started_by_hand(NAME, |exe| {
+        let run_id = format!("cuda-processes-{}", std::process::id());
+        let children = (0..2)
+            .map(|r| {
+                let mut c = Command::new(exe);
+                c.args(test_args(NAME)).stdout(Stdio::piped()).stderr(Stdio::piped());
+                c.env("RANK", r.to_string())
+                    .env("WORLD_SIZE", "2")
+                    .env("LOCAL_RANK", r.to_string())
+                    .env("LOCAL_WORLD_SIZE", "2")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", "29500")
+                    .env("TORCHELASTIC_RUN_ID", &run_id)
+                    .env("DIST_TENSOR_DEVICE", "cuda")
+                    .env("DIST_TENSOR_GPU_HEAP_BYTES", HEAP)
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        Some(children)
+    });
 }
 
 #[test]
 fn mpirun_starts_a_gpu_world_of_processes_without_the_mpi_feature() {
     const NAME: &str = "mpirun_starts_a_gpu_world_of_processes_without_the_mpi_feature";
-    if in_rank(launched_body) {
-        return;
-    }
-    if !common::gpu::gpu_here(NAME) {
-        return;
-    }
-    if cfg!(feature = "mpi") {
-        println!("SKIPPED {NAME}: an mpi build joins through MPI itself");
-        return;
-    }
-    let Ok(mpirun) = which("mpirun") else {
-        println!("SKIPPED {NAME}: no mpirun on this machine");
-        return;
-    };
-    let exe = std::env::current_exe().unwrap();
-    let mut c = Command::new(mpirun);
-    c.args(["-np", "2", "--allow-run-as-root", "--oversubscribe"])
-        .args(["-x", "DIST_TENSOR_DEVICE=cuda", "-x"])
-        .arg(format!("DIST_TENSOR_GPU_HEAP_BYTES={HEAP}"))
-        .arg(&exe)
-        .args(test_args(NAME))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let outs = wait_all(vec![c.spawn().unwrap()]);
-    let all = outs.join("\n");
-    assert!(all.contains("RESULT 0 of 2: [0.5, 1.5]"), "{all}");
+    gpu_job_started_by_hand(NAME, |exe| {
+        if cfg!(feature = "mpi") {
+            println!("SKIPPED {NAME}: an mpi build joins through MPI itself");
+            return None;
+        }
+        let Ok(mpirun) = which("mpirun") else {
+            println!("SKIPPED {NAME}: no mpirun on this machine");
+            return None;
+        };
+        let mut c = Command::new(mpirun);
+        c.args(["-np", "2", "--allow-run-as-root", "--oversubscribe"])
+            .args(["-x", "DIST_TENSOR_DEVICE=cuda", "-x"])
+            .arg(format!("DIST_TENSOR_GPU_HEAP_BYTES={HEAP}"))
+            .arg(exe)
+            .args(test_args(NAME))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        Some(vec![c.spawn().unwrap()])
+    });
 }
 
 fn which(program: &str) -> Result<std::path::PathBuf, Error> {

@@ -72,16 +72,8 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<String>> {
     let got = fused::all_to_all_unfused(rank, &q, 2, 1)?.output.to_host()?;
     check.heads_all_to_all("all_to_all_unfused", got.as_slice(), (me, n), shape, 13);
     // The DistTensor layer: an MLP block end to end, its parts on the GPU.
-    let x = Tensor::<f32>::random(&[29, 16], 1);
-    let w1 = Tensor::<f32>::random(&[16, 40], 2);
-    let w2 = Tensor::<f32>::random(&[40, 16], 3);
-    let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
-    let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
-    let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
-    assert_eq!(xs.local().device(), Device::Cuda(0));
-    let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
-    let y = y.to_global()?.to_host()?;
-    check.mlp_block("mlp block", &y, [&x, &w1, &w2], n);
+    let (_, device) = check.run_mlp_block("mlp block", rank)?;
+    assert_eq!(device, Device::Cuda(0));
     dist_options(rank, &mut check)?;
     Ok(check.fails)
 }

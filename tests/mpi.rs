@@ -8,7 +8,6 @@
 //! byte between ranks crosses TCP through the proxies); and nodes of two ranks (shared memory
 //! inside a node, TCP between nodes; at 3 processes the nodes differ in size).
 
-use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -134,18 +133,8 @@ fn mpirun(name: &str, n: usize, shape: Shape, env: &[(&str, &str)], extra: &[&st
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let start = Instant::now();
     let mut child = cmd.spawn().expect("mpirun (the mpi feature's tests need OpenMPI's mpirun)");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
+    let reader = common::jobs::read_on_thread(child.stdout.take().unwrap());
+    let err_reader = common::jobs::read_on_thread(child.stderr.take().unwrap());
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
@@ -368,15 +357,7 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<Vec<(String, String)>> {
     put("ulysses_large", digest(heads.output.as_slice()));
     put("ulysses_large_same", (heads == fused::all_to_all_unfused(rank, &q, 2, 1)?).to_string());
     // The DistTensor layer: an MLP block end to end.
-    let x = Tensor::<f32>::random(&[29, 16], 1);
-    let w1 = Tensor::<f32>::random(&[16, 40], 2);
-    let w2 = Tensor::<f32>::random(&[40, 16], 3);
-    let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
-    let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
-    let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
-    let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
-    let y = y.to_global()?;
-    check.mlp_block("mlp", &y, [&x, &w1, &w2], n);
+    let (y, _) = check.run_mlp_block("mlp", rank)?;
     put("mlp", digest(y.as_slice()));
     // What the references found wrong (nothing when all is well); no `;` in it (see `encode`).
     put("reference", check.fails.join(" / "));

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use dist_tensor::collectives::{self, ReduceOp};
 use dist_tensor::shmem::RankExit;
 use dist_tensor::shmem::job_env::{JOIN_TIMEOUT_ENV, RANK_ENV, WORLD_SIZE_ENV};
-use dist_tensor::{DistTensor, Error, Placement, Rank, Tensor, World, fused};
+use dist_tensor::{Error, Rank, Tensor, World, fused};
 use half::{bf16, f16};
 
 mod common;
@@ -154,15 +154,7 @@ fn battery(rank: &Rank<'_>) -> dist_tensor::Result<String> {
     check.heads_all_to_all("ulysses all_to_all_unfused", got.as_slice(), (me, n), shape, 13);
     out.push(digest(got.as_slice()));
     // The DistTensor layer: an MLP block end to end.
-    let x = Tensor::<f32>::random(&[29, 16], 1);
-    let w1 = Tensor::<f32>::random(&[16, 40], 2);
-    let w2 = Tensor::<f32>::random(&[40, 16], 3);
-    let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
-    let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
-    let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
-    let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
-    let y = y.to_global()?;
-    check.mlp_block("mlp block", &y, [&x, &w1, &w2], n);
+    let (y, _) = check.run_mlp_block("mlp block", rank)?;
     out.push(digest(y.as_slice()));
     Ok(format!("{}|{}", out.join(","), check.fails.join("; ")))
 }

@@ -19,6 +19,8 @@ use dist_tensor::shmem::job_env::{JOB_ID_ENV, JOIN_TIMEOUT_ENV, LAUNCH_ID_ENV};
 use dist_tensor::shmem::{WAIT_TIMEOUT_ENV, WaitCmp, WaitSem};
 use dist_tensor::{Tensor, World};
 
+mod common;
+
 const N: usize = 4;
 /// Every child is killed past this: a hang fails the test instead of hanging CI.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -160,18 +162,8 @@ fn finish(children: Vec<Child>) -> Vec<Ended> {
     let readers: Vec<_> = children
         .into_iter()
         .map(|mut child| {
-            let mut out = child.stdout.take().unwrap();
-            let mut err = child.stderr.take().unwrap();
-            let o = std::thread::spawn(move || {
-                let mut s = String::new();
-                let _ = out.read_to_string(&mut s);
-                s
-            });
-            let e = std::thread::spawn(move || {
-                let mut s = String::new();
-                let _ = err.read_to_string(&mut s);
-                s
-            });
+            let o = common::jobs::read_on_thread(child.stdout.take().unwrap());
+            let e = common::jobs::read_on_thread(child.stderr.take().unwrap());
             (child, o, e)
         })
         .collect();

@@ -5,6 +5,7 @@
 #![cfg(target_os = "linux")]
 
 mod cann_stand_in;
+mod common;
 
 use std::time::Duration;
 
@@ -22,25 +23,12 @@ fn a_world_of_threads_runs_on_the_host() {
 #[test]
 fn a_world_of_processes_runs_on_the_host() {
     // In a child of the job below: one rank, which prints its device.
-    if World::launched() {
-        let world = World::from_env().unwrap();
-        let device = world.run(|rank| Ok(rank.device())).unwrap();
-        println!("DEVICE {}", device[0]);
+    if common::jobs::in_rank(|world| Ok(world.run(|rank| Ok(rank.device()))?[0].to_string())) {
         return;
     }
-    let exits = World::local_job(2)
-        .args(["a_world_of_processes_runs_on_the_host", "--exact", "--nocapture", "-q"])
-        .timeout(Duration::from_secs(60))
-        .run()
-        .unwrap();
-    for exit in &exits {
+    for exit in &common::jobs::run_job("a_world_of_processes_runs_on_the_host", 2, &[]) {
         assert!(exit.success(), "rank {}: {}", exit.rank, exit.stderr_text());
-        assert!(
-            exit.stdout_text().lines().any(|l| l == "DEVICE host"),
-            "rank {} printed {:?}",
-            exit.rank,
-            exit.stdout_text()
-        );
+        assert_eq!(common::jobs::result(exit), "host", "rank {}", exit.rank);
     }
 }
 

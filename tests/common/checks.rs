@@ -4,7 +4,7 @@
 //! what its own results must be with ndarray and plain loops, none of it from the library. A
 //! world of threads and a world of processes could share a bug; they cannot share these.
 
-use dist_tensor::{Element, Tensor};
+use dist_tensor::{Device, DistTensor, Element, Placement, Rank, Tensor};
 use ndarray::{Array2, ArrayD, Axis, IxDyn, concatenate, s};
 
 use super::{pieces, reference, seeded, tolerance, within};
@@ -138,6 +138,28 @@ impl Checks {
         let inputs: Vec<ArrayD<f64>> = (0..n).map(|r| ulysses_input(r, shape(r), salt)).collect();
         let want = reference::heads_all_to_all(&inputs, me);
         self.exact(what, got, want.iter().copied().collect());
+    }
+
+    /// Runs the DistTensor MLP block of the batteries on `rank` and checks it with
+    /// [`Checks::mlp_block`]: `x` of 29 x 16 (fewer rows than some worlds have ranks) sharded by
+    /// rows, `w1` of 16 x 40 by columns and `w2` of 40 x 16 by rows, through all_gather_matmul
+    /// then matmul_reduce_scatter, gathered whole. Returns `y` read on the host, and the device
+    /// that held this rank's shard of `x`.
+    pub fn run_mlp_block(
+        &mut self,
+        what: &str,
+        rank: &Rank<'_>,
+    ) -> dist_tensor::Result<(Tensor<f32>, Device)> {
+        let x = Tensor::<f32>::random(&[29, 16], 1);
+        let w1 = Tensor::<f32>::random(&[16, 40], 2);
+        let w2 = Tensor::<f32>::random(&[40, 16], 3);
+        let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
+        let w1s = DistTensor::from_global(rank, &w1, Placement::Shard(1))?;
+        let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
+        let y = xs.all_gather_matmul(w1s.local())?.matmul_reduce_scatter(w2s.local())?;
+        let y = y.to_global()?.to_host()?;
+        self.mlp_block(what, &y, [&x, &w1, &w2], rank.num_ranks());
+        Ok((y, xs.local().device()))
     }
 
     /// `(x @ w1) @ w2` of whole f32 tensors (the product rounds to f32 once in between, within

@@ -4,6 +4,8 @@
 //! itself starts the job, bounds every child by a timeout (a hang fails the test, it does not
 //! hang CI) and reads what each rank printed.
 
+use std::io::Read;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use dist_tensor::World;
@@ -66,5 +68,15 @@ pub fn result(exit: &RankExit) -> String {
             exit.stdout_text(),
             exit.stderr_text()
         )
+    })
+}
+
+/// Reads `pipe` (a child's stdout or stderr) to its end on a thread of its own, so that a full
+/// pipe never blocks the child while the test waits for it: join the thread for the text.
+pub fn read_on_thread(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = pipe.read_to_string(&mut s);
+        s
     })
 }
