@@ -12,7 +12,7 @@ use dist_tensor::nn::{
     Activation, Adam, ColumnParallelLinear, GradHook, Parameters, RowParallelLinear, mse_loss,
 };
 use dist_tensor::shmem::try_symm_at;
-use dist_tensor::{DistTensor, Element, Error, Placement, Split, Tensor, World};
+use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Split, Tensor, World};
 use half::bf16;
 
 mod common;
@@ -470,20 +470,10 @@ fn grad_buckets_reject_hook_calls_that_do_not_make_up_a_layer() {
 #[test]
 fn every_op_over_every_group_of_a_2x2_mesh_on_processes() {
     const NAME: &str = "every_op_over_every_group_of_a_2x2_mesh_on_processes";
-    if World::launched() {
-        let fails = World::from_env().and_then(|w| w.run(|rank| mesh_ops(rank, 2, 2)));
-        match fails {
-            Ok(fails) => println!("RESULT {:?}", fails[0]),
-            Err(err) => println!("ERROR {err}"),
-        }
+    if common::jobs::in_rank(|w| Ok(format!("{:?}", w.run(|rank| mesh_ops(rank, 2, 2))?[0]))) {
         return;
     }
-    let exits = World::local_job(4)
-        .args([NAME, "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .timeout(Duration::from_secs(120))
-        .run()
-        .unwrap();
-    for exit in &exits {
+    for exit in &common::jobs::run_job(NAME, 4, &[]) {
         let out = exit.stdout_text();
         assert!(exit.success() && out.contains("RESULT []"), "rank {}: {out}", exit.rank);
     }
@@ -641,36 +631,36 @@ fn mesh_tensors_redistribute_between_placements_on_every_mesh() {
     eprintln!("mesh tensors: {:?}", start.elapsed());
 }
 
+/// What `body` gives on every rank of a world of 4 threads, given the rank's place in the
+/// `dp 2 x tp 2` mesh.
+fn on_2x2_mesh<R: Send>(
+    body: impl Fn(&Rank<'_>, &DeviceMesh<'_>) -> dist_tensor::Result<R> + Sync,
+) -> dist_tensor::Result<Vec<R>> {
+    World::threads(4)
+        .unwrap()
+        .run(|rank| body(rank, &DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?))
+}
+
 #[test]
 fn mesh_tensor_placements_are_checked() {
     use dist_tensor::mesh::MeshTensor;
     let global = Tensor::<f32>::random(&[3, 4], 1);
-    let err = World::threads(4)
-        .unwrap()
-        .run(|rank| {
-            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
-            MeshTensor::from_global(&mesh, &global, &[Placement::Replicate]).map(drop)
-        })
-        .unwrap_err();
+    let err = on_2x2_mesh(|_, mesh| {
+        MeshTensor::from_global(mesh, &global, &[Placement::Replicate]).map(drop)
+    })
+    .unwrap_err();
     assert!(err.to_string().contains("1 placements for a mesh of 2"), "{err}");
-    let err = World::threads(4)
-        .unwrap()
-        .run(|rank| {
-            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
-            let x = MeshTensor::from_global(&mesh, &global, &[Placement::Replicate; 2])?;
-            x.redistribute(&[Placement::Shard(2), Placement::Replicate]).map(drop)
-        })
-        .unwrap_err();
+    let err = on_2x2_mesh(|_, mesh| {
+        let x = MeshTensor::from_global(mesh, &global, &[Placement::Replicate; 2])?;
+        x.redistribute(&[Placement::Shard(2), Placement::Replicate]).map(drop)
+    })
+    .unwrap_err();
     assert!(matches!(err.rank_error(), Error::DimOutOfRange { dim: 2, .. }), "{err}");
     // Parts whose sizes disagree outside the sharded dimension: every rank refuses.
-    let err = World::threads(4)
-        .unwrap()
-        .run(|rank| {
-            let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 2)])?;
-            let local = Tensor::<f32>::zeros(&[2, 2 + rank.rank() % 2]);
-            MeshTensor::from_local(&mesh, local, &[Placement::Shard(0), Placement::Replicate])
-                .map(drop)
-        })
-        .unwrap_err();
+    let err = on_2x2_mesh(|rank, mesh| {
+        let local = Tensor::<f32>::zeros(&[2, 2 + rank.rank() % 2]);
+        MeshTensor::from_local(mesh, local, &[Placement::Shard(0), Placement::Replicate]).map(drop)
+    })
+    .unwrap_err();
     assert!(matches!(err.rank_error(), Error::RanksDisagree { .. }), "{err}");
 }
