@@ -200,15 +200,7 @@ fn trains_like_one_rank<T: Element>(n: usize, tol: f64, fails: &mut Vec<String>)
     let x = Tensor::<f64>::random(&[tokens, hidden], 1);
     let mix = Tensor::<f64>::random(&[hidden, hidden], 2) * (2.0 / (hidden as f64).sqrt());
     let target = Tensor::from_array(x.matmul(&mix).unwrap().view().mapv(f64::tanh));
-    let scaled = |shape: &[usize], seed, fan_in: usize| {
-        Tensor::<f64>::random(shape, seed) * (1.0 / (fan_in as f64).sqrt())
-    };
-    let weights = [
-        scaled(&[hidden, ffn], 3, hidden),
-        scaled(&[ffn], 4, hidden),
-        scaled(&[ffn, hidden], 5, ffn),
-        scaled(&[hidden], 6, ffn),
-    ];
+    let weights = common::mlp_weights(hidden, ffn);
     // The reference starts from the values the ranks hold (rounded to T).
     let rounded = |t: &Tensor<f64>| t.cast::<T>().cast::<f64>().view().to_owned();
     let want = one_rank_curve(

@@ -39,15 +39,7 @@ fn data() -> Data {
     let x = Tensor::<f64>::random(&[ROWS, HIDDEN], 1);
     let mix = Tensor::<f64>::random(&[HIDDEN, HIDDEN], 2);
     let target = x.matmul(&mix).unwrap().map(|v| v.tanh());
-    let scaled = |shape: &[usize], seed, fan_in: usize| {
-        Tensor::<f64>::random(shape, seed) * (1.0 / (fan_in as f64).sqrt())
-    };
-    let weights = [
-        scaled(&[HIDDEN, FFN], 3, HIDDEN),
-        scaled(&[FFN], 4, HIDDEN),
-        scaled(&[FFN, HIDDEN], 5, FFN),
-        scaled(&[HIDDEN], 6, FFN),
-    ];
+    let weights = common::mlp_weights(HIDDEN, FFN);
     Data { x, target, weights }
 }
 

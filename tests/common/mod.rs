@@ -130,6 +130,21 @@ pub fn seeded<T: Element>(rank: usize, len: usize, salt: usize) -> Vec<T> {
         .collect()
 }
 
+/// The weights of an MLP `hidden -> ffn -> hidden` for the training tests, `[W1, b1, W2, b2]`:
+/// W1 `[hidden, ffn]`, b1 `[ffn]`, W2 `[ffn, hidden]` and b2 `[hidden]`, random of seeds 3 to 6,
+/// each scaled by 1 / sqrt(the fan-in of its layer).
+pub fn mlp_weights(hidden: usize, ffn: usize) -> [Tensor<f64>; 4] {
+    let scaled = |shape: &[usize], seed, fan_in: usize| {
+        Tensor::<f64>::random(shape, seed) * (1.0 / (fan_in as f64).sqrt())
+    };
+    [
+        scaled(&[hidden, ffn], 3, hidden),
+        scaled(&[ffn], 4, hidden),
+        scaled(&[ffn, hidden], 5, ffn),
+        scaled(&[hidden], 6, ffn),
+    ]
+}
+
 /// `$f::<T>(args)` for every element type, f32, f64, f16 and bf16 in turn, the four results as
 /// an array: `()`s for a check that asserts, or the failures of each for one that lists them
 /// (`.concat()` them).
