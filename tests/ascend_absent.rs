@@ -25,26 +25,46 @@ fn installed_runtime_files() -> Vec<PathBuf> {
         .collect()
 }
 
+/// The library of AscendCL's not-found error.
+const ACL: &str = "AscendCL (libascendcl.so or libacl_rt.so)";
+
+/// What asking for an Ascend device gave. Where CANN is installed: fails on an error that
+/// `missing` says is a library not found, and gives `None`. Where it is absent (the case of
+/// these tests): the error, which must be AscendCL's not-found error, and the paths it tried.
+fn acl_not_found<T: std::fmt::Debug>(
+    result: dist_tensor::Result<T>,
+    missing: impl Fn(&Error) -> bool,
+) -> Option<(Error, Vec<String>)> {
+    let installed = installed_runtime_files();
+    if !installed.is_empty() {
+        if let Err(e) = &result
+            && missing(e)
+        {
+            panic!("AscendCL is installed at {installed:?}, yet: {e}");
+        }
+        return None;
+    }
+    let err = result.unwrap_err();
+    let Error::LibraryNotFound { library, tried } = &err else {
+        panic!("expected the library-not-found error, got {err:?}");
+    };
+    assert_eq!(*library, ACL);
+    let tried = tried.clone();
+    Some((err, tried))
+}
+
 /// Every test of this file, named `ascend::*` so that `cargo test ascend` selects them.
 mod ascend {
     use super::*;
 
     #[test]
     fn asking_for_an_ascend_device_lists_every_path_tried() {
-        let result = Device::Ascend(0).topology(4);
-        let installed = installed_runtime_files();
-        if !installed.is_empty() {
-            // The runtime must be found (a device may still be missing, or the driver fail).
-            if let Err(e @ Error::LibraryNotFound { .. }) = &result {
-                panic!("AscendCL is installed at {installed:?}, yet: {e}");
-            }
+        // Where CANN is installed, the runtime must be found (a device may still be missing, or
+        // the driver fail): no library may be missing.
+        let missing = |e: &Error| matches!(e, Error::LibraryNotFound { .. });
+        let Some((err, tried)) = acl_not_found(Device::Ascend(0).topology(4), missing) else {
             return;
-        }
-        let err = result.unwrap_err();
-        let Error::LibraryNotFound { library, tried } = &err else {
-            panic!("expected the library-not-found error, got {err:?}");
         };
-        assert_eq!(*library, "AscendCL (libascendcl.so or libacl_rt.so)");
         // `$ASCEND_HOME_PATH` (or that it is not set), then every install root, each file name...
         let home = ascend_home();
         let mut want: Vec<String> = Vec::new();
@@ -121,25 +141,11 @@ mod ascend {
 
     #[test]
     fn world_ascend_without_cann_names_the_libraries_searched() {
-        let result = World::ascend(&[0, 1]);
-        let installed = installed_runtime_files();
-        if !installed.is_empty() {
-            if let Err(
-                e @ Error::LibraryNotFound {
-                    library: "AscendCL (libascendcl.so or libacl_rt.so)",
-                    ..
-                },
-            ) = &result
-            {
-                panic!("AscendCL is installed at {installed:?}, yet: {e}");
-            }
+        // Where CANN is installed, AscendCL must be found.
+        let missing = |e: &Error| matches!(e, Error::LibraryNotFound { library: ACL, .. });
+        let Some((err, tried)) = acl_not_found(World::ascend(&[0, 1]), missing) else {
             return;
-        }
-        let err = result.unwrap_err();
-        let Error::LibraryNotFound { library, tried } = &err else {
-            panic!("expected the library-not-found error, got {err:?}");
         };
-        assert_eq!(*library, "AscendCL (libascendcl.so or libacl_rt.so)");
         assert!(tried.iter().any(|t| t.starts_with("/usr/local/Ascend/cann/lib64/libascendcl.so")));
         assert!(tried.iter().any(|t| t.starts_with("libacl_rt.so on the loader's search path")));
         // The same error, whatever the entry point.
