@@ -37,6 +37,20 @@ fn close(got: &Tensor<f64>, want: &Tensor<f64>, what: &str) {
     assert!(err < 1e-10, "{what}: off by {err:e}");
 }
 
+/// `got` on `rank` of a world of `world` ranks against its piece of the global `want`, cut along
+/// dim 1 in `sizes`.
+fn close_to_piece(
+    rank: &dist_tensor::Rank<'_>,
+    got: &Tensor<f64>,
+    want: &Tensor<f64>,
+    sizes: &[usize],
+    world: usize,
+) -> dist_tensor::Result<()> {
+    let want = DistTensor::from_global_split(rank, want, 1, sizes.to_vec())?;
+    close(got, want.local(), &format!("world {world} rank {}", rank.rank()));
+    Ok(())
+}
+
 #[test]
 fn tensor_parallel_mlp_gradients_match_one_rank() {
     let (m, e, f) = (7, 5, 10);
@@ -98,13 +112,7 @@ fn all_to_all_gradients_go_back_to_their_positions() {
                     DistTensor::from_global(rank, &c, Placement::Shard(2))?.into_local(),
                 );
                 (&heads.local().gelu() * &cr).sum().backward()?;
-                let want = DistTensor::from_global_split(rank, &want, 1, sizes.clone())?;
-                close(
-                    &xs.grad().unwrap(),
-                    want.local(),
-                    &format!("world {world} rank {}", rank.rank()),
-                );
-                Ok(())
+                close_to_piece(rank, &xs.grad().unwrap(), &want, &sizes, world)
             })
             .unwrap();
     }
@@ -217,13 +225,7 @@ fn vocab_parallel_cross_entropy_matches_one_rank_log_softmax_on_huge_logits() {
                 let got = loss.local().value().as_slice()[0];
                 assert!((got - want_loss).abs() < 1e-12, "world {world}: {got} vs {want_loss}");
                 loss.backward()?;
-                let want = DistTensor::from_global_split(rank, &want_grad, 1, sizes.clone())?;
-                close(
-                    &l.grad().unwrap(),
-                    want.local(),
-                    &format!("world {world} rank {}", rank.rank()),
-                );
-                Ok(())
+                close_to_piece(rank, &l.grad().unwrap(), &want_grad, &sizes, world)
             })
             .unwrap();
     }
