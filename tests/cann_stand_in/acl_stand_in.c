@@ -74,6 +74,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "standin_launch_info.h"
+
 typedef int aclError;
 
 #define ACL_SUCCESS 0
@@ -373,7 +375,6 @@ static size_t g_region_count, g_region_cap;
 
 /* Symmetric heaps, by PE, registered by the SHMEM stand-in. */
 #define MAX_HEAPS 64
-struct standin_heap { void *base; size_t size; };
 static struct standin_heap g_heaps[MAX_HEAPS];
 static int g_heap_device[MAX_HEAPS];
 static uint64_t g_ub_bytes = 192 * 1024;
@@ -709,25 +710,6 @@ aclError aclrtKernelArgsFinalize(void *args) {
 
 #ifdef STANDIN_EXECUTE
 #define ACL_ERROR_RT_AICORE_EXCEPTION 507015
-
-/* Declared as in ascendc_cpu/kernel_operator.h. */
-struct standin_launch_info {
-    const char *kernel;
-    void *fn;
-    uint32_t blocks;
-    int mix;
-    int sub_vec_num;
-    const int64_t *args;
-    int nargs;
-    int my_pe;
-    int n_pes;
-    const struct standin_heap *heaps;
-    int (*gm_valid)(const void *p, size_t len);
-    uint64_t ub_bytes;
-    char *error;
-    size_t error_len;
-    int first_remote_pe; /* out: the first peer the core of block index 0 reached (-1: none) */
-};
 
 /* Runs the kernel to its end on CPU threads (the launch is synchronous here; the stream keeps
  * its failure for the synchronisation). */

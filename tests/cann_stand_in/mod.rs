@@ -16,6 +16,10 @@
 //! calls the kernels use, with its pipes, unified buffer, cube server and rule checks) into a
 //! shared object, cached under `target/tmp/ascend_kernel_cache/`; its AscendCL loads that object
 //! and runs a launch on CPU threads, one per core, with the device's core counts.
+//!
+//! What both sides declare alike is written once beside them: `ascendc_types.h` and
+//! `ascendc_matmul_type.h` (types of Ascend C the surface and `ascendc_cpu/` share) and
+//! `standin_launch_info.h` (what the executing AscendCL hands a launch of `ascendc_cpu/`).
 
 // Each test file uses a different part of this helper.
 #![allow(dead_code)]

@@ -114,7 +114,10 @@ static char *read_file(const char *path, size_t *len) {
 /* The kernel as a shared object for the CPU (from the cache, or compiled now); NULL with the
  * compiler's log set on failure. */
 static char *compile_for_cpu(struct prog *p, int num_options, const char **options, size_t *so_len) {
-    static const char *parts[] = {"/kernel_operator.h", "/shmem.h", "/lib/matmul_intf.h"};
+    /* The headers the kernel compiles against, the shared ones beside the directory included. */
+    static const char *parts[] = {"/kernel_operator.h", "/shmem.h", "/lib/matmul_intf.h",
+                                  "/../ascendc_types.h", "/../ascendc_matmul_type.h",
+                                  "/../standin_launch_info.h"};
     uint64_t h = fnv(1469598103934665603ull, p->src, strlen(p->src));
     char flags[2048] = "";
     size_t used = 0;

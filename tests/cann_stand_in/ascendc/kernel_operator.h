@@ -8,30 +8,14 @@
 
 #include <cstdint>
 
+#include "../ascendc_types.h"
+
 #define __global__
-#define __aicore__
-#define __gm__
-#define GM_ADDR uint8_t *
 
-using half = _Float16;
-struct bfloat16_t {
-    uint16_t bits;
-};
-
-enum KernelType { KERNEL_TYPE_AIV_ONLY, KERNEL_TYPE_AIC_ONLY, KERNEL_TYPE_MIX_AIC_1_2 };
 void kernel_task_type_default(KernelType type);
 #define KERNEL_TASK_TYPE_DEFAULT(type) kernel_task_type_default(type)
 
-enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
 enum event_t : int32_t { EVENT_ID0 = 0, EVENT_ID1 = 1 };
-enum class CubeFormat { ND, NZ };
-
-struct TCubeTiling {
-    int32_t usedCoreNum, M, N, Ka, Kb, singleCoreM, singleCoreN, singleCoreK, baseM, baseN, baseK;
-    int32_t depthA1, depthB1, stepM, stepN, isBias, transLength, iterateOrder, shareMode;
-    int32_t shareL1Size, shareL0CSize, shareUbSize, batchM, batchN, singleBatchM, singleBatchN;
-    int32_t stepKa, stepKb, depthAL1CacheUB, depthBL1CacheUB, dbL0A, dbL0B, dbL0C;
-};
 
 GM_ADDR GetSysWorkSpacePtr();
 
@@ -85,22 +69,6 @@ class TPipe {
 public:
     template <class B>
     void InitBuffer(B &buffer, uint32_t bytes);
-};
-
-struct DataCopyExtParams {
-    uint16_t blockCount;
-    uint32_t blockLen;
-    uint32_t srcStride;
-    uint32_t dstStride;
-    uint32_t rsv;
-};
-
-template <typename T>
-struct DataCopyPadExtParams {
-    bool isPad;
-    uint8_t leftPadding;
-    uint8_t rightPadding;
-    T paddingValue;
 };
 
 template <typename T>

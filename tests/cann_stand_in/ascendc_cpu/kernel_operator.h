@@ -57,54 +57,12 @@
 #include <utility>
 #include <vector>
 
+#include "../ascendc_types.h"
+#include "../standin_launch_info.h"
+
 #define __global__ __attribute__((visibility("default")))
-#define __aicore__
-#define __gm__
-#define GM_ADDR uint8_t *
 
-using half = _Float16;
-
-// bfloat16: the upper half of an f32 (round to nearest even on the way in).
-struct bfloat16_t {
-    uint16_t bits;
-};
-
-enum KernelType { KERNEL_TYPE_AIV_ONLY, KERNEL_TYPE_AIC_ONLY, KERNEL_TYPE_MIX_AIC_1_2 };
-enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
 enum event_t : int32_t { EVENT_ID0 = 0, EVENT_ID1 = 1, EVENT_ID2 = 2, EVENT_ID3 = 3 };
-enum class CubeFormat { ND, NZ };
-
-struct TCubeTiling {
-    int32_t usedCoreNum, M, N, Ka, Kb, singleCoreM, singleCoreN, singleCoreK, baseM, baseN, baseK;
-    int32_t depthA1, depthB1, stepM, stepN, isBias, transLength, iterateOrder, shareMode;
-    int32_t shareL1Size, shareL0CSize, shareUbSize, batchM, batchN, singleBatchM, singleBatchN;
-    int32_t stepKa, stepKb, depthAL1CacheUB, depthBL1CacheUB, dbL0A, dbL0B, dbL0C;
-};
-
-// What the AscendCL stand-in hands a launch (the same struct is declared in acl_stand_in.c).
-extern "C" {
-struct standin_heap {
-    void *base;
-    size_t size;
-};
-struct standin_launch_info {
-    const char *kernel;
-    void *fn;
-    uint32_t blocks;
-    int mix;
-    int sub_vec_num;
-    const int64_t *args;
-    int nargs;
-    int my_pe;
-    int n_pes;
-    const struct standin_heap *heaps;
-    int (*gm_valid)(const void *p, size_t len);
-    uint64_t ub_bytes;
-    char *error;
-    size_t error_len;
-    int first_remote_pe; /* out: the first peer the core of block index 0 reached (-1: none) */
-};
-}
 
 namespace standin {
 
@@ -789,36 +747,37 @@ public:
     }
 };
 
-struct DataCopyExtParams {
-    uint16_t blockCount;
-    uint32_t blockLen;
-    uint32_t srcStride;
-    uint32_t dstStride;
-    uint32_t rsv;
+namespace detail {
+
+// The rows of a DataCopyPad of `p` (on a vector core, checked): `rows` of `len` bytes, `gm_pitch`
+// bytes apart in global memory (`gm_stride` bytes between rows), each taking `row_ub` bytes (whole
+// 32-byte blocks) of the unified buffer, `ub_pitch` apart there (`ub_blocks` blocks between rows).
+struct CopyRows {
+    uint64_t rows, len, gm_pitch, row_ub, ub_pitch;
 };
 
 template <typename T>
-struct DataCopyPadExtParams {
-    bool isPad;
-    uint8_t leftPadding;
-    uint8_t rightPadding;
-    T paddingValue;
-};
+CopyRows copy_rows(const DataCopyExtParams &p, uint32_t gm_stride, uint32_t ub_blocks) {
+    standin::need_vector("DataCopyPad");
+    if (p.blockCount == 0 || p.blockLen == 0) {
+        standin::fault("DataCopyPad of an empty block (blockCount or blockLen 0)");
+    }
+    if (p.blockLen % sizeof(T) != 0 || gm_stride % sizeof(T) != 0) {
+        standin::fault("DataCopyPad: a length or stride not a whole number of elements");
+    }
+    const uint64_t len = p.blockLen, row_ub = (len + 31) / 32 * 32;
+    return {p.blockCount, len, len + gm_stride, row_ub, row_ub + 32ull * ub_blocks};
+}
+
+}  // namespace detail
 
 // GM -> UB on MTE2: blockCount rows of blockLen bytes, srcStride bytes apart in global memory,
 // each row starting on a 32-byte block of the unified buffer (dstStride blocks between rows).
 template <typename T>
 void DataCopyPad(const LocalTensor<T> &dst, const GlobalTensor<T> &src, const DataCopyExtParams &p,
                  const DataCopyPadExtParams<T> &pad) {
-    standin::need_vector("DataCopyPad");
-    if (p.blockCount == 0 || p.blockLen == 0) {
-        standin::fault("DataCopyPad of an empty block (blockCount or blockLen 0)");
-    }
-    if (p.blockLen % sizeof(T) != 0 || p.srcStride % sizeof(T) != 0) {
-        standin::fault("DataCopyPad: a length or stride not a whole number of elements");
-    }
-    const uint64_t rows = p.blockCount, len = p.blockLen, gm_pitch = len + p.srcStride;
-    const uint64_t row_ub = (len + 31) / 32 * 32, ub_pitch = row_ub + 32ull * p.dstStride;
+    const detail::CopyRows c = detail::copy_rows<T>(p, p.srcStride, p.dstStride);
+    const uint64_t rows = c.rows, len = c.len, gm_pitch = c.gm_pitch, row_ub = c.row_ub, ub_pitch = c.ub_pitch;
     src.check(0, ((rows - 1) * gm_pitch + len) / sizeof(T), "DataCopyPad (GM -> UB) read");
     dst.check((rows - 1) * ub_pitch + row_ub, "DataCopyPad (GM -> UB) write");
     const uint8_t *from = reinterpret_cast<const uint8_t *>(src.ptr_);
@@ -845,15 +804,8 @@ void DataCopyPad(const LocalTensor<T> &dst, const GlobalTensor<T> &src, const Da
 // buffer (srcStride blocks between rows), dstStride bytes apart in global memory.
 template <typename T>
 void DataCopyPad(const GlobalTensor<T> &dst, const LocalTensor<T> &src, const DataCopyExtParams &p) {
-    standin::need_vector("DataCopyPad");
-    if (p.blockCount == 0 || p.blockLen == 0) {
-        standin::fault("DataCopyPad of an empty block (blockCount or blockLen 0)");
-    }
-    if (p.blockLen % sizeof(T) != 0 || p.dstStride % sizeof(T) != 0) {
-        standin::fault("DataCopyPad: a length or stride not a whole number of elements");
-    }
-    const uint64_t rows = p.blockCount, len = p.blockLen, gm_pitch = len + p.dstStride;
-    const uint64_t row_ub = (len + 31) / 32 * 32, ub_pitch = row_ub + 32ull * p.srcStride;
+    const detail::CopyRows c = detail::copy_rows<T>(p, p.dstStride, p.srcStride);
+    const uint64_t rows = c.rows, len = c.len, gm_pitch = c.gm_pitch, ub_pitch = c.ub_pitch;
     dst.check(0, ((rows - 1) * gm_pitch + len) / sizeof(T), "DataCopyPad (UB -> GM) write");
     src.check((rows - 1) * ub_pitch + len, "DataCopyPad (UB -> GM) read");
     const int pe = standin::heap_of(dst.ptr_, (rows - 1) * gm_pitch + len);

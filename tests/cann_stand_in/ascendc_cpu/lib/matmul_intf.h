@@ -7,13 +7,9 @@
 #pragma once
 
 #include "../kernel_operator.h"
+#include "../../ascendc_matmul_type.h"
 
 namespace matmul {
-
-template <AscendC::TPosition P, CubeFormat F, typename T>
-struct MatmulType {
-    using Type = T;
-};
 
 template <class A, class B, class C, class Bias>
 class Matmul {
