@@ -315,13 +315,7 @@ fn check_fault(
 #[test]
 fn a_process_killed_mid_kernel_ends_the_others_device_waits_naming_it() {
     const NAME: &str = "a_process_killed_mid_kernel_ends_the_others_device_waits_naming_it";
-    if in_rank(|world| {
-        fault_body(world, |_| {
-            let me = rustix::process::getpid();
-            rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
-            unreachable!("killed")
-        })
-    }) {
+    if in_rank(|world| fault_body(world, |_| common::jobs::kill_self())) {
         return;
     }
     if !common::gpu::gpu_here(NAME) {

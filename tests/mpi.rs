@@ -585,13 +585,7 @@ fn check_fault(job: &Job, n: usize, says: &str) {
 
 #[test]
 fn a_killed_process_on_another_node_ends_every_rank_with_an_error_naming_it() {
-    if in_rank(|world| {
-        fault_body(world, |_| {
-            let me = rustix::process::getpid();
-            rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
-            unreachable!("killed")
-        })
-    }) {
+    if in_rank(|world| fault_body(world, |_| common::jobs::kill_self())) {
         return;
     }
     let name = "a_killed_process_on_another_node_ends_every_rank_with_an_error_naming_it";

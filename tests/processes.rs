@@ -295,13 +295,7 @@ fn check_fault(exits: &[RankExit], says: &[&str], rank1: impl Fn(&RankExit) -> b
 
 #[test]
 fn a_killed_rank_ends_every_other_ranks_waits_at_once_naming_it() {
-    if in_rank(|world| {
-        fault_body(world, |_| {
-            let me = rustix::process::getpid();
-            rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
-            unreachable!("killed")
-        })
-    }) {
+    if in_rank(|world| fault_body(world, |_| common::jobs::kill_self())) {
         return;
     }
     let exits = job("a_killed_rank_ends_every_other_ranks_waits_at_once_naming_it", 3, &[]);
@@ -519,9 +513,7 @@ fn a_rank_killed_between_runs_ends_its_peers_next_run_at_once() {
         if world.ranks_here().contains(&1) {
             // Between runs: its state says it returned from the first, so only its process's
             // end can tell the peers that it will never come to the second.
-            let me = rustix::process::getpid();
-            rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
-            unreachable!("killed")
+            common::jobs::kill_self()
         }
         std::thread::sleep(Duration::from_millis(200)); // the kill lands before the next run
         let start = Instant::now();

@@ -80,3 +80,10 @@ pub fn read_on_thread(mut pipe: impl Read + Send + 'static) -> JoinHandle<String
         s
     })
 }
+
+/// Ends this process with SIGKILL, as a rank that dies without a word: a fault the tests inject.
+pub fn kill_self() -> ! {
+    let me = rustix::process::getpid();
+    rustix::process::kill_process(me, rustix::process::Signal::KILL).unwrap();
+    unreachable!("killed")
+}
