@@ -9,32 +9,28 @@
 use dist_tensor::fused::{AgPath, PathTaken, RsPath, last_schedule};
 use dist_tensor::{DistTensor, Element, Error, MatmulOptions, Placement, Tensor, World};
 use half::{bf16, f16};
-use ndarray::{Array2, Ix2};
+use ndarray::Array2;
 
 mod common;
 
 use common::reference::product;
-use common::{assert_none, checks, tolerance};
+use common::{assert_none, checks, f64s2, tolerance};
 
 const WORLDS: [usize; 5] = [1, 2, 3, 5, 8];
 
 /// (M, K, N): fewer rows than ranks, primes, and shards of 256 rows or more at worlds 2 and 3.
 const SHAPES: [(usize, usize, usize); 3] = [(3, 7, 5), (61, 13, 29), (787, 19, 11)];
 
-fn f64s2<T: Element>(t: &Tensor<T>) -> Array2<f64> {
-    t.view().mapv(|v| v.to_f64()).into_dimensionality::<Ix2>().expect("a 2-D tensor")
-}
-
-/// Entry by entry within the bound.
-fn check(
+/// The product `y` entry by entry within `tol` times the scale of its f64 reference
+/// `(want, scale)`.
+fn check<T: Element>(
     what: &str,
-    got: &Array2<f64>,
-    want: &Array2<f64>,
-    scale: &Array2<f64>,
+    y: &Tensor<T>,
+    (want, scale): &(Array2<f64>, Array2<f64>),
     tol: f64,
 ) -> Option<String> {
     let flat = |a: &Array2<f64>| a.iter().copied().collect::<Vec<_>>();
-    checks::off(what, &flat(got), &flat(want), &flat(scale), tol)
+    checks::off(what, &flat(&f64s2(y)), &flat(want), &flat(scale), tol)
 }
 
 fn all_gather_matmul_case<T: Element>(
@@ -44,7 +40,7 @@ fn all_gather_matmul_case<T: Element>(
 ) -> Option<String> {
     let x = Tensor::<T>::random(&[m, k], 3);
     let w = Tensor::<T>::random(&[k, nc], 4);
-    let (want, scale) = product(f64s2(&x).view(), f64s2(&w).view());
+    let want = product(f64s2(&x).view(), f64s2(&w).view());
     let what = format!("all_gather_matmul {} world {n} {m}x{k}x{nc} path {path:?}", T::DTYPE);
     let outs = World::threads(n).unwrap().run(|rank| {
         let xd = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
@@ -83,13 +79,7 @@ fn all_gather_matmul_case<T: Element>(
         if taken.why.is_empty() {
             fails.push(format!("{what}: no reason given"));
         }
-        fails.extend(check(
-            &format!("{what} rank {r}"),
-            &f64s2(y),
-            &want,
-            &scale,
-            tolerance::<T>(k),
-        ));
+        fails.extend(check(&format!("{what} rank {r}"), y, &want, tolerance::<T>(k)));
     }
     (!fails.is_empty()).then(|| fails.join("\n"))
 }
@@ -101,7 +91,7 @@ fn matmul_reduce_scatter_case<T: Element>(
 ) -> Option<String> {
     let h = Tensor::<T>::random(&[m, k], 5);
     let w = Tensor::<T>::random(&[k, nc], 6);
-    let (want, scale) = product(f64s2(&h).view(), f64s2(&w).view());
+    let want = product(f64s2(&h).view(), f64s2(&w).view());
     let what = format!("matmul_reduce_scatter {} world {n} {m}x{k}x{nc} path {path:?}", T::DTYPE);
     let outs = World::threads(n).unwrap().run(|rank| {
         let hd = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
@@ -132,7 +122,7 @@ fn matmul_reduce_scatter_case<T: Element>(
             (PathTaken::MatmulReduceScatter(_), _) => {}
             (other, _) => fails.push(format!("{what}: rank {r} reports {other:?}")),
         }
-        fails.extend(check(&format!("{what} rank {r}"), &f64s2(y), &want, &scale, tol));
+        fails.extend(check(&format!("{what} rank {r}"), y, &want, tol));
     }
     (!fails.is_empty()).then(|| fails.join("\n"))
 }
@@ -230,7 +220,7 @@ fn transposed_kept_case<T: Element>(
 ) -> Option<String> {
     let x = Tensor::<T>::random(&[m, k], 7);
     let w = Tensor::<T>::random(&[nc, k], 8); // [N, K]
-    let (want, scale) = product(f64s2(&x).view(), f64s2(&w).t());
+    let want = product(f64s2(&x).view(), f64s2(&w).t());
     let what =
         format!("all_gather_matmul w^T, kept input, {} world {n} {m}x{k}x{nc} {path}", T::DTYPE);
     let outs = World::threads(n).unwrap().run(|rank| {
@@ -253,13 +243,7 @@ fn transposed_kept_case<T: Element>(
         if *input != x {
             fails.push(format!("{what}: rank {r}'s kept input differs from x"));
         }
-        fails.extend(check(
-            &format!("{what} rank {r}"),
-            &f64s2(y),
-            &want,
-            &scale,
-            tolerance::<T>(k),
-        ));
+        fails.extend(check(&format!("{what} rank {r}"), y, &want, tolerance::<T>(k)));
     }
     (!fails.is_empty()).then(|| fails.join("\n"))
 }
@@ -274,7 +258,7 @@ fn transposed_reduce_scatter_case<T: Element>(
 ) -> Option<String> {
     let h = Tensor::<T>::random(&[m, k], 9);
     let w = Tensor::<T>::random(&[nc, k], 10); // [N, K]
-    let (want, scale) = product(f64s2(&h).view(), f64s2(&w).t());
+    let want = product(f64s2(&h).view(), f64s2(&w).t());
     let what = format!("matmul_reduce_scatter w^T {} world {n} {m}x{k}x{nc} {path:?}", T::DTYPE);
     let outs = World::threads(n).unwrap().run(|rank| {
         let hd = DistTensor::from_global(rank, &h, Placement::Shard(1))?;
@@ -299,7 +283,7 @@ fn transposed_reduce_scatter_case<T: Element>(
             fails.push(format!("{what}: rank {r} ran {ran:?}, not {expected}"));
         }
         let tol = tolerance::<T>(k + n);
-        fails.extend(check(&format!("{what} rank {r}"), &f64s2(y), &want, &scale, tol));
+        fails.extend(check(&format!("{what} rank {r}"), y, &want, tol));
     }
     (!fails.is_empty()).then(|| fails.join("\n"))
 }

@@ -19,15 +19,11 @@
 use dist_tensor::fused::{all_gather_matmul, all_gather_matmul_keep_input};
 use dist_tensor::{DistTensor, Element, MatmulOptions, Placement, Result, Tensor, World};
 use half::{bf16, f16};
-use ndarray::{Array2, Ix2, s};
+use ndarray::{Array2, s};
 
 mod common;
 
-use common::tolerance;
-
-fn f64_2<T: Element>(t: &Tensor<T>) -> Array2<f64> {
-    t.view().mapv(|v| v.to_f64()).into_dimensionality::<Ix2>().expect("2-D")
-}
+use common::{f64s2, tolerance};
 
 /// Checks `got` (flattened to rows) against `want` within `tol * scale`, entry by entry; also
 /// that the bound would catch the loss of the largest single term.
@@ -102,17 +98,17 @@ fn all_gather_matmul_case<T: Element>(
         }
         Ok((globals, input.into_local()))
     })?;
-    let x64 = f64_2(&x);
+    let x64 = f64s2(&x);
     for (r, (products, input)) in outs.iter().enumerate() {
         assert_eq!(input, &x, "rank {r}: the kept input is the input");
         for (i, (got, w)) in products.iter().zip(&ws).enumerate() {
-            let wt = f64_2(w).reversed_axes();
+            let wt = f64s2(w).reversed_axes();
             let (want, scale) = product(&x64, &wt);
             let what = format!(
                 "{} all_gather_matmul^T world {world} {m}x{k} weight {i} rank {r}",
                 T::DTYPE
             );
-            check(&what, &f64_2(got), &want, &scale, largest_term(&x64, &wt), tolerance::<T>(k));
+            check(&what, &f64s2(got), &want, &scale, largest_term(&x64, &wt), tolerance::<T>(k));
         }
     }
     Ok(())
@@ -136,14 +132,14 @@ fn matmul_reduce_scatter_case<T: Element>(
         assert_eq!(y.placement(), Placement::Shard(0));
         y.to_global()
     })?;
-    let (h64, wt) = (f64_2(&h), f64_2(&w).reversed_axes());
+    let (h64, wt) = (f64s2(&h), f64s2(&w).reversed_axes());
     let (want, scale) = product(&h64, &wt);
     for (r, got) in outs.iter().enumerate() {
         let what =
             format!("{} matmul_reduce_scatter^T world {world} {m}x{k}x{n} rank {r}", T::DTYPE);
         // The unfused baseline rounds each rank's partial product to T before the sum.
         let tol = tolerance::<T>(k + world) * if unfused { 2.0 } else { 1.0 };
-        check(&what, &f64_2(got), &want, &scale, largest_term(&h64, &wt), tol);
+        check(&what, &f64s2(got), &want, &scale, largest_term(&h64, &wt), tol);
     }
     Ok(())
 }
@@ -224,9 +220,9 @@ fn a_weight_view_of_any_strides_is_read_correctly() -> Result<()> {
         assert_eq!(kept.outputs[0], got.outputs[0]);
         Ok(got.outputs)
     })?;
-    let wide = f64_2(&wide);
+    let wide = f64s2(&wide);
     let wants =
-        [f64_2(&x).dot(&wide.slice(s![.., ..;2])), f64_2(&x).dot(&wide.slice(s![..;-1, 1..;2]))];
+        [f64s2(&x).dot(&wide.slice(s![.., ..;2])), f64s2(&x).dot(&wide.slice(s![..;-1, 1..;2]))];
     for outs in &outs {
         for (out, want) in outs.iter().zip(&wants) {
             assert!((out - want).iter().all(|d| d.abs() < 1e-12));

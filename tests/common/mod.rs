@@ -65,6 +65,11 @@ pub fn f64s<T: Element>(t: &Tensor<T>) -> ArrayD<f64> {
     t.view().mapv(|v| v.to_f64())
 }
 
+/// The values of a 2-D tensor widened to an f64 matrix.
+pub fn f64s2<T: Element>(t: &Tensor<T>) -> ndarray::Array2<f64> {
+    f64s(t).into_dimensionality::<ndarray::Ix2>().expect("a 2-D tensor")
+}
+
 /// A tensor of multiples of 1/4 in [-4, 4], never zero, seeded: sums of a few are exact in
 /// every element type.
 pub fn dyadic<T: Element>(shape: &[usize], seed: u64) -> Tensor<T> {
