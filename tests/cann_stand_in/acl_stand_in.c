@@ -342,22 +342,24 @@ static aclError core_count(int64_t *value, int ai, int vector, int which) {
     return ACL_SUCCESS;
 }
 
-#ifndef STANDIN_NO_DEVICE_INFO
-aclError aclrtGetDeviceInfo(uint32_t device_id, int attr, int64_t *value) {
-    record("aclrtGetDeviceInfo(%u,%d)", device_id, attr);
-    aclError status = injected("aclrtGetDeviceInfo");
+/* A core count asked by `call` (recorded) of `device_id`: `asked` is its `ai_core` or `vector` key. */
+static aclError device_core_count(const char *call, uint32_t device_id, int64_t *value, int ai_core, int vector,
+                                  int asked) {
+    record("%s(%u,%d)", call, device_id, asked);
+    aclError status = injected(call);
     if (status != ACL_SUCCESS) return status;
     if (bad_device(device_id)) return ACL_ERROR_RT_INVALID_DEVICEID;
-    return core_count(value, ATTR_AICORE_CORE_NUM, ATTR_VECTOR_CORE_NUM, attr);
+    return core_count(value, ai_core, vector, asked);
+}
+
+#ifndef STANDIN_NO_DEVICE_INFO
+aclError aclrtGetDeviceInfo(uint32_t device_id, int attr, int64_t *value) {
+    return device_core_count("aclrtGetDeviceInfo", device_id, value, ATTR_AICORE_CORE_NUM, ATTR_VECTOR_CORE_NUM, attr);
 }
 #endif
 
 aclError aclGetDeviceCapability(uint32_t device_id, int info, int64_t *value) {
-    record("aclGetDeviceCapability(%u,%d)", device_id, info);
-    aclError status = injected("aclGetDeviceCapability");
-    if (status != ACL_SUCCESS) return status;
-    if (bad_device(device_id)) return ACL_ERROR_RT_INVALID_DEVICEID;
-    return core_count(value, INFO_AI_CORE_NUM, INFO_VECTOR_CORE_NUM, info);
+    return device_core_count("aclGetDeviceCapability", device_id, value, INFO_AI_CORE_NUM, INFO_VECTOR_CORE_NUM, info);
 }
 
 

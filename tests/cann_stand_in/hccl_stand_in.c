@@ -94,6 +94,14 @@ HcclResult HcclGetCommName(void *handle, char *name) {
     return HCCL_SUCCESS;
 }
 
+/* What a collective `call` on the communicator `c` answers: the injected failure, else a parameter
+ * error for a handle that is not a communicator. */
+static HcclResult answer(const char *call, const struct comm *c) {
+    int status = injected(call);
+    if (status != 0) return status;
+    return c == NULL ? HCCL_E_PARA : HCCL_SUCCESS;
+}
+
 HcclResult HcclAllGatherV(void *send, uint64_t send_count, void *recv, const void *recv_counts,
                           const void *recv_displs, int data_type, void *handle, void *stream) {
     struct comm *c = as_comm(handle);
@@ -104,9 +112,7 @@ HcclResult HcclAllGatherV(void *send, uint64_t send_count, void *recv, const voi
     (void)recv;
     (void)recv_displs;
     (void)stream;
-    int status = injected("HcclAllGatherV");
-    if (status != 0) return status;
-    return c == NULL ? HCCL_E_PARA : HCCL_SUCCESS;
+    return answer("HcclAllGatherV", c);
 }
 
 HcclResult HcclReduceScatterV(void *send, const void *send_counts, const void *send_displs, void *recv,
@@ -119,9 +125,7 @@ HcclResult HcclReduceScatterV(void *send, const void *send_counts, const void *s
     (void)send_displs;
     (void)recv;
     (void)stream;
-    int status = injected("HcclReduceScatterV");
-    if (status != 0) return status;
-    return c == NULL ? HCCL_E_PARA : HCCL_SUCCESS;
+    return answer("HcclReduceScatterV", c);
 }
 
 HcclResult HcclCommDestroy(void *handle) {

@@ -107,6 +107,18 @@ static int check_mc2(const struct tensor *a) {
     return ACLNN_SUCCESS;
 }
 
+/* What an MC2 op's GetWorkspaceSize `call` answers before its own attributes: the injected
+ * failure, the product's operands, its other arguments (`named`: none is NULL), then MC2's rules. */
+static int mc2_call(const char *call, const struct tensor *a, const struct tensor *b, const struct tensor *out,
+                    int named) {
+    int status = injected(call);
+    if (status != 0) return status;
+    status = check_product(a, b, out);
+    if (status != ACLNN_SUCCESS) return status;
+    if (!named) return ACLNN_ERR_PARAM_NULLPTR;
+    return check_mc2(a);
+}
+
 int aclnnMatmulGetWorkspaceSize(const void *self, const void *mat2, void *out, int8_t cube_math_type,
                                 uint64_t *workspace_size, void **executor) {
     const struct tensor *a = as_tensor(self), *b = as_tensor(mat2), *c = as_tensor(out);
@@ -127,12 +139,7 @@ int aclnnAllGatherMatmulGetWorkspaceSize(const void *x1, const void *x2, const v
     record("aclnnAllGatherMatmulGetWorkspaceSize(group=%s,gatherIndex=%lld,commTurn=%lld,streamMode=%lld,bias=%s)",
            group == NULL ? "NULL" : group, (long long)gather_index, (long long)comm_turn, (long long)stream_mode,
            bias == NULL ? "none" : "some");
-    int status = injected("aclnnAllGatherMatmulGetWorkspaceSize");
-    if (status != 0) return status;
-    status = check_product(a, b, c);
-    if (status != ACLNN_SUCCESS) return status;
-    if (g == NULL || group == NULL) return ACLNN_ERR_PARAM_NULLPTR;
-    status = check_mc2(a);
+    int status = mc2_call("aclnnAllGatherMatmulGetWorkspaceSize", a, b, c, g != NULL && group != NULL);
     if (status != ACLNN_SUCCESS) return status;
     if (gather_index != 0 || comm_turn != 0 || stream_mode != 1) return refuse("EZ1007: attributes (stand-in)");
     return make_executor("aclnnAllGatherMatmul", 1024, workspace_size, executor);
@@ -145,12 +152,7 @@ int aclnnMatmulReduceScatterGetWorkspaceSize(const void *x1, const void *x2, con
     record("aclnnMatmulReduceScatterGetWorkspaceSize(group=%s,reduceOp=%s,commTurn=%lld,streamMode=%lld,bias=%s)",
            group == NULL ? "NULL" : group, reduce_op == NULL ? "NULL" : reduce_op, (long long)comm_turn,
            (long long)stream_mode, bias == NULL ? "none" : "some");
-    int status = injected("aclnnMatmulReduceScatterGetWorkspaceSize");
-    if (status != 0) return status;
-    status = check_product(a, b, c);
-    if (status != ACLNN_SUCCESS) return status;
-    if (group == NULL || reduce_op == NULL) return ACLNN_ERR_PARAM_NULLPTR;
-    status = check_mc2(a);
+    int status = mc2_call("aclnnMatmulReduceScatterGetWorkspaceSize", a, b, c, group != NULL && reduce_op != NULL);
     if (status != ACLNN_SUCCESS) return status;
     if (strcmp(reduce_op, "sum") != 0 || comm_turn != 0 || stream_mode != 1) return refuse("EZ1008: attributes (stand-in)");
     return make_executor("aclnnMatmulReduceScatter", 1024, workspace_size, executor);

@@ -320,20 +320,26 @@ aclError aclrtcCompileProg(void *prog, int num_options, const char **options) {
     return ACL_SUCCESS;
 }
 
+/* Whether `call` (recorded) may read the binary of `p` into `out`: both given, `p` compiled. */
+static aclError bin_readable(const char *call, const struct prog *p, const void *out) {
+    record("%s(%s)", call, p == NULL ? "NULL" : p->name);
+    if (p == NULL || out == NULL) return ACL_ERROR_RTC_INVALID_INPUT;
+    if (p->bin == NULL) return ACL_ERROR_RTC_INVALID_PROG;
+    return ACL_SUCCESS;
+}
+
 aclError aclrtcGetBinDataSize(void *prog, size_t *size) {
     struct prog *p = prog;
-    record("aclrtcGetBinDataSize(%s)", p == NULL ? "NULL" : p->name);
-    if (p == NULL || size == NULL) return ACL_ERROR_RTC_INVALID_INPUT;
-    if (p->bin == NULL) return ACL_ERROR_RTC_INVALID_PROG;
+    aclError status = bin_readable("aclrtcGetBinDataSize", p, size);
+    if (status != ACL_SUCCESS) return status;
     *size = p->bin_len;
     return ACL_SUCCESS;
 }
 
 aclError aclrtcGetBinData(void *prog, char *data) {
     struct prog *p = prog;
-    record("aclrtcGetBinData(%s)", p == NULL ? "NULL" : p->name);
-    if (p == NULL || data == NULL) return ACL_ERROR_RTC_INVALID_INPUT;
-    if (p->bin == NULL) return ACL_ERROR_RTC_INVALID_PROG;
+    aclError status = bin_readable("aclrtcGetBinData", p, data);
+    if (status != ACL_SUCCESS) return status;
     memcpy(data, p->bin, p->bin_len);
     return ACL_SUCCESS;
 }
