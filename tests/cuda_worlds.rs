@@ -96,36 +96,23 @@ fn dist_options(rank: &Rank<'_>, check: &mut Checks) -> dist_tensor::Result<()> 
     let ws = DistTensor::from_global(rank, &w, Placement::Shard(1))?;
     let wts = DistTensor::from_global(rank, &wt, Placement::Shard(0))?;
     let (want, scale) = common::reference::product(matrix(&x, b * s).view(), matrix(&w, k).view());
-    let flat = |a: ndarray::Array2<f64>| a.iter().copied().collect::<Vec<f64>>();
+    let flat = |a: &ndarray::Array2<f64>| a.iter().copied().collect::<Vec<f64>>();
+    // The reference of the gathered product, values and scale, flat.
+    let gathered = [flat(&want), flat(&scale)];
     let tol = common::tolerance::<f32>(k);
     let h = xs.all_gather_matmul(ws.local())?.to_global()?.to_host()?;
-    check.close(
-        "N-D all_gather_matmul",
-        h.as_slice(),
-        [flat(want.clone()), flat(scale.clone())],
-        tol,
-    );
+    check.close("N-D all_gather_matmul", h.as_slice(), gathered.clone(), tol);
     let opts = dist_tensor::MatmulOptions::new().transpose_weights(true);
     let (hs, kept) = xs.all_gather_matmul_keep_input(&[wts.local()], &opts)?;
     let h = hs[0].to_global()?.to_host()?;
-    check.close(
-        "transposed all_gather_matmul",
-        h.as_slice(),
-        [flat(want.clone()), flat(scale.clone())],
-        tol,
-    );
+    check.close("transposed all_gather_matmul", h.as_slice(), gathered.clone(), tol);
     let kept = kept.to_global()?.to_host()?;
     check.exact("kept input", kept.as_slice(), widen(x.as_slice()));
     // The unfused baseline reads the transposed weight in place too.
     let unfused = opts.clone().unfused(true);
     let h = xs.all_gather_matmul_with(&[wts.local()], &unfused)?.remove(0);
     let h = h.to_global()?.to_host()?;
-    check.close(
-        "transposed all_gather_matmul, unfused",
-        h.as_slice(),
-        [flat(want.clone()), flat(scale.clone())],
-        tol,
-    );
+    check.close("transposed all_gather_matmul, unfused", h.as_slice(), gathered.clone(), tol);
     // Back down: [B, S, F] column-sharded times [F, K] row-sharded, reduced and row-scattered.
     let w2 = Tensor::<f32>::random(&[f, k], 23);
     let w2t = w2.transpose(0, 1)?;
@@ -137,28 +124,19 @@ fn dist_options(rank: &Rank<'_>, check: &mut Checks) -> dist_tensor::Result<()> 
     let h32 = hs.to_global()?.to_host()?;
     let (want2, scale2) =
         common::reference::product(matrix(&h32, b * s).view(), matrix(&w2, f).view());
+    let reduced = [flat(&want2), flat(&scale2)];
     let tol2 = common::tolerance::<f32>(f + n);
     let w2s = DistTensor::from_global(rank, &w2, Placement::Shard(0))?;
     let y = hs.matmul_reduce_scatter(w2s.local())?.to_global()?.to_host()?;
-    check.close(
-        "N-D matmul_reduce_scatter",
-        y.as_slice(),
-        [flat(want2.clone()), flat(scale2.clone())],
-        tol2,
-    );
+    check.close("N-D matmul_reduce_scatter", y.as_slice(), reduced.clone(), tol2);
     let w2ts = DistTensor::from_global(rank, &w2t, Placement::Shard(1))?;
     let y = hs.matmul_reduce_scatter_with(w2ts.local(), &opts)?.to_global()?.to_host()?;
-    check.close(
-        "transposed matmul_reduce_scatter",
-        y.as_slice(),
-        [flat(want2.clone()), flat(scale2.clone())],
-        tol2,
-    );
+    check.close("transposed matmul_reduce_scatter", y.as_slice(), reduced.clone(), tol2);
     let y = hs.matmul_reduce_scatter_with(w2ts.local(), &opts.unfused(true))?;
     check.close(
         "transposed matmul_reduce_scatter, unfused",
         y.to_global()?.to_host()?.as_slice(),
-        [flat(want2), flat(scale2)],
+        reduced,
         tol2,
     );
     Ok(())
