@@ -168,7 +168,7 @@ mod ascend {
         assert_eq!((*named, device.as_str()), ("all_to_all_v", "cuda"));
         assert!(reason.contains("all_to_all_v has no GPU kernel"), "{reason}");
         assert!(reason.contains("all_gather_matmul"), "{reason}");
-        assert!(err.to_string().starts_with("layer_norm: device ascend:0 unavailable: "));
+        assert!(err.to_string().starts_with("all_to_all_v: device cuda unavailable: "), "{err}");
     }
 
     #[test]
