@@ -11,6 +11,7 @@ mod batched;
 mod bias_activation;
 mod convert;
 mod dense;
+mod device;
 mod display;
 mod element;
 mod few_rows;
@@ -35,6 +36,7 @@ pub use attention::{
 };
 pub(crate) use bias_activation::ActivationFn;
 pub use dense::Tensor;
+pub use device::Device;
 pub(crate) use element::short_type_name;
 pub use element::{Accumulator, DType, Element};
 pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;
