@@ -8,6 +8,7 @@ pub mod capability;
 pub mod cuda;
 pub mod host;
 mod kind;
+mod placement;
 mod world;
 
 pub use crate::shmem::topology::{LaunchMode, Topology};

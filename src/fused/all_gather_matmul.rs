@@ -274,7 +274,7 @@ impl<T: Element> AgProducts<T> {
     /// The public output: host arrays, and the device the products were computed on.
     fn into_output(self, device: Device) -> Result<AgMatmulOutput<T>> {
         let array = |t: Tensor<T>| -> Result<Array2<T>> {
-            let host = if t.device_storage().is_some() { t.to_host()? } else { t };
+            let host = t.into_host()?;
             Ok(host.into_array().into_dimensionality().expect("a product is 2-D"))
         };
         Ok(AgMatmulOutput {
@@ -484,7 +484,7 @@ fn host_arrays<'a, T: Element>(
 
 /// The device data of a tensor the op moved to its world's device.
 pub(crate) fn device_data<T: Element>(t: &Tensor<T>) -> &cuda::DeviceStorage<T> {
-    t.device_storage().expect("moved to the world's device at the op's entry")
+    cuda::storage_of(t).expect("moved to the world's device at the op's entry")
 }
 
 /// The unfused baseline: [`collectives::all_gather`] of the rows, then one local product per
