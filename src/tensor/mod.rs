@@ -16,6 +16,8 @@ mod device;
 mod dispatch;
 mod display;
 mod element;
+#[cfg(test)]
+mod fake_backend;
 mod few_rows;
 mod gemm_kernel;
 mod layout;

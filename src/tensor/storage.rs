@@ -365,10 +365,11 @@ impl<T: Element> Tensor<T> {
     /// [`Tensor::zeros_like`]).
     ///
     /// # Errors
-    /// As [`Tensor::zeros_like`] and [`Tensor::cast`].
+    /// As [`Tensor::zeros_like`]; on a device, as [`Tensor::cast`] there (an error rather
+    /// than its panic).
     pub(crate) fn zeros_beside<U: Element>(&self, shape: &[usize]) -> Result<Tensor<U>> {
         match self.data {
-            Storage::Device(_) => self.cast::<U>().zeros_like(shape),
+            Storage::Device(_) => super::dispatch::cast::<T, U>(self)?.zeros_like(shape),
             Storage::Host(_) | Storage::Lent(_) => Tensor::try_zeros(shape),
         }
     }
