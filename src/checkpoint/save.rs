@@ -64,6 +64,15 @@ pub struct Entry<'a> {
     layout: Option<(Vec<usize>, Vec<usize>)>,
 }
 
+/// The bytes of `part`'s elements on the host: borrowed where they are there, copied from a
+/// device otherwise.
+fn host_bytes<T: Element>(part: &Tensor<T>) -> Result<Cow<'_, [u8]>> {
+    Ok(match part.host_elements()? {
+        Cow::Borrowed(values) => Cow::Borrowed(as_bytes(values)),
+        Cow::Owned(values) => Cow::Owned(as_bytes(&values).to_vec()),
+    })
+}
+
 impl<'a> Entry<'a> {
     /// The distributed tensor `t`, saved as `name`. Its part is borrowed (copied to the host in
     /// a GPU world). A `Partial` tensor is summed first (a `reduce_scatter` to `Shard(0)`, or an
@@ -82,13 +91,10 @@ impl<'a> Entry<'a> {
             return Entry::owned(name, summed.local(), to, layout);
         }
         let layout = Some((t.global_shape(), t.shard_sizes().to_vec()));
-        if t.local().device_storage().is_some() {
-            return Entry::owned(name, t.local(), t.placement(), layout);
-        }
         Ok(Entry {
             name,
             dtype: T::DTYPE,
-            bytes: Cow::Borrowed(as_bytes(t.local().as_slice())),
+            bytes: host_bytes(t.local())?,
             local_shape: t.local().shape().to_vec(),
             placement: t.placement(),
             layout,
@@ -113,13 +119,10 @@ impl<'a> Entry<'a> {
                 expected: "Shard or Replicate (sum a Partial tensor first)".to_string(),
             });
         }
-        if part.device_storage().is_some() {
-            return Entry::owned(name.into(), part, placement, None);
-        }
         Ok(Entry {
             name: name.into(),
             dtype: T::DTYPE,
-            bytes: Cow::Borrowed(as_bytes(part.as_slice())),
+            bytes: host_bytes(part)?,
             local_shape: part.shape().to_vec(),
             placement,
             layout: None,

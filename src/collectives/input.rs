@@ -82,8 +82,7 @@ impl<'a, T: Element> Input<'a, T> {
     pub(crate) fn host(&self) -> Result<Cow<'a, [T]>> {
         match *self {
             Input::Slice(s) => Ok(Cow::Borrowed(s)),
-            Input::Tensor(t) if t.device_storage().is_none() => Ok(Cow::Borrowed(t.as_slice())),
-            Input::Tensor(t) => Ok(Cow::Owned(t.to_host()?.as_slice().to_vec())),
+            Input::Tensor(t) => t.host_elements(),
         }
     }
 

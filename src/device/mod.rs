@@ -10,6 +10,7 @@ pub mod host;
 mod kind;
 mod moves;
 pub(crate) mod path;
+mod placement;
 mod world;
 
 pub use crate::shmem::topology::{LaunchMode, Topology};

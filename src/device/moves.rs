@@ -14,5 +14,5 @@ pub(crate) fn to_world_device<T: Element>(rank: &Rank<'_>, t: Tensor<T>) -> Resu
 
 /// The device data of a tensor the op moved to its world's device.
 pub(crate) fn device_data<T: Element>(t: &Tensor<T>) -> &cuda::DeviceStorage<T> {
-    t.device_storage().expect("moved to the world's device at the op's entry")
+    cuda::storage_of(t).expect("moved to the world's device at the op's entry")
 }

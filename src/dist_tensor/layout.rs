@@ -135,13 +135,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn permute(&self, axes: &[usize]) -> Result<Self> {
-        let on_host;
-        let part = if self.local.device_storage().is_some() {
-            on_host = self.local.to_host()?;
-            &on_host
-        } else {
-            &self.local
-        };
+        let part = self.local.host_tensor()?;
         let local = part.permute(axes).map_err(|_| Error::InvalidShape {
             op: "DistTensor::permute",
             reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.global_shape),

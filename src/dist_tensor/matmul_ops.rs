@@ -211,7 +211,7 @@ impl Rows {
         if self.outer <= 1 {
             return Ok(by_rank); // already in order (or empty)
         }
-        if by_rank.device_storage().is_some() {
+        if !by_rank.is_on_host() {
             // On a GPU: reordered on the host (one round trip), then back where it was.
             let host = self.to_global_order(by_rank.to_host()?)?;
             return host.into_place_of(&by_rank);
@@ -680,14 +680,8 @@ impl<'r, T: Element> DistTensor<'r, T> {
                 &[Feature::NdInput],
             )?;
             // A part on a GPU is grouped on the host (the op moves it back at its entry).
-            let on_host;
-            let local = if self.local.device_storage().is_some() {
-                on_host = self.local.to_host()?;
-                &on_host
-            } else {
-                &self.local
-            };
-            grouped = rows.to_rank_order(Operand::from(local).view(OP)?)?;
+            let local = self.local.host_tensor()?;
+            grouped = rows.to_rank_order(Operand::from(&*local).view(OP)?)?;
             Operand::View(grouped.view())
         };
         let (mut weights, problem) = weight_operands(&[w], opts.transpose_weights);

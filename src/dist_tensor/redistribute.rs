@@ -135,7 +135,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
         }
         // Any other split is cut from this rank's part on the host.
         capability::check_features(Op::RedistributeSplit, rank.device(), &[Feature::UnevenSplit])?;
-        if self.local.device_storage().is_some() {
+        if !self.local.is_on_host() {
             return self.resplit_on_device(dim, sizes);
         }
         match self.placement {

@@ -290,13 +290,7 @@ impl<'r, T: Element> DistTensor<'r, T> {
         }
         let splits = split.into().sizes_for(OP, rank.rank(), shape[dim], rank.num_ranks())?;
         // Cut on the host; in a GPU world the piece then goes to this rank's GPU.
-        let on_host;
-        let global = if global.device_storage().is_some() {
-            on_host = global.to_host()?;
-            &on_host
-        } else {
-            global
-        };
+        let global = global.host_tensor()?;
         let local = to_world_device(rank, shard_of(global.view(), dim, &splits, rank.rank()))?;
         Ok(DistTensor::new(rank, local, Placement::Shard(dim), shape, splits))
     }

@@ -207,7 +207,7 @@ impl<T: Element> AgProducts<T> {
     /// The public output: host arrays, and the device the products were computed on.
     fn into_output(self, device: Device) -> Result<AgMatmulOutput<T>> {
         let array = |t: Tensor<T>| -> Result<Array2<T>> {
-            let host = if t.device_storage().is_some() { t.to_host()? } else { t };
+            let host = t.into_host()?;
             Ok(host.into_array().into_dimensionality().expect("a product is 2-D"))
         };
         Ok(AgMatmulOutput {

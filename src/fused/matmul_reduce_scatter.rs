@@ -209,7 +209,7 @@ fn public<'a, T: Element>(
 ) -> Result<Array2<T>> {
     let my_rows = array_split_rows(rank, x.dim().0);
     let (out, _) = run(rank, x, w, my_rows, None, fused, None)?;
-    let out = if out.device_storage().is_some() { out.to_host()? } else { out };
+    let out = out.into_host()?;
     Ok(out.into_array().into_dimensionality().expect("the output is 2-D"))
 }
 

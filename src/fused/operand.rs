@@ -85,7 +85,7 @@ impl<'a, T: Element> Operand<'a, T> {
         match *self {
             Operand::View(v) => Ok(v),
             Operand::Tensor(t, transposed) => {
-                if t.device_storage().is_some() {
+                if !t.is_on_host() {
                     return Err(Error::DeviceUnavailable {
                         op,
                         device: t.device().to_string(),
@@ -106,7 +106,7 @@ impl<'a, T: Element> Operand<'a, T> {
     /// the host and Ascend worlds compute on host memory).
     pub(crate) fn host(&self) -> Result<CowArray<'a, T, Ix2>> {
         match *self {
-            Operand::Tensor(t, transposed) if t.device_storage().is_some() => {
+            Operand::Tensor(t, transposed) if !t.is_on_host() => {
                 let (rows, cols) = Operand::Tensor(t, false).dim();
                 let host = t.to_host()?;
                 let a = host.into_array().into_shape_with_order((rows, cols)).map_err(|e| {

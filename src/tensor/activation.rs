@@ -6,9 +6,10 @@
 use ndarray::{Axis, Zip};
 use num_traits::Float;
 
-use super::arith::on_gpu;
+use super::arith::or_panic;
+use super::backend::Unary;
+use super::dispatch;
 use super::{Accumulator, Element, Tensor};
-use crate::device::cuda::{self, Unary};
 use crate::{Error, Result};
 
 /// `sqrt(2 / pi)`, for the tanh form of GELU.
@@ -56,8 +57,8 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn gelu(&self) -> Tensor<T> {
-        if let Some(d) = self.device_storage() {
-            return on_gpu(cuda::unary(d, Unary::Gelu, 0.0));
+        if !self.is_on_host() {
+            return or_panic(dispatch::unary(self, Unary::Gelu, 0.0));
         }
         self.map(|x| {
             let v = x.to_f64();
@@ -77,8 +78,8 @@ impl<T: Element> Tensor<T> {
     /// assert!(approx.as_slice().iter().zip(exact.as_slice()).all(|(a, e)| (a - e).abs() < 1e-3));
     /// ```
     pub fn gelu_tanh(&self) -> Tensor<T> {
-        if let Some(d) = self.device_storage() {
-            return on_gpu(cuda::unary(d, Unary::GeluTanh, 0.0));
+        if !self.is_on_host() {
+            return or_panic(dispatch::unary(self, Unary::GeluTanh, 0.0));
         }
         let [half, one, c, k]: [T::Acc; 4] = [0.5, 1.0, SQRT_2_OVER_PI, 0.044715].map(acc);
         unary(self, |x| half * x * (one + (c * (x + k * x * x * x)).tanh()))
@@ -96,8 +97,8 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn silu(&self) -> Tensor<T> {
-        if let Some(d) = self.device_storage() {
-            return on_gpu(cuda::unary(d, Unary::Silu, 0.0));
+        if !self.is_on_host() {
+            return or_panic(dispatch::unary(self, Unary::Silu, 0.0));
         }
         let one: T::Acc = acc(1.0);
         unary(self, |x| x / (one + (-x).exp()))
@@ -113,8 +114,8 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn relu(&self) -> Tensor<T> {
-        if let Some(d) = self.device_storage() {
-            return on_gpu(cuda::unary(d, Unary::Relu, 0.0));
+        if !self.is_on_host() {
+            return or_panic(dispatch::unary(self, Unary::Relu, 0.0));
         }
         self.map(|x| if x > T::zero() { x } else { T::zero() })
     }
@@ -146,8 +147,8 @@ impl<T: Element> Tensor<T> {
                 ndim: self.ndim(),
             });
         }
-        if let Some(d) = self.device_storage() {
-            return Ok(Tensor::from_device_storage(cuda::softmax(d, axis)?));
+        if !self.is_on_host() {
+            return dispatch::softmax(self, axis);
         }
         let mut out = Tensor::<T>::scratch("Tensor::softmax", self.shape())?;
         let n = self.shape()[axis];

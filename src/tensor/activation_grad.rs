@@ -3,8 +3,9 @@
 //! in f64 and rounds once; a GPU tensor runs the derivative kernel of the same name
 //! (`kernels/train.cu`), which computes the same f64 formula.
 
+use super::backend::Unary;
+use super::dispatch;
 use super::{Element, Tensor};
-use crate::device::cuda::{self, Unary};
 use crate::{Error, Result};
 
 /// `sqrt(2 / pi)`, for the tanh form of GELU.
@@ -129,9 +130,9 @@ impl<T: Element> Tensor<T> {
         act: Unary,
         d: fn(f64) -> f64,
     ) -> Result<Tensor<T>> {
-        match (self.device_storage(), dy.device_storage()) {
-            (None, None) => self.zip_map(dy, |x, dy| T::from_f64(dy.to_f64() * d(x.to_f64()))),
-            (Some(xd), Some(dd)) => {
+        match (self.is_on_host(), dy.is_on_host()) {
+            (true, true) => self.zip_map(dy, |x, dy| T::from_f64(dy.to_f64() * d(x.to_f64()))),
+            (false, false) => {
                 if self.shape() != dy.shape() {
                     return Err(Error::InvalidShape {
                         op,
@@ -142,7 +143,7 @@ impl<T: Element> Tensor<T> {
                         ),
                     });
                 }
-                Ok(Tensor::from_device_storage(cuda::activation_grad(xd, dd, act)?))
+                dispatch::activation_grad(self, dy, act)
             }
             _ => Err(Error::InvalidArgument {
                 op,

@@ -14,21 +14,23 @@ use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssi
 
 use half::{bf16, f16};
 
+use super::backend::{Binary, Unary};
+use super::dispatch;
 use super::map::{broadcast_error, broadcast_shape};
 use super::{Accumulator, Element, Tensor};
-use crate::device::cuda::{self, Binary, Unary};
 
 /// The device arm of an elementwise op that returns a tensor (not a `Result`): a failure on the
-/// GPU panics, as a host allocation failure does.
+/// device (a kernel the backend lacks included) panics with the error's message, as a host
+/// allocation failure does.
 #[track_caller]
-pub(crate) fn on_gpu<T: Element>(result: crate::Result<cuda::DeviceStorage<T>>) -> Tensor<T> {
-    Tensor::from_device_storage(result.unwrap_or_else(|e| panic!("{e}")))
+pub(crate) fn or_panic<T: Element>(result: crate::Result<Tensor<T>>) -> Tensor<T> {
+    result.unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// `op` with scalar `s` on every element of `t`, which lives on a GPU.
+/// `op` with scalar `s` on every element of `t`, which lives on a device.
 #[track_caller]
-fn gpu_scalar<T: Element>(t: &cuda::DeviceStorage<T>, op: Unary, s: T) -> Tensor<T> {
-    on_gpu(cuda::unary(t, op, s.to_f64()))
+fn gpu_scalar<T: Element>(t: &Tensor<T>, op: Unary, s: T) -> Tensor<T> {
+    or_panic(dispatch::unary(t, op, s.to_f64()))
 }
 
 /// `a op b` for two elements, computed in their accumulator type and rounded once.
@@ -46,12 +48,12 @@ fn binary<T: Element>(
     op: impl Fn(T::Acc, T::Acc) -> T::Acc,
     gpu: Binary,
 ) -> Tensor<T> {
-    match (a.device_storage(), b.device_storage()) {
-        (None, None) => {}
-        (Some(x), Some(y)) => {
+    match (a.is_on_host(), b.is_on_host()) {
+        (true, true) => {}
+        (false, false) => {
             let shape = broadcast_shape(a.shape(), b.shape())
                 .unwrap_or_else(|| panic!("{}", broadcast_error(name, a.shape(), b.shape())));
-            return on_gpu(cuda::binary(x, y, gpu, &shape));
+            return or_panic(dispatch::binary(a, b, gpu, &shape));
         }
         _ => panic!(
             "{name}: operands on {} and {}: move one first (Tensor::to_device)",
@@ -75,7 +77,7 @@ fn binary_owned<T: Element>(
     gpu: Binary,
 ) -> Tensor<T> {
     // Device buffers are never written in place: a new tensor.
-    if a.device_storage().is_some() || b.device_storage().is_some() {
+    if !a.is_on_host() || !b.is_on_host() {
         binary(&a, b, name, op, gpu)
     } else if broadcast_shape(a.shape(), b.shape()).as_deref() == Some(a.shape()) {
         a.zip_assign(b, |x, y| widened(x, y, &op));
@@ -94,7 +96,7 @@ fn assign<T: Element>(
     op: impl Fn(T::Acc, T::Acc) -> T::Acc,
     gpu: Binary,
 ) {
-    if a.device_storage().is_some() || b.device_storage().is_some() {
+    if !a.is_on_host() || !b.is_on_host() {
         if broadcast_shape(a.shape(), b.shape()).as_deref() != Some(a.shape()) {
             panic!(
                 "{name}: the right-hand side's shape {:?} does not broadcast to {:?}",
@@ -189,7 +191,7 @@ macro_rules! tensor_ops {
             type Output = Tensor<T>;
             #[track_caller]
             fn $op(self, rhs: Tensor<T>) -> Tensor<T> {
-                if self.device_storage().is_some() || rhs.device_storage().is_some() {
+                if !self.is_on_host() || !rhs.is_on_host() {
                     return binary(self, &rhs, $name, $f::<T::Acc>, Binary::$gpu);
                 }
                 binary_owned(rhs, self, $name, |y: T::Acc, x: T::Acc| $f(x, y), Binary::$gpu)
@@ -234,8 +236,8 @@ macro_rules! tensor_ops {
         impl<T: Element> $Op<T> for &Tensor<T> {
             type Output = Tensor<T>;
             fn $op(self, rhs: T) -> Tensor<T> {
-                if let Some(d) = self.device_storage() {
-                    return gpu_scalar(d, Unary::$gpu_scalar, rhs);
+                if !self.is_on_host() {
+                    return gpu_scalar(self, Unary::$gpu_scalar, rhs);
                 }
                 let s = rhs.to_acc();
                 self.map(|x| T::from_acc($f(x.to_acc(), s)))
@@ -313,8 +315,8 @@ macro_rules! tensor_ops {
         #[doc = "```"]
         impl<T: Element> $OpAssign<T> for Tensor<T> {
             fn $op_assign(&mut self, rhs: T) {
-                if let Some(d) = self.device_storage() {
-                    *self = gpu_scalar(d, Unary::$gpu_scalar, rhs);
+                if !self.is_on_host() {
+                    *self = gpu_scalar(self, Unary::$gpu_scalar, rhs);
                     return;
                 }
                 let s = rhs.to_acc();
@@ -340,8 +342,8 @@ tensor_ops!(Div, div, DivAssign, div_assign, "Tensor / Tensor", div, /, Div, Div
 impl<T: Element> Neg for &Tensor<T> {
     type Output = Tensor<T>;
     fn neg(self) -> Tensor<T> {
-        if let Some(d) = self.device_storage() {
-            return on_gpu(cuda::unary(d, Unary::Neg, 0.0));
+        if !self.is_on_host() {
+            return or_panic(dispatch::unary(self, Unary::Neg, 0.0));
         }
         self.map(|x| T::from_acc(-x.to_acc()))
     }
@@ -359,8 +361,8 @@ impl<T: Element> Neg for &Tensor<T> {
 impl<T: Element> Neg for Tensor<T> {
     type Output = Tensor<T>;
     fn neg(mut self) -> Tensor<T> {
-        if let Some(d) = self.device_storage() {
-            return on_gpu(cuda::unary(d, Unary::Neg, 0.0));
+        if !self.is_on_host() {
+            return or_panic(dispatch::unary(&self, Unary::Neg, 0.0));
         }
         self.map_inplace(|x| T::from_acc(-x.to_acc()));
         self
@@ -390,8 +392,8 @@ macro_rules! scalar_lhs {
         impl $Op<&Tensor<$t>> for $t {
             type Output = Tensor<$t>;
             fn $op(self, rhs: &Tensor<$t>) -> Tensor<$t> {
-                if let Some(d) = rhs.device_storage() {
-                    return gpu_scalar(d, Unary::$gpu, self);
+                if !rhs.is_on_host() {
+                    return gpu_scalar(rhs, Unary::$gpu, self);
                 }
                 let s = self.to_acc();
                 rhs.map(|x| <$t>::from_acc($op(s, x.to_acc())))
@@ -411,8 +413,8 @@ macro_rules! scalar_lhs {
         impl $Op<Tensor<$t>> for $t {
             type Output = Tensor<$t>;
             fn $op(self, mut rhs: Tensor<$t>) -> Tensor<$t> {
-                if let Some(d) = rhs.device_storage() {
-                    return gpu_scalar(d, Unary::$gpu, self);
+                if !rhs.is_on_host() {
+                    return gpu_scalar(&rhs, Unary::$gpu, self);
                 }
                 let s = self.to_acc();
                 rhs.map_inplace(|x| <$t>::from_acc($op(s, x.to_acc())));

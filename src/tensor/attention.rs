@@ -39,7 +39,7 @@ struct Dims {
 
 fn dims<T: Element>(q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>) -> Result<Dims> {
     let bad = |reason: String| Err(Error::InvalidShape { op: OP, reason });
-    if let Some(t) = [q, k, v].into_iter().find(|t| t.device_storage().is_some()) {
+    if let Some(t) = [q, k, v].into_iter().find(|t| !t.is_on_host()) {
         return Err(Error::DeviceUnavailable {
             op: OP,
             device: t.device().to_string(),

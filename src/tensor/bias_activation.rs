@@ -4,9 +4,10 @@
 //! shapes the kernels do not take, the add and the activation run apart. Both ways give the same
 //! bits: the sum is rounded to the element type before the activation sees it.
 
+use super::backend::Unary;
+use super::dispatch;
 use super::map::broadcast_shape;
 use super::{Element, Tensor};
-use crate::device::cuda::{self, Unary};
 use crate::{Error, Result};
 
 /// The activations [`Tensor::bias_activation`] applies after the bias: named here, in the
@@ -64,8 +65,8 @@ impl<T: Element> Tensor<T> {
     /// GPU.
     pub(crate) fn bias_activation(&self, bias: &Tensor<T>, act: ActivationFn) -> Result<Tensor<T>> {
         check_bias("bias and activation", self, bias)?;
-        if let (Some(x), Some(b)) = (self.device_storage(), bias.device_storage()) {
-            return Ok(Tensor::from_device_storage(cuda::bias_activation(x, b, act.unary())?));
+        if !self.is_on_host() && !bias.is_on_host() {
+            return dispatch::bias_activation(self, bias, act.unary());
         }
         Ok(act.forward(&(self + bias)))
     }
@@ -92,11 +93,8 @@ impl<T: Element> Tensor<T> {
                 reason: format!("the gradient is {:?}, the input {:?}", dy.shape(), self.shape()),
             });
         }
-        if let (Some(x), Some(b), Some(d)) =
-            (self.device_storage(), bias.device_storage(), dy.device_storage())
-        {
-            let grad = cuda::bias_activation_grad(x, b, d, act.unary())?;
-            return Ok(Tensor::from_device_storage(grad));
+        if !self.is_on_host() && !bias.is_on_host() && !dy.is_on_host() {
+            return dispatch::bias_activation_grad(self, bias, dy, act.unary());
         }
         act.backward(&(self + bias), dy)
     }

@@ -353,7 +353,7 @@ impl<T: Element> Tensor<T> {
     /// assert!(Tensor::<f32>::zeros(&[2]).view2("example").is_err());
     /// ```
     pub fn view2(&self, op: &'static str) -> Result<ArrayView2<'_, T>> {
-        if self.device_storage().is_some() {
+        if !self.is_on_host() {
             return Err(Error::DeviceUnavailable {
                 op,
                 device: self.device().to_string(),
@@ -413,8 +413,8 @@ impl<T: Element> Tensor<T> {
                 reason: format!("{axes:?} is not a permutation of the axes of {:?}", self.shape()),
             });
         }
-        if let Some(d) = self.device_storage() {
-            return Ok(Tensor::from_device_storage(crate::device::cuda::permute(d, axes)?));
+        if !self.is_on_host() {
+            return super::dispatch::permute(self, axes);
         }
         Ok(Tensor {
             data: self.data.view().permuted_axes(axes).as_standard_layout().into_owned().into(),
@@ -433,8 +433,8 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn cast<U: Element>(&self) -> Tensor<U> {
-        if let Some(d) = self.device_storage() {
-            return super::arith::on_gpu(crate::device::cuda::cast::<T, U>(d));
+        if !self.is_on_host() {
+            return super::arith::or_panic(super::dispatch::cast::<T, U>(self));
         }
         Tensor { data: self.data.view().mapv(|x| U::from_f64(x.to_f64())).into() }
     }
@@ -463,17 +463,15 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor<T>) -> Result<Tensor<T>> {
-        match (self.device_storage(), rhs.device_storage()) {
-            (Some(a), Some(b)) if self.ndim() == 2 && rhs.ndim() == 2 => {
-                return Ok(Tensor::from_device_storage(crate::device::cuda::matmul(a, b)?));
+        match (self.is_on_host(), rhs.is_on_host()) {
+            (false, false) if self.ndim() == 2 && rhs.ndim() == 2 => {
+                return super::dispatch::matmul(self, rhs);
             }
-            (Some(a), Some(b)) => {
+            (false, false) => {
                 let batch = super::batched::check_shapes(self.shape(), rhs.shape())?;
-                return Ok(Tensor::from_device_storage(crate::device::cuda::batched_matmul(
-                    a, b, &batch,
-                )?));
+                return super::dispatch::batched_matmul(self, rhs, &batch);
             }
-            (None, None) => {}
+            (true, true) => {}
             _ => {
                 return Err(Error::InvalidArgument {
                     op: "Tensor::matmul",

@@ -3,7 +3,6 @@
 //! product reads `a`'s reversed axes, a GPU's cuBLASLt call its transpose flag; neither copies.
 
 use super::{Element, Tensor, matmul};
-use crate::device::cuda;
 use crate::{Error, Result};
 
 const OP: &str = "Tensor::matmul_lhs_transposed";
@@ -30,14 +29,12 @@ impl<T: Element> Tensor<T> {
                 ),
             });
         }
-        match (self.device_storage(), rhs.device_storage()) {
-            (None, None) => {
+        match (self.is_on_host(), rhs.is_on_host()) {
+            (true, true) => {
                 let (a, b) = (self.view2(OP)?, rhs.view2(OP)?);
                 Ok(Tensor::from(matmul(a.reversed_axes(), b, threads)?))
             }
-            (Some(a), Some(b)) => {
-                Ok(Tensor::from_device_storage(cuda::matmul_lhs_transposed(a, b)?))
-            }
+            (false, false) => super::dispatch::matmul_lhs_transposed(self, rhs),
             _ => Err(Error::InvalidArgument {
                 op: OP,
                 rank: 0,

@@ -86,7 +86,7 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn try_map<U: Element>(&self, mut f: impl FnMut(T) -> U) -> Result<Tensor<U>> {
-        if self.device_storage().is_some() {
+        if !self.is_on_host() {
             return Err(closure_on_gpu("Tensor::map", self.device()));
         }
         let mut out = Tensor::<U>::scratch("Tensor::map", self.shape())?;
@@ -130,7 +130,7 @@ impl<T: Element> Tensor<T> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn try_map_inplace(&mut self, mut f: impl FnMut(T) -> T) -> Result<()> {
-        if self.device_storage().is_some() {
+        if !self.is_on_host() {
             return Err(closure_on_gpu("Tensor::map_inplace", self.device()));
         }
         for x in self.as_mut_slice() {

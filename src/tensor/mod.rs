@@ -7,12 +7,17 @@ mod activation;
 mod activation_grad;
 mod arith;
 mod attention;
+pub(crate) mod backend;
 mod batched;
 mod bias_activation;
 mod convert;
 mod dense;
+mod device;
+mod dispatch;
 mod display;
 mod element;
+#[cfg(test)]
+mod fake_backend;
 mod few_rows;
 mod gemm_kernel;
 mod layout;
@@ -35,6 +40,7 @@ pub use attention::{
 };
 pub(crate) use bias_activation::ActivationFn;
 pub use dense::Tensor;
+pub use device::Device;
 pub(crate) use element::short_type_name;
 pub use element::{Accumulator, DType, Element};
 pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;

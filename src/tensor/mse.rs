@@ -3,7 +3,6 @@
 //! one pass of a GPU kernel (`kernels/train.cu`) computing the same in the same types.
 
 use super::{Element, Tensor};
-use crate::device::cuda;
 use crate::{Error, Result};
 
 const OP: &str = "mse_loss";
@@ -27,8 +26,8 @@ impl<T: Element> Tensor<T> {
                 ),
             });
         }
-        match (self.device_storage(), target.device_storage()) {
-            (None, None) => {
+        match (self.is_on_host(), target.is_on_host()) {
+            (true, true) => {
                 let s = <T::Acc as Element>::from_f64(scale);
                 let grad =
                     self.zip_map(target, |p, t| T::from_acc((p.to_acc() - t.to_acc()) * s))?;
@@ -36,11 +35,7 @@ impl<T: Element> Tensor<T> {
                 let sum = p.iter().zip(t).map(|(p, t)| (p.to_f64() - t.to_f64()).powi(2)).sum();
                 Ok((grad, sum))
             }
-            (Some(p), Some(t)) => {
-                let (grad, sum) = cuda::mse_parts(p, t, scale)?;
-                let sum = Tensor::from_device_storage(sum).to_host()?.as_slice()[0];
-                Ok((Tensor::from_device_storage(grad), sum))
-            }
+            (false, false) => super::dispatch::mse_parts(self, target, scale),
             _ => Err(Error::InvalidArgument {
                 op: OP,
                 rank: 0,

@@ -6,34 +6,10 @@ use num_traits::Float;
 
 use super::reduce::pairwise_sum;
 use super::{Element, Tensor};
-use crate::device::cuda;
 use crate::{Error, Result};
 
 /// A per-feature parameter (weight or bias), widened; `None` when left out.
 type Param<A> = Option<Vec<A>>;
-
-/// A parameter of a normalization of `x`, which lives on a GPU: on that GPU too.
-fn device_param<'a, T: Element>(
-    op: &'static str,
-    x: &Tensor<T>,
-    p: Option<&'a Tensor<T>>,
-) -> Result<Option<&'a cuda::DeviceStorage<T>>> {
-    match p {
-        None => Ok(None),
-        Some(p) => match p.device_storage() {
-            Some(d) => Ok(Some(d)),
-            None => Err(Error::InvalidArgument {
-                op,
-                rank: 0,
-                reason: format!(
-                    "the input is on {} and a parameter on {}: move it first",
-                    x.device(),
-                    p.device()
-                ),
-            }),
-        },
-    }
-}
 
 /// The last axis's length, and the per-feature parameters widened, after checking their shapes.
 fn features<T: Element>(
@@ -61,7 +37,7 @@ fn features<T: Element>(
                 ),
             }),
             // On a GPU the kernel reads the parameter there.
-            Some(p) if p.shape() == [n] && p.device_storage().is_some() => Ok(None),
+            Some(p) if p.shape() == [n] && !p.is_on_host() => Ok(None),
             Some(p) if p.shape() == [n] => {
                 Ok(Some(p.as_slice().iter().map(|v| v.to_acc()).collect()))
             }
@@ -101,9 +77,8 @@ impl<T: Element> Tensor<T> {
     /// ```
     pub fn rms_norm(&self, weight: Option<&Tensor<T>>, eps: f64) -> Result<Tensor<T>> {
         let (n, params) = features("Tensor::rms_norm", self, &[("weight", weight)])?;
-        if let Some(d) = self.device_storage() {
-            let w = device_param("Tensor::rms_norm", self, weight)?;
-            return Ok(Tensor::from_device_storage(cuda::norm(d, w, None, eps, false)?));
+        if !self.is_on_host() {
+            return super::dispatch::norm("Tensor::rms_norm", self, weight, None, eps, false);
         }
         let (eps, count) = (T::Acc::from_f64(eps), T::Acc::from_f64(n as f64));
         let mut squares = Vec::with_capacity(n);
@@ -153,10 +128,8 @@ impl<T: Element> Tensor<T> {
     ) -> Result<Tensor<T>> {
         let (n, params) =
             features("Tensor::layer_norm", self, &[("weight", weight), ("bias", bias)])?;
-        if let Some(d) = self.device_storage() {
-            let w = device_param("Tensor::layer_norm", self, weight)?;
-            let b = device_param("Tensor::layer_norm", self, bias)?;
-            return Ok(Tensor::from_device_storage(cuda::norm(d, w, b, eps, true)?));
+        if !self.is_on_host() {
+            return super::dispatch::norm("Tensor::layer_norm", self, weight, bias, eps, true);
         }
         let (eps, count) = (T::Acc::from_f64(eps), T::Acc::from_f64(n as f64));
         let mut centered = Vec::with_capacity(n);

@@ -9,7 +9,6 @@
 //!   `dw = sum dy x^`, `db = sum dy`.
 
 use super::{Element, Tensor};
-use crate::device::cuda;
 use crate::{Error, Result};
 
 /// `dx`, and the weight and bias gradients `(dw, db)` where asked for.
@@ -50,14 +49,9 @@ impl<T: Element> Tensor<T> {
                 ),
             });
         }
-        let on_gpu = |t: &Tensor<T>| t.device_storage().is_some();
-        if let (Some(x), Some(g)) = (self.device_storage(), dy.device_storage())
-            && weight.is_none_or(on_gpu)
-        {
-            let w = weight.and_then(Tensor::device_storage);
-            let (dx, grads) = cuda::norm_backward(x, w, g, eps, centered, params)?;
-            let wrap = Tensor::from_device_storage;
-            return Ok((wrap(dx), grads.map(|(dw, db)| (wrap(dw), wrap(db)))));
+        let on_device = |t: &Tensor<T>| !t.is_on_host();
+        if on_device(self) && on_device(dy) && weight.is_none_or(on_device) {
+            return super::dispatch::norm_backward(self, weight, dy, eps, centered, params);
         }
         // The host, and inputs split between the host and a GPU: in f64 on the host.
         let w = weight.map(Tensor::to_host).transpose()?;

@@ -7,7 +7,6 @@
 use std::any::TypeId;
 
 use super::{Accumulator, Element, Tensor};
-use crate::device::cuda;
 use crate::{Error, Result};
 
 /// An optimizer's update rule with this step's constants (f64; each arm rounds them to the
@@ -94,14 +93,8 @@ impl<T: Element> Tensor<T> {
                 ),
             });
         }
-        if let (Some(v), Some(g)) = (self.device_storage(), grad.device_storage()) {
-            fn on_gpu<A: Element>(t: &Tensor<A>) -> &cuda::DeviceStorage<A> {
-                t.device_storage().expect("checked: beside the parameter, on its GPU")
-            }
-            let buffers: Vec<_> = state.iter().map(on_gpu).collect();
-            let stepped =
-                cuda::optimizer_step(v, master.as_deref().map(on_gpu), g, &buffers, rule)?;
-            *self = Tensor::from_device_storage(stepped);
+        if !self.is_on_host() && !grad.is_on_host() {
+            *self = super::dispatch::optimizer_step(self, master.as_deref(), grad, state, rule)?;
             return Ok(());
         }
         let mut buffers: Vec<&mut [T::Acc]> = state.iter_mut().map(|b| b.as_mut_slice()).collect();

@@ -4,7 +4,6 @@
 use ndarray::{Axis, Zip};
 
 use super::{Accumulator, Element, Tensor};
-use crate::device::cuda;
 use crate::{Error, Result};
 
 /// Lanes this short or shorter are summed in order; longer ones split in halves.
@@ -100,8 +99,8 @@ impl<T: Element> Tensor<T> {
     /// The sum (or mean) of every element as a 0-D tensor where `self` lives: computed on its
     /// GPU and left there (no wait), or on the host.
     pub(crate) fn total_tensor(&self, mean: bool) -> Result<Tensor<T>> {
-        if let Some(d) = self.device_storage() {
-            return Ok(Tensor::from_device_storage(cuda::total(d, mean)?));
+        if !self.is_on_host() {
+            return super::dispatch::total(self, mean);
         }
         let sum = self.acc_sum();
         let total = if mean { sum / T::Acc::from_f64(self.len() as f64) } else { sum };
@@ -110,7 +109,7 @@ impl<T: Element> Tensor<T> {
 
     /// The sum (or mean) of every element, brought to the host.
     fn total(&self, mean: bool) -> Result<T> {
-        if self.device_storage().is_some() {
+        if !self.is_on_host() {
             let total = self.total_tensor(mean)?.to_host()?;
             return Ok(total.as_slice()[0]);
         }
@@ -182,9 +181,8 @@ impl<T: Element> Tensor<T> {
         if axis >= self.ndim() {
             return Err(Error::DimOutOfRange { op, dim: axis, ndim: self.ndim() });
         }
-        if let Some(d) = self.device_storage() {
-            let mean = op == "Tensor::mean_axis";
-            return Ok(Tensor::from_device_storage(cuda::sum_axis(d, axis, mean)?));
+        if !self.is_on_host() {
+            return super::dispatch::sum_axis(self, axis, op == "Tensor::mean_axis");
         }
         let mut shape = self.shape().to_vec();
         let len = shape.remove(axis);

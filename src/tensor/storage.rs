@@ -1,6 +1,7 @@
 //! Where a [`Tensor`]'s elements live, in the manner of candle's storage enum: host memory the
 //! tensor owns (an ndarray array), host memory lent to it (a block of the symmetric heap that
-//! peers wrote a collective's result into), or a GPU's memory (feature `cuda`).
+//! peers wrote a collective's result into), or a device's memory: a backend's
+//! [`DeviceTensor`] (a GPU's, feature `cuda`), which this file and `dispatch.rs` alone look into.
 //!
 //! Host accessors (`view`, `as_slice`, their mutable forms, `to_array`, ...) work the same on the
 //! two host variants; on a tensor that lives on a GPU they panic and say to call
@@ -8,15 +9,15 @@
 //! first write through a clone that is not the only one copies the elements into an array of
 //! its own.
 
+use std::borrow::Cow;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use ndarray::{ArcArray, ArrayD, ArrayViewD, ArrayViewMutD, Dimension, IxDyn};
 
-use super::{Element, Tensor};
-use crate::device::Device;
-use crate::device::cuda::{self, DeviceStorage};
-use crate::{Error, Result};
+use super::backend::{DeviceArc, DeviceTensor, HostElements};
+use super::{Device, Element, Tensor};
+use crate::Result;
 
 /// The elements of a tensor.
 pub(crate) enum Storage<T: Element> {
@@ -26,8 +27,8 @@ pub(crate) enum Storage<T: Element> {
     /// In host memory lent to the tensor (see [`LentMemory`]), row-major and contiguous; shared
     /// copy-on-write between clones.
     Lent(LentArray<T>),
-    /// In a GPU's memory.
-    Device(DeviceStorage<T>),
+    /// In a device's memory, behind the backend contract.
+    Device(DeviceArc<T>),
 }
 
 /// Host memory that a tensor does not own but holds for as long as it lives: a block of the
@@ -105,7 +106,7 @@ impl<T: Element> Storage<T> {
     pub(crate) fn device(&self) -> Device {
         match self {
             Storage::Host(_) | Storage::Lent(_) => Device::Host,
-            Storage::Device(d) => Device::Cuda(d.ordinal() as u32),
+            Storage::Device(d) => d.device(),
         }
     }
 
@@ -233,7 +234,7 @@ impl<T: Element> PartialEq for Storage<T> {
     /// are equal when they are the same buffer (call `to_host` to compare values).
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
-            (Storage::Device(a), Storage::Device(b)) => a.same_buffer(b),
+            (Storage::Device(a), Storage::Device(b)) => a.same_buffer(b.as_ref()),
             (Storage::Device(_), _) | (_, Storage::Device(_)) => false,
             _ => self.view() == other.view(),
         }
@@ -251,7 +252,8 @@ impl<T: Element> std::fmt::Debug for Storage<T> {
 }
 
 impl<T: Element> Tensor<T> {
-    /// Where the elements live: [`Device::Host`], or [`Device::Cuda`] for a tensor on a GPU.
+    /// Where the elements live: [`Device::Host`], or the device a backend holds them on
+    /// ([`Device::Cuda`] for a tensor on a GPU).
     ///
     /// # Examples
     /// ```
@@ -262,73 +264,27 @@ impl<T: Element> Tensor<T> {
         self.data.device()
     }
 
-    /// A copy on `device`: the host, or a GPU (`Device::Cuda(n)`, feature `cuda`). Moving to a
-    /// GPU copies asynchronously on that GPU's stream; inside a [`World::cuda`](crate::World::cuda)
-    /// use [`Tensor::to_rank`] instead, so that waits report the world's failures.
-    ///
-    /// # Errors
-    /// [`Error::DeviceUnavailable`] for an NPU, or a GPU in a build without `cuda`;
-    /// [`Error::LibraryNotFound`] when the NVIDIA driver is absent; as [`Tensor::to_host`] when
-    /// the tensor is on a GPU.
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::{Device, Tensor};
-    /// let t = Tensor::<f32>::random(&[3, 4], 1);
-    /// match t.to_device(Device::Cuda(0)) {
-    ///     Ok(on_gpu) => assert_eq!(on_gpu.to_host()?, t),
-    ///     Err(e) => println!("no GPU: {e}"),
-    /// }
-    /// assert_eq!(t.to_device(Device::Host)?, t);
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    pub fn to_device(&self, device: Device) -> Result<Tensor<T>> {
-        self.to_device_in(device, None)
-    }
-
-    /// This tensor where `like` lives: a host tensor uploaded to `like`'s GPU (into the same
+    /// This tensor where `like` lives: a host tensor uploaded to `like`'s device (into the same
     /// rank's memory and stream), or brought to the host when `like` is on the host.
     ///
     /// # Errors
     /// As [`Tensor::to_device`] and [`Tensor::to_host`].
     pub(crate) fn into_place_of<U: Element>(self, like: &Tensor<U>) -> Result<Tensor<T>> {
-        match (like.device_storage(), self.device_storage()) {
-            (Some(d), None) => Ok(Tensor::from_device_storage(cuda::upload_like(
-                d,
-                self.as_slice(),
-                self.shape(),
-            )?)),
-            (None, Some(_)) => self.to_host(),
-            _ => Ok(self),
-        }
-    }
-
-    pub(crate) fn to_device_in(
-        &self,
-        device: Device,
-        world: Option<(&cuda::CudaWorld, usize)>,
-    ) -> Result<Tensor<T>> {
-        match (&self.data, device) {
-            (_, Device::Host) => self.to_host(),
-            (Storage::Device(d), Device::Cuda(n)) if d.ordinal() == n as usize => Ok(self.clone()),
-            (Storage::Device(_), Device::Cuda(_)) => self.to_host()?.to_device_in(device, world),
-            (Storage::Host(_) | Storage::Lent(_), Device::Cuda(n)) => {
-                let data = cuda::upload(n as usize, self.as_slice(), self.shape(), world)?;
-                Ok(Tensor::from_device_storage(data))
+        match (&like.data, &self.data) {
+            (Storage::Device(d), Storage::Host(_) | Storage::Lent(_)) => {
+                let up = d.upload_like(HostElements::of(self.as_slice()), self.shape())?;
+                Ok(Tensor::from_device(up.typed("Tensor::to_device")?))
             }
-            (_, Device::Ascend(_)) => Err(Error::DeviceUnavailable {
-                op: "Tensor::to_device",
-                device: device.to_string(),
-                reason: "tensors cannot live on an NPU yet".into(),
-            }),
+            (Storage::Host(_) | Storage::Lent(_), Storage::Device(_)) => self.to_host(),
+            _ => Ok(self),
         }
     }
 
     /// A copy in host memory (for a tensor on a GPU: once the work that writes it is done).
     ///
     /// # Errors
-    /// For a tensor on a GPU: what the GPU work that writes it failed with ([`Error::WaitTimeout`]
-    /// naming rank, program, signal and values; [`Error::PeerFailed`]; [`Error::DeviceStatus`]).
+    /// For a tensor on a GPU: what the GPU work that writes it failed with ([`Error::WaitTimeout`](crate::Error::WaitTimeout)
+    /// naming rank, program, signal and values; [`Error::PeerFailed`](crate::Error::PeerFailed); [`Error::DeviceStatus`](crate::Error::DeviceStatus)).
     ///
     /// # Examples
     /// ```
@@ -340,7 +296,7 @@ impl<T: Element> Tensor<T> {
     pub fn to_host(&self) -> Result<Tensor<T>> {
         match &self.data {
             Storage::Host(_) | Storage::Lent(_) => Ok(self.clone()),
-            Storage::Device(d) => Tensor::from_shape_vec(d.shape(), d.download()?),
+            Storage::Device(d) => Tensor::from_shape_vec(d.shape(), d.to_host()?),
         }
     }
 
@@ -348,8 +304,8 @@ impl<T: Element> Tensor<T> {
     /// tensor on a GPU, on the host otherwise.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`] when it cannot be allocated; for a tensor on a GPU, what the GPU
-    /// fails with ([`Error::DeviceStatus`]).
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory) when it cannot be allocated; for a tensor on a GPU, what the GPU
+    /// fails with ([`Error::DeviceStatus`](crate::Error::DeviceStatus)).
     ///
     /// # Examples
     /// ```
@@ -361,20 +317,74 @@ impl<T: Element> Tensor<T> {
     /// ```
     pub fn zeros_like(&self, shape: &[usize]) -> Result<Tensor<T>> {
         match &self.data {
-            Storage::Device(d) => Ok(Tensor::from_device_storage(cuda::zeros_like(d, shape)?)),
+            Storage::Device(d) => Ok(Tensor::from_device(d.zeros_like(shape)?)),
             Storage::Host(_) | Storage::Lent(_) => Tensor::try_zeros(shape),
         }
     }
 
-    pub(crate) fn from_device_storage(data: DeviceStorage<T>) -> Tensor<T> {
+    /// This tensor on the host, without a copy where it is there (see [`Tensor::to_host`]).
+    ///
+    /// # Errors
+    /// As [`Tensor::to_host`].
+    pub(crate) fn into_host(self) -> Result<Tensor<T>> {
+        match self.data {
+            Storage::Host(_) | Storage::Lent(_) => Ok(self),
+            Storage::Device(_) => self.to_host(),
+        }
+    }
+
+    /// This tensor on the host: borrowed where it is there, copied from its device otherwise.
+    ///
+    /// # Errors
+    /// As [`Tensor::to_host`].
+    pub(crate) fn host_tensor(&self) -> Result<Cow<'_, Tensor<T>>> {
+        match self.data {
+            Storage::Host(_) | Storage::Lent(_) => Ok(Cow::Borrowed(self)),
+            Storage::Device(_) => self.to_host().map(Cow::Owned),
+        }
+    }
+
+    /// The elements on the host in row-major order: borrowed where they are there, copied from
+    /// the device otherwise.
+    ///
+    /// # Errors
+    /// As [`Tensor::to_host`].
+    pub(crate) fn host_elements(&self) -> Result<Cow<'_, [T]>> {
+        match self.data {
+            Storage::Host(_) | Storage::Lent(_) => Ok(Cow::Borrowed(self.as_slice())),
+            Storage::Device(_) => Ok(Cow::Owned(self.to_host()?.as_slice().to_vec())),
+        }
+    }
+
+    /// Whether the elements are in host memory (owned or lent).
+    pub(crate) fn is_on_host(&self) -> bool {
+        matches!(self.data, Storage::Host(_) | Storage::Lent(_))
+    }
+
+    /// Zeros of `shape` and element type `U` where this tensor lives (see
+    /// [`Tensor::zeros_like`]).
+    ///
+    /// # Errors
+    /// As [`Tensor::zeros_like`]; on a device, as [`Tensor::cast`] there (an error rather
+    /// than its panic).
+    pub(crate) fn zeros_beside<U: Element>(&self, shape: &[usize]) -> Result<Tensor<U>> {
+        match self.data {
+            Storage::Device(_) => super::dispatch::cast::<T, U>(self)?.zeros_like(shape),
+            Storage::Host(_) | Storage::Lent(_) => Tensor::try_zeros(shape),
+        }
+    }
+
+    /// A tensor on a device, from its backend's storage.
+    pub(crate) fn from_device(data: DeviceArc<T>) -> Tensor<T> {
         Tensor { data: Storage::Device(data) }
     }
 
-    /// The GPU storage, if the tensor lives on a GPU.
-    pub(crate) fn device_storage(&self) -> Option<&DeviceStorage<T>> {
+    /// The device storage behind the backend contract, if the tensor lives on a device: read by
+    /// the tensor's dispatch (`dispatch.rs`) and by the backends under `src/device/` only.
+    pub(crate) fn device_storage(&self) -> Option<&dyn DeviceTensor<T>> {
         match &self.data {
             Storage::Host(_) | Storage::Lent(_) => None,
-            Storage::Device(d) => Some(d),
+            Storage::Device(d) => Some(d.as_ref()),
         }
     }
 

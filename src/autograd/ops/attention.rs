@@ -42,7 +42,7 @@ impl<'a, T: Element> Var<'a, T> {
         causal: bool,
         scale: f64,
     ) -> Result<Var<'a, T>> {
-        if self.value.device_storage().is_some() {
+        if !self.value.is_on_host() {
             let (o, saved) =
                 attention_device::forward(&self.value, &k.value, &v.value, causal, scale)?;
             return Ok(record(o, &[self, k, v], move |g, _| {

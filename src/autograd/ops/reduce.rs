@@ -21,7 +21,7 @@ fn spread<T: Element>(
         None => g.clone(),
     };
     let k = T::from_f64(k);
-    if like.device_storage().is_some() {
+    if !like.is_on_host() {
         // `k` rounded to `T` times `g` rounds once, as the host's f64 product does.
         let g = g.into_place_of(like)?;
         let g = if k.to_f64() == 1.0 { g } else { g * k };

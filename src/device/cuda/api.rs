@@ -1,5 +1,6 @@
 //! What the rest of the crate (and its users) call: opening a GPU world, moving tensors, and the
-//! ops on a rank's device tensors. `dummy.rs` has the same names for builds without `cuda`.
+//! ops on a rank's device tensors. `dummy.rs` has the same names for builds without `cuda`; the
+//! local math of a tensor on a GPU is `backend.rs`'s, through the tensor layer's contract.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,16 +16,8 @@ use crate::shmem::Rank;
 use crate::tensor::Element;
 use crate::{Error, Result};
 
-pub(crate) use super::local::{
-    batched_matmul, bias_activation, binary, cast, norm, permute, softmax, sum_axis, total, unary,
-    zeros_like,
-};
-pub(crate) use super::norm_grad::norm_backward;
+pub(crate) use super::backend::storage_of;
 pub(crate) use super::storage::DeviceStorage;
-pub(crate) use super::train::{
-    activation_grad, bias_activation_grad, matmul_lhs_transposed, mse_parts, optimizer_step,
-    upload_like,
-};
 pub(crate) use super::world::CudaWorld;
 
 /// Opens a GPU world of `devices`.
@@ -70,7 +63,8 @@ pub(crate) fn upload<T: Element>(
     DeviceStorage::upload(&gpu, host, shape, home)
 }
 
-/// A product of two device tensors on their GPU (cuBLASLt).
+/// A product of two device tensors on their GPU (cuBLASLt): `Tensor::matmul`'s, through the
+/// backend contract.
 pub(crate) fn matmul<T: Element>(
     a: &DeviceStorage<T>,
     b: &DeviceStorage<T>,
@@ -417,7 +411,7 @@ pub(crate) mod public {
     pub fn broadcast<T: Element>(rank: &Rank<'_>, t: &Tensor<T>, root: usize) -> Result<Tensor<T>> {
         let g = gpu_rank(rank)?;
         let t = if t.device() == rank.device() { t.clone() } else { t.to_rank(rank)? };
-        let data = t.device_storage().expect("on the rank's GPU");
+        let data = storage_of(&t).expect("on the rank's GPU");
         Ok(Tensor::from_device_storage(collectives::broadcast(&g, data, root)?))
     }
 
@@ -440,7 +434,7 @@ pub(crate) mod public {
     pub fn device_copy<T: Element>(rank: &Rank<'_>, t: &Tensor<T>) -> Result<Tensor<T>> {
         let g = gpu_rank(rank)?;
         let t = if t.device() == rank.device() { t.clone() } else { t.to_rank(rank)? };
-        let src = t.device_storage().expect("on the rank's GPU");
+        let src = storage_of(&t).expect("on the rank's GPU");
         let out = super::super::ops::out_tensor::<T>(&g, src.shape())?;
         super::super::ops::copy(out.ptr(), src.ptr(), src.len() * size_of::<T>(), g.stream())?;
         Ok(Tensor::from_device_storage(out))

@@ -1,12 +1,13 @@
-//! The GPU backend of a build without the `cuda` feature: the same names as `api.rs`, no GPU
-//! world can be made (so no device tensor exists), and the public functions say why.
+//! The GPU backend of a build without the `cuda` feature: the same names as `api.rs` that the
+//! rest of the crate calls, no GPU world can be made (so no tensor lives on a GPU and nothing
+//! implements the tensor layer's `DeviceTensor`), and the public functions say why.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::shmem::Rank;
-use crate::tensor::Element;
+use crate::tensor::{Element, Tensor};
 use crate::{Error, Result};
 
 fn unavailable(op: &'static str) -> Error {
@@ -33,163 +34,15 @@ impl<T> Clone for DeviceStorage<T> {
     }
 }
 
-impl<T: Element> DeviceStorage<T> {
-    pub(crate) fn shape(&self) -> &[usize] {
-        match self.never {}
+/// No tensor lives on a GPU in this build.
+pub(crate) fn storage_of<T: Element>(_t: &Tensor<T>) -> Option<&DeviceStorage<T>> {
+    None
+}
+
+impl<T: Element> Tensor<T> {
+    pub(crate) fn from_device_storage(data: DeviceStorage<T>) -> Tensor<T> {
+        match data.never {}
     }
-    pub(crate) fn ordinal(&self) -> usize {
-        match self.never {}
-    }
-    pub(crate) fn download(&self) -> Result<Vec<T>> {
-        match self.never {}
-    }
-    pub(crate) fn reshaped(&self, _shape: &[usize]) -> Result<Self> {
-        match self.never {}
-    }
-    pub(crate) fn same_buffer(&self, _other: &Self) -> bool {
-        match self.never {}
-    }
-}
-
-pub(crate) fn unary<T: Element>(
-    x: &DeviceStorage<T>,
-    _op: super::Unary,
-    _scalar: f64,
-) -> Result<DeviceStorage<T>> {
-    match x.never {}
-}
-
-pub(crate) fn activation_grad<T: Element>(
-    x: &DeviceStorage<T>,
-    _dy: &DeviceStorage<T>,
-    _act: super::Unary,
-) -> Result<DeviceStorage<T>> {
-    match x.never {}
-}
-
-pub(crate) fn bias_activation<T: Element>(
-    x: &DeviceStorage<T>,
-    _bias: &DeviceStorage<T>,
-    _act: super::Unary,
-) -> Result<DeviceStorage<T>> {
-    match x.never {}
-}
-
-pub(crate) fn bias_activation_grad<T: Element>(
-    x: &DeviceStorage<T>,
-    _bias: &DeviceStorage<T>,
-    _dy: &DeviceStorage<T>,
-    _act: super::Unary,
-) -> Result<DeviceStorage<T>> {
-    match x.never {}
-}
-
-pub(crate) fn mse_parts<T: Element>(
-    p: &DeviceStorage<T>,
-    _t: &DeviceStorage<T>,
-    _scale: f64,
-) -> Result<(DeviceStorage<T>, DeviceStorage<f64>)> {
-    match p.never {}
-}
-
-/// `dx`, and the weight and bias gradients `(dw, db)` where asked for.
-pub(crate) type NormGrads<T> = (DeviceStorage<T>, Option<(DeviceStorage<T>, DeviceStorage<T>)>);
-
-pub(crate) fn norm_backward<T: Element>(
-    x: &DeviceStorage<T>,
-    _w: Option<&DeviceStorage<T>>,
-    _dy: &DeviceStorage<T>,
-    _eps: f64,
-    _centered: bool,
-    _params: bool,
-) -> Result<NormGrads<T>> {
-    match x.never {}
-}
-
-pub(crate) fn matmul_lhs_transposed<T: Element>(
-    a: &DeviceStorage<T>,
-    _b: &DeviceStorage<T>,
-) -> Result<DeviceStorage<T>> {
-    match a.never {}
-}
-
-pub(crate) fn optimizer_step<T: Element>(
-    value: &DeviceStorage<T>,
-    _master: Option<&DeviceStorage<T::Acc>>,
-    _grad: &DeviceStorage<T>,
-    _state: &[&DeviceStorage<T::Acc>],
-    _rule: crate::tensor::OptimRule,
-) -> Result<DeviceStorage<T>> {
-    match value.never {}
-}
-
-pub(crate) fn upload_like<T: Element, U: Element>(
-    like: &DeviceStorage<T>,
-    _host: &[U],
-    _shape: &[usize],
-) -> Result<DeviceStorage<U>> {
-    match like.never {}
-}
-
-pub(crate) fn binary<T: Element>(
-    a: &DeviceStorage<T>,
-    _b: &DeviceStorage<T>,
-    _op: super::Binary,
-    _out_shape: &[usize],
-) -> Result<DeviceStorage<T>> {
-    match a.never {}
-}
-
-pub(crate) fn cast<T: Element, U: Element>(x: &DeviceStorage<T>) -> Result<DeviceStorage<U>> {
-    match x.never {}
-}
-
-pub(crate) fn softmax<T: Element>(x: &DeviceStorage<T>, _axis: usize) -> Result<DeviceStorage<T>> {
-    match x.never {}
-}
-
-pub(crate) fn norm<T: Element>(
-    x: &DeviceStorage<T>,
-    _weight: Option<&DeviceStorage<T>>,
-    _bias: Option<&DeviceStorage<T>>,
-    _eps: f64,
-    _layer: bool,
-) -> Result<DeviceStorage<T>> {
-    match x.never {}
-}
-
-pub(crate) fn sum_axis<T: Element>(
-    x: &DeviceStorage<T>,
-    _axis: usize,
-    _mean: bool,
-) -> Result<DeviceStorage<T>> {
-    match x.never {}
-}
-
-pub(crate) fn total<T: Element>(x: &DeviceStorage<T>, _mean: bool) -> Result<DeviceStorage<T>> {
-    match x.never {}
-}
-
-pub(crate) fn permute<T: Element>(
-    x: &DeviceStorage<T>,
-    _axes: &[usize],
-) -> Result<DeviceStorage<T>> {
-    match x.never {}
-}
-
-pub(crate) fn zeros_like<T: Element>(
-    like: &DeviceStorage<T>,
-    _shape: &[usize],
-) -> Result<DeviceStorage<T>> {
-    match like.never {}
-}
-
-pub(crate) fn batched_matmul<T: Element>(
-    a: &DeviceStorage<T>,
-    _b: &DeviceStorage<T>,
-    _batch: &[usize],
-) -> Result<DeviceStorage<T>> {
-    match a.never {}
 }
 
 pub(crate) fn open_world(_devices: &[usize], _wait_timeout: Duration) -> Result<Arc<CudaWorld>> {
@@ -219,13 +72,6 @@ pub(crate) fn upload<T: Element>(
     _world: Option<(&CudaWorld, usize)>,
 ) -> Result<DeviceStorage<T>> {
     Err(unavailable("Tensor::to_device"))
-}
-
-pub(crate) fn matmul<T: Element>(
-    a: &DeviceStorage<T>,
-    _b: &DeviceStorage<T>,
-) -> Result<DeviceStorage<T>> {
-    match a.never {}
 }
 
 #[allow(clippy::too_many_arguments)] // as the CUDA build's

@@ -36,6 +36,8 @@ use crate::device::path::{AgPath, RsPath};
 #[cfg(feature = "cuda")]
 mod api;
 #[cfg(feature = "cuda")]
+mod backend;
+#[cfg(feature = "cuda")]
 mod blas;
 #[cfg(feature = "cuda")]
 mod driver;
@@ -71,38 +73,8 @@ pub(crate) use dummy::*;
 
 pub use public::*;
 
-/// An elementwise op of one tensor on a GPU (`Tensor`'s device arms); the scalar forms take the
-/// scalar beside it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Unary {
-    Neg,
-    Relu,
-    Silu,
-    /// The exact GELU (f32 and f64 through erf; the half types in f32, rounded once).
-    Gelu,
-    GeluTanh,
-    /// `x + s`.
-    AddScalar,
-    /// `x - s`.
-    SubScalar,
-    /// `x * s`.
-    MulScalar,
-    /// `x / s`.
-    DivScalar,
-    /// `s - x`.
-    ScalarSub,
-    /// `s / x`.
-    ScalarDiv,
-}
-
-/// An elementwise op of two tensors on a GPU, broadcast.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Binary {
-    Add,
-    Sub,
-    Mul,
-    Div,
-}
+#[cfg(feature = "cuda")]
+pub(crate) use crate::tensor::backend::{Binary, Unary};
 
 /// Rows per rank from which `all_gather_matmul` overlaps copies with per-rank GEMMs.
 pub const AG_OVERLAP_MIN_ROWS: usize = 1024;

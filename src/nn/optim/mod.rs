@@ -41,11 +41,7 @@ pub(crate) struct Slots<A: Element, const N: usize> {
 
 /// A state buffer of `value`'s length, zeros, where `value` lives.
 fn zeros_like<T: Element, A: Element>(value: &Tensor<T>) -> Result<Tensor<A>> {
-    let n = value.len();
-    if value.device_storage().is_some() {
-        return value.cast::<A>().zeros_like(&[n]);
-    }
-    Tensor::try_zeros(&[n])
+    value.zeros_beside::<A>(&[value.len()])
 }
 
 /// `t` where `value` lives (a state loaded on the host, for a parameter on a GPU).

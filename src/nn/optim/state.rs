@@ -77,15 +77,12 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
 /// step moves them where the parameter lives.
 fn values<A: Element>(ck: &Checkpoint<'_>, name: &str, target: &Target) -> Result<Tensor<A>> {
     let part: Tensor<A> = ck.load::<A>(name, target.clone())?.into_local();
-    let part = if part.device_storage().is_some() { part.to_host()? } else { part };
+    let part = part.into_host()?;
     let len = part.len();
     part.reshape(&[len])
 }
 
 /// A state tensor's elements on the host: borrowed there, copied from a GPU.
 fn host_values<A: Element>(t: &Tensor<A>) -> Result<Cow<'_, [A]>> {
-    if t.device_storage().is_some() {
-        return Ok(Cow::Owned(t.to_host()?.as_slice().to_vec()));
-    }
-    Ok(Cow::Borrowed(t.as_slice()))
+    t.host_elements()
 }
