@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::ProcessJob;
 use crate::Result;
-use crate::device::Device;
+use crate::tensor::Device;
 
 /// The device side of a world: which device each rank runs on, and the hooks the runtime calls
 /// when a rank fails or returns.

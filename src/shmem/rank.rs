@@ -79,13 +79,13 @@ impl<'w> Rank<'w> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     pub fn device(&self) -> crate::Device {
-        self.world.device.as_ref().map_or(crate::Device::Host, |d| d.device_of(self.rank))
+        self.world.device.as_ref().map_or(crate::tensor::Device::Host, |d| d.device_of(self.rank))
     }
 
     /// Where this rank's tensors live (its GPU in a CUDA world, the host otherwise): what the
     /// ops move their inputs to, once, at their entry.
     pub(crate) fn tensor_device(&self) -> crate::Device {
-        self.world.device.as_ref().map_or(crate::Device::Host, |d| d.tensor_device(self.rank))
+        self.world.device.as_ref().map_or(crate::tensor::Device::Host, |d| d.tensor_device(self.rank))
     }
 
     /// The topology of this rank's device.
