@@ -85,7 +85,10 @@ impl<'w> Rank<'w> {
     /// Where this rank's tensors live (its GPU in a CUDA world, the host otherwise): what the
     /// ops move their inputs to, once, at their entry.
     pub(crate) fn tensor_device(&self) -> crate::Device {
-        self.world.device.as_ref().map_or(crate::tensor::Device::Host, |d| d.tensor_device(self.rank))
+        self.world
+            .device
+            .as_ref()
+            .map_or(crate::tensor::Device::Host, |d| d.tensor_device(self.rank))
     }
 
     /// The topology of this rank's device.
