@@ -1,6 +1,6 @@
 //! The Llama family: Llama 2 and 3, Mistral, Qwen2 (q / k / v biases), Qwen3 (q / k norms, an
 //! explicit `head_dim`), and their sparse MoE variants Mixtral and Qwen2-MoE (shared expert;
-//! the MoE block in [`super::moe`]). One decoder: RMSNorm, rotary attention with GQA / MQA, a SwiGLU MLP,
+//! the MoE block in `models::moe`). One decoder: RMSNorm, rotary attention with GQA / MQA, a SwiGLU MLP,
 //! a tied or untied head.
 //!
 //! Tensor-parallel from the file: q / k / v split by whole heads (column-parallel, KV heads
