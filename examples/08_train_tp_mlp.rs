@@ -306,23 +306,7 @@ fn mesh_run<T: Element>(
 
 fn main() -> Result<(), Error> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let gpu = device::cuda_world_from_args(&mut args, 4)?;
-    let mut threads = 4;
-    if let Some(at) = args.iter().position(|a| a == "--ranks") {
-        let value = args.get(at + 1).cloned().unwrap_or_default();
-        threads = value.parse().unwrap_or_else(|_| {
-            eprintln!("--ranks {value:?}: not a number");
-            std::process::exit(2);
-        });
-        args.drain(at..(at + 2).min(args.len()));
-    }
-    let world = match gpu {
-        Some(world) => world,
-        None => match World::from_args(&mut args, threads)? {
-            Some(world) => world,
-            None => return Ok(()),
-        },
-    };
+    let Some(world) = device::world_from_args(&mut args, 4)? else { return Ok(()) };
     let config = parse(args).unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(2);

@@ -45,3 +45,26 @@ pub fn cuda_world_from_args(
     let devices: Vec<usize> = (0..ranks).map(|r| r % gpus).collect();
     World::cuda(&devices).map(Some)
 }
+
+/// Where an example's ranks live, from its arguments: a GPU world for `--device cuda` (see
+/// [`cuda_world_from_args`]), else `--ranks N` threads (default `default_ranks`) or what
+/// `World::from_args` makes of `--processes N` and a launcher. `None`: this process spawned the
+/// ranks and they have finished (nothing left to do here).
+pub fn world_from_args(
+    args: &mut Vec<String>,
+    default_ranks: usize,
+) -> Result<Option<World>, Error> {
+    if let Some(world) = cuda_world_from_args(args, default_ranks)? {
+        return Ok(Some(world));
+    }
+    let mut threads = default_ranks;
+    if let Some(at) = args.iter().position(|a| a == "--ranks") {
+        let value = args.get(at + 1).cloned().unwrap_or_default();
+        threads = value.parse().unwrap_or_else(|_| {
+            eprintln!("--ranks {value:?}: not a number");
+            std::process::exit(2);
+        });
+        args.drain(at..(at + 2).min(args.len()));
+    }
+    World::from_args(args, threads)
+}
