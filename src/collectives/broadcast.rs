@@ -11,7 +11,8 @@ use crate::device::{LaunchMode, ascend, capability, cuda, launch, tile};
 use crate::shmem::{GlobalPtr, GlobalPtrMut, Rank};
 use crate::{Element, Result, Tensor};
 
-/// Every rank gets a copy of `root`'s `data`; the other ranks' `data` is not read (pass `&[]`).
+/// Every rank gets a copy of `root`'s `data`; the other ranks' `data` is not read (pass `&[]`,
+/// or `None`: `data` may be an `Option`, `root.then_some(&v)`).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when `root` is outside the world,

@@ -64,6 +64,25 @@ impl<'a, T: Element> From<&'a Tensor<T>> for Input<'a, T> {
     }
 }
 
+/// Data only one rank has (a broadcast's or a scatter's root): `None` on the others, read as
+/// no elements, so the call reads as a user writes it first:
+///
+/// ```
+/// use dist_tensor::{World, collectives};
+/// let out = World::threads(3)?.run(|rank| {
+///     let v = vec![1.0f32, 2.0];
+///     let root = rank.rank() == 0;
+///     collectives::broadcast(rank, root.then_some(&v), 0)
+/// })?;
+/// assert!(out.iter().all(|o| o == &vec![1.0, 2.0]));
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+impl<'a, T: Element, I: Into<Input<'a, T>>> From<Option<I>> for Input<'a, T> {
+    fn from(data: Option<I>) -> Self {
+        data.map_or(Input::Slice(&[]), Into::into)
+    }
+}
+
 impl<'a, T: Element> Input<'a, T> {
     /// Number of elements.
     pub fn len(&self) -> usize {

@@ -138,12 +138,13 @@ impl World {
     /// - `--processes N` among `args`: starts `N` ranks of this program with
     ///   [`World::spawn_local`], waits for them, prints what they printed (rank 0 last, as it
     ///   prints the summary) and returns `None`;
-    /// - otherwise [`World::threads`]`(threads)`.
+    /// - otherwise [`World::threads`]: `--ranks N` among `args` threads, or `threads`.
     ///
     /// `--device cuda` among `args` with `--processes N` (or in a launched rank) makes the world
     /// on GPUs, one per process (see [`DEVICE_ENV`]), and is taken out too.
     ///
-    /// `--processes N` is taken out of `args` in every case, so the program parses the rest.
+    /// `--processes N` and `--ranks N` are taken out of `args` in every case, so the program
+    /// parses the rest.
     ///
     /// # Errors
     /// As [`World::from_env`] or [`World::threads`]; for `--processes`, a value that is not a
@@ -153,11 +154,11 @@ impl World {
     /// # Examples
     /// ```
     /// use dist_tensor::World;
-    /// let mut args = vec!["--size".to_string(), "8".to_string()];
+    /// let mut args: Vec<String> = ["--ranks", "3", "--size", "8"].map(String::from).to_vec();
     /// if let Some(world) = World::from_args(&mut args, 2)? {
     ///     let ones = world.run(|rank| Ok(rank.num_ranks()))?;
     ///     if !World::launched() {
-    ///         assert_eq!(ones, vec![2, 2]);
+    ///         assert_eq!(ones, vec![3, 3, 3]);
     ///     }
     /// }
     /// assert_eq!(args, ["--size", "8"]);

@@ -106,8 +106,8 @@ impl World {
         crate::shmem::LocalJob::new(num_ranks)
     }
 
-    /// `World::from_args` (defined with the device backends): `--processes N` is parsed and
-    /// taken out here; `device` then sees the rest of the arguments and whether the ranks are
+    /// `World::from_args` (defined with the device backends): `--ranks N` (the number of
+    /// ranks, `threads` when absent) and `--processes N` are parsed and taken out here; `device` then sees the rest of the arguments and whether the ranks are
     /// processes (launched, or about to be spawned), takes out its own, and says how a launched
     /// rank's device side opens.
     pub(crate) fn from_args_on(
@@ -115,17 +115,8 @@ impl World {
         threads: usize,
         device: impl FnOnce(&mut Vec<String>, bool) -> Result<Option<OpenProcessDevice>>,
     ) -> Result<Option<World>> {
-        let mut processes = None;
-        if let Some(at) = args.iter().position(|a| a == "--processes") {
-            let value = args.get(at + 1).cloned().unwrap_or_default();
-            let n: usize = value.parse().map_err(|_| Error::InvalidArgument {
-                op: "World::from_args",
-                rank: 0,
-                reason: format!("--processes {value:?}: not a whole number"),
-            })?;
-            args.drain(at..(at + 2).min(args.len()));
-            processes = Some(n);
-        }
+        let processes = take_count(args, "--processes")?;
+        let threads = take_count(args, "--ranks")?.unwrap_or(threads);
         let device = device(args, processes.is_some() || World::launched())?;
         if World::launched() {
             return World::from_env_on(device).map(Some);
@@ -170,4 +161,17 @@ impl World {
     pub fn launched() -> bool {
         crate::shmem::job_env::launched(&|name| std::env::var(name).ok())
     }
+}
+
+/// The number after `flag` in `args`, both taken out; `None` without the flag.
+fn take_count(args: &mut Vec<String>, flag: &str) -> Result<Option<usize>> {
+    let Some(at) = args.iter().position(|a| a == flag) else { return Ok(None) };
+    let value = args.get(at + 1).cloned().unwrap_or_default();
+    let n: usize = value.parse().map_err(|_| Error::InvalidArgument {
+        op: "World::from_args",
+        rank: 0,
+        reason: format!("{flag} {value:?}: not a whole number"),
+    })?;
+    args.drain(at..(at + 2).min(args.len()));
+    Ok(Some(n))
 }
