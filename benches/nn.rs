@@ -13,7 +13,7 @@ mod common;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use dist_tensor::autograd::DVar;
 use dist_tensor::nn::{
-    Activation, Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear,
+    Activation, Adam, ColumnParallelLinear, Module, ParallelMlp, RowParallelLinear,
     UlyssesAttention, UlyssesSelfAttention, mse_loss,
 };
 use dist_tensor::{DistTensor, MatmulOptions, Placement, Tensor, World};

@@ -49,8 +49,8 @@ use std::path::PathBuf;
 use dist_tensor::checkpoint::{self, Checkpoint, Entry};
 use dist_tensor::mesh::{DeviceMesh, data_parallel};
 use dist_tensor::nn::{
-    Activation, Adam, ColumnParallelLinear, NamedState, OptimizerState, ParallelMlp, Parameters,
-    RowParallelLinear, mse_loss,
+    Activation, Adam, ColumnParallelLinear, Module, Optimizer, ParallelMlp, RowParallelLinear,
+    mse_loss,
 };
 use dist_tensor::{DistTensor, Element, Error, Placement, Split, Tensor, World};
 use half::bf16;
@@ -211,8 +211,8 @@ fn parallel_run<T: Element>(
         if let Some(dir) = resume {
             // Whatever world saved it: each rank reads its own parts of the weights and moments.
             let ck = Checkpoint::open(rank, dir)?;
-            mlp.load_named_state(&ck, "model")?;
-            adam.load_optimizer_state(&ck, &mlp, "optim")?;
+            mlp.load_state_dict(&ck, "model")?;
+            adam.load_state_dict(&ck, &mlp, "optim")?;
             let step = ck.load::<f64>("train.step", Placement::Replicate)?;
             start = step.local().as_slice()[0] as usize;
             saved_world = Some(ck.saved_world());
@@ -232,8 +232,8 @@ fn parallel_run<T: Element>(
         if let Some(dir) = save {
             let step = Tensor::from(vec![(start + steps) as f64]);
             let step = DistTensor::from_global(rank, &step, Placement::Replicate)?;
-            let mut entries = mlp.named_state("model")?;
-            entries.extend(adam.optimizer_state(&mlp, "optim")?);
+            let mut entries = mlp.state_dict("model")?;
+            entries.extend(adam.state_dict(&mlp, "optim")?);
             entries.push(Entry::new("train.step", &step)?);
             checkpoint::save(rank, dir, &entries)?;
         }

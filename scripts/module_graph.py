@@ -26,6 +26,7 @@ LAYERS = [
     ["collectives", "fused"],
     ["dist_tensor"],
     ["autograd", "nn", "mesh", "checkpoint"],
+    ["train"],
     ["models"],
 ]
 LAYER_OF = {m: i for i, layer in enumerate(LAYERS) for m in layer}

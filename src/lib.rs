@@ -183,6 +183,7 @@ pub mod models;
 pub mod nn;
 pub mod shmem;
 pub mod tensor;
+pub mod train;
 
 pub use device::Device;
 pub use dist_tensor::{DistTensor, MatmulOptions, Placement, Split};

@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 use dist_tensor::checkpoint::{
     self, Checkpoint, CheckpointErrorKind, Entry, SafetensorsFile, Target,
 };
-use dist_tensor::nn::{
-    Activation, NamedState, OptimizerState, ParallelMlp, Parameters, Sgd, mse_loss,
-};
+use dist_tensor::nn::{Activation, Module, Optimizer, ParallelMlp, Sgd, mse_loss};
 use dist_tensor::shmem::RankExit;
 use dist_tensor::{DistTensor, Element, Error, Placement, Split, Tensor, World};
 use half::{bf16, f16};
@@ -293,8 +291,8 @@ fn train(world: usize, steps: usize, resume: Option<&Path>, save: Option<&Path>)
             let mut sgd = Sgd::<bf16>::new(0.05).momentum(0.9);
             if let Some(dir) = resume {
                 let ck = Checkpoint::open(rank, dir)?;
-                mlp.load_named_state(&ck, "model")?;
-                sgd.load_optimizer_state(&ck, &mlp, "optim")?;
+                mlp.load_state_dict(&ck, "model")?;
+                sgd.load_state_dict(&ck, &mlp, "optim")?;
             }
             let xs = DistTensor::from_global(rank, &x, Placement::Shard(0))?;
             let ts = DistTensor::from_global(rank, &target, Placement::Shard(0))?;
@@ -355,7 +353,7 @@ fn a_layer_refuses_a_checkpoint_of_another_shape() {
         .unwrap()
         .run(|rank| {
             let mlp = ParallelMlp::<f32>::new(rank, 8, 12, Activation::Gelu, 5)?;
-            checkpoint::save(rank, &dir.0, &mlp.named_state("m")?)?;
+            checkpoint::save(rank, &dir.0, &mlp.state_dict("m")?)?;
             Ok(())
         })
         .unwrap();
@@ -363,7 +361,7 @@ fn a_layer_refuses_a_checkpoint_of_another_shape() {
         .unwrap()
         .run(|rank| {
             let mut mlp = ParallelMlp::<f32>::new(rank, 8, 16, Activation::Gelu, 5)?;
-            Ok(mlp.load_named_state(&Checkpoint::open(rank, &dir.0)?, "m").unwrap_err())
+            Ok(mlp.load_state_dict(&Checkpoint::open(rank, &dir.0)?, "m").unwrap_err())
         })
         .unwrap();
     for e in &errs {

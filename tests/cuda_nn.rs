@@ -7,7 +7,7 @@
 //! why, and passes: `cargo test --release --features cuda --test cuda_nn -- --nocapture`.
 
 use dist_tensor::nn::{
-    Activation, Adam, ColumnParallelLinear, ParallelMlp, Param, Parameters, RowParallelLinear, Sgd,
+    Activation, Adam, ColumnParallelLinear, Module, ParallelMlp, Param, RowParallelLinear, Sgd,
     mse_loss,
 };
 use dist_tensor::tensor::DType;

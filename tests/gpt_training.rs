@@ -1,11 +1,10 @@
-//! Training curves of the autograd GPT at worlds 1, 2, 3, 4 and 8 (more ranks than heads: some
+//! Training curves of the GPT at worlds 1, 2, 3, 4 and 8 (more ranks than heads: some
 //! hold none), tensor-parallel and Ulysses, in f32 and bf16, against the same model on one rank
 //! in f64; and the model's parameter names.
 
-use dist_tensor::autograd::gpt::{AttentionForm, Gpt, GptConfig};
-use dist_tensor::autograd::{
-    AdamW, Module, WarmupCosine, clip_grad_norm, sync_grads, vocab_parallel_cross_entropy,
-};
+use dist_tensor::autograd::vocab_parallel_cross_entropy;
+use dist_tensor::nn::gpt::{AttentionForm, Gpt, GptConfig};
+use dist_tensor::nn::{Adam, LrSchedule, Module, WarmupCosine, clip_grad_norm, sync_grads};
 use dist_tensor::{Element, Rank, Result, World};
 
 const CONFIG: GptConfig =
@@ -22,18 +21,18 @@ fn batch(step: usize) -> (Vec<usize>, Vec<Option<usize>>) {
 
 fn train<'r, T: Element>(rank: &'r Rank<'r>, form: AttentionForm) -> Result<Vec<f64>> {
     let mut model = Gpt::<T>::new(rank, CONFIG, form, 3)?;
-    let mut opt = AdamW::new(0.0);
+    let mut opt = Adam::new(0.0);
     let schedule = WarmupCosine { peak: 1e-2, min: 1e-3, warmup: 2, total: STEPS };
     let mut curve = Vec::new();
     for step in 0..STEPS {
         let (ids, targets) = batch(0); // one batch, learned by heart
-        let loss = vocab_parallel_cross_entropy(&model.forward(&ids)?, &targets)?;
+        let loss = vocab_parallel_cross_entropy(&model.forward(rank, &ids)?, &targets)?;
         model.zero_grad();
         loss.backward()?;
         sync_grads(&model, rank)?;
         clip_grad_norm(&model, 0.5, rank)?;
-        opt.lr = schedule.lr(step);
-        opt.step(&mut model)?;
+        opt.set_lr(schedule.lr(step));
+        opt.step(model.parameters_mut())?;
         curve.push(loss.local().value().as_slice()[0].to_f64());
     }
     Ok(curve)

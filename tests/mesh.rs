@@ -9,7 +9,7 @@ use dist_tensor::collectives;
 use dist_tensor::mesh::zero::Zero1;
 use dist_tensor::mesh::{DeviceMesh, data_parallel};
 use dist_tensor::nn::{
-    Activation, Adam, ColumnParallelLinear, GradHook, Parameters, RowParallelLinear, mse_loss,
+    Activation, Adam, ColumnParallelLinear, GradHook, Module, RowParallelLinear, mse_loss,
 };
 use dist_tensor::shmem::try_symm_at;
 use dist_tensor::{DistTensor, Element, Error, Placement, Rank, Split, Tensor, World};
@@ -212,7 +212,7 @@ fn train_with(
             let ts = DistTensor::from_global(&tpr, &slice(&target, 0, share), Placement::Shard(0))?;
             let mut curve = Vec::new();
             let mut adam = Adam::<f64>::new(0.05);
-            let mut zero = Zero1::new(Adam::<f64>::new(0.05));
+            let mut zero = Zero1::new(Adam::<f64>::new(0.05), mesh.averager("dp")?);
             for _ in 0..steps {
                 let (h, s1) = fc1.forward(&xs)?;
                 let a = h.map_local(|t| Activation::Gelu.forward(t))?;
@@ -264,7 +264,7 @@ fn train_with(
                         }
                         adam.step(params)?;
                     }
-                    Optimizer::Zero1 => zero.step(&dpr, params, &grads)?,
+                    Optimizer::Zero1 => zero.step_with_grads(params, &grads)?,
                 }
             }
             Ok(curve)

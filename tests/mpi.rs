@@ -775,7 +775,7 @@ fn dp_step(
     overlap: bool,
 ) -> dist_tensor::Result<(Vec<Tensor<f32>>, f64)> {
     use dist_tensor::mesh::data_parallel;
-    use dist_tensor::nn::{Activation, Parameters, mse_loss};
+    use dist_tensor::nn::{Activation, Module, mse_loss};
     let (fc1, fc2) = layers;
     let dp = mesh.averager("dp")?;
     // Buckets of 256 KiB: fc2's gradients (half a MiB) go while fc1's backward runs.

@@ -4,8 +4,8 @@
 //! `sync_grads` give the output, input gradient and every parameter's gradient of the same
 //! model written with plain one-rank `Var` ops in f64 (naive attention: scores, mask, softmax),
 //! at worlds 1 to 4 with uneven row and head splits; the layers are `Module`s named as their
-//! checkpoints; a model mixing them with the `autograd::gpt` layers (`RmsNorm`, `LayerNorm`)
-//! trains with one `AdamW::step` and gives the same curve at every world; `LayerNorm` against
+//! checkpoints; a model mixing them with the `nn::gpt` layers (`RmsNorm`, `LayerNorm`)
+//! trains with one `Adam::step` and gives the same curve at every world; `LayerNorm` against
 //! finite differences and one rank.
 //!
 //! # Tolerance
@@ -18,14 +18,11 @@
 mod common;
 
 use common::assert_none;
-use dist_tensor::autograd::gpt::{LayerNorm, RmsNorm};
-use dist_tensor::autograd::{
-    AdamW, DVar, GradcheckOptions, GradcheckReport, Module, Sharing, Var, gradcheck, join,
-    sync_grads,
-};
+use dist_tensor::autograd::{DVar, GradcheckOptions, GradcheckReport, Var, gradcheck};
+use dist_tensor::nn::gpt::{LayerNorm, RmsNorm};
 use dist_tensor::nn::{
-    Activation, ColumnParallelLinear, NamedState, ParallelMlp, Parameters, RowParallelLinear,
-    UlyssesSelfAttention, mse_loss_var,
+    Activation, Adam, ColumnParallelLinear, Module, ParallelMlp, RowParallelLinear,
+    UlyssesSelfAttention, mse_loss_var, sync_grads,
 };
 use dist_tensor::{DistTensor, Element, Placement, Rank, Result, Split, Tensor, World};
 
@@ -71,20 +68,16 @@ fn reference(
 
 /// This rank's gradient of each parameter made whole: a shard gathered on its dimension, a
 /// replicated one as it is (complete on every rank). Collective.
-fn whole_grads<T: Element, L: NamedState<T> + Parameters<T>>(
-    rank: &Rank<'_>,
-    layer: &L,
-) -> Result<Vec<Tensor<T>>> {
-    let grads: Vec<Tensor<T>> = Parameters::parameters(layer)
-        .iter()
-        .map(|p| p.grad().unwrap_or_else(|| Tensor::zeros(p.value().shape())))
-        .collect();
-    grads
+fn whole_grads<T: Element, L: Module<T>>(rank: &Rank<'_>, layer: &L) -> Result<Vec<Tensor<T>>> {
+    layer
+        .parameters()
         .into_iter()
-        .zip(layer.param_names())
-        .map(|(g, (_, placement))| match placement {
-            Placement::Shard(_) => DistTensor::from_local(rank, g, placement)?.to_global(),
-            _ => Ok(g),
+        .map(|p| {
+            let g = p.grad().unwrap_or_else(|| Tensor::zeros(p.value().shape()));
+            match p.placement() {
+                Placement::Shard(_) => DistTensor::from_local(rank, g, p.placement())?.to_global(),
+                _ => Ok(g),
+            }
         })
         .collect()
 }
@@ -103,7 +96,7 @@ fn against_reference<T: Element, L>(
     make: impl Fn(&Rank<'_>) -> Result<L> + Sync,
 ) -> Result<Vec<String>>
 where
-    L: Parameters<T> + NamedState<T> + for<'a> Module<'a, T> + Layer<T>,
+    L: Module<T> + Layer<T>,
 {
     let (xt, dyt) = (x.cast::<T>(), dy.cast::<T>());
     let tol = tolerance::<T>();
@@ -122,7 +115,7 @@ where
             fails.extend(off(&format!("{tag}: input gradient"), &dx.to_global()?, &want.dx, tol));
         }
         for ((name, _), (got, w)) in
-            a.param_names().into_iter().zip(whole_grads(rank, &a)?.iter().zip(&want.grads))
+            a.named_parameters().into_iter().zip(whole_grads(rank, &a)?.iter().zip(&want.grads))
         {
             let twice = w * 2.0;
             let tag = format!("{what} rank {r} backward, {name} gradient of two passes");
@@ -141,7 +134,7 @@ where
         let dx = xs.map_local(|_| xv.grad().expect("x is tracked"))?.to_global()?;
         fails.extend(off(&format!("{tag}: input gradient"), &dx, &want.dx, tol));
         for ((name, _), (got, w)) in
-            b.param_names().into_iter().zip(whole_grads(rank, &b)?.iter().zip(&want.grads))
+            b.named_parameters().into_iter().zip(whole_grads(rank, &b)?.iter().zip(&want.grads))
         {
             fails.extend(off(&format!("{tag}: {name} gradient"), got, w, tol));
         }
@@ -369,65 +362,47 @@ fn ulysses_attention_keeps_an_uneven_sequence_split() -> Result<()> {
 }
 
 #[test]
-fn module_names_are_checkpoint_names() -> Result<()> {
+fn module_names_and_placements() -> Result<()> {
     World::threads(2)?.run(|rank| {
         let mlp = ParallelMlp::<f32>::new(rank, 4, 6, Activation::Gelu, 1)?;
         let attn = UlyssesSelfAttention::<f32>::new(4, 2, true, 2)?;
         let row = RowParallelLinear::<f32>::new(rank, 6, 4, false, 3)?;
-        fn names<'a, M: Module<'a, f32>>(m: &M) -> Vec<(String, Sharing)> {
+        fn names<M: Module<f32>>(m: &M) -> Vec<(String, Placement)> {
             let mut out = Vec::new();
-            m.visit("m", &mut |n, _, s| out.push((n.to_string(), s)));
+            m.visit("m", &mut |n, p| out.push((n.to_string(), p.placement())));
             out
         }
-        let want = |l: &dyn NamedState<f32>| -> Vec<(String, Sharing)> {
-            l.param_names()
-                .into_iter()
-                .map(|(n, p)| {
-                    let s = if p == Placement::Replicate {
-                        Sharing::Replicated
-                    } else {
-                        Sharing::Sharded
-                    };
-                    (join("m", &n), s)
-                })
-                .collect()
+        let (s0, s1, rep) = (Placement::Shard(0), Placement::Shard(1), Placement::Replicate);
+        let want = |v: &[(&str, Placement)]| -> Vec<(String, Placement)> {
+            v.iter().map(|(n, p)| (n.to_string(), *p)).collect()
         };
-        assert_eq!(names(&mlp), want(&mlp));
-        assert_eq!(names(&attn), want(&attn));
-        assert_eq!(names(&row), want(&row));
-        assert_eq!(names(&mlp)[3], ("m.fc2.bias".to_string(), Sharing::Replicated));
+        assert_eq!(
+            names(&mlp),
+            want(&[
+                ("m.fc1.weight", s1),
+                ("m.fc1.bias", s0),
+                ("m.fc2.weight", s0),
+                ("m.fc2.bias", rep)
+            ])
+        );
+        assert_eq!(names(&attn), want(&[("m.wqkv", rep), ("m.wo", rep)]));
+        assert_eq!(names(&row), want(&[("m.weight", s0)]));
         Ok(())
     })?;
     Ok(())
 }
 
-/// A model of both kinds of layer: `LayerNorm` and `RmsNorm` (autograd::gpt), an nn
-/// `ParallelMlp` and an nn `ColumnParallelLinear` + `RowParallelLinear` pair.
-struct Mixed<'r> {
-    ln: LayerNorm<'r, f64>,
+/// A model of both kinds of layer: `LayerNorm` and `RmsNorm` (nn::gpt), a `ParallelMlp` and a
+/// `ColumnParallelLinear` + `RowParallelLinear` pair; its `Module` from its fields.
+struct Mixed {
+    ln: LayerNorm<f64>,
     mlp: ParallelMlp<f64>,
-    norm: RmsNorm<'r, f64>,
+    norm: RmsNorm<f64>,
     up: ColumnParallelLinear<f64>,
     down: RowParallelLinear<f64>,
 }
 
-impl<'r> Module<'r, f64> for Mixed<'r> {
-    fn visit(&self, p: &str, f: &mut dyn FnMut(&str, &Var<'r, f64>, Sharing)) {
-        self.ln.visit(&join(p, "ln"), f);
-        self.mlp.visit(&join(p, "mlp"), f);
-        self.norm.visit(&join(p, "norm"), f);
-        self.up.visit(&join(p, "up"), f);
-        self.down.visit(&join(p, "down"), f);
-    }
-
-    fn visit_mut(&mut self, p: &str, f: &mut dyn FnMut(&str, &mut Var<'r, f64>, Sharing)) {
-        self.ln.visit_mut(&join(p, "ln"), f);
-        self.mlp.visit_mut(&join(p, "mlp"), f);
-        self.norm.visit_mut(&join(p, "norm"), f);
-        self.up.visit_mut(&join(p, "up"), f);
-        self.down.visit_mut(&join(p, "down"), f);
-    }
-}
+dist_tensor::impl_module!(Mixed: f64 { ln, mlp, norm, up, down });
 
 fn mixed_curve(world: usize, x: &Tensor<f64>, target: &Tensor<f64>) -> Result<Vec<f64>> {
     let curves = World::threads(world)?.run(|rank| {
@@ -441,7 +416,7 @@ fn mixed_curve(world: usize, x: &Tensor<f64>, target: &Tensor<f64>) -> Result<Ve
         let names: Vec<String> = model.named_parameters().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names[..3], ["ln.weight", "ln.bias", "mlp.fc1.weight"]);
         assert_eq!(names.last().unwrap(), "down.bias");
-        let mut opt = AdamW::new(2e-2);
+        let mut opt = Adam::new(2e-2);
         let xs = DVar::constant(DistTensor::from_global(rank, x, Placement::Shard(0))?);
         let ts = DistTensor::from_global(rank, target, Placement::Shard(0))?;
         let mut losses = Vec::new();
@@ -453,7 +428,7 @@ fn mixed_curve(world: usize, x: &Tensor<f64>, target: &Tensor<f64>) -> Result<Ve
             let loss = mse_loss_var(&y, &ts)?;
             loss.backward()?;
             sync_grads(&model, rank)?;
-            opt.step(&mut model)?;
+            opt.step(model.parameters_mut())?;
             losses.push(loss.value().local().as_slice()[0]);
         }
         Ok(losses)
@@ -488,9 +463,9 @@ fn layer_norm_gradients_match_finite_differences() -> Result<()> {
     ];
     fn check<'r>(rank: &'r Rank<'r>, inputs: &[Tensor<f64>]) -> Result<GradcheckReport> {
         let f = |v: &[Var<'r, f64>]| -> Result<Var<'r, f64>> {
-            let norm = LayerNorm { weight: v[1].clone(), bias: v[2].clone(), eps: 1e-5 };
+            // LayerNorm::forward is this map of `Var::layer_norm` with its parameters.
             let x = DVar::from_var(rank, &v[0], Placement::Shard(0))?;
-            Ok(norm.forward(&x)?.local().clone())
+            Ok(x.map(|x| x.layer_norm(Some(&v[1]), Some(&v[2]), 1e-5))?.local().clone())
         };
         gradcheck(f, inputs, GradcheckOptions::default())
     }

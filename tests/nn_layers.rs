@@ -26,7 +26,7 @@ mod common;
 use common::f64s;
 use common::reference::{self, rel_err};
 use dist_tensor::nn::{
-    Activation, ColumnParallelLinear, ParallelMlp, Param, Parameters, RowParallelLinear,
+    Activation, ColumnParallelLinear, Module, ParallelMlp, Param, RowParallelLinear,
     UlyssesAttention, UlyssesSelfAttention,
 };
 use dist_tensor::{DistTensor, Element, Placement, Rank, Result, Split, Tensor, World};

@@ -16,8 +16,7 @@ mod common;
 
 use common::{f64s, reference};
 use dist_tensor::nn::{
-    Activation, Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, Sgd,
-    mse_loss,
+    Activation, Adam, ColumnParallelLinear, Module, ParallelMlp, RowParallelLinear, Sgd, mse_loss,
 };
 use dist_tensor::{DistTensor, Element, Placement, Result, Split, Tensor, World};
 use half::bf16;

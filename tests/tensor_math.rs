@@ -504,7 +504,7 @@ fn check_norms<T: Element>() -> Vec<String> {
             &scale,
             tol::<T>(2.0 * n as f64 + 8.0),
         ));
-        // Parameters of the wrong shape are an error naming them.
+        // Module of the wrong shape are an error naming them.
         match x.layer_norm(None, Some(&x), eps) {
             Err(Error::InvalidShape { reason, .. })
                 if reason.contains("bias") || shape.len() == 1 => {}

@@ -7,7 +7,7 @@
 
 use dist_tensor::device::cuda;
 use dist_tensor::nn::{
-    Activation, Adam, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear, mse_loss,
+    Activation, Adam, ColumnParallelLinear, Module, ParallelMlp, RowParallelLinear, mse_loss,
 };
 use dist_tensor::{DistTensor, Placement, Rank, Result, Split, Tensor};
 use half::bf16;

@@ -231,7 +231,7 @@ fn train_step(world: usize, (m, e, f): (usize, usize, usize)) -> Case {
         shape: format!("M={m} E={e} F={f}"),
         work: Work::Gemm { flops, bytes },
         run: Box::new(move |reps| {
-            use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, mse_loss};
+            use dist_tensor::nn::{Activation, Adam, Module, ParallelMlp, mse_loss};
             let x = Tensor::<f32>::random(&[m, e], 1);
             let target = Tensor::<f32>::random(&[m, e], 2);
             let pairs = world_of(world)?.run(|rank| {

@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use dist_tensor::collectives::all_reduce;
 use dist_tensor::mesh::{DeviceMesh, data_parallel};
-use dist_tensor::nn::{Activation, ColumnParallelLinear, Parameters, RowParallelLinear, mse_loss};
+use dist_tensor::nn::{Activation, ColumnParallelLinear, Module, RowParallelLinear, mse_loss};
 use dist_tensor::shmem::job_env::{RANKS_PER_NODE_ENV, THROTTLE_BANDWIDTH_ENV, THROTTLE_DELAY_ENV};
 use dist_tensor::{DistTensor, Error, Placement, Result, Split, Tensor, World};
 

@@ -2,6 +2,7 @@
 //! (the table and what a gradient means per placement are on [`DVar`]).
 
 use super::Var;
+use super::graph::LeafHook;
 use super::var::record;
 use crate::{DistTensor, Element, MatmulOptions, Placement, Result, Tensor};
 
@@ -346,13 +347,19 @@ impl<'r, T: Element> DVar<'r, T> {
     /// # Errors
     /// As [`Var::backward`].
     pub fn backward(&self) -> Result<()> {
+        self.backward_hooked(None)
+    }
+
+    /// [`DVar::backward`], telling `hook` each leaf's number as soon as its gradient is complete
+    /// (what data parallelism's buckets send while the pass goes on).
+    pub(crate) fn backward_hooked(&self, hook: Option<LeafHook<'_>>) -> Result<()> {
         let one = if self.placement() == Placement::Replicate && self.value.rank().rank() != 0 {
             0.0
         } else {
             1.0
         };
         let seed = self.value.local().map(|_| T::from_f64(one));
-        self.local.backward_with(seed)
+        self.local.backward_hooked(seed, hook)
     }
 }
 

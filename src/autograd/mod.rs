@@ -29,16 +29,13 @@
 //! ```
 
 mod dist;
-pub mod gpt;
 mod gradcheck;
 pub(crate) mod graph;
 mod loss;
-mod module;
 mod ops;
 mod var;
 
 pub use dist::DVar;
 pub use gradcheck::{GradcheckOptions, GradcheckReport, gradcheck};
 pub use loss::vocab_parallel_cross_entropy;
-pub use module::{AdamW, Module, Sharing, WarmupCosine, clip_grad_norm, join, sync_grads};
 pub use var::Var;

@@ -148,6 +148,11 @@ impl<'a> Entry<'a> {
 
     /// An entry of raw elements `values` (of type `A`), a part of `shape` placed as `placement`:
     /// an optimizer's buffers, which are vectors rather than tensors.
+    /// The entry owning its bytes (an entry made from a state that does not outlive the call).
+    pub(crate) fn into_owned(self) -> Entry<'static> {
+        Entry { bytes: Cow::Owned(self.bytes.into_owned()), ..self }
+    }
+
     pub(crate) fn from_values<A: Element>(
         name: String,
         values: Cow<'a, [A]>,

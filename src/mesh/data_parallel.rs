@@ -21,7 +21,7 @@
 use std::sync::mpsc;
 
 use super::Averager;
-use crate::nn::{GradHook, Parameters};
+use crate::nn::{GradHook, Module};
 use crate::{Element, Error, Result, Tensor};
 
 /// Bytes a bucket holds before it is sent (PyTorch's DDP uses 25 MiB; the models here are small).
@@ -81,7 +81,7 @@ impl<T: Element> GradBuckets<T> {
 
     /// Hands in the gradient of every parameter of `layer`, once the layer's backward is done:
     /// [`GradBuckets::ready`] for each, last parameter first (as PyTorch's DDP buckets them), and
-    /// the averaged gradients come back in [`Parameters::parameters`]' order all the same. Last
+    /// the averaged gradients come back in [`Module::parameters`]' order all the same. Last
     /// first, a layer's bias goes into the bucket before its weight, so a weight that fills the
     /// bucket sends the bias with it: weight first, the bias waited for the next layer, and the
     /// first layer's bias (the last gradient of the pass) went alone in a bucket of its own after
@@ -92,7 +92,7 @@ impl<T: Element> GradBuckets<T> {
     /// [`Error::InvalidArgument`] naming the first parameter without a gradient (its backward
     /// has not run), and this rank's index in the data-parallel group; nothing of the layer is
     /// handed in then.
-    pub fn ready_all(&mut self, layer: &impl Parameters<T>) -> Result<()> {
+    pub fn ready_all<M: Module<T> + ?Sized>(&mut self, layer: &M) -> Result<()> {
         let grads = layer
             .parameters()
             .into_iter()

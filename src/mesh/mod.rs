@@ -18,9 +18,11 @@
 //! dimension over the groups.
 
 pub mod data_parallel;
+mod replicas;
 mod tensor;
 pub mod zero;
 
+pub use replicas::{DEFAULT_CHECK_EVERY, DataParallel};
 pub use tensor::MeshTensor;
 
 use crate::collectives::{all_gather, all_reduce};

@@ -3,9 +3,14 @@
 //! order, cut as `numpy.array_split` cuts them), steps that slice with the averaged gradients,
 //! and the group all-gathers the slices into every rank's parameters. Adam works element by
 //! element, so the result is bit for bit that of every rank stepping every parameter.
+//!
+//! [`Zero1`] is an [`Optimizer`]: its state dict is plain [`Adam`]'s (the group gathers the
+//! slices into whole moments, laid out as the parameters), so a checkpoint saved with ZeRO
+//! loads into Adam on any world, and one saved by Adam loads into ZeRO over any group.
 
 use super::Averager;
-use crate::nn::{Adam, Param};
+use crate::checkpoint::{Checkpoint, Entry};
+use crate::nn::{Adam, FlatSlot, Module, Optimizer, Param, Slots, layout_of, targets_of};
 use crate::{Element, Error, Result, Tensor};
 
 /// Adam with its state sharded over a data-parallel group (see the module docs).
@@ -18,27 +23,33 @@ use crate::{Element, Error, Result, Tensor};
 ///
 /// let out = World::threads(2)?.run(|rank| {
 ///     let mesh = DeviceMesh::new(rank, &[("dp", 2)])?;
-///     let dp = mesh.averager("dp")?;
 ///     let mut p = Param::new(Tensor::<f64>::from(vec![1.0, 2.0, 3.0]));
-///     let mut zero = Zero1::new(Adam::new(0.1));
+///     let mut zero = Zero1::new(Adam::new(0.1), mesh.averager("dp")?);
 ///     let grad = Tensor::from(vec![1.0, -1.0, 1.0]); // averaged over dp already
-///     zero.step(&dp, vec![&mut p], &[grad])?;
+///     zero.step_with_grads(vec![&mut p], &[grad])?;
 ///     Ok((p.value().as_slice().to_vec(), zero.state_len()))
 /// })?;
 /// assert_eq!(out[0].0, out[1].0); // every rank has every parameter
 /// assert_eq!((out[0].1, out[1].1), (2, 1)); // each keeps moments for its slice only
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
-pub struct Zero1<T: Element> {
+pub struct Zero1<'m, T: Element> {
     adam: Adam<T>,
+    dp: Averager<'m>,
     /// This rank's slice of the flattened parameters, as Adam's one parameter.
     slice: Option<Param<T>>,
 }
 
-impl<T: Element> Zero1<T> {
-    /// Sharded `adam` (its settings; its state starts empty).
-    pub fn new(adam: Adam<T>) -> Self {
-        Zero1 { adam, slice: None }
+/// Elements `start..end` of `total` that rank `r` of `n` keeps (as `numpy.array_split`).
+fn slice_of(total: usize, n: usize, r: usize) -> (usize, usize) {
+    let start = r * (total / n) + r.min(total % n);
+    (start, start + total / n + usize::from(r < total % n))
+}
+
+impl<'m, T: Element> Zero1<'m, T> {
+    /// `adam` (its settings; its state starts empty) with its state sharded over `dp`.
+    pub fn new(adam: Adam<T>, dp: Averager<'m>) -> Self {
+        Zero1 { adam, dp, slice: None }
     }
 
     /// Elements of the parameters whose state this rank keeps (0 before the first step).
@@ -46,19 +57,19 @@ impl<T: Element> Zero1<T> {
         self.slice.as_ref().map_or(0, |p| p.value().len())
     }
 
-    /// Steps this rank's slice of `params` with `grads` (one per parameter, averaged over `dp`,
-    /// as [`data_parallel`](super::data_parallel) gives them), then all-gathers the slices into
-    /// `params`. Collective over `dp`.
+    /// Steps this rank's slice of `params` with `grads` (one per parameter, averaged over the
+    /// group, as [`data_parallel`](super::data_parallel) gives them), then all-gathers the
+    /// slices into `params`. Collective over the group.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `grads` do not match `params` in number or sizes; as
     /// [`Averager::all_gather`].
-    pub fn step(
+    pub fn step_with_grads(
         &mut self,
-        dp: &Averager<'_>,
         params: Vec<&mut Param<T>>,
         grads: &[Tensor<T>],
     ) -> Result<()> {
+        let dp = &self.dp;
         let sizes: Vec<usize> = params.iter().map(|p| p.value().len()).collect();
         if grads.len() != params.len() || grads.iter().zip(&sizes).any(|(g, &n)| g.len() != n) {
             return Err(Error::InvalidArgument {
@@ -73,9 +84,7 @@ impl<T: Element> Zero1<T> {
             });
         }
         let total: usize = sizes.iter().sum();
-        let (n, r) = (dp.size(), dp.rank());
-        let start = r * (total / n) + r.min(total % n);
-        let end = start + total / n + usize::from(r < total % n);
+        let (start, end) = slice_of(total, dp.size(), dp.rank());
         let flat = |i: usize| -> (usize, usize) {
             // Which parameter holds flat element `i`, and where.
             let mut at = i;
@@ -104,6 +113,107 @@ impl<T: Element> Zero1<T> {
             p.value_mut().as_mut_slice().copy_from_slice(&all[at..at + len]);
             at += len;
         }
+        Ok(())
+    }
+}
+
+/// Zero1 steps the parameters with the gradients they hold (averaged over the group already:
+/// [`DataParallel::backward`](super::DataParallel::backward)); its state dict is Adam's.
+impl<T: Element> Optimizer<T> for Zero1<'_, T> {
+    fn step(&mut self, params: Vec<&mut Param<T>>) -> Result<()> {
+        let grads = params
+            .iter()
+            .map(|p| match p.grad() {
+                Some(g) => g.into_host(),
+                None => Tensor::try_zeros(p.value().shape()),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.step_with_grads(params, &grads)
+    }
+
+    fn lr(&self) -> f64 {
+        self.adam.lr()
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.adam.set_lr(lr);
+    }
+
+    fn reset(&mut self) {
+        self.adam.reset();
+    }
+
+    /// Adam's entries for `model`: the group gathers each buffer's slices into whole ones
+    /// (collective over the group, as saving is over the model's ranks).
+    fn state_dict<'a>(&'a self, model: &dyn Module<T>, prefix: &str) -> Result<Vec<Entry<'a>>> {
+        let layout = layout_of(model);
+        let sizes: Vec<usize> = layout.iter().map(|(_, _, s)| s.iter().product()).collect();
+        // Every rank of the group takes part, with an empty slice before the first step.
+        let mine = self.adam.slots().to_flat()?.pop();
+        let stepped = self.dp.all_gather(&[u64::from(mine.is_some()) as f64])?;
+        if stepped.iter().all(|&s| s == 0.0) {
+            return Ok(Vec::new());
+        }
+        let empty = || FlatSlot { buffers: [Vec::new(), Vec::new()], master: None, steps: 0 };
+        let mine = mine.unwrap_or_else(empty);
+        let mut whole = Vec::with_capacity(2);
+        for b in &mine.buffers {
+            whole.push(self.dp.all_gather(b)?);
+        }
+        let has_master = self.dp.all_gather(&[u64::from(mine.master.is_some()) as f64])?;
+        let master = if has_master.iter().all(|&m| m == 1.0) {
+            Some(self.dp.all_gather(mine.master.as_deref().unwrap_or(&[]))?)
+        } else {
+            None
+        };
+        let steps = self.dp.all_gather(&[mine.steps as f64])?;
+        let steps = steps.into_iter().fold(0.0f64, f64::max) as u64;
+        let mut per = Vec::with_capacity(sizes.len());
+        let mut at = 0;
+        for &n in &sizes {
+            let cut = |v: &Vec<T::Acc>| v[at..at + n].to_vec();
+            per.push(FlatSlot {
+                buffers: [cut(&whole[0]), cut(&whole[1])],
+                master: master.as_ref().map(cut),
+                steps,
+            });
+            at += n;
+        }
+        let slots = Slots::<T::Acc, 2>::from_flat(per);
+        let entries = slots.entries(&layout, prefix, ["exp_avg", "exp_avg_sq"])?;
+        Ok(entries.into_iter().map(Entry::into_owned).collect())
+    }
+
+    /// Adam's state for `model`, loaded whole and cut into this rank's slice.
+    fn load_state_dict(
+        &mut self,
+        ck: &Checkpoint<'_>,
+        model: &dyn Module<T>,
+        prefix: &str,
+    ) -> Result<()> {
+        let layout = layout_of(model);
+        let targets = targets_of(ck.rank(), model)?;
+        let mut whole = Slots::<T::Acc, 2>::new();
+        whole.load(ck, &layout, &targets, prefix, ["exp_avg", "exp_avg_sq"])?;
+        let per = whole.to_flat()?;
+        if per.is_empty() {
+            self.adam.reset();
+            return Ok(());
+        }
+        let total: usize = per.iter().map(|f| f.buffers[0].len()).sum();
+        let (start, end) = slice_of(total, self.dp.size(), self.dp.rank());
+        // This rank's elements of the parameters' buffers laid end to end.
+        let mine = |parts: Vec<&[T::Acc]>| -> Vec<T::Acc> {
+            parts.into_iter().flatten().copied().skip(start).take(end - start).collect()
+        };
+        let master = per.iter().map(|f| f.master.as_deref()).collect::<Option<Vec<_>>>().map(&mine);
+        let slice = FlatSlot {
+            buffers: [0, 1].map(|b| mine(per.iter().map(|f| &f.buffers[b][..]).collect())),
+            master,
+            steps: per[0].steps,
+        };
+        *self.adam.slots_mut() = Slots::from_flat(vec![slice]);
+        self.slice = None;
         Ok(())
     }
 }

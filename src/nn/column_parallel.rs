@@ -1,7 +1,7 @@
 //! [`ColumnParallelLinear`]: `y = x @ W + b` with `W` split by columns, input sharded by rows.
 
 use super::recorded::Recorded;
-use super::{GradHook, Param, Parameters};
+use super::{GradHook, Param};
 use crate::autograd::DVar;
 use crate::dist_tensor::{DistTensor, MatmulOptions, Split};
 use crate::shmem::Rank;
@@ -165,8 +165,8 @@ impl<T: Element> ColumnParallelLinear<T> {
     pub fn from_local(weight: Tensor<T>, bias: Option<Tensor<T>>) -> Result<Self> {
         check_linear("ColumnParallelLinear::from_local", &weight, bias.as_ref())?;
         Ok(ColumnParallelLinear {
-            weight: Param::new(weight),
-            bias: bias.map(Param::new),
+            weight: Param::sharded(weight, 1),
+            bias: bias.map(|b| Param::sharded(b, 0)),
             fused: true,
         })
     }
@@ -382,15 +382,7 @@ impl<T: Element> ColumnParallelLinear<T> {
     }
 }
 
-impl<T: Element> Parameters<T> for ColumnParallelLinear<T> {
-    fn parameters(&self) -> Vec<&Param<T>> {
-        std::iter::once(&self.weight).chain(&self.bias).collect()
-    }
-
-    fn parameters_mut(&mut self) -> Vec<&mut Param<T>> {
-        std::iter::once(&mut self.weight).chain(&mut self.bias).collect()
-    }
-}
+crate::impl_module!(ColumnParallelLinear<T> { weight, bias });
 
 /// Checks that a weight is 2-D and a bias, if any, `[columns]`.
 pub(super) fn check_linear<T: Element>(

@@ -40,7 +40,7 @@ use crate::tensor::{Element, Tensor};
 /// ```
 pub trait GradHook<T: Element> {
     /// The gradient of parameter `index` (in the layer's
-    /// [`Parameters::parameters`](super::Parameters::parameters) order) of a layer of `count`
+    /// [`Module::parameters`](super::Module::parameters) order) of a layer of `count`
     /// parameters is complete for this pass: `grad` is what [`Param::grad`](super::Param::grad)
     /// reads now (with what earlier passes accumulated).
     ///

@@ -1,7 +1,7 @@
 //! [`ParallelMlp`]: the tensor-parallel MLP block, column-parallel, activation, row-parallel.
 
 use super::recorded::Recorded;
-use super::{Activation, ColumnParallelLinear, GradHook, Param, Parameters, RowParallelLinear};
+use super::{Activation, ColumnParallelLinear, GradHook, RowParallelLinear};
 use crate::Result;
 use crate::autograd::DVar;
 use crate::dist_tensor::DistTensor;
@@ -79,7 +79,7 @@ impl<T: Element> ParallelMlp<T> {
     ///
     /// # Examples
     /// ```
-    /// use dist_tensor::nn::{Activation, ParallelMlp, Parameters};
+    /// use dist_tensor::nn::{Activation, Module, ParallelMlp};
     /// use dist_tensor::World;
     /// World::threads(2)?.run(|rank| {
     ///     let mlp = ParallelMlp::<f32>::new(rank, 8, 32, Activation::Silu, 1)?;
@@ -245,8 +245,8 @@ impl<T: Element> ParallelMlp<T> {
     ///
     /// # Examples
     /// ```
-    /// use dist_tensor::autograd::{AdamW, DVar, Module};
-    /// use dist_tensor::nn::{Activation, ParallelMlp};
+    /// use dist_tensor::autograd::DVar;
+    /// use dist_tensor::nn::{Activation, Adam, Module, ParallelMlp};
     /// use dist_tensor::{DistTensor, Placement, Tensor, World};
     /// let x = Tensor::<f32>::random(&[6, 4], 1);
     /// World::threads(2)?.run(|rank| {
@@ -256,7 +256,7 @@ impl<T: Element> ParallelMlp<T> {
     ///     y.local().sum().backward()?;
     ///     let names: Vec<String> = mlp.named_parameters().into_iter().map(|(n, _)| n).collect();
     ///     assert_eq!(names, ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]);
-    ///     AdamW::new(1e-3).step(&mut mlp)?; // every parameter, one call
+    ///     Adam::new(1e-3).step(mlp.parameters_mut())?; // every parameter, one call
     ///     Ok(())
     /// })?;
     /// # Ok::<(), dist_tensor::Error>(())
@@ -286,7 +286,7 @@ impl<T: Element> ParallelMlp<T> {
     ///
     /// # Examples
     /// ```
-    /// use dist_tensor::nn::{Activation, ParallelMlp, Parameters};
+    /// use dist_tensor::nn::{Activation, Module, ParallelMlp};
     /// use dist_tensor::{DistTensor, Placement, Tensor, World};
     /// let (x, dy) = (Tensor::<f64>::random(&[5, 4], 1), Tensor::<f64>::random(&[5, 4], 2));
     /// // The input gradient is the same at every world size.
@@ -335,16 +335,4 @@ impl<T: Element> ParallelMlp<T> {
     }
 }
 
-impl<T: Element> Parameters<T> for ParallelMlp<T> {
-    fn parameters(&self) -> Vec<&Param<T>> {
-        let mut all = self.fc1.parameters();
-        all.extend(self.fc2.parameters());
-        all
-    }
-
-    fn parameters_mut(&mut self) -> Vec<&mut Param<T>> {
-        let mut all = self.fc1.parameters_mut();
-        all.extend(self.fc2.parameters_mut());
-        all
-    }
-}
+crate::impl_module!(ParallelMlp<T> { fc1, fc2 });

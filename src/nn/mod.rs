@@ -41,41 +41,39 @@
 //! GPU kernels. An Ascend world has no fused op that keeps the gathered input: the layers' calls
 //! return [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable) there, on every rank.
 //!
-//! # On autograd
+//! # One training stack
 //!
-//! Every layer is also an autograd [`Module`], its parameters named as
-//! its checkpoint names ([`NamedState`]), and has `forward_var`, its forward pass on
-//! [`DVar`](crate::autograd::DVar)s: the same fused ops, each recording its dual. So one model
-//! mixes these layers with those of [`autograd::gpt`](crate::autograd::gpt), differentiates it
-//! with one `backward()` and steps it with one [`AdamW::step`](crate::autograd::AdamW::step) (or
-//! [`Adam::step_module`], [`Sgd::step_module`]). A [`Param`]'s gradient is an autograd leaf's:
-//! a layer's `backward` and a `backward()` through its `forward_var` accumulate into the same
-//! place.
+//! Everything trainable is a [`Module`]: a tree of named [`Param`]s (the one parameter type:
+//! this rank's part of a weight, its placement, its gradient). The layers here, the
+//! [`gpt`] model and a user's own struct ([`impl_module!`](crate::impl_module) names its
+//! parameters from its fields) are all modules, and every piece of training works for any of
+//! them: one optimizer family ([`Sgd`], [`Adam`] with AdamW's decoupled decay, behind
+//! [`Optimizer`], f32 master weights for the half types), learning-rate schedules behind
+//! [`LrSchedule`], [`sync_grads`] (the replicated parameters' partial gradients summed over
+//! the ranks), [`clip_grad_norm`] (the global norm in one all-reduce), state dicts
+//! ([`Module::state_dict`]) and whole training states ([`save_training`], [`load_training`])
+//! that reshard to any world size, data parallelism's buckets and ZeRO-1
+//! ([`mesh`](crate::mesh)).
 //!
-//! The `forward` / `backward` pairs are autograd too: `forward` runs `forward_var` on a tracked
+//! Each layer has `forward_var`, its forward pass on [`DVar`](crate::autograd::DVar)s: the
+//! fused ops, each recording its dual; one `backward()` differentiates a whole model. The
+//! `forward` / `backward` pairs are autograd too: `forward` runs `forward_var` on a tracked
 //! copy of its input and keeps the record, and `backward` runs the record backward, seeded with
 //! the output gradient. No hand-written derivative is left: none was faster than autograd's
-//! (`cargo bench --bench nn -- autograd` timed both; docs/results/2026-12-01-autograd-cost-zen4.md has the figures), and one
-//! backward pass per layer is one to keep right. One difference remains between the two ways to
-//! call them: `backward` returns the gradients of replicated parameters (a row-parallel bias,
-//! the Ulysses projections) complete on every rank, summing this pass's parts over the ranks,
-//! where a `backward()` through `forward_var` leaves the ranks' parts for
-//! [`sync_grads`](crate::autograd::sync_grads), as for every
-//! [`Sharing::Replicated`](crate::autograd::Sharing) parameter.
+//! (`cargo bench --bench nn -- autograd` timed both; docs/results/2026-12-01-autograd-cost-zen4.md
+//! has the figures). One difference remains between the two ways to call them: `backward`
+//! returns the gradients of replicated parameters (a row-parallel bias, the Ulysses
+//! projections) complete on every rank, summing this pass's parts over the ranks, where a
+//! `backward()` through `forward_var` leaves the ranks' parts for [`sync_grads`].
 //!
-//! # Training
-//!
-//! Every layer implements [`Parameters`]: its [`Param`]s, each this rank's shard of a weight
-//! (or a replicated bias) and its accumulated gradient. [`Sgd`] and [`Adam`] step them;
-//! [`mse_loss`] gives a loss and its gradient for row-sharded predictions. A layer's
-//! `backward_hooked` is its `backward` telling a [`GradHook`] of each parameter's gradient the
-//! moment the pass completes it (a column-parallel weight before the input gradient's exchange
-//! and product): data parallelism's buckets
+//! A layer's `backward_hooked` is its `backward` telling a [`GradHook`] of each parameter's
+//! gradient the moment the pass completes it (a column-parallel weight before the input
+//! gradient's exchange and product): data parallelism's buckets
 //! ([`GradBuckets`](crate::mesh::data_parallel::GradBuckets)) send it to be averaged while the
 //! rest of the pass runs.
 //!
 //! ```
-//! use dist_tensor::nn::{Activation, Adam, ParallelMlp, Parameters, mse_loss};
+//! use dist_tensor::nn::{Activation, Adam, Module, ParallelMlp, mse_loss};
 //! use dist_tensor::{DistTensor, Placement, Tensor, World};
 //!
 //! let x = Tensor::<f32>::random(&[24, 8], 1);
@@ -104,13 +102,17 @@
 mod activation;
 mod attention;
 mod column_parallel;
+pub mod gpt;
 mod grad_hook;
 mod loss;
 mod mlp;
+mod module;
 mod optim;
 mod param;
 mod recorded;
 mod row_parallel;
+mod scaler;
+mod schedule;
 mod state;
 
 pub use activation::Activation;
@@ -119,13 +121,17 @@ pub use column_parallel::{ColumnParallelLinear, ColumnParallelSaved};
 pub use grad_hook::GradHook;
 pub use loss::{mse_loss, mse_loss_var};
 pub use mlp::{MlpSaved, ParallelMlp};
-pub use optim::{Adam, Sgd};
-pub use param::{Param, Parameters};
+pub use module::{Module, clip_grad_norm, grad_norm, join, sync_grads};
+pub use optim::{Adam, Optimizer, Sgd};
+pub(crate) use optim::{FlatSlot, Slots};
+pub use param::Param;
 pub use row_parallel::{RowParallelLinear, RowParallelSaved};
-pub use state::{NamedState, OptimizerState, load_training, save_training};
+pub use scaler::LossScaler;
+pub use schedule::{Constant, LrSchedule, StepDecay, WarmupCosine, WarmupLinear};
+pub(crate) use state::{layout_of, targets_of};
+pub use state::{load_training, save_training, save_training_with};
 
-use crate::autograd::{Module, Sharing, Var};
-use crate::dist_tensor::Placement;
+use crate::autograd::Var;
 
 use crate::Result;
 use crate::tensor::{Element, Tensor};
@@ -147,60 +153,6 @@ fn linear_init<T: Element>(
     };
     Ok((w, b))
 }
-
-/// How autograd sees a parameter placed so: a shard is complete on its rank; a replicated one is
-/// used by each rank on its own rows, its gradient a partial sum.
-fn sharing(placement: Placement) -> Sharing {
-    match placement {
-        Placement::Replicate | Placement::Partial => Sharing::Replicated,
-        Placement::Shard(_) => Sharing::Sharded,
-    }
-}
-
-/// [`Module::visit`] of a layer: its parameters as tracked [`Var`]s sharing their gradients, under
-/// their checkpoint names.
-fn visit_layer<'a, T: Element, L: NamedState<T>>(
-    layer: &L,
-    prefix: &str,
-    f: &mut dyn FnMut(&str, &Var<'a, T>, Sharing),
-) {
-    for (p, (name, placement)) in layer.parameters().into_iter().zip(layer.param_names()) {
-        f(&state::join(prefix, &name), &p.var(), sharing(placement));
-    }
-}
-
-/// [`Module::visit_mut`] of a layer: as [`visit_layer`], keeping the values `f` leaves.
-fn visit_layer_mut<'a, T: Element, L: NamedState<T>>(
-    layer: &mut L,
-    prefix: &str,
-    f: &mut dyn FnMut(&str, &mut Var<'a, T>, Sharing),
-) {
-    let names = layer.param_names();
-    for (p, (name, placement)) in layer.parameters_mut().into_iter().zip(names) {
-        p.with_var_mut(|v| f(&state::join(prefix, &name), v, sharing(placement)));
-    }
-}
-
-/// Every layer is a [`Module`] through its [`NamedState`].
-macro_rules! layer_module {
-    ($($layer:ident),*) => {$(
-        impl<'a, T: Element> Module<'a, T> for $layer<T> {
-            fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Var<'a, T>, Sharing)) {
-                visit_layer(self, prefix, f);
-            }
-
-            fn visit_mut(
-                &mut self,
-                prefix: &str,
-                f: &mut dyn FnMut(&str, &mut Var<'a, T>, Sharing),
-            ) {
-                visit_layer_mut(self, prefix, f);
-            }
-        }
-    )*};
-}
-
-layer_module!(ColumnParallelLinear, RowParallelLinear, ParallelMlp, UlyssesSelfAttention);
 
 /// `act` on a [`Var`], differentiated.
 fn activation_var<'a, T: Element>(act: Activation, x: &Var<'a, T>) -> Var<'a, T> {

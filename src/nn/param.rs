@@ -1,12 +1,12 @@
-//! [`Param`]: a parameter's value (this rank's shard of it) and its gradient, and
-//! [`Parameters`], what every layer implements so that an optimizer can step it.
+//! [`Param`]: the one parameter type: a parameter's value (this rank's part of it), its
+//! placement over the ranks, and its gradient.
 
 use std::sync::Arc;
 
 use crate::autograd::Var;
 use crate::autograd::graph::Leaf;
 use crate::tensor::{Element, Tensor};
-use crate::{Error, Result};
+use crate::{Error, Placement, Result};
 
 /// A trainable parameter as one rank holds it: its value (a shard of a sharded weight, or the
 /// whole of a replicated one) and the gradient that backward passes have accumulated into it.
@@ -32,11 +32,18 @@ use crate::{Error, Result};
 ///
 /// The gradient lives in an autograd leaf: [`Param::var`] is the parameter as a tracked
 /// [`Var`], and a backward pass through it accumulates into this same gradient. So a layer's
-/// `backward` and a `backward()` through its `forward_var` add up in one place, and a layer is an autograd
-/// [`Module`](crate::autograd::Module) whose parameters [`AdamW`](crate::autograd::AdamW) steps.
+/// `backward` and a `backward()` through its `forward_var` add up in one place.
+///
+/// The placement says how the ranks hold it: [`Param::new`] is replicated (every rank holds
+/// all of it, and uses it on its own rows: its gradient is a partial sum until
+/// [`sync_grads`](super::sync_grads)), [`Param::sharded`] a shard along an axis (its gradient
+/// complete on the rank). Checkpoints save it as the global tensor it is a part of.
+///
+/// A `Param` is `Send`: a model of them can leave [`World::run`](crate::World::run).
 pub struct Param<T: Element> {
     value: Tensor<T>,
     leaf: Arc<Leaf<T>>,
+    placement: Placement,
 }
 
 /// A copy has its own gradient (a copy of this one), not a shared one.
@@ -44,24 +51,30 @@ impl<T: Element> Clone for Param<T> {
     fn clone(&self) -> Self {
         let leaf = Leaf::new(self.value.shape());
         leaf.set_grad(self.grad());
-        Param { value: self.value.clone(), leaf }
+        Param { value: self.value.clone(), leaf, placement: self.placement }
     }
 }
 
 impl<T: Element> PartialEq for Param<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.value == other.value && self.grad() == other.grad()
+        self.value == other.value
+            && self.placement == other.placement
+            && self.grad() == other.grad()
     }
 }
 
 impl<T: Element> std::fmt::Debug for Param<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Param").field("value", &self.value).field("grad", &self.grad()).finish()
+        f.debug_struct("Param")
+            .field("value", &self.value)
+            .field("placement", &self.placement)
+            .field("grad", &self.grad())
+            .finish()
     }
 }
 
 impl<T: Element> Param<T> {
-    /// A parameter with this value and no gradient yet.
+    /// A replicated parameter with this value and no gradient yet.
     ///
     /// # Examples
     /// ```
@@ -72,7 +85,33 @@ impl<T: Element> Param<T> {
     /// ```
     pub fn new(value: Tensor<T>) -> Self {
         let leaf = Leaf::new(value.shape());
-        Param { value, leaf }
+        Param { value, leaf, placement: Placement::Replicate }
+    }
+
+    /// A parameter of which `value` is this rank's shard along `axis` (a column block, a slice
+    /// of the vocabulary), with no gradient yet.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::nn::Param;
+    /// use dist_tensor::{Placement, Tensor};
+    /// let p = Param::sharded(Tensor::<f32>::zeros(&[4, 3]), 1);
+    /// assert_eq!(p.placement(), Placement::Shard(1));
+    /// assert!(!p.is_replicated());
+    /// ```
+    pub fn sharded(value: Tensor<T>, axis: usize) -> Self {
+        let leaf = Leaf::new(value.shape());
+        Param { value, leaf, placement: Placement::Shard(axis) }
+    }
+
+    /// How the ranks hold the parameter: `Replicate` or `Shard(axis)`.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// Whether every rank holds all of it (its gradient a partial sum over the ranks' rows).
+    pub fn is_replicated(&self) -> bool {
+        !matches!(self.placement, Placement::Shard(_))
     }
 
     /// The parameter as a tracked autograd leaf (of any graph's lifetime): a backward pass
@@ -91,21 +130,6 @@ impl<T: Element> Param<T> {
     /// ```
     pub fn var<'a>(&self) -> Var<'a, T> {
         Var::from_leaf(self.value.clone(), self.leaf.clone())
-    }
-
-    /// A parameter over a tracked leaf `v` (its value shared, its gradient the same); `None`
-    /// for a value computed by an op or an untracked one.
-    pub(crate) fn from_var(v: &Var<'_, T>) -> Option<Self> {
-        Some(Param { value: v.value().clone(), leaf: v.leaf()? })
-    }
-
-    /// Calls `f` with the parameter as a [`Var`] (an optimizer's step on a
-    /// [`Module`](crate::autograd::Module)), then keeps the value `f` left in it.
-    pub(crate) fn with_var_mut<'a>(&mut self, f: impl FnOnce(&mut Var<'a, T>)) {
-        let mut v = self.var();
-        f(&mut v);
-        // `Var::set_value` keeps the shape, so the value still fits the parameter.
-        self.value = v.into_value();
     }
 
     /// The value (this rank's part of it).
@@ -136,6 +160,25 @@ impl<T: Element> Param<T> {
     /// ```
     pub fn value_mut(&mut self) -> &mut Tensor<T> {
         &mut self.value
+    }
+
+    /// Replaces the value by one of the same shape (a loaded checkpoint's part).
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] when `value`'s shape is not the parameter's.
+    pub fn set_value(&mut self, value: Tensor<T>) -> Result<()> {
+        if value.shape() != self.value.shape() {
+            return Err(Error::InvalidShape {
+                op: "Param::set_value",
+                reason: format!(
+                    "a value of shape {:?} for a parameter of shape {:?}",
+                    value.shape(),
+                    self.value.shape()
+                ),
+            });
+        }
+        self.value = value;
+        Ok(())
     }
 
     /// The gradient accumulated since the last [`Param::zero_grad`], if any backward pass reached
@@ -200,75 +243,19 @@ impl<T: Element> Param<T> {
         self.leaf.set_grad(None);
     }
 
+    /// The number of the autograd leaf holding the gradient (what a backward pass's hook names).
+    pub(crate) fn leaf_id(&self) -> u64 {
+        self.leaf.id()
+    }
+
+    /// Replaces the gradient (the gradient lives in a shared leaf, so a shared reference does:
+    /// what [`sync_grads`](super::sync_grads) and clipping need).
+    pub(crate) fn set_grad(&self, grad: Option<Tensor<T>>) {
+        self.leaf.set_grad(grad);
+    }
+
     /// The value and the gradient at once, the value mutable (what an optimizer step needs).
     pub(crate) fn value_and_grad(&mut self) -> (&mut Tensor<T>, Option<Tensor<T>>) {
         (&mut self.value, self.leaf.grad())
-    }
-}
-
-/// What a layer exposes to an optimizer: its parameters, in a fixed order (the same on every
-/// rank, and from call to call, as an optimizer's state is matched to them by position).
-///
-/// # Examples
-/// ```
-/// use dist_tensor::nn::{ColumnParallelLinear, Parameters};
-/// use dist_tensor::{Tensor, World};
-/// World::threads(2)?.run(|rank| {
-///     let w = Tensor::<f32>::random(&[4, 6], 1);
-///     let mut fc = ColumnParallelLinear::from_global(rank, &w, Some(&Tensor::zeros(&[6])), dist_tensor::Split::Even)?;
-///     assert_eq!(fc.parameters().len(), 2); // weight, bias
-///     assert_eq!(fc.parameters()[0].value().shape(), &[4, 3]); // this rank's columns
-///     fc.zero_grad();
-///     Ok(())
-/// })?;
-/// # Ok::<(), dist_tensor::Error>(())
-/// ```
-pub trait Parameters<T: Element> {
-    /// Every parameter, in a fixed order.
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::nn::{Activation, ParallelMlp, Parameters};
-    /// use dist_tensor::World;
-    /// World::threads(2)?.run(|rank| {
-    ///     let mlp = ParallelMlp::<f32>::new(rank, 4, 6, Activation::Gelu, 1)?;
-    ///     // W1's columns, b1's part, W2's rows, b2 whole.
-    ///     let sizes: Vec<usize> = mlp.parameters().iter().map(|p| p.value().len()).collect();
-    ///     assert_eq!(sizes, vec![12, 3, 12, 4]);
-    ///     Ok(())
-    /// })?;
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    fn parameters(&self) -> Vec<&Param<T>>;
-
-    /// Every parameter, mutably, in the same order.
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::nn::{ColumnParallelLinear, Parameters};
-    /// use dist_tensor::Tensor;
-    /// let mut fc = ColumnParallelLinear::from_local(Tensor::<f32>::zeros(&[2, 2]), None)?;
-    /// fc.parameters_mut()[0].value_mut().as_mut_slice()[0] = 1.0;
-    /// assert_eq!(fc.weight().value().as_slice()[0], 1.0);
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    fn parameters_mut(&mut self) -> Vec<&mut Param<T>>;
-
-    /// Forgets every parameter's gradient.
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::nn::{ColumnParallelLinear, Parameters};
-    /// use dist_tensor::Tensor;
-    /// let mut fc = ColumnParallelLinear::from_local(Tensor::<f32>::zeros(&[2, 2]), None)?;
-    /// fc.parameters_mut()[0].accumulate_grad(Tensor::zeros(&[2, 2]))?;
-    /// fc.zero_grad();
-    /// assert!(fc.weight().grad().is_none());
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    fn zero_grad(&mut self) {
-        for p in self.parameters_mut() {
-            p.zero_grad();
-        }
     }
 }

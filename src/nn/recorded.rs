@@ -5,8 +5,9 @@
 
 use super::GradHook;
 use crate::autograd::graph::LeafHook;
-use crate::autograd::{DVar, Module, Sharing, Var};
+use crate::autograd::{DVar, Var};
 use crate::dist_tensor::{DistTensor, Placement};
+use crate::nn::Module;
 use crate::tensor::{Element, Tensor};
 use crate::{Error, Result};
 
@@ -56,13 +57,13 @@ impl<'r, T: Element> Recorded<'r, T> {
     /// output): the inputs' gradients, each laid out as its input. The gradients of the layer's
     /// parameters are added to theirs, complete on every rank: a replicated parameter's part
     /// from this rank's rows is summed over the ranks here (autograd alone leaves the parts, for
-    /// [`sync_grads`](crate::autograd::sync_grads)), and only this pass's part, so gradients
+    /// [`sync_grads`](crate::nn::sync_grads)), and only this pass's part, so gradients
     /// accumulated before stay as they were. Collective.
     ///
     /// # Errors
     /// [`Error::InvalidShape`] (naming `op`) when `dy` is not laid out as the output; an op's
     /// backward error.
-    pub(crate) fn backward<L: for<'a> Module<'a, T> + ?Sized>(
+    pub(crate) fn backward<L: Module<T> + ?Sized>(
         self,
         op: &'static str,
         layer: &L,
@@ -73,7 +74,7 @@ impl<'r, T: Element> Recorded<'r, T> {
 
     /// [`Recorded::backward`], telling `hook` of each of the layer's parameters (its index in
     /// [`Module::visit`]'s order, which is the layer's
-    /// [`Parameters::parameters`](super::Parameters::parameters) order) as soon as its gradient
+    /// [`Module::parameters`] order) as soon as its gradient
     /// is complete: a sharded one right after the last op that uses it has run backward (before
     /// the ops that come after it in the pass: a weight before the input gradient of its
     /// product), a replicated one once its parts are summed over the ranks, after the pass; a
@@ -83,7 +84,7 @@ impl<'r, T: Element> Recorded<'r, T> {
     /// # Errors
     /// As [`Recorded::backward`]; the hook's error (the pass stops there; replicated parameters
     /// keep the gradients they had before it).
-    pub(crate) fn backward_hooked<L: for<'a> Module<'a, T> + ?Sized>(
+    pub(crate) fn backward_hooked<L: Module<T> + ?Sized>(
         self,
         op: &'static str,
         layer: &L,
@@ -109,11 +110,10 @@ impl<'r, T: Element> Recorded<'r, T> {
                 ),
             });
         }
-        let mut params: Vec<(Var<'r, T>, Sharing)> = Vec::new();
-        layer.visit("", &mut |_, v, sharing| params.push((v.clone(), sharing)));
+        let mut params: Vec<(Var<'r, T>, bool)> = Vec::new();
+        layer.visit("", &mut |_, p| params.push((p.var(), p.is_replicated())));
         let count = params.len();
-        let replicated: Vec<usize> =
-            (0..count).filter(|&i| params[i].1 == Sharing::Replicated).collect();
+        let replicated: Vec<usize> = (0..count).filter(|&i| params[i].1).collect();
         // This pass's parts alone: what earlier passes accumulated is complete already.
         let before: Vec<Option<Tensor<T>>> =
             replicated.iter().map(|&i| params[i].0.take_grad()).collect();
@@ -126,9 +126,9 @@ impl<'r, T: Element> Recorded<'r, T> {
                 let Some(i) = ids.iter().position(|&p| p == Some(id)) else {
                     return Ok(()); // an input of the layer, not a parameter
                 };
-                let (v, sharing) = &params[i];
+                let (v, is_replicated) = &params[i];
                 match hook.as_mut() {
-                    Some(hook) if *sharing == Sharing::Sharded => {
+                    Some(hook) if !*is_replicated => {
                         told[i] = true;
                         let g = v.grad().unwrap_or_else(|| Tensor::zeros(v.shape()));
                         hook.grad_ready(i, count, &g)

@@ -2,7 +2,7 @@
 
 use super::column_parallel::check_linear;
 use super::recorded::Recorded;
-use super::{GradHook, Param, Parameters};
+use super::{GradHook, Param};
 use crate::Result;
 use crate::autograd::DVar;
 use crate::dist_tensor::{DistTensor, MatmulOptions, Split};
@@ -188,7 +188,7 @@ impl<T: Element> RowParallelLinear<T> {
     pub fn from_local(weight: Tensor<T>, bias: Option<Tensor<T>>) -> Result<Self> {
         check_linear("RowParallelLinear::from_local", &weight, bias.as_ref())?;
         Ok(RowParallelLinear {
-            weight: Param::new(weight),
+            weight: Param::sharded(weight, 0),
             bias: bias.map(Param::new),
             fused: true,
         })
@@ -357,7 +357,7 @@ impl<T: Element> RowParallelLinear<T> {
     /// [`RowParallelLinear::forward`] computes it (one fused `matmul_reduce_scatter`, or the
     /// unfused baselines after [`fused(false)`](RowParallelLinear::fused)), recording its dual.
     /// The bias's gradient is this rank's rows' part: sum it over the
-    /// ranks with [`sync_grads`](crate::autograd::sync_grads). Collective.
+    /// ranks with [`sync_grads`](crate::nn::sync_grads). Collective.
     ///
     /// # Errors
     /// As [`DVar::matmul_reduce_scatter`].
@@ -389,12 +389,4 @@ impl<T: Element> RowParallelLinear<T> {
     }
 }
 
-impl<T: Element> Parameters<T> for RowParallelLinear<T> {
-    fn parameters(&self) -> Vec<&Param<T>> {
-        std::iter::once(&self.weight).chain(&self.bias).collect()
-    }
-
-    fn parameters_mut(&mut self) -> Vec<&mut Param<T>> {
-        std::iter::once(&mut self.weight).chain(&mut self.bias).collect()
-    }
-}
+crate::impl_module!(RowParallelLinear<T> { weight, bias });

@@ -5,9 +5,7 @@
 //! gradient whose bits differ. The two ways round the same sums in the same order, so the bits
 //! must match; the f64 references of the MLP itself are other tests' (nn_layers, cuda_nn).
 
-use dist_tensor::nn::{
-    Activation, ColumnParallelLinear, ParallelMlp, Parameters, RowParallelLinear,
-};
+use dist_tensor::nn::{Activation, ColumnParallelLinear, Module, ParallelMlp, RowParallelLinear};
 use dist_tensor::{DistTensor, Element, Placement, Result, Split, Tensor, World};
 
 const ACTS: [Activation; 4] =

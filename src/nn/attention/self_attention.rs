@@ -5,7 +5,7 @@ use super::{UlyssesAttention, check_sequence};
 use crate::autograd::{DVar, Var};
 use crate::dist_tensor::DistTensor;
 use crate::nn::recorded::Recorded;
-use crate::nn::{GradHook, Param, Parameters, linear_init};
+use crate::nn::{GradHook, Param, linear_init};
 use crate::tensor::{Element, Tensor};
 use crate::{Error, Result};
 
@@ -26,7 +26,7 @@ use crate::{Error, Result};
 ///
 /// # Examples
 /// ```
-/// use dist_tensor::nn::{Parameters, UlyssesSelfAttention};
+/// use dist_tensor::nn::{Module, UlyssesSelfAttention};
 /// use dist_tensor::{DistTensor, Placement, Tensor, World};
 ///
 /// let x = Tensor::<f64>::random(&[2, 9, 8], 1); // [B, S, E]
@@ -246,7 +246,7 @@ impl<T: Element> UlyssesSelfAttention<T> {
     ///
     /// # Examples
     /// ```
-    /// use dist_tensor::nn::{Parameters, UlyssesSelfAttention};
+    /// use dist_tensor::nn::{Module, UlyssesSelfAttention};
     /// use dist_tensor::{DistTensor, Placement, Tensor, World};
     /// let x = Tensor::<f64>::random(&[1, 6, 8], 1);
     /// World::threads(2)?.run(|rank| {
@@ -280,7 +280,7 @@ impl<T: Element> UlyssesSelfAttention<T> {
     /// [`scaled_dot_product_attention`](Var::scaled_dot_product_attention), the exchange back and
     /// the output projection (as [`UlyssesAttention::forward_var`] between them), each recording
     /// its backward. The weights' gradients are this rank's tokens' parts: sum them with
-    /// [`sync_grads`](crate::autograd::sync_grads) ([`UlyssesSelfAttention::backward`] does).
+    /// [`sync_grads`](crate::nn::sync_grads) ([`UlyssesSelfAttention::backward`] does).
     /// Collective.
     ///
     /// # Errors
@@ -318,12 +318,4 @@ impl<T: Element> UlyssesSelfAttention<T> {
     }
 }
 
-impl<T: Element> Parameters<T> for UlyssesSelfAttention<T> {
-    fn parameters(&self) -> Vec<&Param<T>> {
-        vec![&self.wqkv, &self.wo]
-    }
-
-    fn parameters_mut(&mut self) -> Vec<&mut Param<T>> {
-        vec![&mut self.wqkv, &mut self.wo]
-    }
-}
+crate::impl_module!(UlyssesSelfAttention<T> { wqkv, wo });

@@ -2,7 +2,7 @@
 
 use super::check_sequence;
 use crate::Result;
-use crate::autograd::{DVar, Module, Sharing, Var};
+use crate::autograd::{DVar, Var};
 use crate::dist_tensor::DistTensor;
 use crate::nn::recorded::Recorded;
 use crate::tensor::Element;
@@ -221,8 +221,14 @@ fn heads_first<'r, T: Element>(t: &Var<'r, T>) -> Result<Var<'r, T>> {
 }
 
 /// No parameters: a [`Module`] so that its backward pass runs as the layers' do.
-impl<'a, T: Element> Module<'a, T> for UlyssesAttention {
-    fn visit(&self, _prefix: &str, _f: &mut dyn FnMut(&str, &Var<'a, T>, Sharing)) {}
+/// No parameters: attention alone.
+impl<T: Element> crate::nn::Module<T> for UlyssesAttention {
+    fn visit<'s>(&'s self, _prefix: &str, _f: &mut dyn FnMut(&str, &'s crate::nn::Param<T>)) {}
 
-    fn visit_mut(&mut self, _prefix: &str, _f: &mut dyn FnMut(&str, &mut Var<'a, T>, Sharing)) {}
+    fn visit_mut<'s>(
+        &'s mut self,
+        _prefix: &str,
+        _f: &mut dyn FnMut(&str, &'s mut crate::nn::Param<T>),
+    ) {
+    }
 }

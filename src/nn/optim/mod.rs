@@ -17,10 +17,73 @@ mod state;
 pub use adam::Adam;
 pub use sgd::Sgd;
 
+use crate::checkpoint::{Checkpoint, Entry};
+
+/// What every optimizer does, for any [`Module`](super::Module): step its parameters, say and
+/// set its learning rate (what a [schedule](super::LrSchedule) drives), and save and load its
+/// state as checkpoint entries laid out as the parameters (so it reshards with the model).
+///
+/// # Examples
+/// ```
+/// use dist_tensor::nn::{Adam, Module, Optimizer, Param, Sgd};
+/// use dist_tensor::Tensor;
+/// fn train_step(opt: &mut dyn Optimizer<f32>, model: &mut Param<f32>) -> dist_tensor::Result<()> {
+///     model.accumulate_grad(Tensor::from(vec![1.0]))?;
+///     opt.step(model.parameters_mut())?;
+///     model.zero_grad();
+///     Ok(())
+/// }
+/// let mut p = Param::new(Tensor::<f32>::from(vec![0.0]));
+/// train_step(&mut Sgd::new(0.5), &mut p)?;
+/// train_step(&mut Adam::new(0.5), &mut p)?;
+/// assert!(p.value().as_slice()[0] < -0.9); // -0.5, then Adam's first step of -lr
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub trait Optimizer<T: Element> {
+    /// One step of every parameter that has a gradient, in the order given (the same every
+    /// time: the state is matched by position). Local: no exchange.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the parameters are not those of the first step.
+    fn step(&mut self, params: Vec<&mut Param<T>>) -> Result<()>;
+
+    /// The learning rate.
+    fn lr(&self) -> f64;
+
+    /// Sets the learning rate (for the next step).
+    fn set_lr(&mut self, lr: f64);
+
+    /// Forgets the state (moments, master weights, step counts).
+    fn reset(&mut self);
+
+    /// The state as checkpoint entries named `prefix.<parameter>.<buffer>` for the parameters
+    /// of `model` (laid out as they are); none before the first step.
+    ///
+    /// # Errors
+    /// As [`Entry::local`].
+    fn state_dict<'a>(
+        &'a self,
+        model: &dyn super::Module<T>,
+        prefix: &str,
+    ) -> Result<Vec<Entry<'a>>>;
+
+    /// Replaces the state by the checkpoint's, cut as `model`'s parameters are; a checkpoint
+    /// with no state for them (saved before the first step) leaves the optimizer fresh.
+    /// Collective.
+    ///
+    /// # Errors
+    /// As [`Checkpoint::load`].
+    fn load_state_dict(
+        &mut self,
+        ck: &Checkpoint<'_>,
+        model: &dyn super::Module<T>,
+        prefix: &str,
+    ) -> Result<()>;
+}
+
 use std::any::TypeId;
 
 use super::Param;
-use crate::autograd::Module;
 use crate::tensor::{Accumulator, Element, OptimRule, Tensor};
 use crate::{Error, Result};
 
@@ -59,9 +122,50 @@ fn move_beside<T: Element, A: Element>(buffers: &mut [Tensor<A>], value: &Tensor
     Ok(())
 }
 
+/// One parameter's state as host vectors: what ZeRO gathers over its group and cuts into
+/// slices.
+pub(crate) struct FlatSlot<A: Element, const N: usize> {
+    pub(crate) buffers: [Vec<A>; N],
+    pub(crate) master: Option<Vec<A>>,
+    pub(crate) steps: u64,
+}
+
 impl<A: Accumulator, const N: usize> Slots<A, N> {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Slots { slots: Vec::new() }
+    }
+
+    /// Every parameter's state on the host, in order (none before the first step).
+    pub(crate) fn to_flat(&self) -> Result<Vec<FlatSlot<A, N>>> {
+        self.slots
+            .iter()
+            .map(|slot| {
+                let mut buffers = Vec::with_capacity(N);
+                for b in &slot.buffers {
+                    buffers.push(b.host_elements()?.into_owned());
+                }
+                let buffers = buffers.try_into().unwrap_or_else(|_| unreachable!("N buffers"));
+                let master = match &slot.master {
+                    Some(m) => Some(m.host_elements()?.into_owned()),
+                    None => None,
+                };
+                Ok(FlatSlot { buffers, master, steps: slot.steps })
+            })
+            .collect()
+    }
+
+    /// The state of parameters from host vectors (the next step moves them where each
+    /// parameter lives).
+    pub(crate) fn from_flat(flat: Vec<FlatSlot<A, N>>) -> Self {
+        let slots = flat
+            .into_iter()
+            .map(|f| Slot {
+                buffers: f.buffers.map(Tensor::from),
+                master: f.master.map(Tensor::from),
+                steps: f.steps,
+            })
+            .collect();
+        Slots { slots }
     }
 
     /// Steps every parameter that has a gradient by `rule(step)` (the tensors' fused optimizer
@@ -145,35 +249,38 @@ impl<A: Accumulator, const N: usize> Slots<A, N> {
     }
 }
 
-/// Steps every parameter of `model` with `step` (an optimizer's step over [`Param`]s, in the
-/// module's fixed order), then writes the new values back into the model.
-pub(crate) fn step_module<'a, T: Element>(
-    op: &'static str,
-    model: &mut dyn Module<'a, T>,
-    step: impl FnOnce(Vec<&mut Param<T>>) -> Result<()>,
-) -> Result<()> {
-    let mut params = Vec::new();
-    let mut not_leaf = None;
-    model.visit("", &mut |name, v, _| match Param::from_var(v) {
-        Some(p) => params.push(p),
-        None => not_leaf = not_leaf.take().or_else(|| Some(name.to_string())),
-    });
-    if let Some(name) = not_leaf {
-        return Err(Error::InvalidArgument {
-            op,
-            rank: 0,
-            reason: format!("the module's {name} is not a parameter (a tracked leaf)"),
-        });
+/// A boxed optimizer is one (a training loop that picks Adam or ZeRO at run time).
+impl<T: Element, O: Optimizer<T> + ?Sized> Optimizer<T> for Box<O> {
+    fn step(&mut self, params: Vec<&mut Param<T>>) -> Result<()> {
+        (**self).step(params)
     }
-    step(params.iter_mut().collect())?;
-    let mut stepped = params.into_iter();
-    let mut result = Ok(());
-    model.visit_mut("", &mut |_, v, _| {
-        if let Some(p) = stepped.next()
-            && let Err(e) = v.set_value(p.value().clone())
-        {
-            result = Err(e);
-        }
-    });
-    result
+
+    fn lr(&self) -> f64 {
+        (**self).lr()
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        (**self).set_lr(lr);
+    }
+
+    fn reset(&mut self) {
+        (**self).reset();
+    }
+
+    fn state_dict<'a>(
+        &'a self,
+        model: &dyn super::Module<T>,
+        prefix: &str,
+    ) -> Result<Vec<Entry<'a>>> {
+        (**self).state_dict(model, prefix)
+    }
+
+    fn load_state_dict(
+        &mut self,
+        ck: &Checkpoint<'_>,
+        model: &dyn super::Module<T>,
+        prefix: &str,
+    ) -> Result<()> {
+        (**self).load_state_dict(ck, model, prefix)
+    }
 }

@@ -136,38 +136,6 @@ impl<T: Element> Sgd<T> {
         &mut self.slots
     }
 
-    /// [`Sgd::step`] over every parameter of an autograd [`Module`](crate::autograd::Module)
-    /// (a model that mixes `nn` layers and [`autograd::gpt`](crate::autograd::gpt) layers),
-    /// in the module's order.
-    ///
-    /// # Errors
-    /// As [`Sgd::step`]; [`Error::InvalidArgument`](crate::Error::InvalidArgument) when a
-    /// visited value is not a parameter (a tracked leaf).
-    ///
-    /// # Examples
-    /// ```
-    /// use dist_tensor::autograd::{DVar, Module};
-    /// use dist_tensor::nn::{Activation, ParallelMlp, Sgd};
-    /// use dist_tensor::{DistTensor, Placement, Tensor, World};
-    /// let x = Tensor::<f32>::random(&[6, 4], 1);
-    /// World::threads(2)?.run(|rank| {
-    ///     let mut mlp = ParallelMlp::<f32>::new(rank, 4, 8, Activation::Relu, 3)?;
-    ///     let before = mlp.named_parameters()[0].1.value().clone();
-    ///     let xs = DVar::constant(DistTensor::from_global(rank, &x, Placement::Shard(0))?);
-    ///     mlp.forward_var(&xs)?.local().sum().backward()?;
-    ///     Sgd::new(0.1).step_module(&mut mlp)?;
-    ///     assert_ne!(mlp.named_parameters()[0].1.value(), &before);
-    ///     Ok(())
-    /// })?;
-    /// # Ok::<(), dist_tensor::Error>(())
-    /// ```
-    pub fn step_module<'a>(
-        &mut self,
-        model: &mut dyn crate::autograd::Module<'a, T>,
-    ) -> Result<()> {
-        super::step_module("Sgd::step_module", model, |params| self.step(params))
-    }
-
     /// One step of every parameter that has a gradient, in the order given (the same every
     /// time: the state is matched by position). Local: no exchange.
     ///

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use super::{Slot, Slots};
 use crate::checkpoint::{Checkpoint, Entry, Target};
-use crate::nn::state::join;
+use crate::nn::join;
 use crate::tensor::{Accumulator, Element, Tensor};
 use crate::{Placement, Result};
 
