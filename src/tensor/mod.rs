@@ -20,6 +20,7 @@ mod element;
 mod fake_backend;
 mod few_rows;
 mod gemm_kernel;
+mod join;
 mod layout;
 mod lhs_transposed;
 mod map;

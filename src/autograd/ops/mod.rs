@@ -5,6 +5,7 @@ pub(crate) mod arith;
 mod attention;
 mod attention_device;
 mod index;
+mod join;
 mod layout;
 mod matmul;
 mod norm;
