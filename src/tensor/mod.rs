@@ -32,6 +32,7 @@ mod optim_step;
 mod pod;
 pub(crate) mod pool;
 mod reduce;
+mod select;
 mod split;
 mod storage;
 

@@ -10,3 +10,4 @@ mod layout;
 mod matmul;
 mod norm;
 mod reduce;
+mod select;
