@@ -32,6 +32,7 @@ mod optim_step;
 mod pod;
 pub(crate) mod pool;
 mod reduce;
+mod scan;
 mod select;
 mod split;
 mod storage;

@@ -10,4 +10,5 @@ mod layout;
 mod matmul;
 mod norm;
 mod reduce;
+mod scan;
 mod select;
