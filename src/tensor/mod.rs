@@ -36,6 +36,7 @@ mod scan;
 mod select;
 mod split;
 mod storage;
+mod top;
 
 pub use attention::{
     scaled_dot_product_attention, scaled_dot_product_attention_backward,

@@ -12,3 +12,4 @@ mod norm;
 mod reduce;
 mod scan;
 mod select;
+mod top;
