@@ -163,6 +163,35 @@ MUTATIONS = [
         ["--test", "notify_wakes", "a_notify_wakes_every_program_blocked_on_the_signal_at_once"],
         None,
     ),
+    # Issue 60: the indexing ops' gradients and tie order (tests/autograd_select.rs).
+    (
+        "index-select-grad-overwrites",
+        "src/tensor/select.rs",
+        "|s, &x| *s += x.to_acc()",
+        "|s, &x| *s = x.to_acc()",
+        ["--test", "autograd_select", "index_select_repeated_first_axis::gradcheck_f64"],
+        None,
+    ),
+    (
+        "cumsum-grad-not-reversed",
+        "src/tensor/scan.rs",
+        'self.scan("Var::cumsum backward", axis, true)',
+        'self.scan("Var::cumsum backward", axis, false)',
+        ["--test", "autograd_select", "cumsum_prime_length::gradcheck_f64"],
+        None,
+    ),
+    (
+        "topk-ties-highest-index-first",
+        "src/tensor/top.rs",
+        "rank(lane[i], lane[j]).then(i.cmp(&j))",
+        "rank(lane[i], lane[j]).then(j.cmp(&i))",
+        [
+            "--test",
+            "autograd_select",
+            "topk_and_argmax_break_ties_by_the_lowest_index_and_the_gradient_follows",
+        ],
+        None,
+    ),
     (
         "mpi-proxy-signals-first",
         "src/shmem/mpi/proxy.rs",

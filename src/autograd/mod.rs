@@ -1,10 +1,12 @@
 //! Reverse-mode automatic differentiation over [`Tensor`](crate::Tensor).
 //!
 //! Mark parameters with [`Var::param`], run the forward pass with the ops of [`Var`] (the same
-//! names as [`Tensor`](crate::Tensor)'s: operators with broadcasting, `matmul`, `reshape`,
-//! `permute`, `transpose`, `insert_axis`, `cast`, `sum`, `mean`, activations, `softmax`,
-//! `rms_norm`, `layer_norm`), call [`Var::backward`] on the loss and read each parameter's
-//! [`Var::grad`].
+//! names as [`Tensor`](crate::Tensor)'s: operators with broadcasting and with scalars on either
+//! side, `matmul`, `reshape`, `permute`, `transpose`, `insert_axis`, `cast`, `sum`, `mean`,
+//! activations, `softmax`, `rms_norm`, `layer_norm`; indexing with `narrow`, `index_select`,
+//! `gather`, `masked_fill`, [`Var::select_where`], `topk` (and `argmax`, indices only);
+//! [`Var::cat`], [`Var::stack`], `cumsum`), call [`Var::backward`] on the loss and read each
+//! parameter's [`Var::grad`].
 //!
 //! Only values computed from a tracked one are tracked: an op records its backward function
 //! (and keeps what it needs, shared, not copied) only when one of its inputs is tracked, so a

@@ -127,6 +127,20 @@ fn every_fallible_op_returns_the_typed_error_naming_it() {
 }
 
 #[test]
+fn the_host_only_indexing_ops_refuse_a_device_tensor_with_the_typed_error() {
+    let (x, host) = (fake(&[2, 3]), Tensor::<f32>::zeros(&[2, 3]));
+    refused("Tensor::cat", Tensor::cat(&[&host, &x], 0));
+    refused("Tensor::stack", Tensor::stack(&[&x, &host], 0));
+    refused("Tensor::index_select", x.index_select(1, &[0]));
+    refused("Tensor::gather", x.gather(1, &ndarray::array![[0], [1]]));
+    refused("Tensor::masked_fill", x.masked_fill(&ndarray::array![true, false, true], 0.0));
+    refused("Tensor::select_where", Tensor::select_where(&ndarray::array![true], &host, &x));
+    refused("Tensor::cumsum", x.cumsum(0));
+    refused("Tensor::argmax", x.argmax(1));
+    refused("Tensor::topk", x.topk(1, 1));
+}
+
+#[test]
 fn operators_panic_with_the_typed_errors_text() {
     let (x, y) = (fake(&[2, 3]), fake(&[3]));
     panics_with("Tensor + Tensor", || &x + &y);

@@ -45,6 +45,19 @@ pub(crate) fn closure_on_gpu(op: &'static str, device: crate::Device) -> Error {
     }
 }
 
+/// `Ok` for a tensor in host memory; for one on a device, the typed error of an op that has no
+/// device kernel yet (indexing, joining, scans, top-k): it names the op and the way out.
+pub(crate) fn require_host<T: Element>(op: &'static str, t: &Tensor<T>) -> Result<()> {
+    if t.is_on_host() {
+        return Ok(());
+    }
+    Err(Error::DeviceUnavailable {
+        op,
+        device: t.device().to_string(),
+        reason: "this op runs on the host only for now: call Tensor::to_host() first".into(),
+    })
+}
+
 impl<T: Element> Tensor<T> {
     /// `f` applied to every element, in a new tensor of the same shape.
     ///

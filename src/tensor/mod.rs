@@ -20,6 +20,7 @@ mod element;
 mod fake_backend;
 mod few_rows;
 mod gemm_kernel;
+mod join;
 mod layout;
 mod lhs_transposed;
 mod map;
@@ -31,8 +32,11 @@ mod optim_step;
 mod pod;
 pub(crate) mod pool;
 mod reduce;
+mod scan;
+mod select;
 mod split;
 mod storage;
+mod top;
 
 pub use attention::{
     scaled_dot_product_attention, scaled_dot_product_attention_backward,

@@ -1,6 +1,7 @@
 //! Arithmetic on [`Var`]: `+ - * /` between variables (broadcast as [`Tensor`] broadcasts; the
 //! gradient of a broadcast operand is summed over the dimensions it was stretched along), with a
-//! scalar, and negation.
+//! scalar of the element type on either side (`&v * 2.0`, `2.0f32 - &v`, by reference or by
+//! value), and negation.
 
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
@@ -47,6 +48,12 @@ fn quotient_rhs_grad<T: Element>(g: &Tensor<T>, a: &Tensor<T>, b: &Tensor<T>) ->
     -(g * a) / &(b * b)
 }
 
+/// `d(s / x) / dx = -s / x^2`, times the output's gradient (dividing by `x` twice: `x * x`
+/// overflows sooner in f16).
+fn scalar_quotient_grad<T: Element>(g: &Tensor<T>, s: T, x: &Tensor<T>) -> Tensor<T> {
+    -(&(g * s) / x) / x
+}
+
 fn when<T>(need: bool, f: impl FnOnce() -> T) -> Option<T> {
     need.then(f)
 }
@@ -80,15 +87,6 @@ macro_rules! var_op {
                 })
             }
         }
-
-        /// Elementwise with a scalar on the right.
-        impl<'a, T: Element> $Op<T> for &Var<'a, T> {
-            type Output = Var<'a, T>;
-            fn $op(self, rhs: T) -> Var<'a, T> {
-                let scalar = Var::constant(Tensor::from_shape_vec(&[], vec![rhs]).expect("0-D"));
-                self $sym &scalar
-            }
-        }
     };
 }
 
@@ -96,6 +94,116 @@ var_op!(Add, add, +, |g, _a, _b| g.clone(), g.clone());
 var_op!(Sub, sub, -, |g, _a, _b| g.clone(), -g);
 var_op!(Mul, mul, *, |g, a, b| g * b, g * a);
 var_op!(Div, div, /, |g, a, b| g / b, quotient_rhs_grad(g, a, b));
+
+/// `Var op scalar` (the scalar of the element type `T`), by reference and by value: the
+/// [`Tensor`] scalar operator where the value lives (on a GPU too), recorded when the variable
+/// is tracked, with the gradient `$grad` of the output's gradient `g` and the scalar `s`. No
+/// tensor is saved for the backward pass.
+macro_rules! var_scalar_rhs {
+    ($Op:ident, $op:ident, $sym:tt, |$g:ident, $s:ident| $grad:expr, $dx:literal) => {
+        /// Every element with a scalar of the element type, recorded when `self` is tracked.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::autograd::Var;"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let x = Var::param(Tensor::<f64>::from_shape_vec(&[2], vec![1.0, 4.0])?);"]
+        #[doc = concat!("let y = &x ", stringify!($sym), " 2.0;")]
+        #[doc = concat!("assert_eq!(y.value().as_slice(), &[1.0 ", stringify!($sym), " 2.0, 4.0 ", stringify!($sym), " 2.0]);")]
+        #[doc = "y.sum().backward()?;"]
+        #[doc = concat!("assert_eq!(x.grad().unwrap().as_slice(), &", $dx, ");")]
+        #[doc = "# Ok::<(), dist_tensor::Error>(())"]
+        #[doc = "```"]
+        impl<'a, T: Element> $Op<T> for &Var<'a, T> {
+            type Output = Var<'a, T>;
+            fn $op(self, $s: T) -> Var<'a, T> {
+                record(&self.value $sym $s, &[self], move |$g, _| Ok(vec![Some($grad)]))
+            }
+        }
+
+        /// Every element with a scalar of the element type, recorded when `self` is tracked.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::autograd::Var;"]
+        #[doc = "use dist_tensor::Tensor;"]
+        #[doc = "let x = Var::param(Tensor::<f32>::from_shape_vec(&[2], vec![1.0, 4.0])?);"]
+        #[doc = concat!("let y = x.clone() ", stringify!($sym), " 2.0;")]
+        #[doc = concat!("assert_eq!(y.value().as_slice(), &[1.0 ", stringify!($sym), " 2.0, 4.0 ", stringify!($sym), " 2.0]);")]
+        #[doc = "# Ok::<(), dist_tensor::Error>(())"]
+        #[doc = "```"]
+        impl<'a, T: Element> $Op<T> for Var<'a, T> {
+            type Output = Var<'a, T>;
+            fn $op(self, s: T) -> Var<'a, T> {
+                (&self).$op(s)
+            }
+        }
+    };
+}
+
+var_scalar_rhs!(Add, add, +, |g, s| g.clone(), "[1.0, 1.0]");
+var_scalar_rhs!(Sub, sub, -, |g, s| g.clone(), "[1.0, 1.0]");
+var_scalar_rhs!(Mul, mul, *, |g, s| g * s, "[2.0, 2.0]");
+var_scalar_rhs!(Div, div, /, |g, s| g / s, "[0.5, 0.5]");
+
+/// `scalar op Var` for each concrete element type (a generic `impl<T> Add<&Var<T>> for T` is not
+/// allowed by the orphan rule, as for [`Tensor`]): the [`Tensor`] operator where the value lives
+/// (on a GPU too), recorded when the variable is tracked. `$backward` makes the backward
+/// function from the variable `$x` and the scalar `$s`; only `scalar / Var` saves a tensor (the
+/// variable's value: `d(s / x)/dx = -s / x^2`).
+macro_rules! var_scalar_lhs {
+    ($($t:ty => $path:literal),*) => {$(
+        var_scalar_lhs!(@op $t, $path, Add, add, +, "[1.0, 1.0]",
+            |_x, _s| |g: &Tensor<$t>| g.clone());
+        var_scalar_lhs!(@op $t, $path, Sub, sub, -, "[-1.0, -1.0]",
+            |_x, _s| |g: &Tensor<$t>| -g);
+        var_scalar_lhs!(@op $t, $path, Mul, mul, *, "[2.0, 2.0]",
+            |_x, s| move |g: &Tensor<$t>| g * s);
+        var_scalar_lhs!(@op $t, $path, Div, div, /, "[-2.0, -0.125]", |x, s| {
+            let x = x.value.clone();
+            move |g: &Tensor<$t>| scalar_quotient_grad(g, s, &x)
+        });
+    )*};
+    (@op $t:ty, $path:literal, $Op:ident, $op:ident, $sym:tt, $dx:literal,
+     |$x:ident, $s:ident| $backward:expr) => {
+        /// The scalar with every element, recorded when the variable is tracked.
+        ///
+        /// # Examples
+        #[doc = "```"]
+        #[doc = "use dist_tensor::autograd::Var;"]
+        #[doc = "use dist_tensor::{Element, Tensor};"]
+        #[doc = concat!("let t = |v: &[f64]| v.iter().map(|&x| <", $path, " as Element>::from_f64(x)).collect::<Vec<_>>();")]
+        #[doc = concat!("let x = Var::param(Tensor::<", $path, ">::from(t(&[1.0, 4.0])));")]
+        #[doc = concat!("let s = <", $path, " as Element>::from_f64(2.0);")]
+        #[doc = concat!("let y = s ", stringify!($sym), " &x;")]
+        #[doc = concat!("assert_eq!(y.value().as_slice(), t(&[2.0 ", stringify!($sym), " 1.0, 2.0 ", stringify!($sym), " 4.0]));")]
+        #[doc = concat!("let z = s ", stringify!($sym), " x.clone(); // by value too")]
+        #[doc = "y.sum().backward()?;"]
+        #[doc = concat!("assert_eq!(x.grad().unwrap().as_slice(), t(&", $dx, "));")]
+        #[doc = "assert!(z.is_tracked());"]
+        #[doc = "# Ok::<(), dist_tensor::Error>(())"]
+        #[doc = "```"]
+        impl<'a> $Op<&Var<'a, $t>> for $t {
+            type Output = Var<'a, $t>;
+            fn $op(self, rhs: &Var<'a, $t>) -> Var<'a, $t> {
+                let ($x, $s) = (rhs, self);
+                let backward = $backward;
+                record(self $sym &rhs.value, &[rhs], move |g, _| Ok(vec![Some(backward(g))]))
+            }
+        }
+
+        /// The scalar with every element, recorded when the variable is tracked (see the
+        /// by-reference form).
+        impl<'a> $Op<Var<'a, $t>> for $t {
+            type Output = Var<'a, $t>;
+            fn $op(self, rhs: Var<'a, $t>) -> Var<'a, $t> {
+                self $sym &rhs
+            }
+        }
+    };
+}
+
+var_scalar_lhs!(f32 => "f32", f64 => "f64", half::f16 => "half::f16", half::bf16 => "half::bf16");
 
 /// Negation.
 impl<'a, T: Element> Neg for &Var<'a, T> {
