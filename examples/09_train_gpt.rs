@@ -110,6 +110,8 @@ struct Run {
     from: usize,
     curve: Vec<f64>,
     seconds: Vec<f64>,
+    /// Steps the loss scaler skipped (f16).
+    skipped: usize,
 }
 
 /// `steps` steps of the run `o` on this rank (from 0, or from the checkpoint `resume`), saving
@@ -146,6 +148,7 @@ fn train<T: Element>(
     let start = Instant::now();
     let mut curve = Vec::with_capacity(steps);
     let mut seconds = Vec::with_capacity(steps);
+    let mut skipped = 0;
     for step in from..from + steps {
         let begun = Instant::now();
         let share: Vec<_> = batch(step).into_iter().skip(replica * per).take(per).collect();
@@ -156,6 +159,7 @@ fn train<T: Element>(
             if let Some(report) = trainer.step(&loss, &mut model, &tpr)? {
                 curve.push(report.loss);
                 seconds.push(begun.elapsed().as_secs_f64());
+                skipped += usize::from(report.skipped);
                 if let Some(bar) = bar {
                     let tokens = (curve.len() * BATCH * CONFIG.seq_len) as f64;
                     let rate = tokens / start.elapsed().as_secs_f64().max(1e-9);
@@ -168,7 +172,7 @@ fn train<T: Element>(
     if let Some(dir) = save {
         trainer.save(&tpr, dir, &model)?;
     }
-    Ok(Run { from, curve, seconds })
+    Ok(Run { from, curve, seconds, skipped })
 }
 
 /// A progress bar on the rank that prints (rank 0): hidden when standard error is no terminal.
@@ -206,7 +210,7 @@ fn run_on<T: Element>(
         bar.finish_and_clear();
     }
     let Some(first) = runs.first().cloned() else {
-        return Ok(Run { from: 0, curve: Vec::new(), seconds: Vec::new() });
+        return Ok(Run { from: 0, curve: Vec::new(), seconds: Vec::new(), skipped: 0 });
     };
     if runs.iter().any(|r| r.curve != first.curve) {
         return Err(Error::InvalidArgument {
@@ -330,10 +334,11 @@ fn check_against_f64(world: &World, o: &Options) -> Result<bool, Error> {
 /// `--precision bf16|f16`: the same run in that precision and in f32; the final losses.
 fn compare_precision(world: &World, o: &Options) -> Result<bool, Error> {
     let form = AttentionForm::TensorParallel;
-    let half = match o.precision.as_str() {
-        "bf16" => run_on::<half::bf16>(world, o, form, o.steps, None, None, "bf16")?.curve,
-        _ => run_on::<half::f16>(world, o, form, o.steps, None, None, "f16")?.curve,
+    let run = match o.precision.as_str() {
+        "bf16" => run_on::<half::bf16>(world, o, form, o.steps, None, None, "bf16")?,
+        _ => run_on::<half::f16>(world, o, form, o.steps, None, None, "f16")?,
     };
+    let half = run.curve;
     let full = run_on::<f32>(world, o, form, o.steps, None, None, "f32")?.curve;
     if !world.ranks_here().contains(&0) {
         return Ok(true);
@@ -341,13 +346,15 @@ fn compare_precision(world: &World, o: &Options) -> Result<bool, Error> {
     let (h, f) = (half[o.steps - 1], full[o.steps - 1]);
     let rel = (h - f).abs() / f;
     println!(
-        "{} steps on a {}x{} mesh: final loss {} {h:.5}, f32 {f:.5}: {:.2}% apart (within 2%: {})",
+        "{} steps on a {}x{} mesh: final loss {} {h:.5}, f32 {f:.5}: {:.2}% apart (within 2%: {}); \
+         steps skipped for an overflow: {}",
         o.steps,
         o.tp,
         o.dp,
         o.precision,
         100.0 * rel,
-        rel <= 0.02
+        rel <= 0.02,
+        run.skipped
     );
     let [csv, svg] =
         write_curves(&o.out, 0, &[(o.precision.as_str(), &half), ("f32", &full)]).map_err(|e| {

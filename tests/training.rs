@@ -201,6 +201,42 @@ fn f16_loss_scaling_skips_an_overflowing_step_on_every_rank() {
     }
 }
 
+/// Rank 0's losses of `steps` steps of the GPT in `T` on 2 ranks (f32 master weights in Adam
+/// for the half types).
+fn curve<T: dist_tensor::Element>(steps: usize) -> Vec<f64> {
+    World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            let mut gpt = Gpt::<T>::new(rank, CONFIG, AttentionForm::TensorParallel, 5)?;
+            let mut trainer = Trainer::new(Adam::new(1e-2)).schedule(SCHEDULE).clip_grad_norm(1.0);
+            let mut losses = Vec::new();
+            for step in 0..steps {
+                let (ids, targets): (Vec<Vec<usize>>, Vec<Vec<Option<usize>>>) =
+                    batch(step % 2).into_iter().unzip();
+                let loss = vocab_parallel_cross_entropy(
+                    &gpt.forward(rank, &ids.concat())?,
+                    &targets.concat(),
+                )?;
+                losses.extend(trainer.step(&loss, &mut gpt, rank)?.map(|r| r.loss));
+            }
+            Ok(losses)
+        })
+        .unwrap()
+        .remove(0)
+}
+
+#[test]
+fn bf16_training_ends_within_two_percent_of_f32() {
+    let (full, half) = (curve::<f32>(STEPS), curve::<half::bf16>(STEPS));
+    let (f, h) = (full[STEPS - 1], half[STEPS - 1]);
+    println!(
+        "after {STEPS} steps: f32 {f:.5}, bf16 {h:.5} ({:.2}% apart)",
+        100.0 * (h - f).abs() / f
+    );
+    assert!(f < full[0] * 0.9, "the f32 run learns: {full:?}");
+    assert!((h - f).abs() <= 0.02 * f, "bf16 {half:?} against f32 {full:?}");
+}
+
 #[test]
 fn replicas_that_forgot_to_average_are_caught() {
     let errors = World::threads(2).unwrap().run(|rank| {

@@ -57,6 +57,11 @@ impl<'r> SafetensorsFile<'r> {
         Ok(SafetensorsFile { rank, path, file: Rc::new(file), bytes_read: Cell::new(0) })
     }
 
+    /// The rank that opened it.
+    pub fn rank(&self) -> &'r Rank<'r> {
+        self.rank
+    }
+
     /// The names of its tensors, sorted.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.file.meta.tensors().keys().cloned().collect();

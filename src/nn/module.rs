@@ -10,7 +10,7 @@
 //! rank on its own rows, so each rank's gradient is a partial sum until [`sync_grads`] sums it.
 
 use super::Param;
-use crate::checkpoint::{Checkpoint, Entry, Target};
+use crate::checkpoint::{Checkpoint, Entry, SafetensorsFile, Target, write_safetensors};
 use crate::collectives::all_reduce;
 use crate::dist_tensor::DistTensor;
 use crate::shmem::Rank;
@@ -131,6 +131,111 @@ pub trait Module<T: Element> {
             p.set_value(loaded.into_local())?;
         }
         Ok(())
+    }
+
+    /// Replaces every parameter's value by tensor `prefix.name` of a plain safetensors file (a
+    /// model as published, or as [`Module::save_safetensors`] wrote it), each rank reading only
+    /// its part. Collective.
+    ///
+    /// # Errors
+    /// As [`SafetensorsFile::load`]: on every rank, a tensor missing, or of another shape.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::checkpoint::SafetensorsFile;
+    /// use dist_tensor::nn::{Activation, Module, ParallelMlp};
+    /// use dist_tensor::World;
+    /// let path = std::env::temp_dir().join(format!("dist-tensor-doc-mst-{}.safetensors", std::process::id()));
+    /// World::threads(4)?.run(|rank| {
+    ///     let mlp = ParallelMlp::<f32>::new(rank, 8, 12, Activation::Gelu, 7)?;
+    ///     mlp.save_safetensors(rank, &path, "mlp") // whole tensors: mlp.fc1.weight [8, 12], ...
+    /// })?;
+    /// World::threads(3)?.run(|rank| {
+    ///     let mut mlp = ParallelMlp::<f32>::new(rank, 8, 12, Activation::Gelu, 99)?;
+    ///     mlp.load_safetensors(&SafetensorsFile::open(rank, &path)?, "mlp")?;
+    ///     let fresh = ParallelMlp::<f32>::new(rank, 8, 12, Activation::Gelu, 7)?;
+    ///     assert_eq!(mlp.parameters()[0].value(), fresh.parameters()[0].value());
+    ///     Ok(())
+    /// })?;
+    /// # std::fs::remove_file(&path).ok();
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    fn load_safetensors(&mut self, file: &SafetensorsFile<'_>, prefix: &str) -> Result<()> {
+        let rank = file.rank();
+        let mut params = Vec::new();
+        self.visit_mut("", &mut |name, p| params.push((name.to_string(), p)));
+        for (name, p) in params {
+            let target = part_target(rank, p.value(), p.placement())?;
+            let loaded = file.load::<T>(&join(prefix, &name), target)?;
+            p.set_value(loaded.into_local())?;
+        }
+        Ok(())
+    }
+
+    /// Writes every parameter, whole (the shards gathered), into one plain safetensors file at
+    /// `path`, named `prefix.name` (rank 0 writes; every rank returns its outcome). Collective.
+    ///
+    /// # Errors
+    /// As the gathers and [`write_safetensors`], on every rank.
+    fn save_safetensors(
+        &self,
+        rank: &Rank<'_>,
+        path: &std::path::Path,
+        prefix: &str,
+    ) -> Result<()> {
+        let mut whole = Vec::new();
+        for (name, p) in self.named_parameters() {
+            let t = match p.placement() {
+                Placement::Shard(_) => {
+                    DistTensor::from_local(rank, p.value().clone(), p.placement())?.to_global()?
+                }
+                _ => p.value().clone(),
+            };
+            whole.push((join(prefix, &name), t));
+        }
+        let written = if rank.rank() == 0 {
+            let refs: Vec<(&str, &Tensor<T>)> =
+                whole.iter().map(|(n, t)| (n.as_str(), t)).collect();
+            write_safetensors(path, &refs)
+        } else {
+            Ok(())
+        };
+        let failed = all_reduce(rank, &[if written.is_ok() { 0.0f64 } else { 1.0 }])?[0];
+        match written {
+            Err(e) => Err(e),
+            Ok(()) if failed == 0.0 => Ok(()),
+            Ok(()) => Err(Error::InvalidArgument {
+                op: "Module::save_safetensors",
+                rank: rank.rank(),
+                reason: format!("rank 0 could not write {}", path.display()),
+            }),
+        }
+    }
+
+    /// Moves every parameter (and its gradient) to `rank`'s device: a GPU world's GPU, or the
+    /// host. A model built on the host, or loaded there, then trains where its world computes.
+    ///
+    /// # Errors
+    /// As the copies (no memory on the device).
+    fn to_device(&mut self, rank: &Rank<'_>) -> Result<()> {
+        let mut failed = None;
+        self.visit_mut("", &mut |_, p| {
+            if failed.is_some() {
+                return;
+            }
+            let moved = crate::device::to_world_device(rank, p.value().clone())
+                .and_then(|v| p.set_value(v))
+                .and_then(|()| {
+                    if let Some(g) = p.grad() {
+                        p.set_grad(Some(g.into_place_of(p.value())?));
+                    }
+                    Ok(())
+                });
+            if let Err(e) = moved {
+                failed = Some(e);
+            }
+        });
+        failed.map_or(Ok(()), Err)
     }
 }
 
