@@ -1,7 +1,10 @@
-//! 10: greedy generation with a published model, tensor-parallel over the ranks.
+//! 10: generation with a published model, tensor-parallel over the ranks, through a paged KV
+//! cache.
 //!
 //! Run: `cargo run --release --example 10_generate -- --model DIR [--ranks N | --processes N]
-//! [--device cuda] --tokens 1,17,42 [--max-new 20] [--greedy] [--dtype f32|bf16|f16]`
+//! [--device cuda] --tokens 1,17,42 [--max-new 20] [--greedy] [--dtype f32|bf16|f16]
+//! [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S] [--stop 2,7]
+//! [--recompute]`
 //!
 //! `DIR` is a Hugging Face model directory (`config.json`, `model.safetensors` or the sharded
 //! `model-0000x-of-0000y.safetensors` with their index): Llama 2 / 3, Mistral, Qwen2, Qwen3 or
@@ -10,8 +13,12 @@
 //! time per token. `--ranks N` runs N ranks as threads (1 by default), `--processes N` as N
 //! processes of this program; under mpirun or torchrun each process is one rank.
 //!
-//! Sampling is greedy (`--greedy` is accepted and is the only mode so far), each step
-//! recomputing the whole window (no KV cache yet). Text prompts through `tokenizer.json` are not
+//! Greedy by default (`--greedy`); `--temperature T` (above 0) samples, with `--top-k`,
+//! `--top-p`, `--repetition-penalty` and a `--seed` (the same tokens on any number of ranks);
+//! `--stop` ends at any of those ids. The prompt is prefilled into the KV cache, then each token
+//! decoded against it: the example prints the prefill's and the decode's tokens per second.
+//! `--recompute` times the loop that recomputes the whole window at every token instead (the
+//! reference the cached path is tested against). Text prompts through `tokenizer.json` are not
 //! supported yet: pass token ids with `--tokens`.
 
 #[path = "common/device.rs"]
@@ -19,40 +26,69 @@ mod device;
 
 use std::time::Instant;
 
+use dist_tensor::models::GenerateOptions;
 use dist_tensor::{Element, Error, World, models};
 use half::{bf16, f16};
 
 struct Args {
     model: String,
     tokens: Vec<u32>,
-    max_new: usize,
     dtype: String,
+    options: GenerateOptions,
+    recompute: bool,
+}
+
+fn ids(flag: &str, value: &str) -> Result<Vec<u32>, String> {
+    value
+        .split(',')
+        .map(|t| t.trim().parse().map_err(|_| format!("{flag}: {t:?} is not an id")))
+        .collect()
+}
+
+fn number<N: std::str::FromStr>(flag: &str, value: &str) -> Result<N, String> {
+    value.parse().map_err(|_| format!("{flag} {value}: not a number"))
 }
 
 fn parse(args: Vec<String>) -> Result<Args, String> {
-    let mut out =
-        Args { model: String::new(), tokens: Vec::new(), max_new: 20, dtype: "f32".into() };
+    let mut out = Args {
+        model: String::new(),
+        tokens: Vec::new(),
+        dtype: "f32".into(),
+        options: GenerateOptions::greedy(20),
+        recompute: false,
+    };
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
-        if flag == "--greedy" {
-            continue;
+        match flag.as_str() {
+            "--greedy" => {
+                out.options.temperature = 0.0;
+                continue;
+            }
+            "--recompute" => {
+                out.recompute = true;
+                continue;
+            }
+            _ => {}
         }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let o = &mut out.options;
         match flag.as_str() {
             "--model" => out.model = value,
-            "--tokens" => {
-                out.tokens = value
-                    .split(',')
-                    .map(|t| t.trim().parse().map_err(|_| format!("--tokens: {t:?} is not an id")))
-                    .collect::<Result<_, _>>()?
-            }
-            "--max-new" => {
-                out.max_new =
-                    value.parse().map_err(|_| format!("--max-new {value}: not a number"))?
-            }
+            "--tokens" => out.tokens = ids(&flag, &value)?,
+            "--stop" => o.stop = ids(&flag, &value)?,
+            "--max-new" => o.max_new = number(&flag, &value)?,
+            "--temperature" => o.temperature = number(&flag, &value)?,
+            "--top-k" => o.top_k = Some(number(&flag, &value)?),
+            "--top-p" => o.top_p = Some(number(&flag, &value)?),
+            "--repetition-penalty" => o.repetition_penalty = number(&flag, &value)?,
+            "--seed" => o.seed = number(&flag, &value)?,
             "--dtype" if ["f32", "bf16", "f16"].contains(&value.as_str()) => out.dtype = value,
             _ => return Err(format!("unknown argument {flag} {value}; see the file's header")),
         }
+    }
+    out.options.check().map_err(|e| e.to_string())?;
+    if out.recompute && out.options.temperature != 0.0 {
+        return Err("--recompute is the greedy reference: no sampling".into());
     }
     if out.model.is_empty() {
         return Err("--model DIR is required".into());
@@ -63,12 +99,22 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
     Ok(out)
 }
 
-fn generate<T: Element>(world: &World, args: &Args) -> Result<Vec<(Vec<u32>, f64)>, Error> {
+/// The new ids, the seconds to the first (the prefill), and the seconds of the rest.
+fn generate<T: Element>(world: &World, args: &Args) -> Result<Vec<(Vec<u32>, f64, f64)>, Error> {
     world.run(|rank| {
         let model = models::load::<T>(rank, &args.model)?;
         let start = Instant::now();
-        let ids = model.generate_greedy(&args.tokens, args.max_new)?;
-        Ok((ids, start.elapsed().as_secs_f64()))
+        if args.recompute {
+            let ids = model.generate_greedy(&args.tokens, args.options.max_new)?;
+            return Ok((ids, 0.0, start.elapsed().as_secs_f64()));
+        }
+        let mut first = None;
+        let ids = model.generate(&args.tokens, &args.options, |_| {
+            first.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        })?;
+        let total = start.elapsed().as_secs_f64();
+        let prefill = first.unwrap_or(total);
+        Ok((ids, prefill, total - prefill))
     })
 }
 
@@ -85,16 +131,30 @@ fn main() -> Result<(), Error> {
         _ => generate::<f32>(&world, &args)?,
     };
     if world.ranks_here().contains(&0) {
-        let (ids, secs) = &out[0];
-        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
-        println!("ids: {}", ids.join(" "));
-        println!(
-            "time per token: {:.3} ms ({} tokens, {} ranks, {}, the window recomputed each step)",
-            secs * 1e3 / args.max_new.max(1) as f64,
-            args.max_new,
-            world.num_ranks(),
-            args.dtype
-        );
+        let (ids, prefill, decode) = &out[0];
+        let n = ids.len();
+        let text: Vec<String> = ids.iter().map(u32::to_string).collect();
+        println!("ids: {}", text.join(" "));
+        let (ranks, dtype) = (world.num_ranks(), &args.dtype);
+        if args.recompute {
+            println!(
+                "time per token: {:.3} ms ({n} tokens, {ranks} ranks, {dtype}, the window \
+                 recomputed each step)",
+                decode * 1e3 / n.max(1) as f64
+            );
+        } else {
+            println!(
+                "prefill: {} tokens in {:.3} ms ({:.0} tokens/s); decode: {} tokens in {:.3} ms \
+                 ({:.3} ms/token, {:.0} tokens/s); {ranks} ranks, {dtype}, KV cache",
+                args.tokens.len(),
+                prefill * 1e3,
+                args.tokens.len() as f64 / prefill.max(1e-12),
+                n.saturating_sub(1),
+                decode * 1e3,
+                decode * 1e3 / n.saturating_sub(1).max(1) as f64,
+                n.saturating_sub(1) as f64 / decode.max(1e-12)
+            );
+        }
     }
     Ok(())
 }

@@ -2,11 +2,15 @@
 //! directory (tests/data/models, written by `transformers` 4.57.6) on 1, 2 and 4 ranks, checked
 //! against the numbers `transformers` computed from the same directory (reference.json): the
 //! prompt logits within 1e-4 in f32, the greedy continuation exactly, the bf16 logits within the
-//! tolerance argued at `BF16_TOL`; and the bad inputs, each a typed error.
+//! tolerance argued at `BF16_TOL`; and the bad inputs, each a typed error. The KV-cached path
+//! (issue 54): a prefill then one token at a time through a paged cache of 2-position blocks
+//! gives the logits of the whole-prompt pass at every position, and `generate` the greedy
+//! tokens of the recomputing loop, for every architecture on 1, 2 and 4 ranks.
 
 use std::path::{Path, PathBuf};
 
 use dist_tensor::checkpoint::CheckpointErrorKind;
+use dist_tensor::models::GenerateOptions;
 use dist_tensor::{Error, World, models};
 use half::bf16;
 
@@ -67,17 +71,56 @@ fn check_f32(name: &str, ranks: usize) {
         .unwrap()
         .run(|rank| {
             let model = models::load::<f32>(rank, dir(name))?;
-            Ok((model.forward(&r.prompt_ids)?, model.generate_greedy(&r.prompt_ids, 8)?))
+            let cached = cached_logits(&model, &r.prompt_ids)?;
+            let mut streamed = Vec::new();
+            let generated =
+                model.generate(&r.prompt_ids, &GenerateOptions::greedy(8), |t| streamed.push(t))?;
+            assert_eq!(generated, streamed, "every token handed to the callback, in order");
+            Ok((
+                model.forward(&r.prompt_ids)?,
+                model.generate_greedy(&r.prompt_ids, 8)?,
+                cached,
+                generated,
+            ))
         })
         .unwrap_or_else(|e| panic!("{name} on {ranks} ranks: {e}"));
-    for (i, (logits, new)) in out.iter().enumerate() {
+    for (i, (logits, new, cached, generated)) in out.iter().enumerate() {
         let err = max_abs(logits, &r.prompt_logits);
+        let cached_err = max_abs(cached, &r.prompt_logits);
         if i == 0 {
-            eprintln!("{name} f32 on {ranks} ranks: max abs {err:e} vs transformers");
+            eprintln!(
+                "{name} f32 on {ranks} ranks: max abs {err:e} vs transformers; KV-cached {cached_err:e}"
+            );
         }
         assert!(err <= F32_TOL, "{name}, {ranks} ranks, rank {i}: max abs {err:e}");
+        assert!(
+            cached_err <= F32_TOL,
+            "{name}, {ranks} ranks, rank {i}: cached, max abs {cached_err:e}"
+        );
         assert_eq!(new, &r.greedy_new_ids, "{name}, {ranks} ranks, rank {i}: greedy");
+        assert_eq!(
+            generated, &r.greedy_new_ids,
+            "{name}, {ranks} ranks, rank {i}: KV-cached greedy"
+        );
     }
+}
+
+/// The prompt's logits through a paged cache of 2-position blocks: the first 3 positions as
+/// one prefill, then one position at a time (the blocks' boundaries crossed on the way).
+fn cached_logits<T: dist_tensor::Element>(
+    model: &models::Model<'_, T>,
+    prompt: &[u32],
+) -> dist_tensor::Result<dist_tensor::Tensor<f32>> {
+    let mut cache = model.kv_cache(prompt.len().div_ceil(2), 2)?;
+    let seq = cache.add_sequence();
+    let first = 3.min(prompt.len());
+    let mut rows = model.forward_cached(&mut cache, seq, &prompt[..first])?.as_slice().to_vec();
+    for &t in &prompt[first..] {
+        rows.extend_from_slice(model.forward_cached(&mut cache, seq, &[t])?.as_slice());
+    }
+    assert_eq!(cache.len(seq), prompt.len());
+    let vocab = rows.len() / prompt.len();
+    dist_tensor::Tensor::from_shape_vec(&[prompt.len(), vocab], rows)
 }
 
 fn check_all_worlds(name: &str) {
@@ -357,4 +400,97 @@ fn batch_prompts_continue_as_transformers_on_2_ranks() {
             .unwrap();
         assert_eq!(got[0], want, "{name}");
     }
+}
+
+#[test]
+fn a_full_cache_refuses_with_nothing_lost_and_a_freed_sequence_makes_room() {
+    let r = reference("llama3");
+    World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            let model = models::load::<f32>(rank, dir("llama3"))?;
+            let p = &r.prompt_ids;
+            // Room for the prompt of one sequence and one position more.
+            let mut cache = model.kv_cache(p.len().div_ceil(2) + 1, 2)?;
+            let (a, b) = (cache.add_sequence(), cache.add_sequence());
+            let want = model.forward_cached(&mut cache, a, p)?;
+            match model.forward_cached(&mut cache, b, p) {
+                Err(Error::OutOfMemory { op: "KvCache::reserve", what, .. }) => {
+                    assert!(what.contains("nothing was written"), "{what}");
+                }
+                other => panic!("a second prompt in a full cache: {:?}", other.map(|_| ())),
+            }
+            assert_eq!((cache.len(a), cache.len(b)), (p.len(), 0), "the refusal changed nothing");
+            // `a` goes on as if nothing happened: its next token against the whole window.
+            let next = model.forward_cached(&mut cache, a, &[p[0]])?;
+            let mut longer = p.clone();
+            longer.push(p[0]);
+            let whole = model.forward(&longer)?;
+            let vocab = next.shape()[1];
+            let off = next
+                .as_slice()
+                .iter()
+                .zip(&whole.as_slice()[p.len() * vocab..])
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(off <= 1e-5, "the cached sequence kept its keys: {off:e}");
+            // Preempted: `a` freed, `b` runs in its blocks and gives `a`'s first logits.
+            cache.remove_sequence(a);
+            let got = model.forward_cached(&mut cache, b, p)?;
+            assert_eq!(got, want, "the same prompt in reused blocks");
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn seeded_sampling_gives_the_same_tokens_on_1_2_and_4_ranks() {
+    let r = reference("llama3");
+    let options = GenerateOptions {
+        temperature: 0.9,
+        top_k: Some(20),
+        top_p: Some(0.95),
+        repetition_penalty: 1.1,
+        seed: 11,
+        ..GenerateOptions::greedy(12)
+    };
+    let runs: Vec<Vec<u32>> = [1, 2, 4]
+        .iter()
+        .map(|&ranks| {
+            let out = World::threads(ranks)
+                .unwrap()
+                .run(|rank| {
+                    models::load::<f32>(rank, dir("llama3"))?.generate(
+                        &r.prompt_ids,
+                        &options,
+                        |_| {},
+                    )
+                })
+                .unwrap();
+            assert!(out.iter().all(|o| o == &out[0]), "every rank picks the same tokens");
+            out[0].clone()
+        })
+        .collect();
+    assert_eq!(runs[0], runs[1]);
+    assert_eq!(runs[0], runs[2]);
+    assert_ne!(runs[0], r.greedy_new_ids, "sampling is not greedy here");
+    // Another seed, other tokens: the seed is what decides.
+    let other = World::threads(1)
+        .unwrap()
+        .run(|rank| {
+            let o = GenerateOptions { seed: 12, ..options.clone() };
+            models::load::<f32>(rank, dir("llama3"))?.generate(&r.prompt_ids, &o, |_| {})
+        })
+        .unwrap();
+    assert_ne!(other[0], runs[0]);
+    // A stop token ends it, included.
+    let stop = runs[0][4];
+    let stopped = World::threads(1)
+        .unwrap()
+        .run(|rank| {
+            let o = GenerateOptions { stop: vec![stop], ..options.clone() };
+            models::load::<f32>(rank, dir("llama3"))?.generate(&r.prompt_ids, &o, |_| {})
+        })
+        .unwrap();
+    let at = runs[0].iter().position(|&t| t == stop).unwrap();
+    assert_eq!(stopped[0], runs[0][..=at]);
 }

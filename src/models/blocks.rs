@@ -339,34 +339,58 @@ pub(crate) fn attention<T: Element>(
     s: AttnSpec,
 ) -> Vec<f32> {
     let [q_at, k_at, v_at] = at;
+    let d = s.dim;
+    attention_rows::<T>(
+        len,
+        0,
+        s,
+        |i, h| &qkv[i * stride + q_at + h * d..][..d],
+        |j, h| &qkv[j * stride + k_at + h * d..][..d],
+        |j, h| &qkv[j * stride + v_at + h * d..][..d],
+    )
+}
+
+/// Causal attention of `len` queries at positions `offset..offset + len` over the keys and
+/// values of positions `0..offset + len` (a prefill after a cached prefix, or one decoded
+/// token: the causal mask aligned to the bottom right, a query at position `t` sees keys
+/// `0..=t`, or the last `window` of them). `q(i, h)` is query row `i`'s head `h`, `k(j, h)` and
+/// `v(j, h)` position `j`'s KV head `h` (`dim` each). Returns `[len, q * dim]`, rounded as
+/// [`attention`]: with `offset` 0 and the same rows, the same bits.
+pub(crate) fn attention_rows<'a, T: Element>(
+    len: usize,
+    offset: usize,
+    s: AttnSpec,
+    q: impl Fn(usize, usize) -> &'a [f32],
+    k: impl Fn(usize, usize) -> &'a [f32],
+    v: impl Fn(usize, usize) -> &'a [f32],
+) -> Vec<f32> {
     let group = s.q / s.kv;
     let d = s.dim;
     let mut out = vec![0.0f32; len * s.q * d];
-    let mut p = vec![0.0f32; len];
+    let mut p = vec![0.0f32; offset + len];
     for h in 0..s.q {
         let kvh = h / group;
         for i in 0..len {
-            let q = &qkv[i * stride + q_at + h * d..][..d];
-            let first = s.window.map_or(0, |w| (i + 1).saturating_sub(w));
+            let t = offset + i;
+            let q = q(i, h);
+            let first = s.window.map_or(0, |w| (t + 1).saturating_sub(w));
             let mut max = f32::NEG_INFINITY;
-            for j in first..=i {
-                let k = &qkv[j * stride + k_at + kvh * d..][..d];
-                let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+            for (j, pj) in p.iter_mut().enumerate().take(t + 1).skip(first) {
+                let dot: f32 = q.iter().zip(k(j, kvh)).map(|(a, b)| a * b).sum();
                 let sc = rt::<T>(rt::<T>(dot) * s.scale);
-                p[j] = sc;
+                *pj = sc;
                 max = max.max(sc);
             }
             let mut sum = 0.0f32;
-            for pj in &mut p[first..=i] {
+            for pj in &mut p[first..=t] {
                 *pj = (*pj - max).exp();
                 sum += *pj;
             }
             let o = &mut out[i * s.q * d + h * d..][..d];
             let mut acc = vec![0.0f32; d];
-            for j in first..=i {
-                let w = rt::<T>(p[j] / sum);
-                let v = &qkv[j * stride + v_at + kvh * d..][..d];
-                for (a, b) in acc.iter_mut().zip(v) {
+            for (j, &pj) in p.iter().enumerate().take(t + 1).skip(first) {
+                let w = rt::<T>(pj / sum);
+                for (a, b) in acc.iter_mut().zip(v(j, kvh)) {
                     *a += w * b;
                 }
             }

@@ -13,6 +13,7 @@ use super::blocks::{
     AttnSpec, HeadPlan, VocabShard, add_bias, attention, cat_cols, cols, column, from_f32, row, t2,
     to_f32,
 };
+use super::kv_cache::{KvCache, SeqId};
 use super::weights::Weights;
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
@@ -204,21 +205,53 @@ impl<'r, T: Element> Gpt2<'r, T> {
     /// [`Error::InvalidArgument`] for an empty prompt, one longer than `n_positions`, or an id
     /// outside the vocabulary; as the collectives.
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor<f32>> {
+        self.forward_with(ids, None)
+    }
+
+    /// A cache of keys and values for this model on this rank: `blocks` blocks of
+    /// `block_size` positions.
+    ///
+    /// # Errors
+    /// As [`KvCache::new`].
+    pub fn kv_cache(&self, blocks: usize, block_size: usize) -> Result<KvCache> {
+        let width = self.plan.q * (self.config.n_embd / self.config.n_head.max(1));
+        KvCache::new(self.layers.len(), width, block_size, blocks)
+    }
+
+    /// The logits of `ids` after the positions `seq` holds in `cache` (or of the whole prompt),
+    /// the new keys and values joining the cache. Collective.
+    pub(crate) fn forward_with(
+        &self,
+        ids: &[u32],
+        mut cache: Option<(&mut KvCache, SeqId)>,
+    ) -> Result<Tensor<f32>> {
         let c = &self.config;
         let rank = self.rank;
         super::check_ids(rank.rank(), ids)?;
         let len = ids.len();
-        if len > c.n_positions {
-            return Err(Error::InvalidArgument {
-                op: super::blocks::FWD,
-                rank: rank.rank(),
-                reason: format!("{len} tokens; GPT-2 has {} positions", c.n_positions),
-            });
-        }
         let (e, eps) = (c.n_embd, c.layer_norm_epsilon);
         let d = e / c.n_head;
         let q = self.plan.q;
-        let pos = super::blocks::rows(&self.wpe, 0, len)?;
+        let offset = match &cache {
+            Some((cache, seq)) => cache.len(*seq),
+            None => 0,
+        };
+        if offset + len > c.n_positions {
+            return Err(Error::InvalidArgument {
+                op: super::blocks::FWD,
+                rank: rank.rank(),
+                reason: format!(
+                    "{} tokens ({offset} cached, {len} new); GPT-2 has {} positions",
+                    offset + len,
+                    c.n_positions
+                ),
+            });
+        }
+        if let Some((cache, seq)) = &mut cache {
+            super::check_cache(rank.rank(), cache, self.layers.len(), q * d)?;
+            cache.reserve(*seq, len)?;
+        }
+        let pos = super::blocks::rows(&self.wpe, offset, len)?;
         let mut x = self.wte.embed(rank, ids, Some(&pos))?;
         for (i, l) in self.layers.iter().enumerate() {
             let h = x.try_map_local(|t| t.layer_norm(Some(&l.ln_1.0), Some(&l.ln_1.1), eps))?;
@@ -229,7 +262,13 @@ impl<'r, T: Element> Gpt2<'r, T> {
             }
             let spec = AttnSpec { q, kv: q, dim: d, scale, window: None };
             let v = to_f32(&qkv)?;
-            let a = attention::<T>(&v, len, 3 * q * d, [0, q * d, 2 * q * d], spec);
+            let (stride, at) = (3 * q * d, [0, q * d, 2 * q * d]);
+            let a = match &mut cache {
+                None => attention::<T>(&v, len, stride, at, spec),
+                Some((cache, seq)) => {
+                    super::attend_cached::<T>(cache, *seq, i, offset, (&v, stride, at), spec)
+                }
+            };
             let a = from_f32::<T>(&[len, q * d], &a)?;
             let o = row(rank, a, &l.c_proj, &x)?.try_map_local(|t| add_bias(t, &l.c_proj_bias))?;
             x = x.zip_local(&o, |a, b| a + b)?;
@@ -243,6 +282,9 @@ impl<'r, T: Element> Gpt2<'r, T> {
             let y =
                 row(rank, f, &l.mlp_proj, &x)?.try_map_local(|t| add_bias(t, &l.mlp_proj_bias))?;
             x = x.zip_local(&y, |a, b| a + b)?;
+        }
+        if let Some((cache, seq)) = cache {
+            cache.advance(seq, len);
         }
         let h = x.try_map_local(|t| t.layer_norm(Some(&self.ln_f.0), Some(&self.ln_f.1), eps))?;
         Ok(h.all_gather_matmul(&self.head)?.to_global()?.cast::<f32>())

@@ -16,6 +16,7 @@ use super::blocks::{
     AttnSpec, HeadPlan, Rope, RopeScaling, VocabShard, add_bias, apply_rope, attention, cat_cols,
     column, from_f32, head_rms_norm, row, rows, rt, t2, to_f32,
 };
+use super::kv_cache::{KvCache, SeqId};
 use super::moe::{Moe, MoeNames};
 use super::weights::Weights;
 use crate::shmem::Rank;
@@ -454,16 +455,47 @@ impl<'r, T: Element> Llama<'r, T> {
     /// [`Error::InvalidArgument`] for an id outside the vocabulary or an empty prompt; as the
     /// collectives.
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor<f32>> {
+        self.forward_with(ids, None)
+    }
+
+    /// A cache of keys and values for this model on this rank: `blocks` blocks of
+    /// `block_size` positions.
+    ///
+    /// # Errors
+    /// As [`KvCache::new`].
+    pub fn kv_cache(&self, blocks: usize, block_size: usize) -> Result<KvCache> {
+        let width = self.plan.kv * self.config.head_dim();
+        KvCache::new(self.layers.len(), width, block_size, blocks)
+    }
+
+    /// The logits `[len, vocab]` of `ids` at the positions after those `seq` holds in `cache`,
+    /// or of the whole prompt without one; with a cache, the new positions' keys and values
+    /// join it. Collective.
+    pub(crate) fn forward_with(
+        &self,
+        ids: &[u32],
+        mut cache: Option<(&mut KvCache, SeqId)>,
+    ) -> Result<Tensor<f32>> {
         let c = &self.config;
         let (rank, eps, d) = (self.rank, c.rms_norm_eps, c.head_dim());
         super::check_ids(rank.rank(), ids)?;
         let len = ids.len();
-        let (cos, sin) = self.rope.tables::<T>(len);
         let (nq, nkv) = (self.plan.q, self.plan.kv);
+        let offset = match &mut cache {
+            Some((cache, seq)) => {
+                super::check_cache(rank.rank(), cache, self.layers.len(), nkv * d)?;
+                cache.reserve(*seq, len)?;
+                cache.len(*seq)
+            }
+            None => 0,
+        };
+        let half = d / 2;
+        let (cos, sin) = self.rope.tables::<T>(offset + len);
+        let (cos, sin) = (&cos[offset * half..], &sin[offset * half..]);
         let stride = (nq + 2 * nkv) * d;
         let at = [0, nq * d, (nq + nkv) * d];
         let mut x = self.embed.embed(rank, ids, None)?;
-        for l in &self.layers {
+        for (li, l) in self.layers.iter().enumerate() {
             let h = x.try_map_local(|t| t.rms_norm(Some(&l.input_norm), eps))?;
             let qkv = column(&h, &l.qkv)?;
             let qkv = match &l.qkv_bias {
@@ -475,11 +507,17 @@ impl<'r, T: Element> Llama<'r, T> {
                 head_rms_norm::<T>(&mut v, len, stride, at[0], nq, d, qn, eps);
                 head_rms_norm::<T>(&mut v, len, stride, at[1], nkv, d, kn, eps);
             }
-            apply_rope::<T>(&mut v, len, stride, at[0], nq, d, &cos, &sin);
-            apply_rope::<T>(&mut v, len, stride, at[1], nkv, d, &cos, &sin);
+            apply_rope::<T>(&mut v, len, stride, at[0], nq, d, cos, sin);
+            apply_rope::<T>(&mut v, len, stride, at[1], nkv, d, cos, sin);
             let spec =
                 AttnSpec { q: nq, kv: nkv, dim: d, scale: (d as f32).powf(-0.5), window: l.window };
-            let a = from_f32::<T>(&[len, nq * d], &attention::<T>(&v, len, stride, at, spec))?;
+            let a = match &mut cache {
+                None => attention::<T>(&v, len, stride, at, spec),
+                Some((cache, seq)) => {
+                    super::attend_cached::<T>(cache, *seq, li, offset, (&v, stride, at), spec)
+                }
+            };
+            let a = from_f32::<T>(&[len, nq * d], &a)?;
             let o = row(rank, a, &l.o, &x)?;
             let o = match &l.o_bias {
                 Some(b) => o.try_map_local(|t| add_bias(t, b))?,
@@ -504,6 +542,9 @@ impl<'r, T: Element> Llama<'r, T> {
                 }
             };
             x = x.zip_local(&y, |a, b| a + b)?;
+        }
+        if let Some((cache, seq)) = cache {
+            cache.advance(seq, len);
         }
         let h = x.try_map_local(|t| t.rms_norm(Some(&self.norm), eps))?;
         Ok(h.all_gather_matmul(&self.head)?.to_global()?.cast::<f32>())

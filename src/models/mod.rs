@@ -18,11 +18,16 @@
 //! each parallel product is one fused op ([`DistTensor::all_gather_matmul`](crate::DistTensor::all_gather_matmul),
 //! [`DistTensor::matmul_reduce_scatter`](crate::DistTensor::matmul_reduce_scatter)).
 //!
-//! [`Model::forward`] runs a whole prompt (no KV cache yet) and [`Model::generate_greedy`] is the
-//! simplest correct greedy loop (the window recomputed every step).
+//! [`Model::forward`] runs a whole prompt. [`Model::generate`] prefills the prompt into a paged
+//! [`KvCache`] and decodes one token at a time against it ([`Model::forward_cached`]), greedy
+//! or sampled ([`GenerateOptions`]: temperature, top-k, top-p, repetition penalty, a seed, stop
+//! tokens), handing each token to a callback as it comes; [`Model::generate_greedy`] is the
+//! reference it is tested against (the window recomputed every step).
 
 pub mod blocks;
+mod generate;
 pub mod gpt2;
+mod kv_cache;
 pub mod llama;
 mod moe;
 mod weights;
@@ -31,7 +36,9 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
+pub use generate::GenerateOptions;
 pub use gpt2::{Gpt2, Gpt2Config};
+pub use kv_cache::{KvCache, SeqId};
 pub use llama::{Llama, LlamaConfig};
 pub use weights::{HF_INDEX, HF_SINGLE, Weights};
 
@@ -167,8 +174,80 @@ impl<'r, T: Element> Model<'r, T> {
         }
     }
 
+    /// A KV cache for this model on this rank: `blocks` blocks of `block_size` positions (the
+    /// same on every rank).
+    ///
+    /// # Errors
+    /// As [`KvCache::new`].
+    pub fn kv_cache(&self, blocks: usize, block_size: usize) -> Result<KvCache> {
+        match self {
+            Model::Llama(m) => m.kv_cache(blocks, block_size),
+            Model::Gpt2(m) => m.kv_cache(blocks, block_size),
+        }
+    }
+
+    /// The logits `[len, vocab]` (f32) of `ids` at the positions after the `cache.len(seq)`
+    /// that `seq` holds: a prompt's prefill (after a cached prefix, or from the start), or one
+    /// decoded token. The new positions' keys and values join the cache; each query sees the
+    /// keys up to its own position. The blocks are reserved before anything runs: a cache too
+    /// small is refused with nothing written. Collective.
+    ///
+    /// # Errors
+    /// As [`Model::forward`]; [`Error::OutOfMemory`] when the cache has too few free blocks
+    /// (on every rank); [`Error::InvalidArgument`] for a cache made for another model.
+    pub fn forward_cached(
+        &self,
+        cache: &mut KvCache,
+        seq: SeqId,
+        ids: &[u32],
+    ) -> Result<Tensor<f32>> {
+        match self {
+            Model::Llama(m) => m.forward_with(ids, Some((cache, seq))),
+            Model::Gpt2(m) => m.forward_with(ids, Some((cache, seq))),
+        }
+    }
+
+    /// Up to `options.max_new` tokens after `prompt`: the prompt prefilled into a KV cache of
+    /// its own, then one token at a time, each picked from the last position's logits as
+    /// `options` say (the same on every rank: every rank has the same logits and generator)
+    /// and handed to `on_token` as it comes; it ends after a stop token. Collective; every rank
+    /// returns the tokens.
+    ///
+    /// # Errors
+    /// As [`GenerateOptions::check`] and [`Model::forward_cached`].
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        mut on_token: impl FnMut(u32),
+    ) -> Result<Vec<u32>> {
+        options.check()?;
+        check_ids(0, prompt)?;
+        let positions = prompt.len() + options.max_new;
+        let mut cache =
+            self.kv_cache(positions.div_ceil(options.block_size), options.block_size)?;
+        let seq = cache.add_sequence();
+        let mut sampler = generate::Sampler::new(options);
+        let mut seen = prompt.to_vec();
+        let mut next: Vec<u32> = prompt.to_vec();
+        for _ in 0..options.max_new {
+            let logits = self.forward_cached(&mut cache, seq, &next)?;
+            let vocab = logits.shape()[1];
+            let last = &logits.as_slice()[(next.len() - 1) * vocab..];
+            let token = sampler.next(last, &seen);
+            seen.push(token);
+            on_token(token);
+            if options.stop.contains(&token) {
+                break;
+            }
+            next = vec![token];
+        }
+        Ok(seen.split_off(prompt.len()))
+    }
+
     /// `max_new` tokens after `ids`, each the argmax of the last position's logits (the first on
-    /// ties), the whole window recomputed at every step. Collective; every rank returns them.
+    /// ties), the whole window recomputed at every step: the reference [`Model::generate`] is
+    /// tested against. Collective; every rank returns them.
     ///
     /// # Errors
     /// As [`Model::forward`].
@@ -223,6 +302,52 @@ fn config_from<C: DeserializeOwned>(rank: usize, path: &Path, raw: serde_json::V
             CheckpointErrorKind::Malformed { reason: e.to_string() },
         )
     })
+}
+
+/// Refuses a cache made for another model (its layers, or its values per position).
+pub(crate) fn check_cache(rank: usize, cache: &KvCache, layers: usize, width: usize) -> Result<()> {
+    if cache.layers() != layers || cache.width() != width {
+        return Err(Error::InvalidArgument {
+            op: blocks::FWD,
+            rank,
+            reason: format!(
+                "a KV cache of {} layers x {} values per position, for a model of {layers} x {width} \
+                 on this rank: make it with the model's kv_cache",
+                cache.layers(),
+                cache.width()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Layer `layer`'s attention of the new rows of `qkv` (`[len, stride]`, heads at `at`) at
+/// positions `offset..`: their keys and values written into `cache` first, then each query
+/// over every position up to its own.
+pub(crate) fn attend_cached<T: Element>(
+    cache: &mut KvCache,
+    seq: SeqId,
+    layer: usize,
+    offset: usize,
+    (qkv, stride, at): (&[f32], usize, [usize; 3]),
+    spec: blocks::AttnSpec,
+) -> Vec<f32> {
+    let [q_at, k_at, v_at] = at;
+    let (d, w) = (spec.dim, spec.kv * spec.dim);
+    let len = qkv.len() / stride;
+    for i in 0..len {
+        let row = &qkv[i * stride..];
+        cache.write(seq, layer, offset + i, &row[k_at..k_at + w], &row[v_at..v_at + w]);
+    }
+    let cache = &*cache;
+    blocks::attention_rows::<T>(
+        len,
+        offset,
+        spec,
+        |i, h| &qkv[i * stride + q_at + h * d..][..d],
+        |j, h| &cache.keys(seq, layer, j)[h * d..][..d],
+        |j, h| &cache.values(seq, layer, j)[h * d..][..d],
+    )
 }
 
 /// Refuses an empty prompt.
