@@ -4,7 +4,7 @@
 //! Run: `cargo run --release --example 10_generate -- --model DIR [--ranks N | --processes N]
 //! [--device cuda] --tokens 1,17,42 [--max-new 20] [--greedy] [--dtype f32|bf16|f16]
 //! [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S] [--stop 2,7]
-//! [--recompute]`
+//! [--recompute] [--batch N]`
 //!
 //! `DIR` is a Hugging Face model directory (`config.json`, `model.safetensors` or the sharded
 //! `model-0000x-of-0000y.safetensors` with their index): Llama 2 / 3, Mistral, Qwen2, Qwen3 or
@@ -18,7 +18,9 @@
 //! `--stop` ends at any of those ids. The prompt is prefilled into the KV cache, then each token
 //! decoded against it: the example prints the prefill's and the decode's tokens per second.
 //! `--recompute` times the loop that recomputes the whole window at every token instead (the
-//! reference the cached path is tested against). Text prompts through `tokenizer.json` are not
+//! reference the cached path is tested against). `--batch N` serves N prompts (the given one
+//! and its rotations) by continuous batching in one shared cache and prints their total tokens
+//! per second. Text prompts through `tokenizer.json` are not
 //! supported yet: pass token ids with `--tokens`.
 
 #[path = "common/device.rs"]
@@ -36,6 +38,7 @@ struct Args {
     dtype: String,
     options: GenerateOptions,
     recompute: bool,
+    batch: usize,
 }
 
 fn ids(flag: &str, value: &str) -> Result<Vec<u32>, String> {
@@ -56,6 +59,7 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
         dtype: "f32".into(),
         options: GenerateOptions::greedy(20),
         recompute: false,
+        batch: 0,
     };
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
@@ -82,6 +86,7 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
             "--top-p" => o.top_p = Some(number(&flag, &value)?),
             "--repetition-penalty" => o.repetition_penalty = number(&flag, &value)?,
             "--seed" => o.seed = number(&flag, &value)?,
+            "--batch" => out.batch = number(&flag, &value)?,
             "--dtype" if ["f32", "bf16", "f16"].contains(&value.as_str()) => out.dtype = value,
             _ => return Err(format!("unknown argument {flag} {value}; see the file's header")),
         }
@@ -118,6 +123,22 @@ fn generate<T: Element>(world: &World, args: &Args) -> Result<Vec<(Vec<u32>, f64
     })
 }
 
+/// `--batch N`: N rotations of the prompt by continuous batching; every request's ids and the
+/// seconds of the whole.
+fn batch<T: Element>(world: &World, args: &Args) -> Result<Vec<(Vec<Vec<u32>>, f64)>, Error> {
+    let n = args.tokens.len();
+    let prompts: Vec<Vec<u32>> =
+        (0..args.batch).map(|i| (0..n).map(|j| args.tokens[(i + j) % n]).collect()).collect();
+    let positions = prompts.iter().map(|p| p.len() + args.options.max_new).sum::<usize>();
+    let blocks = positions.div_ceil(args.options.block_size) + args.batch;
+    world.run(|rank| {
+        let model = models::load::<T>(rank, &args.model)?;
+        let start = Instant::now();
+        let out = model.generate_batch(&prompts, &args.options, blocks)?;
+        Ok((out, start.elapsed().as_secs_f64()))
+    })
+}
+
 fn main() -> Result<(), Error> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let Some(world) = device::world_from_args(&mut args, 1)? else { return Ok(()) };
@@ -125,6 +146,31 @@ fn main() -> Result<(), Error> {
         eprintln!("{e}");
         std::process::exit(2);
     });
+    if args.batch > 0 {
+        let out = match args.dtype.as_str() {
+            "bf16" => batch::<bf16>(&world, &args)?,
+            "f16" => batch::<f16>(&world, &args)?,
+            _ => batch::<f32>(&world, &args)?,
+        };
+        if world.ranks_here().contains(&0) {
+            let (all, secs) = &out[0];
+            for (i, ids) in all.iter().enumerate() {
+                let text: Vec<String> = ids.iter().map(u32::to_string).collect();
+                println!("request {i}: ids: {}", text.join(" "));
+            }
+            let tokens: usize = all.iter().map(Vec::len).sum();
+            println!(
+                "{} requests, {tokens} tokens in {:.3} ms ({:.0} tokens/s), continuous batching; \
+                 {} ranks, {}",
+                args.batch,
+                secs * 1e3,
+                tokens as f64 / secs.max(1e-12),
+                world.num_ranks(),
+                args.dtype
+            );
+        }
+        return Ok(());
+    }
     let out = match args.dtype.as_str() {
         "bf16" => generate::<bf16>(&world, &args)?,
         "f16" => generate::<f16>(&world, &args)?,

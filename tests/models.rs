@@ -494,3 +494,38 @@ fn seeded_sampling_gives_the_same_tokens_on_1_2_and_4_ranks() {
     let at = runs[0].iter().position(|&t| t == stop).unwrap();
     assert_eq!(stopped[0], runs[0][..=at]);
 }
+
+#[test]
+fn continuous_batching_gives_each_request_its_tokens_alone_even_when_preempted() {
+    let r = reference("llama3");
+    let p = &r.prompt_ids;
+    // Prompts of 7, 3, 5 and 1 tokens.
+    let prompts: Vec<Vec<u32>> = vec![p.clone(), p[..3].to_vec(), p[2..].to_vec(), vec![p[1]]];
+    let options = GenerateOptions { block_size: 2, ..GenerateOptions::greedy(8) };
+    let out = World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            let model = models::load::<f32>(rank, dir("llama3"))?;
+            let alone: Vec<Vec<u32>> = prompts
+                .iter()
+                .map(|q| model.generate(q, &options, |_| {}))
+                .collect::<dist_tensor::Result<_>>()?;
+            // All at once in a roomy cache; then in 12 blocks of 2, too few for the four to
+            // grow together: requests wait, and the last admitted is preempted and resumed.
+            let roomy = model.generate_batch(&prompts, &options, 64)?;
+            let tight = model.generate_batch(&prompts, &options, 12)?;
+            Ok((alone, roomy, tight))
+        })
+        .unwrap();
+    for (rank, (alone, roomy, tight)) in out.iter().enumerate() {
+        assert_eq!(alone[0], r.greedy_new_ids, "rank {rank}");
+        assert_eq!(roomy, alone, "rank {rank}: batched in a roomy cache");
+        assert_eq!(tight, alone, "rank {rank}: batched with preemption");
+    }
+    // A request that cannot fit alone is a typed error.
+    let err = World::threads(1)
+        .unwrap()
+        .run(|rank| models::load::<f32>(rank, dir("llama3"))?.generate_batch(&prompts, &options, 3))
+        .unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. } | Error::RankFailed { .. }), "{err}");
+}

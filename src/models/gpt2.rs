@@ -218,12 +218,13 @@ impl<'r, T: Element> Gpt2<'r, T> {
         KvCache::new(self.layers.len(), width, block_size, blocks)
     }
 
-    /// The logits of `ids` after the positions `seq` holds in `cache` (or of the whole prompt),
-    /// the new keys and values joining the cache. Collective.
+    /// The logits of `ids`: with a cache, a batch of sequences' new tokens (`batch`: each
+    /// sequence and its count) after the positions each holds, the new keys and values joining
+    /// the cache; without, the whole prompt. Collective.
     pub(crate) fn forward_with(
         &self,
         ids: &[u32],
-        mut cache: Option<(&mut KvCache, SeqId)>,
+        mut cache: Option<(&mut KvCache, &[(SeqId, usize)])>,
     ) -> Result<Tensor<f32>> {
         let c = &self.config;
         let rank = self.rank;
@@ -232,26 +233,35 @@ impl<'r, T: Element> Gpt2<'r, T> {
         let (e, eps) = (c.n_embd, c.layer_norm_epsilon);
         let d = e / c.n_head;
         let q = self.plan.q;
-        let offset = match &cache {
-            Some((cache, seq)) => cache.len(*seq),
-            None => 0,
+        let end = match &cache {
+            Some((cache, batch)) => batch.iter().map(|&(s, n)| cache.len(s) + n).max().unwrap_or(0),
+            None => len,
         };
-        if offset + len > c.n_positions {
+        if end > c.n_positions {
             return Err(Error::InvalidArgument {
                 op: super::blocks::FWD,
                 rank: rank.rank(),
                 reason: format!(
-                    "{} tokens ({offset} cached, {len} new); GPT-2 has {} positions",
-                    offset + len,
+                    "a sequence of {end} tokens (cached and new); GPT-2 has {} positions",
                     c.n_positions
                 ),
             });
         }
-        if let Some((cache, seq)) = &mut cache {
-            super::check_cache(rank.rank(), cache, self.layers.len(), q * d)?;
-            cache.reserve(*seq, len)?;
-        }
-        let pos = super::blocks::rows(&self.wpe, offset, len)?;
+        let shape = (self.layers.len(), q * d);
+        let segments = match &mut cache {
+            Some((cache, batch)) => super::plan_batch(rank.rank(), cache, batch, len, shape)?,
+            None => Vec::new(),
+        };
+        let pos = if cache.is_some() {
+            let table = super::blocks::rows(&self.wpe, 0, end)?;
+            let rows: Vec<T> = super::positions(&segments)
+                .iter()
+                .flat_map(|&p| table.as_slice()[p * e..(p + 1) * e].iter().copied())
+                .collect();
+            Tensor::from_shape_vec(&[len, e], rows)?
+        } else {
+            super::blocks::rows(&self.wpe, 0, len)?
+        };
         let mut x = self.wte.embed(rank, ids, Some(&pos))?;
         for (i, l) in self.layers.iter().enumerate() {
             let h = x.try_map_local(|t| t.layer_norm(Some(&l.ln_1.0), Some(&l.ln_1.1), eps))?;
@@ -265,8 +275,8 @@ impl<'r, T: Element> Gpt2<'r, T> {
             let (stride, at) = (3 * q * d, [0, q * d, 2 * q * d]);
             let a = match &mut cache {
                 None => attention::<T>(&v, len, stride, at, spec),
-                Some((cache, seq)) => {
-                    super::attend_cached::<T>(cache, *seq, i, offset, (&v, stride, at), spec)
+                Some((cache, _)) => {
+                    super::attend_batch::<T>(cache, &segments, i, (&v, stride, at), spec)
                 }
             };
             let a = from_f32::<T>(&[len, q * d], &a)?;
@@ -283,8 +293,10 @@ impl<'r, T: Element> Gpt2<'r, T> {
                 row(rank, f, &l.mlp_proj, &x)?.try_map_local(|t| add_bias(t, &l.mlp_proj_bias))?;
             x = x.zip_local(&y, |a, b| a + b)?;
         }
-        if let Some((cache, seq)) = cache {
-            cache.advance(seq, len);
+        if let Some((cache, _)) = cache {
+            for &(seq, _, n) in &segments {
+                cache.advance(seq, n);
+            }
         }
         let h = x.try_map_local(|t| t.layer_norm(Some(&self.ln_f.0), Some(&self.ln_f.1), eps))?;
         Ok(h.all_gather_matmul(&self.head)?.to_global()?.cast::<f32>())

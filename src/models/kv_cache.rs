@@ -179,6 +179,45 @@ impl KvCache {
         Ok(())
     }
 
+    /// [`KvCache::reserve`] for several sequences at once (a batch): all of them, or, when
+    /// the pool has too few blocks for their sum, none.
+    ///
+    /// # Errors
+    /// As [`KvCache::reserve`]; [`Error::InvalidArgument`] for a sequence named twice.
+    pub fn reserve_all(&mut self, batch: &[(SeqId, usize)]) -> Result<()> {
+        const OP: &str = "KvCache::reserve";
+        let bs = self.block_size;
+        let mut need = 0;
+        for (i, &(seq, more)) in batch.iter().enumerate() {
+            if batch[..i].iter().any(|&(s, _)| s == seq) {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    rank: 0,
+                    reason: format!("sequence {} is twice in one batch", seq.0),
+                });
+            }
+            let s = self.sequence(seq).ok_or_else(|| Self::unknown(seq, OP))?;
+            need += (s.len + more).div_ceil(bs).saturating_sub(s.blocks.len());
+        }
+        if need > self.free.len() {
+            return Err(Error::OutOfMemory {
+                op: OP,
+                bytes: need * self.block_bytes(),
+                what: format!(
+                    "a batch of {} sequences: {need} blocks of {bs} positions, {} free of {}; \
+                     nothing was written (free a sequence, or make a larger cache)",
+                    batch.len(),
+                    self.free.len(),
+                    self.capacity
+                ),
+            });
+        }
+        for &(seq, more) in batch {
+            self.reserve(seq, more)?;
+        }
+        Ok(())
+    }
+
     fn block_bytes(&self) -> usize {
         self.layers * 2 * self.block_size * self.width * 4
     }

@@ -468,30 +468,35 @@ impl<'r, T: Element> Llama<'r, T> {
         KvCache::new(self.layers.len(), width, block_size, blocks)
     }
 
-    /// The logits `[len, vocab]` of `ids` at the positions after those `seq` holds in `cache`,
-    /// or of the whole prompt without one; with a cache, the new positions' keys and values
-    /// join it. Collective.
+    /// The logits `[len, vocab]` of `ids`: with a cache, a batch of sequences' new tokens one
+    /// after the other (`batch`: each sequence and its count), each at the positions after
+    /// those it holds, their keys and values joining it; without, the whole prompt.
+    /// Collective.
     pub(crate) fn forward_with(
         &self,
         ids: &[u32],
-        mut cache: Option<(&mut KvCache, SeqId)>,
+        mut cache: Option<(&mut KvCache, &[(SeqId, usize)])>,
     ) -> Result<Tensor<f32>> {
         let c = &self.config;
         let (rank, eps, d) = (self.rank, c.rms_norm_eps, c.head_dim());
         super::check_ids(rank.rank(), ids)?;
         let len = ids.len();
         let (nq, nkv) = (self.plan.q, self.plan.kv);
-        let offset = match &mut cache {
-            Some((cache, seq)) => {
-                super::check_cache(rank.rank(), cache, self.layers.len(), nkv * d)?;
-                cache.reserve(*seq, len)?;
-                cache.len(*seq)
-            }
-            None => 0,
+        let shape = (self.layers.len(), nkv * d);
+        let segments = match &mut cache {
+            Some((cache, batch)) => super::plan_batch(rank.rank(), cache, batch, len, shape)?,
+            None => Vec::new(),
         };
+        // Each row's rotation, at its own position.
         let half = d / 2;
-        let (cos, sin) = self.rope.tables::<T>(offset + len);
-        let (cos, sin) = (&cos[offset * half..], &sin[offset * half..]);
+        let at_rows =
+            if cache.is_some() { super::positions(&segments) } else { (0..len).collect() };
+        let end = at_rows.iter().max().map_or(0, |p| p + 1);
+        let (cos_all, sin_all) = self.rope.tables::<T>(end);
+        let pick = |t: &[f32]| -> Vec<f32> {
+            at_rows.iter().flat_map(|&p| t[p * half..(p + 1) * half].iter().copied()).collect()
+        };
+        let (cos, sin) = (&pick(&cos_all)[..], &pick(&sin_all)[..]);
         let stride = (nq + 2 * nkv) * d;
         let at = [0, nq * d, (nq + nkv) * d];
         let mut x = self.embed.embed(rank, ids, None)?;
@@ -513,8 +518,8 @@ impl<'r, T: Element> Llama<'r, T> {
                 AttnSpec { q: nq, kv: nkv, dim: d, scale: (d as f32).powf(-0.5), window: l.window };
             let a = match &mut cache {
                 None => attention::<T>(&v, len, stride, at, spec),
-                Some((cache, seq)) => {
-                    super::attend_cached::<T>(cache, *seq, li, offset, (&v, stride, at), spec)
+                Some((cache, _)) => {
+                    super::attend_batch::<T>(cache, &segments, li, (&v, stride, at), spec)
                 }
             };
             let a = from_f32::<T>(&[len, nq * d], &a)?;
@@ -543,8 +548,10 @@ impl<'r, T: Element> Llama<'r, T> {
             };
             x = x.zip_local(&y, |a, b| a + b)?;
         }
-        if let Some((cache, seq)) = cache {
-            cache.advance(seq, len);
+        if let Some((cache, _)) = cache {
+            for &(seq, _, n) in &segments {
+                cache.advance(seq, n);
+            }
         }
         let h = x.try_map_local(|t| t.rms_norm(Some(&self.norm), eps))?;
         Ok(h.all_gather_matmul(&self.head)?.to_global()?.cast::<f32>())

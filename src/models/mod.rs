@@ -21,8 +21,10 @@
 //! [`Model::forward`] runs a whole prompt. [`Model::generate`] prefills the prompt into a paged
 //! [`KvCache`] and decodes one token at a time against it ([`Model::forward_cached`]), greedy
 //! or sampled ([`GenerateOptions`]: temperature, top-k, top-p, repetition penalty, a seed, stop
-//! tokens), handing each token to a callback as it comes; [`Model::generate_greedy`] is the
-//! reference it is tested against (the window recomputed every step).
+//! tokens), handing each token to a callback as it comes; [`Model::generate_batch`] serves
+//! several prompts by continuous batching (prefills beside decodes in one pass, preemption when
+//! the cache runs out); [`Model::generate_greedy`] is the reference they are tested against
+//! (the window recomputed every step).
 
 pub mod blocks;
 mod generate;
@@ -201,10 +203,124 @@ impl<'r, T: Element> Model<'r, T> {
         seq: SeqId,
         ids: &[u32],
     ) -> Result<Tensor<f32>> {
+        let batch = [(seq, ids.len())];
         match self {
-            Model::Llama(m) => m.forward_with(ids, Some((cache, seq))),
-            Model::Gpt2(m) => m.forward_with(ids, Some((cache, seq))),
+            Model::Llama(m) => m.forward_with(ids, Some((cache, &batch))),
+            Model::Gpt2(m) => m.forward_with(ids, Some((cache, &batch))),
         }
+    }
+
+    /// [`Model::forward_cached`] of several sequences in one pass (one set of products over all
+    /// their new rows, each row's attention over its own sequence): prompts being prefilled
+    /// beside tokens being decoded. Their logits, sequence by sequence. The blocks of all are
+    /// reserved, or none. Collective.
+    ///
+    /// # Errors
+    /// As [`Model::forward_cached`]; [`Error::InvalidArgument`] for a sequence given twice or
+    /// with no token.
+    pub fn forward_batch(
+        &self,
+        cache: &mut KvCache,
+        batch: &[(SeqId, &[u32])],
+    ) -> Result<Vec<Tensor<f32>>> {
+        let ids: Vec<u32> = batch.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        let counts: Vec<(SeqId, usize)> = batch.iter().map(|(s, t)| (*s, t.len())).collect();
+        let logits = match self {
+            Model::Llama(m) => m.forward_with(&ids, Some((cache, &counts)))?,
+            Model::Gpt2(m) => m.forward_with(&ids, Some((cache, &counts)))?,
+        };
+        let vocab = logits.shape()[1];
+        let mut first = 0;
+        counts
+            .iter()
+            .map(|&(_, n)| {
+                let rows = logits.as_slice()[first * vocab..(first + n) * vocab].to_vec();
+                first += n;
+                Tensor::from_shape_vec(&[n, vocab], rows)
+            })
+            .collect()
+    }
+
+    /// [`Model::generate`] for several prompts at once, by continuous batching: each step is
+    /// one [`Model::forward_batch`] of the running requests' last tokens and the prefills of
+    /// those admitted at that step; a request leaves when done (its blocks freed for the next).
+    /// A cache of `blocks` blocks of `options.block_size` positions is shared by all; when the
+    /// running requests outgrow it, the one admitted last is preempted (its blocks freed) and
+    /// later resumed from its prompt and the tokens it had (recomputed). Request `i` samples
+    /// from its own generator, seeded `options.seed + i`: greedy, each request gets the tokens it
+    /// gets alone. Collective; every rank returns the same.
+    ///
+    /// # Errors
+    /// As [`Model::forward_batch`]; [`Error::OutOfMemory`] when one request alone does not fit
+    /// the cache.
+    pub fn generate_batch(
+        &self,
+        prompts: &[Vec<u32>],
+        options: &GenerateOptions,
+        blocks: usize,
+    ) -> Result<Vec<Vec<u32>>> {
+        options.check()?;
+        for p in prompts {
+            check_ids(0, p)?;
+        }
+        if options.max_new == 0 {
+            return Ok(vec![Vec::new(); prompts.len()]);
+        }
+        let mut cache = self.kv_cache(blocks, options.block_size)?;
+        let bs = options.block_size;
+        let mut samplers: Vec<generate::Sampler> = (0..prompts.len())
+            .map(|i| {
+                let seed = options.seed.wrapping_add(i as u64);
+                generate::Sampler::new(&GenerateOptions { seed, ..options.clone() })
+            })
+            .collect();
+        let mut out: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+        let mut waiting: std::collections::VecDeque<usize> = (0..prompts.len()).collect();
+        // Running requests: index, sequence, the tokens to feed at the next step.
+        let mut running: Vec<(usize, SeqId, Vec<u32>)> = Vec::new();
+        while !waiting.is_empty() || !running.is_empty() {
+            // Admit while the free blocks hold the prompt and a block of growth, beside a block
+            // of growth for each running request (the first always: alone, it fits or errs).
+            let mut budget = cache.free_blocks().saturating_sub(running.len());
+            while let Some(&i) = waiting.front() {
+                let feed: Vec<u32> = prompts[i].iter().chain(&out[i]).copied().collect();
+                let need = feed.len().div_ceil(bs) + 1;
+                if !running.is_empty() && need > budget {
+                    break;
+                }
+                budget = budget.saturating_sub(need);
+                waiting.pop_front();
+                running.push((i, cache.add_sequence(), feed));
+            }
+            let batch: Vec<(SeqId, &[u32])> =
+                running.iter().map(|(_, s, feed)| (*s, &feed[..])).collect();
+            let logits = match self.forward_batch(&mut cache, &batch) {
+                Ok(l) => l,
+                Err(Error::OutOfMemory { .. }) if running.len() > 1 => {
+                    // Preempt the last admitted: its blocks back, its tokens kept.
+                    let (i, seq, _) = running.pop().expect("more than one running");
+                    cache.remove_sequence(seq);
+                    waiting.push_front(i);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut still = Vec::with_capacity(running.len());
+            for ((i, seq, feed), l) in running.drain(..).zip(logits) {
+                let vocab = l.shape()[1];
+                let last = &l.as_slice()[(feed.len() - 1) * vocab..];
+                let seen: Vec<u32> = prompts[i].iter().chain(&out[i]).copied().collect();
+                let token = samplers[i].next(last, &seen);
+                out[i].push(token);
+                if out[i].len() >= options.max_new || options.stop.contains(&token) {
+                    cache.remove_sequence(seq);
+                } else {
+                    still.push((i, seq, vec![token]));
+                }
+            }
+            running = still;
+        }
+        Ok(out)
     }
 
     /// Up to `options.max_new` tokens after `prompt`: the prompt prefilled into a KV cache of
@@ -319,6 +435,60 @@ pub(crate) fn check_cache(rank: usize, cache: &KvCache, layers: usize, width: us
         });
     }
     Ok(())
+}
+
+/// One sequence's rows in a batched forward pass: the sequence, the positions it held before,
+/// its new rows.
+pub(crate) type Segment = (SeqId, usize, usize);
+
+/// Checks `batch` (sequences and their new rows, `rows` in all) against `cache` and reserves
+/// their blocks (all or none); each segment with the positions it held.
+pub(crate) fn plan_batch(
+    rank: usize,
+    cache: &mut KvCache,
+    batch: &[(SeqId, usize)],
+    rows: usize,
+    (layers, width): (usize, usize),
+) -> Result<Vec<Segment>> {
+    check_cache(rank, cache, layers, width)?;
+    let total: usize = batch.iter().map(|&(_, n)| n).sum();
+    if total != rows || batch.iter().any(|&(_, n)| n == 0) {
+        return Err(Error::InvalidArgument {
+            op: blocks::FWD,
+            rank,
+            reason: format!(
+                "a batch of {} sequences with {total} new tokens for {rows} ids (each sequence at \
+                 least one)",
+                batch.len()
+            ),
+        });
+    }
+    cache.reserve_all(batch)?;
+    Ok(batch.iter().map(|&(seq, n)| (seq, cache.len(seq), n)).collect())
+}
+
+/// Each row's position: every segment's `held..held + new`.
+pub(crate) fn positions(segments: &[Segment]) -> Vec<usize> {
+    segments.iter().flat_map(|&(_, held, n)| held..held + n).collect()
+}
+
+/// Layer `layer`'s attention of a batch's rows of `qkv`, segment by segment (each over its own
+/// sequence's positions).
+pub(crate) fn attend_batch<T: Element>(
+    cache: &mut KvCache,
+    segments: &[Segment],
+    layer: usize,
+    (qkv, stride, at): (&[f32], usize, [usize; 3]),
+    spec: blocks::AttnSpec,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(qkv.len() / stride * spec.q * spec.dim);
+    let mut first = 0;
+    for &(seq, held, n) in segments {
+        let rows = &qkv[first * stride..(first + n) * stride];
+        out.extend(attend_cached::<T>(cache, seq, layer, held, (rows, stride, at), spec));
+        first += n;
+    }
+    out
 }
 
 /// Layer `layer`'s attention of the new rows of `qkv` (`[len, stride]`, heads at `at`) at
