@@ -123,9 +123,11 @@ fn generate<T: Element>(world: &World, args: &Args) -> Result<Vec<(Vec<u32>, f64
     })
 }
 
-/// `--batch N`: N rotations of the prompt by continuous batching; every request's ids and the
-/// seconds of the whole.
-fn batch<T: Element>(world: &World, args: &Args) -> Result<Vec<(Vec<Vec<u32>>, f64)>, Error> {
+/// Every request's new ids, and the seconds of the whole batch.
+type Batch = (Vec<Vec<u32>>, f64);
+
+/// `--batch N`: N rotations of the prompt by continuous batching, on every rank.
+fn batch<T: Element>(world: &World, args: &Args) -> Result<Vec<Batch>, Error> {
     let n = args.tokens.len();
     let prompts: Vec<Vec<u32>> =
         (0..args.batch).map(|i| (0..n).map(|j| args.tokens[(i + j) % n]).collect()).collect();
