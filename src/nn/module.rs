@@ -122,15 +122,9 @@ pub trait Module<T: Element> {
     /// As [`Checkpoint::load`]: on every rank, a parameter missing from the checkpoint, or of
     /// another global shape or element type.
     fn load_state_dict(&mut self, ck: &Checkpoint<'_>, prefix: &str) -> Result<()> {
-        let rank = ck.rank();
-        let mut params = Vec::new();
-        self.visit_mut("", &mut |name, p| params.push((name.to_string(), p)));
-        for (name, p) in params {
-            let target = part_target(rank, p.value(), p.placement())?;
-            let loaded = ck.load::<T>(&join(prefix, &name), target)?;
-            p.set_value(loaded.into_local())?;
-        }
-        Ok(())
+        load_parts(self, ck.rank(), |name, target| {
+            Ok(ck.load::<T>(&join(prefix, name), target)?.into_local())
+        })
     }
 
     /// Replaces every parameter's value by tensor `prefix.name` of a plain safetensors file (a
@@ -161,15 +155,9 @@ pub trait Module<T: Element> {
     /// # Ok::<(), dist_tensor::Error>(())
     /// ```
     fn load_safetensors(&mut self, file: &SafetensorsFile<'_>, prefix: &str) -> Result<()> {
-        let rank = file.rank();
-        let mut params = Vec::new();
-        self.visit_mut("", &mut |name, p| params.push((name.to_string(), p)));
-        for (name, p) in params {
-            let target = part_target(rank, p.value(), p.placement())?;
-            let loaded = file.load::<T>(&join(prefix, &name), target)?;
-            p.set_value(loaded.into_local())?;
-        }
-        Ok(())
+        load_parts(self, file.rank(), |name, target| {
+            Ok(file.load::<T>(&join(prefix, name), target)?.into_local())
+        })
     }
 
     /// Writes every parameter, whole (the shards gathered), into one plain safetensors file at
@@ -343,6 +331,22 @@ macro_rules! impl_module {
             );)*
         }
     };
+}
+
+/// Replaces every parameter's value by `read(its name, the target that cuts this rank's part as
+/// the parameter's is)`. Collective, as `read`.
+fn load_parts<T: Element, M: Module<T> + ?Sized>(
+    model: &mut M,
+    rank: &Rank<'_>,
+    mut read: impl FnMut(&str, Target) -> Result<Tensor<T>>,
+) -> Result<()> {
+    let mut params = Vec::new();
+    model.visit_mut("", &mut |name, p| params.push((name.to_string(), p)));
+    for (name, p) in params {
+        let target = part_target(rank, p.value(), p.placement())?;
+        p.set_value(read(&name, target)?)?;
+    }
+    Ok(())
 }
 
 /// The target that gives this rank a part laid out as `part` is: its placement, every rank's
