@@ -238,6 +238,38 @@ fn bf16_training_ends_within_two_percent_of_f32() {
 }
 
 #[test]
+fn an_overflow_on_one_rank_skips_the_step_on_every_rank() {
+    let out = World::threads(3)
+        .unwrap()
+        .run(|rank| {
+            let mut gpt = Gpt::<half::f16>::new(rank, CONFIG, AttentionForm::TensorParallel, 5)?;
+            let (mut adam, mut scaler) = (Adam::new(1e-2), LossScaler::new(256.0));
+            let (ids, targets): (Vec<Vec<usize>>, Vec<Vec<Option<usize>>>) =
+                batch(0).into_iter().unzip();
+            let loss = vocab_parallel_cross_entropy(
+                &gpt.forward(rank, &ids.concat())?,
+                &targets.concat(),
+            )?;
+            scaler.scale_loss(&loss)?.backward()?;
+            // Only rank 2's own shard of the head overflows: no other rank can see it in its
+            // gradients, only through the scaler's exchange.
+            if rank.rank() == 2 {
+                let head = &mut gpt.head;
+                let mut bad = Tensor::<half::f16>::zeros(head.value().shape());
+                bad.as_mut_slice()[0] = half::f16::INFINITY;
+                head.accumulate_grad(bad)?;
+            }
+            let before: Vec<Tensor<half::f16>> =
+                gpt.parameters().iter().map(|p| p.value().clone()).collect();
+            let stepped = scaler.step(&mut adam, &mut gpt, rank)?;
+            let moved = gpt.parameters().iter().zip(&before).any(|(p, b)| p.value() != b);
+            Ok((stepped, moved, scaler.skipped(), scaler.scale()))
+        })
+        .unwrap();
+    assert!(out.iter().all(|o| *o == (false, false, 1, 128.0)), "{out:?}");
+}
+
+#[test]
 fn replicas_that_forgot_to_average_are_caught() {
     let errors = World::threads(2).unwrap().run(|rank| {
         let mesh = DeviceMesh::new(rank, &[("dp", 2), ("tp", 1)])?;
