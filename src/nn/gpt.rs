@@ -94,7 +94,7 @@ impl<T: Element> Embedding<T> {
     /// This rank's rows of `table` (split as `numpy.array_split`).
     ///
     /// # Errors
-    /// [`Error::InvalidShape`](crate::Error::InvalidShape) unless `table` is 2-D.
+    /// [`Error::InvalidShape`] unless `table` is 2-D.
     pub fn new(rank: &Rank<'_>, table: &Tensor<T>) -> Result<Self> {
         if table.ndim() != 2 {
             return Err(Error::InvalidShape {
@@ -161,7 +161,7 @@ impl<T: Element> RmsNorm<T> {
 
 /// Layer normalization with a learnable weight and bias (both replicated, as [`RmsNorm`]'s:
 /// each rank normalizes its rows, and each weight's gradient is the ranks' partial sums, summed
-/// by [`sync_grads`]).
+/// by [`sync_grads`](crate::nn::sync_grads)).
 ///
 /// # Examples
 /// ```

@@ -220,7 +220,7 @@ fn heads_first<'r, T: Element>(t: &Var<'r, T>) -> Result<Var<'r, T>> {
     t.permute(&[0, 2, 1, 3])
 }
 
-/// No parameters: a [`Module`] so that its backward pass runs as the layers' do.
+/// No parameters: a [`Module`](crate::nn::Module) so that its backward pass runs as the layers' do.
 /// No parameters: attention alone.
 impl<T: Element> crate::nn::Module<T> for UlyssesAttention {
     fn visit<'s>(&'s self, _prefix: &str, _f: &mut dyn FnMut(&str, &'s crate::nn::Param<T>)) {}
