@@ -18,6 +18,10 @@
 //! parallelism over all 4 ranks, and the dp averaging the backward pass does not hide (see
 //! `mesh.rs`; `--quick`, `--tokens N`).
 //!
+//! `--decode-model` decodes a Llama-shaped model of 250 M parameters built at random (see
+//! `decode.rs`; `--quick` a smaller one) on 1, 2 and 4 ranks: ms/token at batch 1, tokens/s at
+//! batch 16, each beside the memory-bandwidth floor.
+//!
 //! Under the table it prints the host schedule each fused product took on rank 0 and why
 //! (`fused::last_schedule`); the rows marked "forced" run the other choice through the call's
 //! options, so that the cost of each choice is measured on this machine (`--only forced`).
@@ -26,6 +30,7 @@
 //! uses those. `--runs N` repeats the whole report N times and prints one table over all of them:
 //! medians, and the quartiles of the pair-by-pair ratios.
 
+mod decode;
 mod machine;
 #[path = "../common/stats.rs"]
 mod measure;
@@ -376,6 +381,9 @@ fn main() -> Result<()> {
     }
     if std::env::args().any(|a| a == "--mesh") {
         return mesh::main(std::env::args().any(|a| a == "--quick"));
+    }
+    if std::env::args().any(|a| a == "--decode-model") {
+        return decode::main(std::env::args().any(|a| a == "--quick"));
     }
     let Args { reps, runs, only, processes, row } = args();
     let load_before = measure::load_1min();
