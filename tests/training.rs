@@ -342,3 +342,52 @@ fn a_trained_model_leaves_the_world() {
         .unwrap();
     assert_eq!(logits[0], [CONFIG.seq_len, CONFIG.vocab]);
 }
+
+#[test]
+fn one_parameter_of_the_last_replica_drifting_is_named() {
+    let errors = World::threads(3)
+        .unwrap()
+        .run(|rank| {
+            let mesh = DeviceMesh::new(rank, &[("dp", 3), ("tp", 1)])?;
+            let tpr = mesh.rank_of("tp")?;
+            let mut gpt = Gpt::<f32>::new(&tpr, CONFIG, AttentionForm::TensorParallel, 5)?;
+            if mesh.coord("dp")? == 2 {
+                // One element of one parameter, on the last replica only.
+                let w = gpt.layers[1].norm2.weight.value_mut();
+                w.as_mut_slice()[3] += 1e-3;
+            }
+            let dp = DataParallel::new(mesh.averager("dp")?);
+            Ok(dp.check_replicas(&gpt).err())
+        })
+        .unwrap();
+    for (rank, e) in errors.iter().enumerate() {
+        match e {
+            Some(Error::RanksDisagree { rank_b: 2, value_a, .. }) => {
+                assert!(value_a.starts_with("layers.1.norm2.weight"), "rank {rank}: {value_a}")
+            }
+            other => panic!("rank {rank}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_global_gradient_norm_counts_every_rank_and_replicated_parameters_once() {
+    // Rank r's shard has a gradient of norm r + 1 (the largest on the last rank); a replicated
+    // parameter has the same gradient of norm 2 on every rank.
+    let out = World::threads(3)
+        .unwrap()
+        .run(|rank| {
+            let r = rank.rank() as f64;
+            let mut shard = dist_tensor::nn::Param::sharded(Tensor::<f64>::zeros(&[2]), 0);
+            shard.accumulate_grad(Tensor::from(vec![(r + 1.0) * 0.6, (r + 1.0) * 0.8]))?;
+            let mut replicated = dist_tensor::nn::Param::new(Tensor::<f64>::zeros(&[1]));
+            replicated.accumulate_grad(Tensor::from(vec![2.0]))?;
+            let model = vec![shard, replicated];
+            dist_tensor::nn::grad_norm(&model, rank)
+        })
+        .unwrap();
+    let want = (1.0f64 + 4.0 + 9.0 + 4.0).sqrt();
+    for (rank, norm) in out.iter().enumerate() {
+        assert!((norm - want).abs() < 1e-12, "rank {rank}: {norm} vs {want}");
+    }
+}
