@@ -253,7 +253,8 @@ impl<'r, T: Element> Gpt2<'r, T> {
             None => Vec::new(),
         };
         let pos = if cache.is_some() {
-            let table = super::blocks::rows(&self.wpe, 0, end)?;
+            // Only the rows of the positions asked for (not the table up to the last of them).
+            let table = self.wpe.to_host()?;
             let rows: Vec<T> = super::positions(&segments)
                 .iter()
                 .flat_map(|&p| table.as_slice()[p * e..(p + 1) * e].iter().copied())
