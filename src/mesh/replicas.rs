@@ -136,19 +136,6 @@ impl<'m> DataParallel<'m> {
         set_grads(&params, &order, mean)
     }
 
-    /// Averages the gradients the parameters hold over the group, after the backward pass (in
-    /// the same buckets, nothing overlapped). Collective over the group.
-    ///
-    /// # Errors
-    /// As [`data_parallel::all_reduce_mean`].
-    pub fn average_grads<T: Element, M: Module<T> + ?Sized>(&self, model: &M) -> Result<()> {
-        let params = model.parameters();
-        let grads = params.iter().map(|p| host_grad(p)).collect::<Result<Vec<_>>>()?;
-        let mean = data_parallel::all_reduce_mean(&self.dp, self.bucket_bytes, &grads)?;
-        let order: Vec<usize> = (0..params.len()).collect();
-        set_grads(&params, &order, mean)
-    }
-
     /// One step of `optimizer` over `model`'s parameters; then, every `check_every` steps,
     /// [`DataParallel::check_replicas`]. Collective over the group on those steps.
     ///
