@@ -488,9 +488,79 @@ fn every_op<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     all_gather_matmul::<T>(rank, check)?;
     matmul_reduce_scatter::<T>(rank, check)?;
     all_to_all::<T>(rank, check)?;
+    if capability::refusal(Op::FlashDecode, rank.device(), T::DTYPE, &[]).is_none() {
+        flash_decode_case::<T>(rank, check)?;
+    }
     collectives_case::<T>(rank, check)?;
     tensor_inputs::<T>(rank, check)?;
     dist_ops::<T>(rank, check)
+}
+
+/// Keys rank `r` of `n` holds for flash_decode: uneven, a rank with none, one more than a chunk
+/// of the host kernel (512) on rank 0 of a world of 2 or more.
+fn keys_of(r: usize, n: usize) -> usize {
+    match r {
+        0 if n > 1 => 515,
+        _ if n > 1 && r == n - 1 => 0,
+        _ => 2 * r + 3,
+    }
+}
+
+/// The sequence-parallel flash-decode, fused and unfused, against attention in f64 over every
+/// rank's keys: grouped-query heads (6 query heads on 3 kv heads), d != dv, uneven key shards.
+fn flash_decode_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let (batch, heads, kv_heads, d, dv) = (2, 6, 3, 5, 4);
+    let scale = 1.0 / (d as f64).sqrt();
+    let q = Tensor::<T>::random(&[batch, heads, d], 31);
+    let kv = |r: usize| {
+        let k = Tensor::<T>::random(&[batch, keys_of(r, n), kv_heads, d], seed(r, 32));
+        let v = Tensor::<T>::random(&[batch, keys_of(r, n), kv_heads, dv], seed(r, 33));
+        (k, v)
+    };
+    let (k, v) = kv(me);
+    // softmax(q k^T * scale) v over the keys of every rank, in f64.
+    let mut want = vec![0.0; batch * heads * dv];
+    let all: Vec<(Tensor<T>, Tensor<T>)> = (0..n).map(kv).collect();
+    for b in 0..batch {
+        for h in 0..heads {
+            let kvh = h / (heads / kv_heads);
+            let qh = &q.as_slice()[(b * heads + h) * d..][..d];
+            let mut scores = Vec::new();
+            let mut rows = Vec::new();
+            for (r, (k, v)) in all.iter().enumerate() {
+                for j in 0..keys_of(r, n) {
+                    let at = (b * keys_of(r, n) + j) * kv_heads + kvh;
+                    let key = &k.as_slice()[at * d..][..d];
+                    let dot: f64 = qh.iter().zip(key).map(|(a, b)| a.to_f64() * b.to_f64()).sum();
+                    scores.push(dot * scale);
+                    rows.push(&v.as_slice()[at * dv..][..dv]);
+                }
+            }
+            let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            for (w, row) in weights.iter().zip(rows) {
+                for (o, x) in want[(b * heads + h) * dv..][..dv].iter_mut().zip(row) {
+                    *o += w / sum * x.to_f64();
+                }
+            }
+        }
+    }
+    for fused in [true, false] {
+        let out = if fused {
+            fused::flash_decode(rank, &q, &k, &v, scale)?
+        } else {
+            fused::flash_decode_unfused(rank, &q, &k, &v, scale)?
+        };
+        let output = out.output.to_host()?;
+        assert_eq!(output.shape(), &[batch, heads, dv]);
+        if check {
+            let what = format!("flash_decode (fused {fused}) on rank {me} of {n}");
+            close(&what, output.as_slice(), &want, d + 2);
+        }
+    }
+    Ok(())
 }
 
 /// Every case in every dtype the world's backend has.
@@ -712,6 +782,7 @@ fn run_cell<T: Element>(rank: &Rank<'_>, op: Op, check: bool) -> Result<()> {
         Op::AllGatherMatmul => all_gather_matmul::<T>(rank, check),
         Op::MatmulReduceScatter => matmul_reduce_scatter::<T>(rank, check),
         Op::AllToAll => all_to_all::<T>(rank, check),
+        Op::FlashDecode => flash_decode_case::<T>(rank, check),
         Op::AllGather => all_gather_case::<T>(rank, check),
         Op::ReduceScatter => reduce_scatter_case::<T>(rank, check),
         Op::AllReduce => all_reduce_case::<T>(rank, check),

@@ -14,7 +14,7 @@ use crate::{Error, Result};
 /// ```
 /// use dist_tensor::device::capability::Op;
 /// assert_eq!(Op::AllGatherMatmul.name(), "all_gather_matmul");
-/// assert_eq!(Op::ALL.len(), 9);
+/// assert_eq!(Op::ALL.len(), 10);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -25,6 +25,8 @@ pub enum Op {
     MatmulReduceScatter,
     /// [`fused::all_to_all`](crate::fused::all_to_all): the sequence-parallel exchange.
     AllToAll,
+    /// [`fused::flash_decode`](crate::fused::flash_decode): sequence-parallel decode attention.
+    FlashDecode,
     /// [`collectives::all_gather`](crate::collectives::all_gather).
     AllGather,
     /// [`collectives::reduce_scatter`](crate::collectives::reduce_scatter).
@@ -42,10 +44,11 @@ pub enum Op {
 
 impl Op {
     /// Every op of the table, in its order.
-    pub const ALL: [Op; 9] = [
+    pub const ALL: [Op; 10] = [
         Op::AllGatherMatmul,
         Op::MatmulReduceScatter,
         Op::AllToAll,
+        Op::FlashDecode,
         Op::AllGather,
         Op::ReduceScatter,
         Op::AllReduce,
@@ -72,6 +75,7 @@ impl Op {
             Op::AllGatherMatmul => "all_gather_matmul",
             Op::MatmulReduceScatter => "matmul_reduce_scatter",
             Op::AllToAll => "all_to_all",
+            Op::FlashDecode => "flash_decode",
             Op::AllGather => "all_gather",
             Op::ReduceScatter => "reduce_scatter",
             Op::AllReduce => "all_reduce",
@@ -169,6 +173,7 @@ const TABLE: &[Row] = &[
     host(Op::AllGatherMatmul),
     host(Op::MatmulReduceScatter),
     host(Op::AllToAll),
+    host(Op::FlashDecode),
     host(Op::AllGather),
     host(Op::ReduceScatter),
     host(Op::AllReduce),

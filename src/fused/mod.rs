@@ -4,6 +4,7 @@
 
 pub(crate) mod all_gather_matmul;
 pub(crate) mod all_to_all;
+pub(crate) mod flash_decode;
 pub(crate) mod matmul_reduce_scatter;
 pub(crate) mod operand;
 
@@ -19,6 +20,7 @@ pub use all_gather_matmul::{
 pub use all_to_all::{
     AllToAllOutput, MAX_DIMS, all_to_all, all_to_all_unfused, all_to_all_unfused_mpi,
 };
+pub use flash_decode::{FlashDecodeOutput, flash_decode, flash_decode_unfused};
 pub use matmul_reduce_scatter::{
     matmul_reduce_scatter, matmul_reduce_scatter_unfused, matmul_reduce_scatter_unfused_mpi,
 };

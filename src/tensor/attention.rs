@@ -118,7 +118,7 @@ fn visible(causal: bool, i: usize, k0: usize, cols: usize) -> usize {
 /// `x = exp(x * scale - shift)` over a row, returning the row's sum. For f32 (the accumulator
 /// of f32, f16 and bf16) through [`exp_f32`], which the compiler vectorizes (the library `expf`
 /// is a call per element and was a sixth of the fused op's time).
-fn exp_row<A: Element<Acc = A> + Float>(row: &mut [A], scale: A, shift: A) -> A {
+pub(crate) fn exp_row<A: Element<Acc = A> + Float>(row: &mut [A], scale: A, shift: A) -> A {
     if std::any::TypeId::of::<A>() == std::any::TypeId::of::<f32>() {
         let (scale, shift) = (scale.to_f64() as f32, shift.to_f64() as f32);
         // SAFETY: A is f32 (checked above): same size, alignment and validity.

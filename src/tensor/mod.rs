@@ -38,6 +38,7 @@ mod split;
 mod storage;
 mod top;
 
+pub(crate) use attention::exp_row;
 pub use attention::{
     scaled_dot_product_attention, scaled_dot_product_attention_backward,
     scaled_dot_product_attention_lse,

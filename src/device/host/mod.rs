@@ -12,6 +12,7 @@ use std::sync::Mutex;
 
 pub(crate) mod all_gather_matmul;
 pub(crate) mod all_to_all;
+pub(crate) mod flash_decode;
 pub(crate) mod launch;
 pub(crate) mod matmul_reduce_scatter;
 pub(crate) mod plan;

@@ -1,0 +1,255 @@
+//! Sequence-parallel flash-decode: one query token per sequence against a KV cache sharded by
+//! sequence over the ranks (FlashDecoding's split of the keys, across ranks instead of across
+//! thread blocks). Each rank attends to its own keys, giving a partial output and its
+//! log-sum-exp; the partials are combined with log-sum-exp weights into the whole attention, the
+//! same on every rank.
+//!
+//! Fused (`flash_decode`), the partials are written straight into every rank's symmetric buffer
+//! as they are computed and combined in the same kernel once they have arrived (see
+//! `device::host::flash_decode`): no collective, no host barrier between the two halves.
+//! Unfused (`flash_decode_unfused`), as a user writes it with this library's parts: the local
+//! attention with its log-sum-exp ([`scaled_dot_product_attention_lse`]), an
+//! [`all_gather`](collectives::all_gather) of the partials, and the combine.
+
+use num_traits::Float;
+
+use crate::collectives;
+use crate::device::capability::{self, Op};
+use crate::device::host::flash_decode::{DecodeLayout, MAX_GROUP};
+use crate::device::{DeviceWorld, host};
+use crate::shmem::{Call, Rank};
+use crate::tensor::{Element, Tensor, scaled_dot_product_attention_lse};
+use crate::{Error, Result};
+
+const OP: &str = "flash_decode";
+const UNFUSED_OP: &str = "flash_decode_unfused";
+
+/// The result of a flash-decode: the attention of every query, the same on every rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlashDecodeOutput<T: Element> {
+    /// `[batch, heads, dv]`: `softmax(q k^T * scale) v` over every rank's keys.
+    pub output: Tensor<T>,
+    /// `[batch, heads]`: the log-sum-exp of each query's scaled scores over every rank's keys
+    /// (minus infinity where there are none), in the accumulator type.
+    pub lse: Tensor<T::Acc>,
+}
+
+/// Attention of one query per sequence to keys sharded by sequence over the ranks. Collective.
+///
+/// `q` is `[batch, heads, d]`, the same on every rank; `k` and `v` are this rank's keys and
+/// values, `[batch, keys, kv_heads, d]` and `[batch, keys, kv_heads, dv]` (the layout of a KV
+/// cache; `keys` may differ between ranks, and be 0). Query head `h` attends with kv head
+/// `h / (heads / kv_heads)` (grouped-query attention; `heads` a multiple of `kv_heads`, at most
+/// 64 query heads per kv head). A decoding query sees every cached key, so there is no mask.
+/// Every rank returns the whole result, bit for bit the same (the partials are combined in rank
+/// order everywhere).
+///
+/// # Errors
+/// On every rank: [`Error::InvalidArgument`] naming the rank whose shapes are wrong, or whose
+/// backend has no kernel for the op or the element type (the capability table);
+/// [`Error::RanksDisagree`] when ranks pass different `batch`, `heads`, `kv_heads`, `d`, `dv`
+/// or `scale`; and as every collective.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::flash_decode;
+/// use dist_tensor::tensor::scaled_dot_product_attention_lse;
+/// use dist_tensor::{Tensor, World};
+///
+/// // 1 sequence, 4 query heads sharing 2 kv heads, d = 8; 10 cached keys split 3 + 7.
+/// let q = Tensor::<f64>::random(&[1, 4, 8], 1);
+/// let (k, v) = (Tensor::<f64>::random(&[1, 10, 2, 8], 2), Tensor::<f64>::random(&[1, 10, 2, 8], 3));
+/// let scale = 1.0 / 8f64.sqrt();
+/// let outs = World::threads(2)?.run(|rank| {
+///     let (start, len) = if rank.rank() == 0 { (0, 3) } else { (3, 7) };
+///     let keys: Vec<usize> = (start..start + len).collect();
+///     let mine = |t: &Tensor<f64>| t.index_select(1, &keys);
+///     Ok(flash_decode(rank, &q, &mine(&k)?, &mine(&v)?, scale)?.output)
+/// })?;
+/// assert_eq!(outs[0], outs[1]);
+/// // The same as attending to all the keys at once: head 3 uses kv head 1.
+/// let k1 = k.index_select(2, &[1])?.reshape(&[10, 8])?;
+/// let v1 = v.index_select(2, &[1])?.reshape(&[10, 8])?;
+/// let q3 = q.index_select(1, &[3])?.reshape(&[1, 8])?;
+/// let (want, _) = scaled_dot_product_attention_lse(&q3, &k1, &v1, false, scale)?;
+/// let got = &outs[0].as_slice()[3 * 8..];
+/// assert!(got.iter().zip(want.as_slice()).all(|(a, b)| (a - b).abs() < 1e-12));
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn flash_decode<T: Element>(
+    rank: &Rank<'_>,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    scale: f64,
+) -> Result<FlashDecodeOutput<T>> {
+    run(rank, q, k, v, scale, true)
+}
+
+/// The unfused baseline of [`flash_decode`], as a user writes it with this library: the local
+/// attention with its log-sum-exp (the query heads of one kv head as the rows of one query
+/// block, the keys and values permuted to `[batch, kv_heads, keys, d]` for it), one
+/// [`all_gather`](collectives::all_gather) of every rank's outputs and log-sum-exps, and the
+/// combine. The same results as [`flash_decode`] within rounding (its partial outputs are
+/// rounded to `T` before they are combined).
+///
+/// # Errors
+/// As [`flash_decode`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::fused::{flash_decode, flash_decode_unfused};
+/// use dist_tensor::{Tensor, World};
+/// World::threads(3)?.run(|rank| {
+///     let q = Tensor::<f64>::random(&[2, 6, 4], 1);
+///     let keys = 2 * rank.rank(); // 0, 2 and 4 keys
+///     let k = Tensor::<f64>::random(&[2, keys, 3, 4], 2 + rank.rank() as u64);
+///     let v = Tensor::<f64>::random(&[2, keys, 3, 5], 9 + rank.rank() as u64);
+///     let (a, b) = (flash_decode(rank, &q, &k, &v, 0.5)?, flash_decode_unfused(rank, &q, &k, &v, 0.5)?);
+///     assert!(a.output.as_slice().iter().zip(b.output.as_slice()).all(|(x, y)| (x - y).abs() < 1e-12));
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn flash_decode_unfused<T: Element>(
+    rank: &Rank<'_>,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    scale: f64,
+) -> Result<FlashDecodeOutput<T>> {
+    run(rank, q, k, v, scale, false)
+}
+
+/// What is wrong with this rank's shapes, if anything.
+fn shape_problem(q: &[usize], k: &[usize], v: &[usize], scale: f64) -> Option<String> {
+    let shapes = format!("q {q:?}, k {k:?}, v {v:?}");
+    if q.len() != 3 || k.len() != 4 || v.len() != 4 {
+        return Some(format!(
+            "{shapes}: q is [batch, heads, d], k and v [batch, keys, kv_heads, d or dv]"
+        ));
+    }
+    let (heads, kv_heads) = (q[1], k[2]);
+    let problem = if k[0] != q[0] || v[0] != q[0] {
+        "the batch sizes differ"
+    } else if k[1] != v[1] || v[2] != kv_heads {
+        "k and v hold different keys or kv heads"
+    } else if k[3] != q[2] {
+        "q and k have different widths d"
+    } else if kv_heads == 0 || heads % kv_heads != 0 {
+        "heads is not a multiple of kv_heads"
+    } else if heads / kv_heads > MAX_GROUP {
+        "more than 64 query heads per kv head"
+    } else if !scale.is_finite() {
+        "the scale is not finite"
+    } else {
+        return None;
+    };
+    Some(format!("{shapes}: {problem}"))
+}
+
+/// Exchanges shapes and checks them on every rank.
+fn agree<T: Element>(
+    op: &'static str,
+    rank: &Rank<'_>,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    scale: f64,
+) -> Result<DecodeLayout> {
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    let problem = shape_problem(qs, ks, vs, scale)
+        .or_else(|| capability::dtype_problem(Op::FlashDecode, rank.device(), T::DTYPE));
+    let dim = |s: &[usize], i: usize| s.get(i).copied().unwrap_or(0) as u64;
+    let words =
+        [dim(qs, 0), dim(qs, 1), dim(ks, 2), dim(qs, 2), dim(vs, 3), scale.to_bits(), dim(ks, 1)];
+    let all = rank.exchange(Call::of::<T>(op), &words, problem, &[])?;
+    for (i, what) in ["batch", "heads", "kv_heads", "d", "dv"].into_iter().enumerate() {
+        all.agree(OP, i, what)?;
+    }
+    let scales_agree = all.iter().all(|w| w[5] == scale.to_bits());
+    if !scales_agree {
+        let bad = all.iter().position(|w| w[5] != all[0][5]).expect("a disagreeing rank");
+        return Err(Error::RanksDisagree {
+            op: OP,
+            rank_a: 0,
+            value_a: format!("scale = {}", f64::from_bits(all[0][5])),
+            rank_b: bad,
+            value_b: format!("scale = {}", f64::from_bits(all[bad][5])),
+        });
+    }
+    Ok(DecodeLayout {
+        batch: qs[0],
+        heads: qs[1],
+        kv_heads: ks[2],
+        d: qs[2],
+        dv: vs[3],
+        keys: all.iter().map(|w| w[6] as usize).collect(),
+        scale,
+    })
+}
+
+/// `flash_decode` (or its unfused baseline) on any world: the one place it chooses its backend.
+fn run<T: Element>(
+    rank: &Rank<'_>,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    scale: f64,
+    fused: bool,
+) -> Result<FlashDecodeOutput<T>> {
+    let op = if fused { OP } else { UNFUSED_OP };
+    let layout = agree(op, rank, q, k, v, scale)?;
+    let ran = match rank.device_world() {
+        DeviceWorld::Host if fused => host::flash_decode::flash_decode(rank, &layout, q, k, v)
+            .map(|(output, lse)| FlashDecodeOutput { output, lse }),
+        _ => unfused(rank, &layout, q, k, v),
+    };
+    ran.inspect_err(|e| rank.fail_after_agreeing(e))
+}
+
+/// The unfused baseline after the agreement on `l`.
+fn unfused<T: Element>(
+    rank: &Rank<'_>,
+    l: &DecodeLayout,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+) -> Result<FlashDecodeOutput<T>> {
+    let (n, g) = (rank.num_ranks(), l.group());
+    let queries = q.reshape(&[l.batch, l.kv_heads, g, l.d])?;
+    let keys = k.permute(&[0, 2, 1, 3])?;
+    let values = v.permute(&[0, 2, 1, 3])?;
+    let (o, lse) = scaled_dot_product_attention_lse(&queries, &keys, &values, false, l.scale)?;
+    let rows = l.batch * l.heads;
+    let record = l.dv + 1;
+    let mut packed = Vec::with_capacity(rows * record);
+    for (row, &s) in o.as_slice().chunks_exact(l.dv.max(1)).take(rows).zip(lse.as_slice()) {
+        packed.extend(row.iter().map(|x| x.to_acc()));
+        packed.push(s);
+    }
+    packed.resize(rows * record, <T::Acc as Element>::zero());
+    let all = collectives::all_gather(rank, &packed)?;
+    let neg_inf = <T::Acc as Float>::neg_infinity();
+    let zero = <T::Acc as Element>::zero();
+    let mut output = Vec::with_capacity(rows * l.dv);
+    let mut lses = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let part = |src: usize| &all[(src * rows + r) * record..(src * rows + r + 1) * record];
+        let max = (0..n).map(|s| part(s)[l.dv]).fold(neg_inf, Float::max);
+        let weights: Vec<T::Acc> = (0..n)
+            .map(|s| if part(s)[l.dv] == neg_inf { zero } else { (part(s)[l.dv] - max).exp() })
+            .collect();
+        let sum = weights.iter().fold(zero, |a, &w| a + w);
+        let inv = if sum > zero { sum.recip() } else { zero };
+        for j in 0..l.dv {
+            let acc = (0..n).fold(zero, |a, s| a + weights[s] * part(s)[j]);
+            output.push(T::from_acc(acc * inv));
+        }
+        lses.push(max + sum.ln());
+    }
+    Ok(FlashDecodeOutput {
+        output: Tensor::from_shape_vec(&[l.batch, l.heads, l.dv], output)?,
+        lse: Tensor::from_shape_vec(&[l.batch, l.heads], lses)?,
+    })
+}
