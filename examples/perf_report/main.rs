@@ -22,6 +22,9 @@
 //! `decode.rs`; `--quick` a smaller one) on 1, 2 and 4 ranks: ms/token at batch 1, tokens/s at
 //! batch 16, each beside the memory-bandwidth floor.
 //!
+//! `--flash-decode` times the sequence-parallel flash-decode fused and unfused on 1, 2 and 4
+//! ranks, beside the KV cache's bandwidth floor (see `flash_decode.rs`; `--quick`).
+//!
 //! Under the table it prints the host schedule each fused product took on rank 0 and why
 //! (`fused::last_schedule`); the rows marked "forced" run the other choice through the call's
 //! options, so that the cost of each choice is measured on this machine (`--only forced`).
@@ -31,6 +34,7 @@
 //! medians, and the quartiles of the pair-by-pair ratios.
 
 mod decode;
+mod flash_decode;
 mod machine;
 #[path = "../common/stats.rs"]
 mod measure;
@@ -381,6 +385,9 @@ fn main() -> Result<()> {
     }
     if std::env::args().any(|a| a == "--mesh") {
         return mesh::main(std::env::args().any(|a| a == "--quick"));
+    }
+    if std::env::args().any(|a| a == "--flash-decode") {
+        return flash_decode::main(std::env::args().any(|a| a == "--quick"));
     }
     if std::env::args().any(|a| a == "--decode-model") {
         return decode::main(std::env::args().any(|a| a == "--quick"));

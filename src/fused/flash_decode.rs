@@ -8,17 +8,16 @@
 //! as they are computed and combined in the same kernel once they have arrived (see
 //! `device::host::flash_decode`): no collective, no host barrier between the two halves.
 //! Unfused (`flash_decode_unfused`), as a user writes it with this library's parts: the local
-//! attention with its log-sum-exp ([`scaled_dot_product_attention_lse`]), an
+//! decode attention with its log-sum-exp ([`decode_attention_lse`]), an
 //! [`all_gather`](collectives::all_gather) of the partials, and the combine.
-
-use num_traits::Float;
 
 use crate::collectives;
 use crate::device::capability::{self, Op};
-use crate::device::host::flash_decode::{DecodeLayout, MAX_GROUP};
+use crate::device::host::flash_decode::DecodeLayout;
 use crate::device::{DeviceWorld, host};
 use crate::shmem::{Call, Rank};
-use crate::tensor::{Element, Tensor, scaled_dot_product_attention_lse};
+use crate::tensor::decode_attention::{Combine, decode_shape_problem};
+use crate::tensor::{Element, Tensor, decode_attention_lse};
 use crate::{Error, Result};
 
 const OP: &str = "flash_decode";
@@ -87,8 +86,7 @@ pub fn flash_decode<T: Element>(
 }
 
 /// The unfused baseline of [`flash_decode`], as a user writes it with this library: the local
-/// attention with its log-sum-exp (the query heads of one kv head as the rows of one query
-/// block, the keys and values permuted to `[batch, kv_heads, keys, d]` for it), one
+/// decode attention with its log-sum-exp ([`decode_attention_lse`]), one
 /// [`all_gather`](collectives::all_gather) of every rank's outputs and log-sum-exps, and the
 /// combine. The same results as [`flash_decode`] within rounding (its partial outputs are
 /// rounded to `T` before they are combined).
@@ -121,33 +119,6 @@ pub fn flash_decode_unfused<T: Element>(
     run(rank, q, k, v, scale, false)
 }
 
-/// What is wrong with this rank's shapes, if anything.
-fn shape_problem(q: &[usize], k: &[usize], v: &[usize], scale: f64) -> Option<String> {
-    let shapes = format!("q {q:?}, k {k:?}, v {v:?}");
-    if q.len() != 3 || k.len() != 4 || v.len() != 4 {
-        return Some(format!(
-            "{shapes}: q is [batch, heads, d], k and v [batch, keys, kv_heads, d or dv]"
-        ));
-    }
-    let (heads, kv_heads) = (q[1], k[2]);
-    let problem = if k[0] != q[0] || v[0] != q[0] {
-        "the batch sizes differ"
-    } else if k[1] != v[1] || v[2] != kv_heads {
-        "k and v hold different keys or kv heads"
-    } else if k[3] != q[2] {
-        "q and k have different widths d"
-    } else if kv_heads == 0 || heads % kv_heads != 0 {
-        "heads is not a multiple of kv_heads"
-    } else if heads / kv_heads > MAX_GROUP {
-        "more than 64 query heads per kv head"
-    } else if !scale.is_finite() {
-        "the scale is not finite"
-    } else {
-        return None;
-    };
-    Some(format!("{shapes}: {problem}"))
-}
-
 /// Exchanges shapes and checks them on every rank.
 fn agree<T: Element>(
     op: &'static str,
@@ -158,7 +129,8 @@ fn agree<T: Element>(
     scale: f64,
 ) -> Result<DecodeLayout> {
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
-    let problem = shape_problem(qs, ks, vs, scale)
+    let problem = decode_shape_problem(qs, ks, vs)
+        .or_else(|| (!scale.is_finite()).then(|| format!("the scale {scale} is not finite")))
         .or_else(|| capability::dtype_problem(Op::FlashDecode, rank.device(), T::DTYPE));
     let dim = |s: &[usize], i: usize| s.get(i).copied().unwrap_or(0) as u64;
     let words =
@@ -216,37 +188,24 @@ fn unfused<T: Element>(
     k: &Tensor<T>,
     v: &Tensor<T>,
 ) -> Result<FlashDecodeOutput<T>> {
-    let (n, g) = (rank.num_ranks(), l.group());
-    let queries = q.reshape(&[l.batch, l.kv_heads, g, l.d])?;
-    let keys = k.permute(&[0, 2, 1, 3])?;
-    let values = v.permute(&[0, 2, 1, 3])?;
-    let (o, lse) = scaled_dot_product_attention_lse(&queries, &keys, &values, false, l.scale)?;
-    let rows = l.batch * l.heads;
-    let record = l.dv + 1;
+    let (o, lse) = decode_attention_lse(q, k, v, l.scale)?;
+    let (rows, record) = (l.batch * l.heads, l.dv + 1);
     let mut packed = Vec::with_capacity(rows * record);
-    for (row, &s) in o.as_slice().chunks_exact(l.dv.max(1)).take(rows).zip(lse.as_slice()) {
+    for (row, &s) in o.as_slice().chunks_exact(l.dv.max(1)).zip(lse.as_slice()) {
         packed.extend(row.iter().map(|x| x.to_acc()));
         packed.push(s);
     }
     packed.resize(rows * record, <T::Acc as Element>::zero());
     let all = collectives::all_gather(rank, &packed)?;
-    let neg_inf = <T::Acc as Float>::neg_infinity();
-    let zero = <T::Acc as Element>::zero();
-    let mut output = Vec::with_capacity(rows * l.dv);
+    let mut output = vec![T::zero(); rows * l.dv];
     let mut lses = Vec::with_capacity(rows);
-    for r in 0..rows {
-        let part = |src: usize| &all[(src * rows + r) * record..(src * rows + r + 1) * record];
-        let max = (0..n).map(|s| part(s)[l.dv]).fold(neg_inf, Float::max);
-        let weights: Vec<T::Acc> = (0..n)
-            .map(|s| if part(s)[l.dv] == neg_inf { zero } else { (part(s)[l.dv] - max).exp() })
-            .collect();
-        let sum = weights.iter().fold(zero, |a, &w| a + w);
-        let inv = if sum > zero { sum.recip() } else { zero };
-        for j in 0..l.dv {
-            let acc = (0..n).fold(zero, |a, s| a + weights[s] * part(s)[j]);
-            output.push(T::from_acc(acc * inv));
+    let mut acc = vec![<T::Acc as Element>::zero(); l.dv];
+    for (r, out) in output.chunks_exact_mut(l.dv.max(1)).enumerate() {
+        let mut sum = Combine::new(&mut acc);
+        for src in 0..rank.num_ranks() {
+            sum.add(&all[(src * rows + r) * record..][..record]);
         }
-        lses.push(max + sum.ln());
+        lses.push(sum.finish(out));
     }
     Ok(FlashDecodeOutput {
         output: Tensor::from_shape_vec(&[l.batch, l.heads, l.dv], output)?,

@@ -11,6 +11,7 @@ pub(crate) mod backend;
 mod batched;
 mod bias_activation;
 mod convert;
+pub(crate) mod decode_attention;
 mod dense;
 mod device;
 mod dispatch;
@@ -44,6 +45,7 @@ pub use attention::{
     scaled_dot_product_attention_lse,
 };
 pub(crate) use bias_activation::ActivationFn;
+pub use decode_attention::decode_attention_lse;
 pub use dense::Tensor;
 pub use device::Device;
 pub(crate) use element::short_type_name;

@@ -358,7 +358,7 @@ fn run_fused<T: Element>(
 /// the same cores: on a Zen 4 with 2 cores (a probe, B=1 S=8192 H=32 D=128), one program per
 /// rank ran world 4 in 0.75 to 0.9 of the time of two, while at world 2 two ran in 0.9 of one.
 /// Ranks may differ here: what a peer waits for counts tasks, not programs.
-pub(crate) fn copying_programs(rank: &Rank<'_>) -> usize {
+fn copying_programs(rank: &Rank<'_>) -> usize {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let node = rank.node_of(rank.rank());

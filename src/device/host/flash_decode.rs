@@ -2,8 +2,8 @@
 //! [`crate::fused::flash_decode`]).
 //!
 //! One launch, two phases, no host barrier between them. A task of the first phase is one
-//! `(batch, kv head, chunk of this rank's keys)`: the scores of the kv head's group of query
-//! heads against the chunk, their softmax and the weighted sum of the chunk's values, normalised,
+//! `(batch, chunk of this rank's keys)`: the scores of every query head against the chunk (its
+//! kv head's keys), their softmax and the weighted sum of the chunk's values, normalised,
 //! with the log-sum-exp of the scores: one *record* `[o (Dv), lse]` per query head. The task
 //! writes its records straight into every rank's symmetric receive buffer (peers rotated, its own
 //! rank too), at the place the agreed key counts give them; each program then adds the number of
@@ -12,26 +12,22 @@
 //! count is complete, it combines the records of every rank's chunks (log-sum-exp weights, in
 //! rank order, so that every rank computes the same bits) into the output row.
 //!
+//! One program per AI core (the host's cores over the ranks of the node): the tasks are
+//! arithmetic on streamed keys, and two threads on one core only take turns.
+//!
 //! A receive buffer is rewritten only in the next call, after its agreement exchange, which every
 //! rank enters only once it has read its buffer in this one.
 
 use crate::Result;
-use crate::device::host::all_to_all::copying_programs;
 use crate::device::{LaunchMode, launch, tile};
 use crate::shmem::{
     GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
     WaitSem, Workspace, consume_token, symm_at,
 };
-use num_traits::Float;
-
-use crate::tensor::{Element, Tensor, exp_row};
+use crate::tensor::decode_attention::{Combine, DecodeScratch, Heads, KEY_CHUNK, decode_records};
+use crate::tensor::{Element, Tensor};
 
 const OP: &str = "flash_decode";
-/// Keys per task: a chunk's records are `Dv + 1` values per query head, against `D + Dv` read
-/// per key, so the records are a small part of what a task moves (1/512 per key and head).
-pub(crate) const KEY_CHUNK: usize = 512;
-/// Most query heads per kv head (the agreement refuses more).
-pub(crate) const MAX_GROUP: usize = 64;
 
 /// The agreed shapes of one call: `q` `[batch, heads, d]` on every rank, rank `r`'s keys
 /// `[batch, keys[r], kv_heads, d]` and values `[batch, keys[r], kv_heads, dv]`.
@@ -47,9 +43,9 @@ pub(crate) struct DecodeLayout {
 }
 
 impl DecodeLayout {
-    /// Query heads per kv head.
-    pub(crate) fn group(&self) -> usize {
-        self.heads / self.kv_heads.max(1)
+    /// The heads and widths.
+    pub(crate) fn heads(&self) -> Heads {
+        Heads { heads: self.heads, kv_heads: self.kv_heads, d: self.d, dv: self.dv }
     }
 
     /// Chunks of rank `r`'s keys.
@@ -62,9 +58,9 @@ impl DecodeLayout {
         self.dv + 1
     }
 
-    /// First-phase tasks of rank `r`: one per (batch, kv head, chunk).
+    /// First-phase tasks of rank `r`: one per (batch, chunk).
     pub(crate) fn tasks(&self, r: usize) -> usize {
-        self.batch * self.kv_heads * self.chunks(r)
+        self.batch * self.chunks(r)
     }
 
     /// Where rank `r`'s records start in every receive buffer, and (last) the buffer's length.
@@ -129,25 +125,23 @@ fn run<T: Element>(
     }
     let mut out = Tensor::<T>::scratch(OP, &[l.batch, l.heads, l.dv])?;
     let mut lse = Tensor::<T::Acc>::scratch(OP, &[l.batch, l.heads])?;
-    let (q_ptr, k_ptr) = (GlobalPtr::from_slice(q.as_slice()), GlobalPtr::from_slice(k.as_slice()));
-    let v_ptr = GlobalPtr::from_slice(v.as_slice());
     let (out_ptr, lse_ptr) = (
         GlobalPtrMut::from_slice(out.as_mut_slice()),
         GlobalPtrMut::from_slice(lse.as_mut_slice()),
     );
     let (recv, arrived, expected) =
         (ws.recv.as_ref().expect("reserved"), &ws.arrived, &ws.expected);
-    let inputs = Inputs { q: q_ptr, k: k_ptr, v: v_ptr, v_acc: as_acc(v.as_slice()) };
+    let inputs = (q.as_slice(), k.as_slice(), v.as_slice());
     // SAFETY: a task writes its records into each rank's receive buffer at the place of its own
     // (source, batch, chunk, heads), which no other task of any rank writes, and announces them
     // after writing; records are read only after every source's count is complete. A receive
     // buffer is rewritten only after the next call's exchange. Output rows have one writer each.
     unsafe {
-        launch(rank, LaunchMode::VectorOnly, copying_programs(rank), |p| {
+        launch(rank, LaunchMode::VectorOnly, rank.topology().aicore_num(), |p| {
             let mut scratch = Scratch::<T>::new(l);
             let mut done = 0u64;
             for t in p.tasks(l.tasks(me)) {
-                partial(l, &inputs, t, me, &mut scratch);
+                partial(l, inputs, t, me, &mut scratch);
                 for dst in (0..n).map(|i| (me + i) % n) {
                     let at = offsets[me] + scratch.record_at;
                     let records = &scratch.records[..];
@@ -188,22 +182,9 @@ fn add(count: u64) -> SignalOp {
     SignalOp::Add(count)
 }
 
-/// What the first phase reads: `q`, `k`, `v` as they are, and `v` in the accumulator type when
-/// it is its own (f32, f64; half types are widened a chunk at a time).
-struct Inputs<'a, T: Element> {
-    q: GlobalPtr<'a, T>,
-    k: GlobalPtr<'a, T>,
-    v: GlobalPtr<'a, T>,
-    v_acc: Option<&'a [T::Acc]>,
-}
-
-/// A program's own memory: one chunk's scores and values (widened), a task's records, and a
-/// combine task's rows.
+/// A program's own memory: a task's scratch and records, a combine task's rows.
 struct Scratch<T: Element> {
-    scores: Vec<T::Acc>,
-    values: Vec<T::Acc>,
-    /// One row of values as they are, before widening.
-    row: Vec<T>,
+    task: DecodeScratch<T::Acc>,
     records: Vec<T::Acc>,
     /// Where the last task's records go in a source's part of the receive buffer.
     record_at: usize,
@@ -216,88 +197,36 @@ struct Scratch<T: Element> {
 impl<T: Element> Scratch<T> {
     fn new(l: &DecodeLayout) -> Self {
         let zero = <T::Acc as Element>::zero();
+        let h = l.heads();
         Scratch {
-            scores: vec![zero; l.group() * KEY_CHUNK],
-            values: Vec::new(),
-            row: vec![T::zero(); l.dv],
-            records: vec![zero; l.group() * l.record()],
+            task: DecodeScratch::new(&h),
+            records: vec![zero; h.heads * h.record()],
             record_at: 0,
-            record: vec![zero; l.record()],
+            record: vec![zero; h.record()],
             combined: vec![zero; l.dv],
             out_row: vec![T::zero(); l.dv],
         }
     }
 }
 
-/// Task `t` of the first phase on rank `me`: the records of one (batch, kv head, chunk) into
+/// Task `t` of the first phase on rank `me`: the records of one (batch, chunk) into
 /// `s.records`, and where they go into `s.record_at`.
-///
-/// # Safety
-/// The inputs are not written while the kernel runs.
-unsafe fn partial<T: Element>(
+fn partial<T: Element>(
     l: &DecodeLayout,
-    x: &Inputs<'_, T>,
+    (q, k, v): (&[T], &[T], &[T]),
     t: usize,
     me: usize,
     s: &mut Scratch<T>,
 ) {
-    let (chunks, g, rec) = (l.chunks(me), l.group(), l.record());
-    let (b, kvh, c) = (t / (l.kv_heads * chunks), t / chunks % l.kv_heads, t % chunks);
+    let (h, chunks) = (l.heads(), l.chunks(me));
+    let (b, c) = (t / chunks, t % chunks);
     let (key0, keys) = (c * KEY_CHUNK, tile::valid_len(c * KEY_CHUNK, KEY_CHUNK, l.keys[me]));
     let (k_row, v_row) = (l.kv_heads * l.d, l.kv_heads * l.dv);
-    let q_at = (b * l.heads + kvh * g) * l.d;
-    let k_at = (b * l.keys[me] + key0) * k_row + kvh * l.d;
-    let v_at = (b * l.keys[me] + key0) * v_row + kvh * l.dv;
-    let scores = GlobalPtrMut::from_slice(&mut s.scores[..g * keys]);
-    // SAFETY: the blocks are inside their tensors (the agreed shapes); scratch is this program's.
-    unsafe {
-        // scores[g, keys] = q[g, d] k[keys, d]^T, the keys read in place (row stride k_row).
-        let (q, k) = (x.q + q_at, x.k + k_at);
-        tile::dot_store_strided(scores, keys, q, [l.d, 1], k, [1, k_row], (g, l.d, keys), false);
-    }
-    let scale = <T::Acc as Element>::from_f64(l.scale);
-    let mut stats = [(scale, scale); MAX_GROUP];
-    for (row, stat) in s.scores[..g * keys].chunks_exact_mut(keys).zip(&mut stats) {
-        let max = row.iter().fold(<T::Acc as Float>::neg_infinity(), |m, &x| m.max(x * scale));
-        *stat = (max, exp_row(row, scale, max));
-    }
-    let (values, v_stride) = match x.v_acc {
-        Some(v) => (GlobalPtr::from_slice(&v[v_at..]), v_row),
-        None => {
-            s.values.resize(keys * l.dv, <T::Acc as Element>::zero());
-            for (j, widened) in s.values.chunks_exact_mut(l.dv).enumerate() {
-                // SAFETY: the row is inside v (the agreed shapes).
-                unsafe { tile::load_1d(x.v + (v_at + j * v_row), &mut s.row, l.dv, T::zero()) };
-                for (w, &x) in widened.iter_mut().zip(&s.row) {
-                    *w = x.to_acc();
-                }
-            }
-            (GlobalPtr::from_slice(&s.values[..keys * l.dv]), l.dv)
-        }
-    };
-    let records = GlobalPtrMut::from_slice(&mut s.records[..g * rec]);
-    // SAFETY: as above.
-    unsafe {
-        // records[g, :dv] = p[g, keys] v[keys, dv].
-        let probs = GlobalPtr::from_slice(&s.scores[..g * keys]);
-        let shape = (g, keys, l.dv);
-        tile::dot_store_strided(
-            records,
-            rec,
-            probs,
-            [keys, 1],
-            values,
-            [v_stride, 1],
-            shape,
-            false,
-        );
-    }
-    for (record, &(max, sum)) in s.records.chunks_exact_mut(rec).zip(&stats) {
-        let inv = sum.recip();
-        record[..l.dv].iter_mut().for_each(|o| *o = *o * inv);
-        record[l.dv] = max + sum.ln();
-    }
-    s.record_at = ((b * chunks + c) * l.heads + kvh * g) * rec;
+    let q = &q[b * l.heads * l.d..][..l.heads * l.d];
+    let k = &k[(b * l.keys[me] + key0) * k_row..];
+    let v = &v[(b * l.keys[me] + key0) * v_row..];
+    decode_records(&h, q, (k, k_row), (v, v_row), keys, l.scale, &mut s.task, &mut s.records);
+    s.record_at = (b * chunks + c) * l.heads * h.record();
 }
 
 /// Task `task` of the second phase: `(batch, head)`'s output row from every source's records,
@@ -317,10 +246,8 @@ unsafe fn combine<T: Element>(
     lse: GlobalPtrMut<'_, T::Acc>,
 ) {
     let (b, h, rec) = (task / l.heads, task % l.heads, l.record());
-    let neg_inf = <T::Acc as Float>::neg_infinity();
     let zero = <T::Acc as Element>::zero();
-    s.combined.fill(zero);
-    let (mut max, mut sum) = (neg_inf, zero);
+    let mut sum = Combine::new(&mut s.combined);
     for (src, token) in tokens.iter().enumerate() {
         let Some(token) = *token else { continue };
         let from = GlobalPtr::from(consume_token(recv.ptr(), token));
@@ -328,34 +255,13 @@ unsafe fn combine<T: Element>(
             let at = offsets[src] + ((b * l.chunks(src) + c) * l.heads + h) * rec;
             // SAFETY: the record is complete (the token) and inside the buffer.
             unsafe { tile::load_1d(from + at, &mut s.record, rec, zero) };
-            let part = s.record[l.dv];
-            // Online: rescale what is summed so far when the maximum grows. `part` is finite
-            // (a chunk has at least one key), so `top` is, and `max - top` is -inf at most.
-            let top = max.max(part);
-            let (old, new) = ((max - top).exp(), (part - top).exp());
-            sum = sum * old + new;
-            for (a, &o) in s.combined.iter_mut().zip(&s.record[..l.dv]) {
-                *a = *a * old + o * new;
-            }
-            max = top;
+            sum.add(&s.record);
         }
     }
-    let inv = if sum > zero { sum.recip() } else { zero };
-    for (o, &a) in s.out_row.iter_mut().zip(&s.combined) {
-        *o = T::from_acc(a * inv);
-    }
+    let lse_row = sum.finish(&mut s.out_row);
     // SAFETY: row (b, h) of the output and of the log-sum-exp is this task's alone.
     unsafe {
         tile::store_1d(out + task * l.dv, &s.out_row, l.dv);
-        tile::store_1d(lse + task, &[max + sum.ln()], 1);
+        tile::store_1d(lse + task, &[lse_row], 1);
     }
-}
-
-/// `data` in its accumulator type when it is its own (f32, f64), else `None` (half types are
-/// widened a chunk at a time).
-fn as_acc<T: Element>(data: &[T]) -> Option<&[T::Acc]> {
-    (T::DTYPE == <T::Acc as Element>::DTYPE).then(|| {
-        // SAFETY: `T` and `T::Acc` are one type (one dtype), so the slice is itself.
-        unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), data.len()) }
-    })
 }
