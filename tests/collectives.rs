@@ -220,8 +220,8 @@ fn lengths_that_disagree_are_an_error_on_every_rank() {
     assert!(err.is_ok(), "{err:?}");
 }
 
-/// all_reduce over two ranks is one exchange of whole inputs (over more, a reduce_scatter then an
-/// all_gather): either way, inputs of different lengths and an output of the wrong length are
+/// all_reduce one-shot or two-shot (see `one_shot_and_two_shot_all_reduce_give_the_same_bits`):
+/// either way, inputs of different lengths and an output of the wrong length are
 /// the same typed error on every rank.
 #[test]
 fn all_reduce_rejects_disagreeing_lengths_on_every_rank_at_every_world() {
@@ -249,6 +249,71 @@ fn all_reduce_rejects_disagreeing_lengths_on_every_rank_at_every_world() {
             .unwrap();
         assert!(texts[0].contains("input length = 10"), "{}", texts[0]);
         assert!(texts.iter().all(|t| t == &texts[0]), "{texts:?}");
+    }
+}
+
+/// One-shot (each rank sums every peer's whole input) and two-shot (reduce_scatter, then
+/// all_gather) all_reduce give the reference's bits, both and `all_reduce`'s own choice, on
+/// worlds 1 to 8, for lengths on both sides of the one-shot limit.
+#[test]
+fn one_shot_and_two_shot_all_reduce_give_the_same_bits() {
+    fn case<T: Element>(n: usize) {
+        let limit = collectives::ONE_SHOT_MAX_READ_BYTES / (n * n * size_of::<T>());
+        let lengths = [0, 1, 2 * n + 1, 4099, limit, limit + 1];
+        World::threads(n)
+            .unwrap()
+            .run(|rank| {
+                for (case, &len) in lengths.iter().enumerate() {
+                    let parts: Vec<Vec<T>> =
+                        (0..n).map(|r| input::<T>(300 + case as u64, r, len)).collect();
+                    let x = &parts[rank.rank()];
+                    let want: Vec<T> =
+                        (0..len).map(|i| reference_reduce(&parts, i, ReduceOp::Sum)).collect();
+                    let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
+                    let what = format!("{} world {n} length {len}", T::DTYPE);
+                    assert_eq!(
+                        bits(&collectives::all_reduce_one_shot(rank, x)?),
+                        bits(&want),
+                        "{what}"
+                    );
+                    assert_eq!(
+                        bits(&collectives::all_reduce_two_shot(rank, x)?),
+                        bits(&want),
+                        "{what}"
+                    );
+                    assert_eq!(bits(&collectives::all_reduce(rank, x)?), bits(&want), "{what}");
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    for n in 1..=8 {
+        case::<f32>(n);
+        case::<bf16>(n);
+    }
+    case::<f64>(3);
+    case::<f16>(5);
+}
+
+/// A rank in a one-shot all_reduce never meets one in a two-shot (the ranks would read
+/// different parts of each other's inputs): a typed error on every rank instead.
+#[test]
+fn one_shot_against_two_shot_is_an_error_on_every_rank() {
+    let errs = World::threads(3)
+        .unwrap()
+        .run(|rank| {
+            let x = vec![1.0f32; 10];
+            let got = if rank.rank() == 2 {
+                collectives::all_reduce_two_shot(rank, &x)
+            } else {
+                collectives::all_reduce_one_shot(rank, &x)
+            };
+            Ok(got.unwrap_err())
+        })
+        .unwrap();
+    for e in errs {
+        assert!(matches!(e, Error::RanksDisagree { rank_b: 2, .. }), "{e}");
+        assert!(e.to_string().contains("one-shot"), "{e}");
     }
 }
 

@@ -22,6 +22,9 @@
 //! `decode.rs`; `--quick` a smaller one) on 1, 2 and 4 ranks: ms/token at batch 1, tokens/s at
 //! batch 16, each beside the memory-bandwidth floor.
 //!
+//! `--all-reduce` prints the latency of all_reduce per message size (1 KiB to 1 MiB), one-shot
+//! and two-shot, on 2, 4 and 8 ranks (see `all_reduce.rs`; `--quick`).
+//!
 //! `--flash-decode` times the sequence-parallel flash-decode fused and unfused on 1, 2 and 4
 //! ranks, beside the KV cache's bandwidth floor (see `flash_decode.rs`; `--quick`).
 //!
@@ -33,6 +36,7 @@
 //! uses those. `--runs N` repeats the whole report N times and prints one table over all of them:
 //! medians, and the quartiles of the pair-by-pair ratios.
 
+mod all_reduce;
 mod decode;
 mod flash_decode;
 mod machine;
@@ -385,6 +389,9 @@ fn main() -> Result<()> {
     }
     if std::env::args().any(|a| a == "--mesh") {
         return mesh::main(std::env::args().any(|a| a == "--quick"));
+    }
+    if std::env::args().any(|a| a == "--all-reduce") {
+        return all_reduce::main(std::env::args().any(|a| a == "--quick"));
     }
     if std::env::args().any(|a| a == "--flash-decode") {
         return flash_decode::main(std::env::args().any(|a| a == "--quick"));

@@ -1,70 +1,82 @@
 //! all_reduce: every rank gets the sum over all ranks.
 
-use super::all_gather::{gather, gather_agreeing};
-use super::reduce_scatter::reduce;
-use super::workspace::{Out, check_outputs};
+use super::all_gather::gather;
+use super::reduce_scatter::{Pieces, reduce};
+use super::workspace::Out;
 use super::{Input, ReduceOp};
 use crate::device::DeviceWorld;
 use crate::device::capability::Op;
-use crate::shmem::{Exchanged, Rank};
-use crate::tensor::{array_split, pool};
+use crate::shmem::Rank;
+use crate::tensor::array_split;
 use crate::{Element, Result};
 
-/// Its own name in both exchanges: a rank in all_reduce never meets a rank in a plain
-/// reduce_scatter or all_gather (which would otherwise agree on the first half).
-const OP: &str = "all_reduce";
+/// On a host world of `n` ranks, [`all_reduce`] goes one-shot (one round in which each rank
+/// reads every peer's whole input and sums it) while the ranks together read at most this many
+/// bytes, `n * n * bytes per rank`; past it, two-shot (a reduce_scatter, then an all_gather: two
+/// rounds, each an agreement, a launch and a wait for the peers, but every rank reads `2 / n`
+/// of the inputs instead of all of them). Measured with `perf_report --all-reduce` on a 2-core
+/// Zen 3 (docs/results/2026-12-07-all-reduce-zen3.md): one-shot won below 256 KiB per rank at 4
+/// ranks and below 64 KiB at 8, and lost above, where this budget puts the change.
+pub const ONE_SHOT_MAX_READ_BYTES: usize = 4 << 20;
 
-/// Whether the sum goes as [`pair_sum`]: two ranks on the host (a device world keeps its own
-/// kernels).
-fn as_pair(rank: &Rank<'_>) -> bool {
-    rank.num_ranks() == 2 && matches!(rank.device_world(), DeviceWorld::Host)
+/// How an all_reduce goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shots {
+    One,
+    Two,
 }
 
-/// all_reduce over two ranks: each gets the other's whole input in one exchange and adds the
-/// two in rank order. The same bytes cross as in a reduce_scatter then an all_gather (half the
-/// input each way, twice), in one round instead of two, each round an agreement and a wait for
-/// the peer: on a cross-node data-parallel pair behind a slow link, half the hops of the
-/// averaging. The sums are the owner's of the two-step form, element for element, so the bits
-/// are the same.
-fn pair_sum<T: Element>(
+/// The form [`all_reduce`] takes for `bytes` of input: one-shot on the host within
+/// [`ONE_SHOT_MAX_READ_BYTES`] (and at any size over two ranks, where both forms read the same
+/// bytes); one-shot on GPUs, whose reduction kernel sums every rank's whole input anyway; two
+/// rounds on NPUs, whose kernels reduce pieces only.
+fn shots(rank: &Rank<'_>, bytes: usize) -> Shots {
+    match rank.device_world() {
+        DeviceWorld::Host => {
+            let n = rank.num_ranks();
+            let read = bytes.saturating_mul(n * n);
+            if n <= 2 || read <= ONE_SHOT_MAX_READ_BYTES { Shots::One } else { Shots::Two }
+        }
+        DeviceWorld::Cuda(_) => Shots::One,
+        _ => Shots::Two,
+    }
+}
+
+/// The sum in `shots`, into `out`.
+fn sum<T: Element>(
     rank: &Rank<'_>,
     input: Input<'_, T>,
     out: Out<'_, T>,
+    shots: Shots,
 ) -> Result<Option<Vec<T>>> {
-    let len = input.len();
-    let agree = |all: &Exchanged| {
-        all.agree(OP, 1, "input length")?;
-        check_outputs(OP, all, 3, |_| len)
-    };
-    let both =
-        gather_agreeing(Op::AllReduce, rank, input, 1, Out::Alloc, &[out.len_word()], agree)?
+    match shots {
+        Shots::One => reduce(Op::AllReduce, rank, input, 1, Pieces::Whole, ReduceOp::Sum, out),
+        Shots::Two => {
+            let counts = array_split(input.len(), rank.num_ranks());
+            let piece = reduce(
+                Op::AllReduce,
+                rank,
+                input,
+                1,
+                Pieces::Split(&counts),
+                ReduceOp::Sum,
+                Out::Alloc,
+            )?
             .expect("allocated");
-    let (first, second) = both.split_at(len);
-    let summed = out.fill(OP, len, |out| {
-        for ((o, &a), &b) in out.iter_mut().zip(first).zip(second) {
-            *o = T::from_acc(a.to_acc() + b.to_acc());
+            gather(Op::AllReduce, rank, (&piece).into(), 1, out)
         }
-        Ok(())
-    });
-    // The next call's exchange takes this buffer again instead of fresh pages.
-    pool::give(both);
-    summed
-}
-
-/// The reduce_scatter half: this rank's piece of the sum.
-fn reduced_piece<T: Element>(rank: &Rank<'_>, input: Input<'_, T>) -> Result<Vec<T>> {
-    let counts = array_split(input.len(), rank.num_ranks());
-    Ok(reduce(Op::AllReduce, rank, input, 1, &counts, ReduceOp::Sum, Out::Alloc)?
-        .expect("allocated"))
+    }
 }
 
 /// Sums `input` over all ranks; every rank gets the whole sum.
 ///
-/// Done as a [`reduce_scatter`](super::reduce_scatter) (each rank sums its piece, in rank order) followed by an
-/// [`all_gather`](super::all_gather) of the pieces: every element is summed once, by one rank, so every rank gets the
-/// same bits, and the same bits on every run. Over two ranks of the host it is one exchange of
-/// the whole inputs instead, each rank adding the two in rank order: the same bytes in half the
-/// rounds, and the same bits.
+/// Every element is summed in rank order, accumulating in `T::Acc` and rounding once, so every
+/// rank gets the same bits, on every run, whichever form the sum takes: one-shot (each rank
+/// reads every peer's whole input and sums it: one round) for small inputs on the host (within
+/// [`ONE_SHOT_MAX_READ_BYTES`]), over two host ranks, and on GPUs; otherwise two-shot, a
+/// [`reduce_scatter`](super::reduce_scatter) (each rank sums its piece) then an
+/// [`all_gather`](super::all_gather) of the pieces ([`all_reduce_one_shot`] and
+/// [`all_reduce_two_shot`] choose).
 ///
 /// # Errors
 /// As [`reduce_scatter`](super::reduce_scatter).
@@ -82,11 +94,49 @@ pub fn all_reduce<'a, T: Element>(
     rank: &Rank<'_>,
     input: impl Into<Input<'a, T>>,
 ) -> Result<Vec<T>> {
-    if as_pair(rank) {
-        return Ok(pair_sum(rank, input.into(), Out::Alloc)?.expect("allocated"));
-    }
-    let piece = reduced_piece(rank, input.into())?;
-    Ok(gather(Op::AllReduce, rank, (&piece).into(), 1, Out::Alloc)?.expect("allocated"))
+    let input = input.into();
+    let shots = shots(rank, input.len() * size_of::<T>());
+    Ok(sum(rank, input, Out::Alloc, shots)?.expect("allocated"))
+}
+
+/// [`all_reduce`] in one round whatever the size: each rank reads every peer's whole input
+/// (through `symm_at` in one node) and sums it in rank order. The same bits as
+/// [`all_reduce_two_shot`]. On an NPU world it goes in two rounds (its kernels reduce pieces).
+///
+/// # Errors
+/// As [`all_reduce`].
+///
+/// # Examples
+/// ```
+/// use dist_tensor::{collectives, World};
+/// World::threads(3)?.run(|rank| {
+///     let x: Vec<f32> = (0..5).map(|i| (i * (rank.rank() + 1)) as f32 / 7.0).collect();
+///     assert_eq!(collectives::all_reduce_one_shot(rank, &x)?, collectives::all_reduce_two_shot(rank, &x)?);
+///     Ok(())
+/// })?;
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn all_reduce_one_shot<'a, T: Element>(
+    rank: &Rank<'_>,
+    input: impl Into<Input<'a, T>>,
+) -> Result<Vec<T>> {
+    let shots = match rank.device_world() {
+        DeviceWorld::Ascend(_) => Shots::Two,
+        _ => Shots::One,
+    };
+    Ok(sum(rank, input.into(), Out::Alloc, shots)?.expect("allocated"))
+}
+
+/// [`all_reduce`] in two rounds whatever the size: a reduce_scatter (each rank sums its
+/// `array_split` piece of every rank's input) then an all_gather of the pieces.
+///
+/// # Errors
+/// As [`all_reduce`].
+pub fn all_reduce_two_shot<'a, T: Element>(
+    rank: &Rank<'_>,
+    input: impl Into<Input<'a, T>>,
+) -> Result<Vec<T>> {
+    Ok(sum(rank, input.into(), Out::Alloc, Shots::Two)?.expect("allocated"))
 }
 
 /// [`all_reduce`] into the caller's `out`, which must be as long as `input`.
@@ -111,9 +161,7 @@ pub fn all_reduce_into<'a, T: Element>(
     input: impl Into<Input<'a, T>>,
     out: &mut [T],
 ) -> Result<()> {
-    if as_pair(rank) {
-        return pair_sum(rank, input.into(), Out::Into(out)).map(drop);
-    }
-    let piece = reduced_piece(rank, input.into())?;
-    gather(Op::AllReduce, rank, (&piece).into(), 1, Out::Into(out)).map(drop)
+    let input = input.into();
+    let shots = shots(rank, input.len() * size_of::<T>());
+    sum(rank, input, Out::Into(out), shots).map(drop)
 }

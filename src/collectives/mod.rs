@@ -23,7 +23,9 @@ mod tensor;
 mod workspace;
 
 pub use all_gather::{all_gather, all_gather_cols, all_gather_cols_into, all_gather_into};
-pub use all_reduce::{all_reduce, all_reduce_into};
+pub use all_reduce::{
+    ONE_SHOT_MAX_READ_BYTES, all_reduce, all_reduce_into, all_reduce_one_shot, all_reduce_two_shot,
+};
 pub use all_to_all::{all_to_all, all_to_all_into, all_to_all_v, all_to_all_v_tensor};
 pub use broadcast::{broadcast, broadcast_into};
 pub use input::Input;

@@ -82,7 +82,7 @@ pub fn reduce_scatter_into<'a, T: Element>(
 ) -> Result<()> {
     let input = input.into();
     let counts = array_split(input.len(), rank.num_ranks());
-    reduce(Op::ReduceScatter, rank, input, 1, &counts, op, Out::Into(out)).map(drop)
+    reduce(Op::ReduceScatter, rank, input, 1, Pieces::Split(&counts), op, Out::Into(out)).map(drop)
 }
 
 /// [`reduce_scatter_cols`] into the caller's `out`, which must hold `[rows, counts[rank]]`.
@@ -112,7 +112,8 @@ pub fn reduce_scatter_cols_into<'a, T: Element>(
     op: ReduceOp,
     out: &mut [T],
 ) -> Result<()> {
-    reduce(Op::ReduceScatter, rank, input.into(), rows, counts, op, Out::Into(out)).map(drop)
+    reduce(Op::ReduceScatter, rank, input.into(), rows, Pieces::Split(counts), op, Out::Into(out))
+        .map(drop)
 }
 
 /// Reduces row-major `[rows, sum of counts]` inputs over all ranks and gives rank `r` its column
@@ -143,7 +144,7 @@ pub fn reduce_scatter_cols<'a, T: Element>(
     counts: &[usize],
     op: ReduceOp,
 ) -> Result<Vec<T>> {
-    Ok(reduce(Op::ReduceScatter, rank, input.into(), rows, counts, op, Out::Alloc)?
+    Ok(reduce(Op::ReduceScatter, rank, input.into(), rows, Pieces::Split(counts), op, Out::Alloc)?
         .expect("allocated"))
 }
 
@@ -156,6 +157,7 @@ fn on_gpus<T: Element>(
     input: Input<'_, T>,
     rows: usize,
     counts: &[usize],
+    whole: bool,
     op: ReduceOp,
 ) -> Result<Vec<T>> {
     let me = rank.rank();
@@ -163,11 +165,11 @@ fn on_gpus<T: Element>(
     let block = input.on_device(rank, &[rows, total])?;
     let sum = cuda::reduce_sum(gpus, rank, device_data(&block), None)?;
     let sum = Tensor::from_device_storage(sum).to_host()?;
-    let start = split_offsets(counts)[me];
+    let (start, len) = if whole { (0, total) } else { (split_offsets(counts)[me], counts[me]) };
     let scale = 1.0 / rank.num_ranks() as f64;
-    let mut mine = Vec::with_capacity(rows * counts[me]);
+    let mut mine = Vec::with_capacity(rows * len);
     for row in sum.as_slice().chunks(total.max(1)).take(rows) {
-        let cols = &row[start..start + counts[me]];
+        let cols = &row[start..start + len];
         match op {
             ReduceOp::Sum => mine.extend_from_slice(cols),
             ReduceOp::Mean => mine.extend(cols.iter().map(|&v| T::from_f64(v.to_f64() * scale))),
@@ -176,17 +178,37 @@ fn on_gpus<T: Element>(
     Ok(mine)
 }
 
+/// Which columns of the sum each rank gets.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pieces<'a> {
+    /// Rank `r` gets `counts[r]` columns, in rank order (a reduce_scatter).
+    Split(&'a [usize]),
+    /// Every rank gets every column (a one-shot all_reduce: each rank reads every peer's whole
+    /// input and sums it, in one round).
+    Whole,
+}
+
 pub(crate) fn reduce<T: Element>(
     which: Op,
     rank: &Rank<'_>,
     input: Input<'_, T>,
     rows: usize,
-    counts: &[usize],
+    pieces: Pieces<'_>,
     op: ReduceOp,
     out: Out<'_, T>,
 ) -> Result<Option<Vec<T>>> {
     let name = which.name();
     let (me, n) = (rank.rank(), rank.num_ranks());
+    // A whole sum agrees on the even split of the columns (the same on every rank that agrees
+    // on the length).
+    let even;
+    let (counts, whole) = match pieces {
+        Pieces::Split(counts) => (counts, false),
+        Pieces::Whole => {
+            even = array_split(input.len().checked_div(rows).unwrap_or(0), n);
+            (&even[..], true)
+        }
+    };
     let total = counts.iter().try_fold(0usize, |t, &c| t.checked_add(c));
     let problem = if counts.len() != n {
         Some(format!("{} split counts for a world of {n} ranks", counts.len()))
@@ -202,7 +224,9 @@ pub(crate) fn reduce<T: Element>(
     let mut words = vec![
         rows as u64,
         input.len() as u64,
-        op as u64,
+        // The op, and whether every rank gets the whole sum (one-shot and two-shot calls must
+        // not meet).
+        op as u64 | u64::from(whole) << 8,
         digest(counts.iter().map(|&c| c as u64)),
         out.len_word(),
     ];
@@ -212,25 +236,26 @@ pub(crate) fn reduce<T: Element>(
     let all = exchange_checked::<T>(rank, name, &words, problem, &[])?;
     all.agree(name, 0, "rows")?;
     all.agree(name, 1, "input length")?;
-    all.agree(name, 2, "reduce op")?;
+    all.agree(name, 2, "reduce op (and one-shot or not)")?;
     if spelled {
         for i in 0..n {
             all.agree(name, 5 + i, &format!("count[{i}]"))?;
         }
     }
     all.agree(name, 3, "digest of the split counts")?;
-    check_outputs(name, &all, 4, |r| rows * counts[r])?;
+    check_outputs(name, &all, 4, |r| if whole { rows * total } else { rows * counts[r] })?;
     let mine =
         match rank.device_world() {
             DeviceWorld::Host => None,
             DeviceWorld::Ascend(world) => {
                 let npu = ascend::AscendRank { world, rank };
                 let mean = op == ReduceOp::Mean;
+                assert!(!whole, "a whole sum on an NPU goes as reduce_scatter then all_gather");
                 Some(input.host().and_then(|input| {
                     ascend::launch::reduce_scatter(&npu, &input, rows, counts, mean)
                 }))
             }
-            DeviceWorld::Cuda(gpus) => Some(on_gpus(gpus, rank, input, rows, counts, op)),
+            DeviceWorld::Cuda(gpus) => Some(on_gpus(gpus, rank, input, rows, counts, whole, op)),
         };
     if let Some(mine) = mine {
         let mine = mine.inspect_err(|e| rank.fail_after_agreeing(e))?;
@@ -243,16 +268,19 @@ pub(crate) fn reduce<T: Element>(
     let input = &*input;
     with_workspace::<T, _>(rank, |ws| {
         let col_offsets = split_offsets(counts);
-        let mine = counts[me];
+        let piece = |r: usize| if whole { (0, total) } else { (col_offsets[r], counts[r]) };
+        let mine = piece(me).1;
         if n > 1 {
             ws.reserve(rank, input.len())?;
             // Ranks of other nodes put this rank's columns of their input here, one slot each.
-            let widest = counts.iter().copied().max().unwrap_or(0);
+            let widest = (0..n).map(|r| piece(r).1).max().unwrap_or(0);
             ws.reserve_mirror(rank, n * rows * widest)?;
         }
-        let region =
-            |dst: usize| Region { start: col_offsets[dst], stride: total, rows, cols: counts[dst] };
-        let slot = |src: usize, dst: usize| src * rows * counts[dst];
+        let region = |dst: usize| {
+            let (start, cols) = piece(dst);
+            Region { start, stride: total, rows, cols }
+        };
+        let slot = |src: usize, dst: usize| src * rows * piece(dst).1;
         let targets = ws.remote_targets(rank, |dst| Some((region(dst), slot(me, dst))));
 
         let grid = rank.topology().aivector_core_num();
