@@ -524,6 +524,176 @@ mod ascend {
         all_to_all_case::<bf16>(&world, &[1, 4, 7, 1500], 2, 1)?;
         Ok(())
     }
+
+    #[test]
+    fn ascend_flash_decode_runs_on_the_cpu_stand_in() -> Result<()> {
+        let Some((_serial, cann)) = stand_in(20, 2) else { return Ok(()) };
+        // Grouped-query heads (6 on 2 kv heads), d != dv; a chunk is 64 keys at these widths.
+        let gqa = DecodeShape { batch: 2, heads: 6, kv_heads: 2, d: 7, dv: 5 };
+        for n in [1, 2, 3, 4, 8] {
+            let world = npu_world(cann, n)?;
+            // Ranks with 0 and 1 keys, primes, 131 keys (three chunks) on rank 0...
+            let uneven: Vec<usize> = (0..n).map(|r| [131, 0, 1, 7, 2, 13, 0, 5][r]).collect();
+            // ...fewer keys in all than ranks (none at all in a world of one)...
+            let few: Vec<usize> = (0..n).map(|r| [0, 1, 0, 2, 0, 1, 0, 0][r]).collect();
+            let few = if n == 3 { vec![1, 0, 1] } else { few };
+            assert!(few.iter().sum::<usize>() < n);
+            every_type!(flash_decode_case, &world, gqa, &uneven);
+            every_type!(flash_decode_case, &world, gqa, &few);
+            // ...and 67 keys (two chunks) on rank 1, one query head per kv head, d > dv.
+            let mha = DecodeShape { batch: 1, heads: 4, kv_heads: 4, d: 9, dv: 16 };
+            let keys: Vec<usize> = (0..n).map(|r| [2, 67, 0, 11, 1, 0, 29, 17][r]).collect();
+            flash_decode_case::<f32>(&world, mha, &keys)?;
+        }
+        // Wide rows: the chunk the unified buffer takes is under 64 keys (41 here), so that
+        // rank 0's 80 keys are two chunks and rank 2's 41 one.
+        let world = npu_world(cann, 3)?;
+        let wide = DecodeShape { batch: 1, heads: 2, kv_heads: 1, d: 256, dv: 200 };
+        flash_decode_case::<f16>(&world, wide, &[80, 0, 41])?;
+        flash_decode_case::<bf16>(&world, wide, &[43, 1, 0])?;
+        Ok(())
+    }
+}
+
+/// The shapes of a flash-decode case: `q` `[batch, heads, d]`, rank `r`'s keys
+/// `[batch, keys[r], kv_heads, d]` and values `[batch, keys[r], kv_heads, dv]`.
+#[derive(Debug, Clone, Copy)]
+struct DecodeShape {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    dv: usize,
+}
+
+/// flash_decode's inputs, seeded (values a quarter of [`values`]', still exact in every type):
+/// `q`, then every rank's keys and values.
+type DecodeInputs<T> = (Tensor<T>, Vec<Tensor<T>>, Vec<Tensor<T>>);
+
+fn decode_inputs<T: Element>(s: DecodeShape, keys: &[usize]) -> Result<DecodeInputs<T>> {
+    let quarter = |len: usize, seed: u64| -> Vec<T> {
+        values::<T>(len, seed).into_iter().map(|x| T::from_f64(x.to_f64() / 4.0)).collect()
+    };
+    let q =
+        Tensor::from_shape_vec(&[s.batch, s.heads, s.d], quarter(s.batch * s.heads * s.d, 500))?;
+    let mut ks = Vec::new();
+    let mut vs = Vec::new();
+    for (r, &n) in keys.iter().enumerate() {
+        let (kl, vl) = (s.batch * n * s.kv_heads * s.d, s.batch * n * s.kv_heads * s.dv);
+        ks.push(Tensor::from_shape_vec(
+            &[s.batch, n, s.kv_heads, s.d],
+            quarter(kl, 510 + r as u64),
+        )?);
+        vs.push(Tensor::from_shape_vec(
+            &[s.batch, n, s.kv_heads, s.dv],
+            quarter(vl, 530 + r as u64),
+        )?);
+    }
+    Ok((q, ks, vs))
+}
+
+/// Attention over every rank's keys in f64, from the same inputs: `[batch, heads, dv]` and the
+/// log-sum-exp `[batch, heads]` (zeros and minus infinity where no rank has keys).
+fn decode_reference<T: Element>(
+    s: DecodeShape,
+    keys: &[usize],
+    (q, ks, vs): &DecodeInputs<T>,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (q, group) = (bits(q.as_slice()), s.heads / s.kv_heads);
+    let (ks, vs): (Vec<Vec<f64>>, Vec<Vec<f64>>) = (
+        ks.iter().map(|k| bits(k.as_slice())).collect(),
+        vs.iter().map(|v| bits(v.as_slice())).collect(),
+    );
+    let mut out = vec![0.0; s.batch * s.heads * s.dv];
+    let mut lse = vec![f64::NEG_INFINITY; s.batch * s.heads];
+    for b in 0..s.batch {
+        for h in 0..s.heads {
+            let row = b * s.heads + h;
+            let query = &q[row * s.d..][..s.d];
+            let (mut scores, mut values) = (Vec::new(), Vec::new());
+            for (r, &n) in keys.iter().enumerate() {
+                for j in 0..n {
+                    let at = (b * n + j) * s.kv_heads + h / group;
+                    let key = &ks[r][at * s.d..][..s.d];
+                    scores.push(scale * query.iter().zip(key).map(|(a, k)| a * k).sum::<f64>());
+                    values.push(&vs[r][at * s.dv..][..s.dv]);
+                }
+            }
+            if scores.is_empty() {
+                continue;
+            }
+            let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|x| (x - top).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            for (w, value) in weights.iter().zip(values) {
+                for (o, x) in out[row * s.dv..][..s.dv].iter_mut().zip(value) {
+                    *o += w / sum * x;
+                }
+            }
+            lse[row] = top + sum.ln();
+        }
+    }
+    (out, lse)
+}
+
+/// The bits of every value, as f64 (so that -0 and 0 differ).
+fn exact_bits<T: Element>(v: &[T]) -> Vec<u64> {
+    v.iter().map(|x| x.to_f64().to_bits()).collect()
+}
+
+/// fused::flash_decode of `T` on `world` (twice: the signal counts carry over between calls):
+/// every rank took the kernel and got the same bits, within a rounding to `T` (plus f32
+/// accumulation) of the f64 reference.
+fn flash_decode_case<T: Element>(world: &World, s: DecodeShape, keys: &[usize]) -> Result<()> {
+    let n = world.num_ranks();
+    assert_eq!(keys.len(), n);
+    let inputs = decode_inputs::<T>(s, keys)?;
+    let scale = 1.0 / (s.d as f64).sqrt();
+    let (want, want_lse) = decode_reference(s, keys, &inputs, scale);
+    let (q, ks, vs) = &inputs;
+    // Each output adds up to every key's weighted value row (at most the largest |v|), after a
+    // score of d products.
+    let terms = keys.iter().sum::<usize>() + s.d;
+    let vmax = vs.iter().flat_map(|v| bits(v.as_slice())).fold(0.0f64, |m, x| m.max(x.abs()));
+    for call in 0..2 {
+        let outs = world.run(|rank| {
+            let r = rank.rank();
+            let out = fused::flash_decode(rank, q, &ks[r], &vs[r], scale)?;
+            assert_eq!(last_path(rank), Some(PathTaken::Kernel("flash_decode")));
+            Ok(out)
+        })?;
+        let what =
+            format!("flash_decode {} world {n} {s:?} keys {keys:?} call {call}", type_name::<T>());
+        for (r, out) in outs.iter().enumerate() {
+            assert_eq!(out.output.shape(), &[s.batch, s.heads, s.dv], "{what}");
+            assert_eq!(out.lse.shape(), &[s.batch, s.heads], "{what}");
+            let (mine, first) = (out.output.as_slice(), outs[0].output.as_slice());
+            assert_eq!(
+                exact_bits(mine),
+                exact_bits(first),
+                "{what}: rank {r}'s output is not rank 0's"
+            );
+            let (mine, first) = (out.lse.as_slice(), outs[0].lse.as_slice());
+            assert_eq!(
+                exact_bits(mine),
+                exact_bits(first),
+                "{what}: rank {r}'s lse is not rank 0's"
+            );
+        }
+        let out = &outs[0];
+        assert_close(out.output.as_slice(), &want, &vec![vmax; want.len()], terms, &what);
+        for (i, (got, want)) in out.lse.as_slice().iter().zip(&want_lse).enumerate() {
+            let got = got.to_f64();
+            if want.is_infinite() {
+                assert_eq!(got, *want, "{what}: lse {i} (no keys anywhere)");
+            } else {
+                let tol = (terms as f64 + 2.0) * f32::EPSILON as f64 * (1.0 + want.abs());
+                assert!((got - want).abs() <= tol, "{what}: lse {i}: {got} against {want}");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The wait timeout of worlds whose kernels are meant to fail (their peers then time out).
@@ -624,6 +794,23 @@ fn broadcast_right(world: &World, len: usize) -> Result<bool> {
         collectives::broadcast(rank, &mine, 0)
     })?;
     Ok(outs.iter().all(|o| *o == data))
+}
+
+/// flash_decode of f32 (6 query heads on 2 kv heads) on `world`, rank `r` holding `keys[r]`
+/// keys; whether every rank got the f64 reference's output and log-sum-exp.
+fn flash_decode_right(world: &World, keys: &[usize]) -> Result<bool> {
+    let s = DecodeShape { batch: 2, heads: 6, kv_heads: 2, d: 7, dv: 5 };
+    let inputs = decode_inputs::<f32>(s, keys)?;
+    let (want, want_lse) = decode_reference(s, keys, &inputs, 0.5);
+    let (q, ks, vs) = &inputs;
+    let outs = world.run(|rank| {
+        let r = rank.rank();
+        fused::flash_decode(rank, q, &ks[r], &vs[r], 0.5)
+    })?;
+    let near = |got: &[f32], want: &[f64]| {
+        got.iter().zip(want).all(|(&g, &w)| g as f64 == w || (g as f64 - w).abs() <= 1e-4)
+    };
+    Ok(outs.iter().all(|o| near(o.output.as_slice(), &want) && near(o.lse.as_slice(), &want_lse)))
 }
 
 /// all_gather_matmul of f16; the run's outcome.
@@ -850,6 +1037,37 @@ mod ascend_negative {
             !all_gather_right(&world(cann, 2, Duration::from_secs(5))?, 2, &[6, 5], 12)?,
             "read before the peer published"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn ascend_flash_decode_reading_a_scalar_early_or_dropping_a_source_fails() -> Result<()> {
+        let Some((_serial, cann)) = stand_in(20, 2) else { return Ok(()) };
+        let keys = [9, 70, 3];
+        assert!(flash_decode_right(&world(cann, 3, SHORT)?, &keys)?);
+        {
+            // The scalar unit reads a head's sum of weights (and the weights) before the vector
+            // unit has written them: no V_S flag between them.
+            let _m = Mutated::new(
+                cann,
+                "flash_decode",
+                &[(
+                    "        AscendC::SetFlag<AscendC::HardEvent::V_S>(EVENT_ID0);\n        AscendC::WaitFlag<AscendC::HardEvent::V_S>(EVENT_ID0);\n        const float sum",
+                    "        const float sum",
+                )],
+            );
+            assert!(!flash_decode_right(&world(cann, 3, SHORT)?, &keys)?, "no V_S flag");
+        }
+        // Rank 0's records left out of the combine.
+        let _m = Mutated::new(
+            cann,
+            "flash_decode",
+            &[(
+                "for (int64_t src = 0; src < s.world; ++src) {",
+                "for (int64_t src = 1; src < s.world; ++src) {",
+            )],
+        );
+        assert!(!flash_decode_right(&world(cann, 3, SHORT)?, &keys)?, "a source dropped");
         Ok(())
     }
 

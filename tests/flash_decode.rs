@@ -98,25 +98,40 @@ impl Case {
         u_t * (o.abs() + (roundings - 1.0) * a) + 4.0 * depth * eps_acc * a
     }
 
-    /// Runs the case on `n` ranks; every rank's output, fused then unfused.
+    /// Runs the case on a world of threads; every rank's output, fused then unfused.
     fn run<T: Element>(&self) -> Vec<(FlashDecodeOutput<T>, FlashDecodeOutput<T>)> {
+        self.run_in::<T>(World::threads(self.keys.len()).unwrap())
+    }
+
+    /// Runs the case in `world` (of as many ranks as the case has); the outputs on the host.
+    fn run_in<T: Element>(
+        &self,
+        world: World,
+    ) -> Vec<(FlashDecodeOutput<T>, FlashDecodeOutput<T>)> {
         let q = self.q::<T>();
-        World::threads(self.keys.len())
-            .unwrap()
+        let host = |o: FlashDecodeOutput<T>| -> Result<FlashDecodeOutput<T>> {
+            Ok(FlashDecodeOutput { output: o.output.to_host()?, lse: o.lse.to_host()? })
+        };
+        world
             .run(|rank| {
                 let (k, v) = self.kv::<T>(rank.rank());
                 let fused = fused::flash_decode(rank, &q, &k, &v, self.scale())?;
                 let unfused = fused::flash_decode_unfused(rank, &q, &k, &v, self.scale())?;
-                Ok((fused, unfused))
+                Ok((host(fused)?, host(unfused)?))
             })
             .unwrap_or_else(|e| panic!("{self:?} {}: {e}", T::DTYPE))
     }
 
     /// Checks every rank's output against f64, and that they are the same bits.
     fn check<T: Element>(&self) {
+        self.check_in::<T>(World::threads(self.keys.len()).unwrap());
+    }
+
+    /// [`Case::check`] in `world`.
+    fn check_in<T: Element>(&self, world: World) {
         let n = self.keys.len();
         let want = self.reference::<T>(&(0..n).collect::<Vec<_>>());
-        let outs = self.run::<T>();
+        let outs = self.run_in::<T>(world);
         // The largest error as a fraction of its bound.
         let worst = |got: &Tensor<T>, roundings: f64| {
             let ratio = |(g, &w): (&T, &(f64, f64))| {
@@ -322,6 +337,46 @@ fn calls_in_a_row_reuse_the_workspace() {
                 for (x, y) in a.output.as_slice().iter().zip(b.output.as_slice()) {
                     assert!((x - y).abs() < 1e-5, "step {step}: {x} vs {y}");
                 }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The GPU kernel (feature `cuda`, on a machine with a GPU; skipped, saying why, elsewhere):
+/// worlds of 1 to 4 ranks sharing GPU 0, keys across several of its chunks (128), every dtype.
+#[test]
+fn on_a_gpu_with_ranks_sharing_it() {
+    match dist_tensor::device::cuda::device_count() {
+        Ok(count) if count > 0 => {}
+        Ok(_) => return println!("SKIPPED: no GPU on this machine"),
+        Err(e) => return println!("SKIPPED: {e}"),
+    }
+    let world = |n: usize| World::builder(n).cuda(&vec![0; n]).build().unwrap();
+    let cases = [
+        Case { batch: 2, heads: 6, kv_heads: 2, d: 16, dv: 8, keys: vec![3] },
+        Case { batch: 1, heads: 8, kv_heads: 2, d: 128, dv: 128, keys: vec![300, 0] },
+        Case { batch: 3, heads: 4, kv_heads: 4, d: 5, dv: 7, keys: vec![0, 1, 0] },
+        Case { batch: 2, heads: 4, kv_heads: 1, d: 64, dv: 64, keys: vec![257, 13, 128, 1] },
+    ];
+    for case in &cases {
+        let n = case.keys.len();
+        case.check_in::<f64>(world(n));
+        case.check_in::<f32>(world(n));
+        case.check_in::<f16>(world(n));
+        case.check_in::<bf16>(world(n));
+    }
+    // Calls in a row reuse the records buffer and the signals (their epochs grow).
+    let case = Case { batch: 1, heads: 2, kv_heads: 1, d: 8, dv: 8, keys: vec![200, 3, 0] };
+    let q = case.q::<f32>();
+    world(3)
+        .run(|rank| {
+            let (k, v) = case.kv::<f32>(rank.rank());
+            let first = fused::flash_decode(rank, &q, &k, &v, case.scale())?.output.to_host()?;
+            for _ in 0..5 {
+                let again =
+                    fused::flash_decode(rank, &q, &k, &v, case.scale())?.output.to_host()?;
+                assert_eq!(again, first);
             }
             Ok(())
         })

@@ -68,7 +68,7 @@ pub fn main(quick: bool) -> Result<()> {
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let (keys, reps): (&[usize], usize) =
-        if quick { (&[1024, 8192], 5) } else { (&[512, 4096, 32768], 15) };
+        if quick { (&[1024, 8192], 5) } else { (&[512, 4096, 16384], 11) };
     for &ranks in &[1, 2, 4] {
         for &batch in &[1, 8] {
             for &k in keys {

@@ -14,7 +14,7 @@
 use crate::collectives;
 use crate::device::capability::{self, Op};
 use crate::device::host::flash_decode::DecodeLayout;
-use crate::device::{DeviceWorld, host};
+use crate::device::{DeviceWorld, ascend, cuda, device_data, host, to_world_device};
 use crate::shmem::{Call, Rank};
 use crate::tensor::decode_attention::{Combine, decode_shape_problem};
 use crate::tensor::{Element, Tensor, decode_attention_lse};
@@ -175,9 +175,41 @@ fn run<T: Element>(
     let ran = match rank.device_world() {
         DeviceWorld::Host if fused => host::flash_decode::flash_decode(rank, &layout, q, k, v)
             .map(|(output, lse)| FlashDecodeOutput { output, lse }),
+        DeviceWorld::Ascend(world) if fused => {
+            let npu = ascend::AscendRank { world, rank };
+            let (qs, ks, vs) = (q.as_slice(), k.as_slice(), v.as_slice());
+            ascend::launch::flash_decode(&npu, &layout, qs, ks, vs).and_then(|(output, lse)| {
+                // f32 from the NPU; the accumulator type of every NPU element type is f32.
+                let lse = lse.into_iter().map(|x| <T::Acc as Element>::from_f64(f64::from(x)));
+                let (rows, dv) = ([layout.batch, layout.heads], layout.dv);
+                Ok(FlashDecodeOutput {
+                    output: Tensor::from_shape_vec(&[rows[0], rows[1], dv], output)?,
+                    lse: Tensor::from_shape_vec(&rows, lse.collect())?,
+                })
+            })
+        }
+        DeviceWorld::Cuda(gpus) => on_gpus(gpus, rank, &layout, (q, k, v), fused),
         _ => unfused(rank, &layout, q, k, v),
     };
     ran.inspect_err(|e| rank.fail_after_agreeing(e))
+}
+
+/// The op (or its unfused baseline) on this rank's GPU, the inputs moved there once.
+fn on_gpus<T: Element>(
+    gpus: &cuda::CudaWorld,
+    rank: &Rank<'_>,
+    layout: &DecodeLayout,
+    (q, k, v): (&Tensor<T>, &Tensor<T>, &Tensor<T>),
+    fused: bool,
+) -> Result<FlashDecodeOutput<T>> {
+    let [q, k, v] = [q, k, v].map(|t| to_world_device(rank, t.clone()));
+    let (q, k, v) = (q?, k?, v?);
+    let inputs = (device_data(&q), device_data(&k), device_data(&v));
+    let (output, lse) = cuda::flash_decode(gpus, rank, layout, inputs, fused)?;
+    Ok(FlashDecodeOutput {
+        output: Tensor::from_device_storage(output),
+        lse: Tensor::from_device_storage(lse),
+    })
 }
 
 /// The unfused baseline after the agreement on `l`.

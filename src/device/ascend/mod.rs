@@ -155,6 +155,7 @@ pub(crate) mod launch {
     pub(crate) use super::kernels::all_to_all::{Layout as AllToAllLayout, run as all_to_all};
     pub(crate) use super::kernels::all_to_all_v::run as all_to_all_v;
     pub(crate) use super::kernels::broadcast::run as broadcast;
+    pub(crate) use super::kernels::flash_decode::run as flash_decode;
     pub(crate) use super::kernels::matmul_reduce_scatter::run as matmul_reduce_scatter;
     pub(crate) use super::kernels::reduce_scatter::run as reduce_scatter;
     pub(crate) use super::unfused::{

@@ -135,6 +135,22 @@ pub(crate) fn all_to_all<T: Element>(
     }
 }
 
+/// `fused::flash_decode` (or `_unfused`) on GPUs: the output and its log-sum-exp.
+pub(crate) fn flash_decode<T: Element>(
+    world: &CudaWorld,
+    rank: &Rank<'_>,
+    layout: &crate::device::host::flash_decode::DecodeLayout,
+    (q, k, v): (&DeviceStorage<T>, &DeviceStorage<T>, &DeviceStorage<T>),
+    fused: bool,
+) -> Result<(DeviceStorage<T>, DeviceStorage<T::Acc>)> {
+    let g = rank_of(world, rank)?;
+    if fused {
+        super::ops::flash_decode::flash_decode(&g, layout, q, k, v)
+    } else {
+        super::ops::flash_decode::flash_decode_unfused(&g, layout, q, k, v)
+    }
+}
+
 /// Concatenation of every rank's part along `dim`.
 pub(crate) fn all_gather<T: Element>(
     world: &CudaWorld,

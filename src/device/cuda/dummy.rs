@@ -114,6 +114,16 @@ pub(crate) fn all_to_all<T: Element>(
     match *world {}
 }
 
+pub(crate) fn flash_decode<T: Element>(
+    world: &CudaWorld,
+    _rank: &Rank<'_>,
+    _layout: &crate::device::host::flash_decode::DecodeLayout,
+    _qkv: (&DeviceStorage<T>, &DeviceStorage<T>, &DeviceStorage<T>),
+    _fused: bool,
+) -> Result<(DeviceStorage<T>, DeviceStorage<T::Acc>)> {
+    match *world {}
+}
+
 pub(crate) fn all_gather<T: Element>(
     world: &CudaWorld,
     _rank: &Rank<'_>,

@@ -36,6 +36,8 @@ pub(crate) enum Source {
     Train,
     /// The norms' backward pass (`norm_grad.rs`).
     NormGrad,
+    /// `dt_flash_decode` (`ops/flash_decode.rs`).
+    FlashDecode,
 }
 
 impl Source {
@@ -47,6 +49,7 @@ impl Source {
             Source::Local => include_str!("kernels/local.cu"),
             Source::Train => include_str!("kernels/train.cu"),
             Source::NormGrad => include_str!("kernels/norm_grad.cu"),
+            Source::FlashDecode => include_str!("kernels/flash_decode.cu"),
         }
     }
 
@@ -58,6 +61,7 @@ impl Source {
             Source::Local => "local.cu",
             Source::Train => "train.cu",
             Source::NormGrad => "norm_grad.cu",
+            Source::FlashDecode => "flash_decode.cu",
         }
     }
 }
@@ -200,13 +204,14 @@ fn module(gpu: &CudaDevice, source: Source, dtype: DType) -> Result<sys::CUmodul
 }
 
 /// Every kernel source file.
-const SOURCES: [Source; 6] = [
+const SOURCES: [Source; 7] = [
     Source::Signal,
     Source::Exchange,
     Source::Reduce,
     Source::Local,
     Source::Train,
     Source::NormGrad,
+    Source::FlashDecode,
 ];
 /// Every dtype a kernel is compiled for.
 const DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
@@ -390,6 +395,33 @@ pub(crate) struct ExchangeArgs {
     pub(crate) prefix: [u64; MAX_RANKS + 1],
     pub(crate) runs: [Runs; MAX_RANKS],
     pub(crate) peers: [u64; MAX_RANKS],
+}
+
+/// `FlashDecodeArgs` in flash_decode.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FlashDecodeArgs {
+    pub(crate) ctl: Ctl,
+    pub(crate) sync: SyncArgs,
+    pub(crate) mode: u32,
+    pub(crate) ndst: u32,
+    pub(crate) nsrc: u32,
+    pub(crate) slot: u32,
+    pub(crate) batch: u64,
+    pub(crate) heads: u64,
+    pub(crate) kv_heads: u64,
+    pub(crate) d: u64,
+    pub(crate) dv: u64,
+    pub(crate) scale: f64,
+    pub(crate) q: u64,
+    pub(crate) k: u64,
+    pub(crate) v: u64,
+    pub(crate) out: u64,
+    pub(crate) lse: u64,
+    pub(crate) keys: u64,
+    pub(crate) chunks: [u64; MAX_RANKS],
+    pub(crate) src_off: [u64; MAX_RANKS + 1],
+    pub(crate) recv: [u64; MAX_RANKS],
 }
 
 /// `ReduceArgs` in reduce.cu.

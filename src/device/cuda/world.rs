@@ -144,6 +144,7 @@ pub(crate) fn op_name(op: u32) -> &'static str {
         OP_ALL_GATHER => "all_gather",
         OP_REDUCE => "reduce",
         OP_BROADCAST => "broadcast",
+        OP_FLASH_DECODE => "flash_decode",
         _ => "unknown",
     }
 }
@@ -155,6 +156,7 @@ pub(crate) const OP_ALL_TO_ALL: u32 = 4;
 pub(crate) const OP_ALL_GATHER: u32 = 5;
 pub(crate) const OP_REDUCE: u32 = 6;
 pub(crate) const OP_BROADCAST: u32 = 7;
+pub(crate) const OP_FLASH_DECODE: u32 = 8;
 
 /// Words of an op's signal region: table, ready, done (one per rank each), then the block
 /// counter.

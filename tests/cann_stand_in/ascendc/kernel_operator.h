@@ -29,7 +29,7 @@ int64_t GetSystemCycle();
 void SetSysWorkspace(GM_ADDR workspace);
 
 enum class TPosition { GM, A1, B1, VECIN, VECOUT, VECCALC };
-enum class HardEvent { MTE2_MTE3, MTE3_MTE2, MTE2_V, V_MTE2, V_MTE3, MTE3_V };
+enum class HardEvent { MTE2_MTE3, MTE3_MTE2, MTE2_V, V_MTE2, V_MTE3, MTE3_V, MTE2_S, MTE3_S, V_S, S_MTE2, S_MTE3, S_V };
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_ROUND, CAST_FLOOR, CAST_CEIL };
 enum class CacheLine { SINGLE_CACHE_LINE, ENTIRE_DATA_CACHE };
 enum class DcciDst { CACHELINE_ALL, CACHELINE_UB, CACHELINE_OUT, CACHELINE_ATOMIC };
@@ -56,6 +56,8 @@ public:
     LocalTensor operator[](uint32_t offset) const;
     template <typename U>
     LocalTensor<U> ReinterpretCast() const;
+    T GetValue(const uint32_t index) const;
+    void SetValue(const uint32_t index, const T value) const;
 };
 
 template <TPosition P>
@@ -83,6 +85,17 @@ template <typename T>
 void Adds(const LocalTensor<T> &dst, const LocalTensor<T> &src, const T &scalar, const int32_t &count);
 template <typename T>
 void Muls(const LocalTensor<T> &dst, const LocalTensor<T> &src, const T &scalar, const int32_t &count);
+template <typename T>
+void Mul(const LocalTensor<T> &dst, const LocalTensor<T> &src0, const LocalTensor<T> &src1, const int32_t &count);
+template <typename T>
+void Exp(const LocalTensor<T> &dst, const LocalTensor<T> &src, const int32_t &count);
+template <typename T>
+void Ln(const LocalTensor<T> &dst, const LocalTensor<T> &src, const int32_t &count);
+template <typename T, typename U>
+void Axpy(const LocalTensor<T> &dst, const LocalTensor<U> &src, const U &scalarValue, const int32_t &count);
+template <typename T, bool isSetMask = true>
+void ReduceSum(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LocalTensor<T> &sharedTmpBuffer,
+               const int32_t count);
 template <typename D, typename S>
 void Cast(const LocalTensor<D> &dst, const LocalTensor<S> &src, const RoundMode &mode, const uint32_t count);
 

@@ -23,7 +23,10 @@
 //   (MTE3, V, MTE2), the order that exposes a missing flag; vector ops between two
 //   PipeBarrier<PIPE_V> run as one batch that reads all its sources before it writes (as
 //   pipelined vector instructions may). A kernel that reads before the sync that orders the read
-//   reads stale data, and gets a wrong result.
+//   reads stale data, and gets a wrong result. The scalar unit runs in program order:
+//   LocalTensor::GetValue / SetValue read and write the unified buffer at once, so a scalar read
+//   of a vector result (or of a loaded tile) without SetFlag<V_S> (MTE2_S) / WaitFlag before it
+//   reads what was there before.
 // - Bounds. Every DataCopyPad, vector op, GetValue and SetValue is checked against its tensor's
 //   extent (GlobalTensor's SetGlobalBuffer size, LocalTensor's part of its TBuf) and every global
 //   access against the device allocations (aclrtMalloc'd or a PE's symmetric heap); the
@@ -690,6 +693,27 @@ public:
         return t;
     }
 
+    // A scalar read of the unified buffer by the scalar unit, in program order: what the buffer
+    // holds now. A vector op or a copy still queued has not written it yet, so a kernel that reads
+    // a vector result without SetFlag<V_S> / WaitFlag<V_S> (or a loaded tile without MTE2_S)
+    // reads stale data, as on the hardware.
+    T GetValue(const uint32_t index) const {
+        standin::need_vector("LocalTensor::GetValue");
+        check((static_cast<uint64_t>(index) + 1) * sizeof(T), "LocalTensor::GetValue");
+        T out;
+        memcpy(&out, addr() + index, sizeof(T));
+        return out;
+    }
+
+    // A scalar write of the unified buffer, at once: a vector op or copy queued before it and run
+    // later (no S_V / S_MTE3 flag between them) sees the new value, and one that the write was
+    // meant to follow (no V_S / MTE3_S flag before it) overwrites it.
+    void SetValue(const uint32_t index, const T value) const {
+        standin::need_vector("LocalTensor::SetValue");
+        check((static_cast<uint64_t>(index) + 1) * sizeof(T), "LocalTensor::SetValue");
+        memcpy(addr() + index, &value, sizeof(T));
+    }
+
     void check(uint64_t bytes, const char *what) const {
         if (base_ == nullptr) {
             standin::fault(std::string(what) + " on a LocalTensor with no buffer");
@@ -872,6 +896,124 @@ void Muls(const LocalTensor<T> &dst, const LocalTensor<T> &src, const T &scalar,
     const float k = standin::to_f32(scalar);
     detail::vector_op("Muls", dst, {src}, count, [k](const std::vector<LocalTensor<T>> &s, int32_t i) {
         return detail::arith<T>(standin::to_f32(s[0].addr()[i]) * k);
+    });
+}
+
+// The ops below (flash_decode's) also check Ascend C's general address alignment rule: every
+// vector operand starts on a 32-byte block of the unified buffer.
+namespace detail {
+template <typename T>
+void need_aligned(const char *name, const LocalTensor<T> &t) {
+    if (t.base_ != nullptr && t.offset_ % 32 != 0) {
+        char text[200];
+        snprintf(text, sizeof text, "%s with an operand %u bytes into its buffer, not on a 32-byte block", name,
+                 t.offset_);
+        standin::fault(text);
+    }
+}
+
+template <typename T, typename F>
+void aligned_vector_op(const char *name, const LocalTensor<T> &dst, std::vector<LocalTensor<T>> srcs, int32_t count,
+                       F f) {
+    standin::need_vector(name);
+    need_aligned(name, dst);
+    for (const LocalTensor<T> &s : srcs) {
+        need_aligned(name, s);
+    }
+    vector_op(name, dst, std::move(srcs), count, f);
+}
+}  // namespace detail
+
+// dst[i] = src0[i] * src1[i].
+template <typename T>
+void Mul(const LocalTensor<T> &dst, const LocalTensor<T> &src0, const LocalTensor<T> &src1, const int32_t &count) {
+    detail::aligned_vector_op("Mul", dst, {src0, src1}, count, [](const std::vector<LocalTensor<T>> &s, int32_t i) {
+        return detail::arith<T>(standin::to_f32(s[0].addr()[i]) * standin::to_f32(s[1].addr()[i]));
+    });
+}
+
+// dst[i] = exp(src[i]).
+template <typename T>
+void Exp(const LocalTensor<T> &dst, const LocalTensor<T> &src, const int32_t &count) {
+    detail::aligned_vector_op("Exp", dst, {src}, count, [](const std::vector<LocalTensor<T>> &s, int32_t i) {
+        return detail::arith<T>(std::exp(standin::to_f32(s[0].addr()[i])));
+    });
+}
+
+// dst[i] = ln(src[i]) (minus infinity at 0, NaN below).
+template <typename T>
+void Ln(const LocalTensor<T> &dst, const LocalTensor<T> &src, const int32_t &count) {
+    detail::aligned_vector_op("Ln", dst, {src}, count, [](const std::vector<LocalTensor<T>> &s, int32_t i) {
+        return detail::arith<T>(std::log(standin::to_f32(s[0].addr()[i])));
+    });
+}
+
+// dst[i] = src[i] * scalar + dst[i] (the product rounded, then the sum): dst is read as well as
+// written, src may be of a narrower type (U) than dst (T).
+template <typename T, typename U>
+void Axpy(const LocalTensor<T> &dst, const LocalTensor<U> &src, const U &scalarValue, const int32_t &count) {
+    standin::need_vector("Axpy");
+    detail::need_aligned("Axpy", dst);
+    detail::need_aligned("Axpy", src);
+    if (count < 0) {
+        standin::fault("Axpy with a negative count");
+    }
+    dst.check(static_cast<uint64_t>(count) * sizeof(T), "Axpy");
+    src.check(static_cast<uint64_t>(count) * sizeof(U), "Axpy");
+    const float k = standin::to_f32(scalarValue);
+    T *out = dst.addr();
+    const U *in = src.addr();
+    standin::enqueue(standin::P_V, [=]() -> standin::Commit {
+        std::vector<T> result(static_cast<size_t>(count));
+        for (int32_t i = 0; i < count; ++i) {
+            const float product = standin::to_f32(detail::arith<T>(standin::to_f32(in[i]) * k));
+            result[static_cast<size_t>(i)] = detail::arith<T>(product + standin::to_f32(out[i]));
+        }
+        return [out, result = std::move(result)]() { memcpy(out, result.data(), result.size() * sizeof(T)); };
+    });
+}
+
+// dst[0] = the sum of src[0 .. count), as the "first n elements" form sums on an A2/A3: a binary
+// tree within each repeat (256 bytes of src: data0 + data1, data2 + data3, ..., then the pairs'
+// sums), the repeats' sums added in order. sharedTmpBuffer must hold the documented minimum
+// (one element per repeat, rounded up to a 32-byte block); it is not written here.
+template <typename T, bool isSetMask = true>
+void ReduceSum(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LocalTensor<T> &sharedTmpBuffer,
+               const int32_t count) {
+    standin::need_vector("ReduceSum");
+    detail::need_aligned("ReduceSum", dst);
+    detail::need_aligned("ReduceSum", src);
+    detail::need_aligned("ReduceSum", sharedTmpBuffer);
+    if (count <= 0) {
+        standin::fault("ReduceSum of no elements");
+    }
+    const int64_t per_repeat = 256 / static_cast<int64_t>(sizeof(T));
+    const int64_t per_block = 32 / static_cast<int64_t>(sizeof(T));
+    const int64_t repeats = (count + per_repeat - 1) / per_repeat;
+    const int64_t work = (repeats + per_block - 1) / per_block * per_block;
+    dst.check(sizeof(T), "ReduceSum");
+    src.check(static_cast<uint64_t>(count) * sizeof(T), "ReduceSum");
+    sharedTmpBuffer.check(static_cast<uint64_t>(work) * sizeof(T), "ReduceSum sharedTmpBuffer");
+    T *out = dst.addr();
+    const T *in = src.addr();
+    standin::enqueue(standin::P_V, [=]() -> standin::Commit {
+        std::vector<float> lanes(static_cast<size_t>(per_repeat));
+        float total = 0.0f;
+        for (int64_t r = 0; r < repeats; ++r) {
+            for (int64_t i = 0; i < per_repeat; ++i) {
+                const int64_t at = r * per_repeat + i;
+                lanes[static_cast<size_t>(i)] = at < count ? standin::to_f32(in[at]) : 0.0f;
+            }
+            for (int64_t width = per_repeat; width > 1; width /= 2) {
+                for (int64_t i = 0; i < width / 2; ++i) {
+                    const float pair = lanes[static_cast<size_t>(2 * i)] + lanes[static_cast<size_t>(2 * i + 1)];
+                    lanes[static_cast<size_t>(i)] = standin::to_f32(detail::arith<T>(pair));
+                }
+            }
+            total = r == 0 ? lanes[0] : standin::to_f32(detail::arith<T>(total + lanes[0]));
+        }
+        const T result = detail::arith<T>(total);
+        return [out, result]() { memcpy(out, &result, sizeof(T)); };
     });
 }
 

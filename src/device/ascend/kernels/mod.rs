@@ -11,6 +11,7 @@
 //! | `reduce_scatter` | [`reduce_scatter`] | `collectives::reduce_scatter_cols` |
 //! | `all_to_all_v` | [`all_to_all_v`] | `collectives::all_to_all_v` |
 //! | `broadcast` | [`broadcast`] | `collectives::broadcast` |
+//! | `flash_decode` | [`flash_decode`] | `fused::flash_decode` |
 //!
 //! Each source includes `prelude.h` (the seed's primitives over Ascend C and Ascend SHMEM) and,
 //! for the two GEMM kernels, `gemm.h`; the collectives share `collective.h`. `aclrtc` takes no
@@ -27,6 +28,7 @@ pub(crate) mod all_to_all;
 pub(crate) mod all_to_all_v;
 pub(crate) mod broadcast;
 mod cache;
+pub(crate) mod flash_decode;
 pub(crate) mod matmul_reduce_scatter;
 pub(crate) mod reduce_scatter;
 
@@ -93,8 +95,9 @@ pub(crate) const ALL_GATHER: KernelSource = kernel!("all_gather", LaunchMode::Ve
 pub(crate) const REDUCE_SCATTER: KernelSource = kernel!("reduce_scatter", LaunchMode::VectorOnly);
 pub(crate) const ALL_TO_ALL_V: KernelSource = kernel!("all_to_all_v", LaunchMode::VectorOnly);
 pub(crate) const BROADCAST: KernelSource = kernel!("broadcast", LaunchMode::VectorOnly);
+pub(crate) const FLASH_DECODE: KernelSource = kernel!("flash_decode", LaunchMode::VectorOnly);
 
-const ALL: [KernelSource; 7] = [
+const ALL: [KernelSource; 8] = [
     ALL_GATHER_MATMUL,
     MATMUL_REDUCE_SCATTER,
     ALL_TO_ALL,
@@ -102,6 +105,7 @@ const ALL: [KernelSource; 7] = [
     REDUCE_SCATTER,
     ALL_TO_ALL_V,
     BROADCAST,
+    FLASH_DECODE,
 ];
 
 impl KernelSource {
@@ -110,7 +114,7 @@ impl KernelSource {
     /// # Examples
     /// ```
     /// use dist_tensor::device::ascend::KernelSource;
-    /// assert_eq!(KernelSource::all().len(), 7);
+    /// assert_eq!(KernelSource::all().len(), 8);
     /// ```
     pub fn all() -> &'static [KernelSource] {
         &ALL

@@ -9,6 +9,7 @@
 pub(crate) mod all_gather_matmul;
 pub(crate) mod all_to_all;
 pub(crate) mod collectives;
+pub(crate) mod flash_decode;
 pub(crate) mod matmul_reduce_scatter;
 
 use cudarc::driver::{result as cu, sys};
