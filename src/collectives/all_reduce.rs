@@ -15,9 +15,10 @@ use crate::{Element, Result};
 /// bytes, `n * n * bytes per rank`; past it, two-shot (a reduce_scatter, then an all_gather: two
 /// rounds, each an agreement, a launch and a wait for the peers, but every rank reads `2 / n`
 /// of the inputs instead of all of them). Measured with `perf_report --all-reduce` on a 2-core
-/// Zen 3 (docs/results/2026-12-07-all-reduce-zen3.md): one-shot won below 256 KiB per rank at 4
-/// ranks and below 64 KiB at 8, and lost above, where this budget puts the change.
-pub const ONE_SHOT_MAX_READ_BYTES: usize = 4 << 20;
+/// Zen 3 (docs/results/2026-12-07-all-reduce-zen3.md): one-shot took 0.43 to 0.83 of two-shot's
+/// time up to 64 KiB per rank at 4 ranks and 16 KiB at 8, and 1.10 to 1.17 at 256 KiB and
+/// 64 KiB; this budget puts the change between them (128 KiB at 4 ranks, 32 KiB at 8).
+pub const ONE_SHOT_MAX_READ_BYTES: usize = 2 << 20;
 
 /// How an all_reduce goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
