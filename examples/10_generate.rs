@@ -4,7 +4,7 @@
 //! Run: `cargo run --release --example 10_generate -- --model DIR [--ranks N | --processes N]
 //! [--device cuda] --tokens 1,17,42 [--max-new 20] [--greedy] [--dtype f32|bf16|f16]
 //! [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S] [--stop 2,7]
-//! [--recompute] [--batch N]`
+//! [--recompute] [--batch N] [--prompt TEXT]`
 //!
 //! `DIR` is a Hugging Face model directory (`config.json`, `model.safetensors` or the sharded
 //! `model-0000x-of-0000y.safetensors` with their index): Llama 2 / 3, Mistral, Qwen2, Qwen3 or
@@ -20,8 +20,9 @@
 //! `--recompute` times the loop that recomputes the whole window at every token instead (the
 //! reference the cached path is tested against). `--batch N` serves N prompts (the given one
 //! and its rotations) by continuous batching in one shared cache and prints their total tokens
-//! per second. Text prompts through `tokenizer.json` are not
-//! supported yet: pass token ids with `--tokens`.
+//! per second. `--prompt TEXT` instead of `--tokens` encodes the text with the model's
+//! `tokenizer.json` (special tokens added as the tokenizer says), and the new tokens are printed
+//! decoded too (`text: ...`).
 
 #[path = "common/device.rs"]
 mod device;
@@ -39,6 +40,8 @@ struct Args {
     options: GenerateOptions,
     recompute: bool,
     batch: usize,
+    /// The model's tokenizer, when the prompt was text.
+    tokenizer: Option<tokenizers::Tokenizer>,
 }
 
 fn ids(flag: &str, value: &str) -> Result<Vec<u32>, String> {
@@ -60,7 +63,9 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
         options: GenerateOptions::greedy(20),
         recompute: false,
         batch: 0,
+        tokenizer: None,
     };
+    let mut prompt = None;
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
         match flag.as_str() {
@@ -79,6 +84,7 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
         match flag.as_str() {
             "--model" => out.model = value,
             "--tokens" => out.tokens = ids(&flag, &value)?,
+            "--prompt" => prompt = Some(value),
             "--stop" => o.stop = ids(&flag, &value)?,
             "--max-new" => o.max_new = number(&flag, &value)?,
             "--temperature" => o.temperature = number(&flag, &value)?,
@@ -98,8 +104,17 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
     if out.model.is_empty() {
         return Err("--model DIR is required".into());
     }
+    if let Some(text) = prompt {
+        let path = std::path::Path::new(&out.model).join("tokenizer.json");
+        let tokenizer = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| format!("--prompt: {}: {e}", path.display()))?;
+        let encoding =
+            tokenizer.encode(text.as_str(), true).map_err(|e| format!("--prompt: {e}"))?;
+        out.tokens = encoding.get_ids().to_vec();
+        out.tokenizer = Some(tokenizer);
+    }
     if out.tokens.is_empty() {
-        return Err("--tokens 1,17,42 is required (text prompts are not supported yet)".into());
+        return Err("--tokens 1,17,42 or --prompt TEXT is required".into());
     }
     Ok(out)
 }
@@ -183,6 +198,14 @@ fn main() -> Result<(), Error> {
         let n = ids.len();
         let text: Vec<String> = ids.iter().map(u32::to_string).collect();
         println!("ids: {}", text.join(" "));
+        if let Some(tokenizer) = &args.tokenizer {
+            let decoded = tokenizer.decode(ids, true).map_err(|e| Error::InvalidArgument {
+                op: "10_generate",
+                rank: 0,
+                reason: format!("decoding the new tokens: {e}"),
+            })?;
+            println!("text: {decoded}");
+        }
         let (ranks, dtype) = (world.num_ranks(), &args.dtype);
         if args.recompute {
             println!(

@@ -529,3 +529,31 @@ fn continuous_batching_gives_each_request_its_tokens_alone_even_when_preempted()
         .unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { .. } | Error::RankFailed { .. }), "{err}");
 }
+
+/// A text prompt end to end (llama2's tiny BPE `tokenizer.json`): encoded as `transformers`
+/// encoded it, continued greedily as it continued it, on 1 and 2 ranks, and the new tokens
+/// decoded to its text.
+#[test]
+fn a_text_prompt_through_tokenizer_json_continues_as_transformers() {
+    let text = std::fs::read_to_string(dir("llama2").join("reference.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |k: &str| -> Vec<u32> {
+        v[k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    };
+    let tokenizer = tokenizers::Tokenizer::from_file(dir("llama2").join("tokenizer.json")).unwrap();
+    let prompt = tokenizer.encode(v["text_prompt"].as_str().unwrap(), true).unwrap();
+    assert_eq!(prompt.get_ids(), ids("text_prompt_ids"));
+    for ranks in [1, 2] {
+        let out = World::threads(ranks)
+            .unwrap()
+            .run(|rank| {
+                let model = models::load::<f32>(rank, dir("llama2"))?;
+                model.generate(prompt.get_ids(), &GenerateOptions::greedy(8), |_| {})
+            })
+            .unwrap();
+        assert_eq!(out[0], ids("text_greedy_new_ids"), "{ranks} ranks");
+        assert!(out.iter().all(|o| o == &out[0]));
+        let decoded = tokenizer.decode(&out[0], true).unwrap();
+        assert_eq!(decoded, v["text_greedy_decoded"].as_str().unwrap());
+    }
+}
