@@ -2,7 +2,7 @@
 //! same inputs (already rounded to the element type), over every rank's keys.
 //!
 //! Worlds of 1 to 8 ranks; every element type; keys per rank that are 0, 1, primes, fewer in
-//! all than there are ranks, and more than one chunk of the host kernel (512) on one rank;
+//! all than there are ranks, and several chunks of the host kernel (256 keys) on one rank;
 //! grouped-query heads (several query heads per kv head) and one head; d != dv. Every rank must
 //! return the same bits.
 //!
@@ -211,7 +211,7 @@ fn fewer_keys_than_ranks_one_key_and_one_head() {
 
 #[test]
 fn keys_beyond_one_chunk_on_some_ranks() {
-    // 1031 keys (a prime past two chunks of 512) on one rank, 512 exactly on another.
+    // 1031 keys (a prime, four chunks of 256 and 7 more) on one rank, 512 (two exactly) on another.
     every_dtype(&Case {
         batch: 1,
         heads: 8,

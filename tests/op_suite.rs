@@ -496,8 +496,9 @@ fn every_op<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     dist_ops::<T>(rank, check)
 }
 
-/// Keys rank `r` of `n` holds for flash_decode: uneven, a rank with none, one more than a chunk
-/// of the host kernel (512) on rank 0 of a world of 2 or more.
+/// Keys rank `r` of `n` holds for flash_decode: uneven, a rank with none, more than two chunks of
+/// the host kernel (256 keys each; the GPU's are 128, the NPU's at most 64) on rank 0 of a world
+/// of 2 or more.
 fn keys_of(r: usize, n: usize) -> usize {
     match r {
         0 if n > 1 => 515,
