@@ -267,6 +267,18 @@ MUTATIONS = [
         ["--test", "collectives", "one_shot_and_two_shot_all_reduce_give_the_same_bits"],
         None,
     ),
+    (
+        "flash-decode-agreement-leaves-out-dv",
+        "src/fused/flash_decode.rs",
+        'for (i, what) in ["batch", "heads", "kv_heads", "d", "dv"].into_iter().enumerate() {',
+        'for (i, what) in ["batch", "heads", "kv_heads", "d"].into_iter().enumerate() {',
+        [
+            "--test",
+            "flash_decode",
+            "each_agreed_field_differing_on_the_last_rank_alone_is_named_on_every_rank",
+        ],
+        None,
+    ),
 ]
 
 

@@ -382,3 +382,39 @@ fn on_a_gpu_with_ranks_sharing_it() {
         })
         .unwrap();
 }
+
+/// Every agreed field on its own: the last rank changes only that field (its shapes kept
+/// consistent on their own), and every rank gets the typed mismatch naming the field and that
+/// rank. The fields are listed once; a new one gets its test by joining the list.
+#[test]
+fn each_agreed_field_differing_on_the_last_rank_alone_is_named_on_every_rank() {
+    // (field, batch, heads, kv_heads, d, dv, scale) of the odd rank; the others take the base.
+    let base = (2, 4, 2, 6, 5, 0.5);
+    let fields: [(&str, (usize, usize, usize, usize, usize, f64)); 6] = [
+        ("batch", (3, 4, 2, 6, 5, 0.5)),
+        ("heads", (2, 6, 2, 6, 5, 0.5)),
+        ("kv_heads", (2, 4, 4, 6, 5, 0.5)),
+        ("d", (2, 4, 2, 7, 5, 0.5)),
+        ("dv", (2, 4, 2, 6, 4, 0.5)),
+        ("scale", (2, 4, 2, 6, 5, 0.25)),
+    ];
+    for (field, odd) in fields {
+        for fused in [true, false] {
+            let errs = on_every_rank(3, |rank| {
+                let (b, h, kvh, d, dv, scale) = if rank.rank() == 2 { odd } else { base };
+                let q = Tensor::<f32>::random(&[b, h, d], 1);
+                let k = Tensor::<f32>::random(&[b, 3, kvh, d], 2);
+                let v = Tensor::<f32>::random(&[b, 3, kvh, dv], 3);
+                let call = if fused { fused::flash_decode } else { fused::flash_decode_unfused };
+                call(rank, &q, &k, &v, scale).map(drop)
+            });
+            for e in errs {
+                assert!(
+                    matches!(&e, Error::RanksDisagree { rank_b: 2, value_b, .. }
+                        if value_b.starts_with(&format!("{field} ="))),
+                    "{field} (fused {fused}): {e}"
+                );
+            }
+        }
+    }
+}
