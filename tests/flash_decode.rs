@@ -388,9 +388,10 @@ fn on_a_gpu_with_ranks_sharing_it() {
 /// rank. The fields are listed once; a new one gets its test by joining the list.
 #[test]
 fn each_agreed_field_differing_on_the_last_rank_alone_is_named_on_every_rank() {
-    // (field, batch, heads, kv_heads, d, dv, scale) of the odd rank; the others take the base.
-    let base = (2, 4, 2, 6, 5, 0.5);
-    let fields: [(&str, (usize, usize, usize, usize, usize, f64)); 6] = [
+    // (field, (batch, heads, kv_heads, d, dv, scale) of the odd rank); the others take the base.
+    type Shapes = (usize, usize, usize, usize, usize, f64);
+    let base: Shapes = (2, 4, 2, 6, 5, 0.5);
+    let fields: [(&str, Shapes); 6] = [
         ("batch", (3, 4, 2, 6, 5, 0.5)),
         ("heads", (2, 6, 2, 6, 5, 0.5)),
         ("kv_heads", (2, 4, 4, 6, 5, 0.5)),
