@@ -21,6 +21,25 @@ const OP: &str = "decode_attention_lse";
 pub(crate) const KEY_CHUNK: usize = 256;
 /// Most query heads per kv head.
 pub(crate) const MAX_GROUP: usize = 64;
+/// Tasks a decode's keys are cut into at least (per sequence, spread over the batch), when there
+/// are chunks enough: each task is a *span* of whole chunks, merged into one record per head
+/// before anything reads them, so that the combine reads a few records per sequence and head,
+/// not one per chunk (at 16384 keys, 64 records of `dv + 1` values per head were 3 to 5% of a
+/// bf16 decode's bytes, read again by every rank of the sequence-parallel op).
+const MIN_TASKS: usize = 16;
+
+/// How `keys` keys of each of `batch` sequences are cut into spans of whole chunks: the number
+/// of spans per sequence and the keys of each span (the last takes what is left); `(0, 0)`
+/// without keys. Depends on nothing but its arguments, so that every rank cuts a rank's keys alike.
+pub(crate) fn spans(keys: usize, batch: usize) -> (usize, usize) {
+    let chunks = keys.div_ceil(KEY_CHUNK);
+    if chunks == 0 {
+        return (0, 0);
+    }
+    let wanted = MIN_TASKS.div_ceil(batch.max(1)).clamp(1, chunks);
+    let per = chunks.div_ceil(wanted) * KEY_CHUNK;
+    (keys.div_ceil(per), per)
+}
 
 /// The shapes of a decode: `heads` query heads on `kv_heads` kv heads, widths `d` and `dv`.
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +132,50 @@ pub(crate) fn decode_records<T: Element>(
         return unsafe { decode_records_avx2(h, q, k, v, keys, scale, s, records) };
     }
     decode_records_body(h, q, k, v, keys, scale, s, records)
+}
+
+/// The records of one span of `keys` keys (any number): [`decode_records`] on each chunk of
+/// [`KEY_CHUNK`] keys, each chunk's records merged into `records` (log-sum-exp weights, chunks in
+/// order) through `chunk_records` (as long as `records`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_span_records<T: Element>(
+    h: &Heads,
+    q: &[T],
+    (k, k_stride): (&[T], usize),
+    (v, v_stride): (&[T], usize),
+    keys: usize,
+    scale: f64,
+    s: &mut DecodeScratch<T::Acc>,
+    (records, chunk_records): (&mut [T::Acc], &mut [T::Acc]),
+) {
+    let rec = h.record();
+    for (i, key0) in (0..keys).step_by(KEY_CHUNK).enumerate() {
+        let n = KEY_CHUNK.min(keys - key0);
+        let (k, v) = ((&k[key0 * k_stride..], k_stride), (&v[key0 * v_stride..], v_stride));
+        let into = if i == 0 { &mut *records } else { &mut *chunk_records };
+        decode_records(h, q, k, v, n, scale, s, into);
+        if i > 0 {
+            for (total, part) in records.chunks_exact_mut(rec).zip(chunk_records.chunks_exact(rec))
+            {
+                merge(total, part);
+            }
+        }
+    }
+}
+
+/// `total = total (+) part` for two normalised records (outputs, then log-sum-exp) of the same
+/// query: the log-sum-exp-weighted mean of the outputs, and the log-sum-exp of both. Both are
+/// records of at least one key, so their log-sum-exps are finite.
+fn merge<A: Accumulator>(total: &mut [A], part: &[A]) {
+    let dv = total.len() - 1;
+    let (a, b) = (total[dv], part[dv]);
+    let top = a.max(b);
+    let (wa, wb) = ((a - top).exp(), (b - top).exp());
+    let inv = (wa + wb).recip();
+    for (t, &p) in total[..dv].iter_mut().zip(&part[..dv]) {
+        *t = (*t * wa + p * wb) * inv;
+    }
+    total[dv] = top + (wa + wb).ln();
 }
 
 /// Whether this CPU has AVX2 and FMA (checked once).
@@ -400,22 +463,23 @@ pub fn decode_attention_lse<T: Element>(
     let (batch, keys) = (q.shape()[0], k.shape()[1]);
     let h =
         Heads { heads: q.shape()[1], kv_heads: k.shape()[2], d: q.shape()[2], dv: v.shape()[3] };
-    let (rec, chunks) = (h.record(), keys.div_ceil(KEY_CHUNK));
+    let rec = h.record();
+    let (spans, per) = spans(keys, batch);
     let mut out = Tensor::<T>::try_zeros(&[batch, h.heads, h.dv])?;
     let mut lse = Tensor::<T::Acc>::try_zeros(&[batch, h.heads])?;
-    // Records of task (b, chunk), every head's, in that order.
-    let mut records = vec![<T::Acc as Element>::zero(); batch * chunks * h.heads * rec];
+    // Records of task (b, span), every head's, in that order.
+    let mut records = vec![<T::Acc as Element>::zero(); batch * spans * h.heads * rec];
     let (qs, ks, vs) = (q.as_slice(), k.as_slice(), v.as_slice());
     let (k_row, v_row) = (h.kv_heads * h.d, h.kv_heads * h.dv);
     records.par_chunks_mut((h.heads * rec).max(1)).enumerate().for_each_init(
-        || DecodeScratch::new(&h),
-        |scratch, (t, records)| {
-            let (b, key0) = (t / chunks, t % chunks * KEY_CHUNK);
+        || (DecodeScratch::new(&h), vec![<T::Acc as Element>::zero(); h.heads * rec]),
+        |(scratch, chunk), (t, records)| {
+            let (b, key0) = (t / spans, t % spans * per);
             let q_rows = &qs[b * h.heads * h.d..][..h.heads * h.d];
-            let n = KEY_CHUNK.min(keys - key0);
+            let n = per.min(keys - key0);
             let k = (&ks[(b * keys + key0) * k_row..], k_row);
             let v = (&vs[(b * keys + key0) * v_row..], v_row);
-            decode_records(&h, q_rows, k, v, n, scale, scratch, records);
+            decode_span_records(&h, q_rows, k, v, n, scale, scratch, (records, chunk));
         },
     );
     let rows =
@@ -425,8 +489,8 @@ pub fn decode_attention_lse<T: Element>(
         |acc, (row, (out, lse))| {
             let (b, head) = (row / h.heads, row % h.heads);
             let mut combine = Combine::new(acc);
-            for c in 0..chunks {
-                combine.add(&records[((b * chunks + c) * h.heads + head) * rec..][..rec]);
+            for c in 0..spans {
+                combine.add(&records[((b * spans + c) * h.heads + head) * rec..][..rec]);
             }
             *lse = combine.finish(out);
         },

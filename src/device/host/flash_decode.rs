@@ -2,9 +2,11 @@
 //! [`crate::fused::flash_decode`]).
 //!
 //! One launch, two phases, no host barrier between them. A task of the first phase is one
-//! `(batch, chunk of this rank's keys)`: the scores of every query head against the chunk (its
-//! kv head's keys), their softmax and the weighted sum of the chunk's values, normalised,
-//! with the log-sum-exp of the scores: one *record* `[o (Dv), lse]` per query head. The task
+//! `(batch, span of this rank's keys)` (`tensor::decode_attention::spans`: whole chunks of 256
+//! keys, at least 16 tasks a rank where there are chunks enough): the scores of every query head
+//! against the span (its kv head's keys), their softmax and the weighted sum of the span's
+//! values, normalised, with the log-sum-exp of the scores (chunk by chunk, merged): one *record*
+//! `[o (Dv), lse]` per query head. The task
 //! writes its records straight into every rank's symmetric receive buffer (peers rotated, its own
 //! rank too), at the place the agreed key counts give them; each program then adds the number of
 //! tasks it finished to each rank's signal for this source (a put carries its own signal to a
@@ -24,7 +26,7 @@ use crate::shmem::{
     GlobalPtr, GlobalPtrMut, NotifySem, Rank, Scope, SignalBuf, SignalOp, SymmBuf, Token, WaitCmp,
     WaitSem, Workspace, consume_token, symm_at,
 };
-use crate::tensor::decode_attention::{Combine, DecodeScratch, Heads, KEY_CHUNK, decode_records};
+use crate::tensor::decode_attention::{Combine, DecodeScratch, Heads, decode_span_records, spans};
 use crate::tensor::{Element, Tensor};
 
 const OP: &str = "flash_decode";
@@ -48,9 +50,9 @@ impl DecodeLayout {
         Heads { heads: self.heads, kv_heads: self.kv_heads, d: self.d, dv: self.dv }
     }
 
-    /// Chunks of rank `r`'s keys.
+    /// Spans of rank `r`'s keys per sequence (see `decode_attention::spans`).
     pub(crate) fn chunks(&self, r: usize) -> usize {
-        self.keys[r].div_ceil(KEY_CHUNK)
+        spans(self.keys[r], self.batch).0
     }
 
     /// Values of one record: the output row and its log-sum-exp.
@@ -58,7 +60,7 @@ impl DecodeLayout {
         self.dv + 1
     }
 
-    /// First-phase tasks of rank `r`: one per (batch, chunk).
+    /// First-phase tasks of rank `r`: one per (batch, span).
     pub(crate) fn tasks(&self, r: usize) -> usize {
         self.batch * self.chunks(r)
     }
@@ -186,6 +188,8 @@ fn add(count: u64) -> SignalOp {
 struct Scratch<T: Element> {
     task: DecodeScratch<T::Acc>,
     records: Vec<T::Acc>,
+    /// One chunk's records, merged into `records`.
+    chunk_records: Vec<T::Acc>,
     /// Where the last task's records go in a source's part of the receive buffer.
     record_at: usize,
     /// A record read back, the output row a combine task accumulates, and that row rounded.
@@ -201,6 +205,7 @@ impl<T: Element> Scratch<T> {
         Scratch {
             task: DecodeScratch::new(&h),
             records: vec![zero; h.heads * h.record()],
+            chunk_records: vec![zero; h.heads * h.record()],
             record_at: 0,
             record: vec![zero; h.record()],
             combined: vec![zero; l.dv],
@@ -209,7 +214,7 @@ impl<T: Element> Scratch<T> {
     }
 }
 
-/// Task `t` of the first phase on rank `me`: the records of one (batch, chunk) into
+/// Task `t` of the first phase on rank `me`: the records of one (batch, span) into
 /// `s.records`, and where they go into `s.record_at`.
 fn partial<T: Element>(
     l: &DecodeLayout,
@@ -218,14 +223,15 @@ fn partial<T: Element>(
     me: usize,
     s: &mut Scratch<T>,
 ) {
-    let (h, chunks) = (l.heads(), l.chunks(me));
+    let (h, (chunks, per)) = (l.heads(), spans(l.keys[me], l.batch));
     let (b, c) = (t / chunks, t % chunks);
-    let (key0, keys) = (c * KEY_CHUNK, tile::valid_len(c * KEY_CHUNK, KEY_CHUNK, l.keys[me]));
+    let (key0, keys) = (c * per, tile::valid_len(c * per, per, l.keys[me]));
     let (k_row, v_row) = (l.kv_heads * l.d, l.kv_heads * l.dv);
     let q = &q[b * l.heads * l.d..][..l.heads * l.d];
     let k = &k[(b * l.keys[me] + key0) * k_row..];
     let v = &v[(b * l.keys[me] + key0) * v_row..];
-    decode_records(&h, q, (k, k_row), (v, v_row), keys, l.scale, &mut s.task, &mut s.records);
+    let records = (&mut s.records[..], &mut s.chunk_records[..]);
+    decode_span_records(&h, q, (k, k_row), (v, v_row), keys, l.scale, &mut s.task, records);
     s.record_at = (b * chunks + c) * l.heads * h.record();
 }
 
