@@ -84,6 +84,19 @@ fn launch<T: Element>(g: &CudaRank<'_>, args: &FlashDecodeArgs, tasks: u64) -> R
     kernels::launch(f, grid, THREADS, g.stream(), args)
 }
 
+/// Checks the call; makes its outputs and the arguments every launch of it shares.
+fn start<T: Element>(
+    g: &CudaRank<'_>,
+    l: &DecodeLayout,
+    (q, k, v): (&DeviceStorage<T>, &DeviceStorage<T>, &DeviceStorage<T>),
+) -> Result<(DeviceStorage<T>, DeviceStorage<T::Acc>, FlashDecodeArgs)> {
+    check(g, l, k)?;
+    let out: DeviceStorage<T> = out_tensor(g, &[l.batch, l.heads, l.dv])?;
+    let lse: DeviceStorage<T::Acc> = out_tensor(g, &[l.batch, l.heads])?;
+    let args = base(l, (q, k, v), (&out, &lse), g.rank);
+    Ok((out, lse, args))
+}
+
 /// The fused op on this rank's GPU.
 pub(crate) fn flash_decode<T: Element>(
     g: &CudaRank<'_>,
@@ -92,11 +105,8 @@ pub(crate) fn flash_decode<T: Element>(
     k: &DeviceStorage<T>,
     v: &DeviceStorage<T>,
 ) -> Result<Decoded<T>> {
-    check(g, l, k)?;
+    let (out, lse, mut args) = start(g, l, (q, k, v))?;
     let (n, me) = (g.num_ranks(), g.rank);
-    let out: DeviceStorage<T> = out_tensor(g, &[l.batch, l.heads, l.dv])?;
-    let lse: DeviceStorage<T::Acc> = out_tensor(g, &[l.batch, l.heads])?;
-    let mut args = base(l, (q, k, v), (&out, &lse), me);
     let total = args.src_off[n] as usize;
     let tasks = (l.batch * l.heads * l.keys.iter().map(|&s| s.div_ceil(CHUNK)).max().unwrap_or(0))
         .max(l.batch * l.heads) as u64;
@@ -123,11 +133,8 @@ pub(crate) fn flash_decode_unfused<T: Element>(
     k: &DeviceStorage<T>,
     v: &DeviceStorage<T>,
 ) -> Result<Decoded<T>> {
-    check(g, l, k)?;
+    let (out, lse, all) = start(g, l, (q, k, v))?;
     let (n, me) = (g.num_ranks(), g.rank);
-    let out: DeviceStorage<T> = out_tensor(g, &[l.batch, l.heads, l.dv])?;
-    let lse: DeviceStorage<T::Acc> = out_tensor(g, &[l.batch, l.heads])?;
-    let all = base(l, (q, k, v), (&out, &lse), me);
     // Local: this rank's records alone, as source 0 of a buffer of its own.
     let mine = records(l, l.keys[me]);
     let part: DeviceStorage<T::Acc> = out_tensor(g, &[mine.max(1)])?;
