@@ -11,7 +11,7 @@
 //! rank too), at the place the agreed key counts give them; each program then adds the number of
 //! tasks it finished to each rank's signal for this source (a put carries its own signal to a
 //! peer on another node). A task of the second phase is one `(batch, head)`: once every source's
-//! count is complete, it combines the records of every rank's chunks (log-sum-exp weights, in
+//! count is complete, it combines the records of every rank's spans (log-sum-exp weights, in
 //! rank order, so that every rank computes the same bits) into the output row.
 //!
 //! One program per AI core (the host's cores over the ranks of the node): the tasks are
@@ -51,7 +51,7 @@ impl DecodeLayout {
     }
 
     /// Spans of rank `r`'s keys per sequence (see `decode_attention::spans`).
-    pub(crate) fn chunks(&self, r: usize) -> usize {
+    pub(crate) fn spans(&self, r: usize) -> usize {
         spans(self.keys[r], self.batch).0
     }
 
@@ -62,7 +62,7 @@ impl DecodeLayout {
 
     /// First-phase tasks of rank `r`: one per (batch, span).
     pub(crate) fn tasks(&self, r: usize) -> usize {
-        self.batch * self.chunks(r)
+        self.batch * self.spans(r)
     }
 
     /// Where rank `r`'s records start in every receive buffer, and (last) the buffer's length.
@@ -70,7 +70,7 @@ impl DecodeLayout {
         let mut offsets = vec![0];
         for r in 0..self.keys.len() {
             let last = *offsets.last().expect("starts with 0");
-            offsets.push(last + self.batch * self.chunks(r) * self.heads * self.record());
+            offsets.push(last + self.batch * self.spans(r) * self.heads * self.record());
         }
         offsets
     }
@@ -135,7 +135,7 @@ fn run<T: Element>(
         (ws.recv.as_ref().expect("reserved"), &ws.arrived, &ws.expected);
     let inputs = (q.as_slice(), k.as_slice(), v.as_slice());
     // SAFETY: a task writes its records into each rank's receive buffer at the place of its own
-    // (source, batch, chunk, heads), which no other task of any rank writes, and announces them
+    // (source, batch, span, heads), which no other task of any rank writes, and announces them
     // after writing; records are read only after every source's count is complete. A receive
     // buffer is rewritten only after the next call's exchange. Output rows have one writer each.
     unsafe {
@@ -223,16 +223,16 @@ fn partial<T: Element>(
     me: usize,
     s: &mut Scratch<T>,
 ) {
-    let (h, (chunks, per)) = (l.heads(), spans(l.keys[me], l.batch));
-    let (b, c) = (t / chunks, t % chunks);
-    let (key0, keys) = (c * per, tile::valid_len(c * per, per, l.keys[me]));
+    let (h, (count, per)) = (l.heads(), spans(l.keys[me], l.batch));
+    let (b, span) = (t / count, t % count);
+    let (key0, keys) = (span * per, tile::valid_len(span * per, per, l.keys[me]));
     let (k_row, v_row) = (l.kv_heads * l.d, l.kv_heads * l.dv);
     let q = &q[b * l.heads * l.d..][..l.heads * l.d];
     let k = &k[(b * l.keys[me] + key0) * k_row..];
     let v = &v[(b * l.keys[me] + key0) * v_row..];
     let records = (&mut s.records[..], &mut s.chunk_records[..]);
     decode_span_records(&h, q, (k, k_row), (v, v_row), keys, l.scale, &mut s.task, records);
-    s.record_at = (b * chunks + c) * l.heads * h.record();
+    s.record_at = (b * count + span) * l.heads * h.record();
 }
 
 /// Task `task` of the second phase: `(batch, head)`'s output row from every source's records,
@@ -257,8 +257,8 @@ unsafe fn combine<T: Element>(
     for (src, token) in tokens.iter().enumerate() {
         let Some(token) = *token else { continue };
         let from = GlobalPtr::from(consume_token(recv.ptr(), token));
-        for c in 0..l.chunks(src) {
-            let at = offsets[src] + ((b * l.chunks(src) + c) * l.heads + h) * rec;
+        for span in 0..l.spans(src) {
+            let at = offsets[src] + ((b * l.spans(src) + span) * l.heads + h) * rec;
             // SAFETY: the record is complete (the token) and inside the buffer.
             unsafe { tile::load_1d(from + at, &mut s.record, rec, zero) };
             sum.add(&s.record);
