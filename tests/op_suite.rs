@@ -491,6 +491,9 @@ fn every_op<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
     if capability::refusal(Op::FlashDecode, rank.device(), T::DTYPE, &[]).is_none() {
         flash_decode_case::<T>(rank, check)?;
     }
+    if capability::refusal(Op::MoeDispatch, rank.device(), T::DTYPE, &[]).is_none() {
+        moe_case::<T>(rank, check)?;
+    }
     collectives_case::<T>(rank, check)?;
     tensor_inputs::<T>(rank, check)?;
     dist_ops::<T>(rank, check)
@@ -561,6 +564,45 @@ fn flash_decode_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
             close(&what, output.as_slice(), &want, d + 2);
         }
     }
+    Ok(())
+}
+
+/// Expert-parallel dispatch and combine, fused and unfused, against f64: 5 experts over the
+/// ranks (some hold none in a world of more than 5), top-2, uneven token counts (the last rank
+/// none), the experts doubling their rows.
+fn moe_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
+    use dist_tensor::tensor::{DROPPED, Router, route};
+    let (me, n) = (rank.rank(), rank.num_ranks());
+    let (experts, hidden) = (5, 4);
+    let x = random::<T>(rows_of(me, n), hidden, seed(me, 41));
+    let logits = random::<T>(rows_of(me, n), experts, seed(me, 42));
+    let routed = route(&logits, &Router::softmax_top_k(2))?;
+    let mut want = vec![0.0; rows_of(me, n) * hidden];
+    for slot in (0..routed.expert.len()).filter(|&s| routed.expert[s] != DROPPED) {
+        let (t, w) = (slot / 2, routed.weight.as_slice()[slot].to_f64());
+        for j in 0..hidden {
+            want[t * hidden + j] += w * 2.0 * x.as_slice()[t * hidden + j].to_f64();
+        }
+    }
+    let mut outs = Vec::new();
+    for fused in [true, false] {
+        let got = if fused {
+            fused::moe_dispatch(rank, &x, &routed)?
+        } else {
+            fused::moe_dispatch_unfused(rank, &x, &routed)?
+        };
+        let y = &got.rows * T::from_f64(2.0);
+        let out = if fused {
+            fused::moe_combine(rank, &y, &got, &routed.weight)?
+        } else {
+            fused::moe_combine_unfused(rank, &y, &got, &routed.weight)?
+        };
+        if check {
+            close(&format!("moe (fused {fused}) on rank {me} of {n}"), out.as_slice(), &want, 3);
+        }
+        outs.push((got, out));
+    }
+    assert_eq!(outs[0], outs[1], "moe: fused and unfused differ on rank {me}");
     Ok(())
 }
 
@@ -784,6 +826,7 @@ fn run_cell<T: Element>(rank: &Rank<'_>, op: Op, check: bool) -> Result<()> {
         Op::MatmulReduceScatter => matmul_reduce_scatter::<T>(rank, check),
         Op::AllToAll => all_to_all::<T>(rank, check),
         Op::FlashDecode => flash_decode_case::<T>(rank, check),
+        Op::MoeDispatch | Op::MoeCombine => moe_case::<T>(rank, check),
         Op::AllGather => all_gather_case::<T>(rank, check),
         Op::ReduceScatter => reduce_scatter_case::<T>(rank, check),
         Op::AllReduce => all_reduce_case::<T>(rank, check),
@@ -800,6 +843,12 @@ fn run_cell<T: Element>(rank: &Rank<'_>, op: Op, check: bool) -> Result<()> {
 /// agreement exchange, so that every rank fails together).
 fn cell<T: Element>(world: World, backend: Device, op: Op, check: bool) {
     let promised = capability::refusal(op, backend, T::DTYPE, &[]);
+    // moe_combine takes a dispatch's plan: where the dispatch is refused, the combine is never
+    // reached, and the dispatch's refusal is the one a caller sees.
+    let promised = match op {
+        Op::MoeCombine => capability::refusal(Op::MoeDispatch, backend, T::DTYPE, &[]).or(promised),
+        _ => promised,
+    };
     let outcome = world.run(|rank| run_cell::<T>(rank, op, check));
     match (promised, outcome) {
         (None, Ok(_)) => {}

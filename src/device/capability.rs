@@ -14,7 +14,7 @@ use crate::{Error, Result};
 /// ```
 /// use dist_tensor::device::capability::Op;
 /// assert_eq!(Op::AllGatherMatmul.name(), "all_gather_matmul");
-/// assert_eq!(Op::ALL.len(), 10);
+/// assert_eq!(Op::ALL.len(), 12);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -27,6 +27,10 @@ pub enum Op {
     AllToAll,
     /// [`fused::flash_decode`](crate::fused::flash_decode): sequence-parallel decode attention.
     FlashDecode,
+    /// [`fused::moe_dispatch`](crate::fused::moe_dispatch): expert-parallel dispatch.
+    MoeDispatch,
+    /// [`fused::moe_combine`](crate::fused::moe_combine): expert-parallel combine.
+    MoeCombine,
     /// [`collectives::all_gather`](crate::collectives::all_gather).
     AllGather,
     /// [`collectives::reduce_scatter`](crate::collectives::reduce_scatter).
@@ -44,11 +48,13 @@ pub enum Op {
 
 impl Op {
     /// Every op of the table, in its order.
-    pub const ALL: [Op; 10] = [
+    pub const ALL: [Op; 12] = [
         Op::AllGatherMatmul,
         Op::MatmulReduceScatter,
         Op::AllToAll,
         Op::FlashDecode,
+        Op::MoeDispatch,
+        Op::MoeCombine,
         Op::AllGather,
         Op::ReduceScatter,
         Op::AllReduce,
@@ -76,6 +82,8 @@ impl Op {
             Op::MatmulReduceScatter => "matmul_reduce_scatter",
             Op::AllToAll => "all_to_all",
             Op::FlashDecode => "flash_decode",
+            Op::MoeDispatch => "moe_dispatch",
+            Op::MoeCombine => "moe_combine",
             Op::AllGather => "all_gather",
             Op::ReduceScatter => "reduce_scatter",
             Op::AllReduce => "all_reduce",
@@ -174,6 +182,8 @@ const TABLE: &[Row] = &[
     host(Op::MatmulReduceScatter),
     host(Op::AllToAll),
     host(Op::FlashDecode),
+    host(Op::MoeDispatch),
+    host(Op::MoeCombine),
     host(Op::AllGather),
     host(Op::ReduceScatter),
     host(Op::AllReduce),

@@ -6,6 +6,8 @@ pub(crate) mod all_gather_matmul;
 pub(crate) mod all_to_all;
 pub(crate) mod flash_decode;
 pub(crate) mod matmul_reduce_scatter;
+pub(crate) mod moe_combine;
+pub(crate) mod moe_dispatch;
 pub(crate) mod operand;
 
 pub use crate::device::host::schedule::{
@@ -24,4 +26,6 @@ pub use flash_decode::{FlashDecodeOutput, flash_decode, flash_decode_unfused};
 pub use matmul_reduce_scatter::{
     matmul_reduce_scatter, matmul_reduce_scatter_unfused, matmul_reduce_scatter_unfused_mpi,
 };
+pub use moe_combine::{moe_combine, moe_combine_unfused};
+pub use moe_dispatch::{Dispatched, moe_dispatch, moe_dispatch_unfused};
 pub use operand::Operand;

@@ -15,6 +15,8 @@ pub(crate) mod all_to_all;
 pub(crate) mod flash_decode;
 pub(crate) mod launch;
 pub(crate) mod matmul_reduce_scatter;
+pub(crate) mod moe_combine;
+pub(crate) mod moe_dispatch;
 pub(crate) mod plan;
 mod pool;
 pub(crate) mod program;
