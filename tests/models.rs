@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use dist_tensor::checkpoint::CheckpointErrorKind;
-use dist_tensor::models::GenerateOptions;
+use dist_tensor::models::{ExpertLayout, GenerateOptions, LoadOptions};
 use dist_tensor::{Error, World, models};
 use half::bf16;
 
@@ -66,11 +66,16 @@ fn max_abs(got: &dist_tensor::Tensor<f32>, want: &[Vec<f32>]) -> f32 {
 
 /// f32 on `ranks` ranks: prompt logits within 1e-4, greedy continuation exact, every rank alike.
 fn check_f32(name: &str, ranks: usize) {
+    check_f32_with(name, ranks, &LoadOptions::default());
+}
+
+/// [`check_f32`] with a model loaded with `options`.
+fn check_f32_with(name: &str, ranks: usize, options: &LoadOptions) {
     let r = reference(name);
     let out = World::threads(ranks)
         .unwrap()
         .run(|rank| {
-            let model = models::load::<f32>(rank, dir(name))?;
+            let model = models::load_with::<f32>(rank, dir(name), options)?;
             let cached = cached_logits(&model, &r.prompt_ids)?;
             let mut streamed = Vec::new();
             let generated =
@@ -89,7 +94,8 @@ fn check_f32(name: &str, ranks: usize) {
         let cached_err = max_abs(cached, &r.prompt_logits);
         if i == 0 {
             eprintln!(
-                "{name} f32 on {ranks} ranks: max abs {err:e} vs transformers; KV-cached {cached_err:e}"
+                "{name} f32 on {ranks} ranks ({:?}): max abs {err:e} vs transformers; KV-cached {cached_err:e}",
+                options.experts
             );
         }
         assert!(err <= F32_TOL, "{name}, {ranks} ranks, rank {i}: max abs {err:e}");
@@ -159,14 +165,23 @@ fn gpt2_matches_on_1_2_4_ranks() {
     check_all_worlds("gpt2");
 }
 
-#[test]
-fn mixtral_matches_on_1_2_4_ranks() {
-    check_all_worlds("mixtral");
+/// An MoE model with its experts tensor-parallel and expert-parallel, on 1, 2 and 4 ranks.
+fn check_both_expert_layouts(name: &str) {
+    for experts in [ExpertLayout::TensorParallel, ExpertLayout::ExpertParallel] {
+        for ranks in [1, 2, 4] {
+            check_f32_with(name, ranks, &LoadOptions { experts });
+        }
+    }
 }
 
 #[test]
-fn qwen2_moe_with_shared_expert_matches_on_1_2_4_ranks() {
-    check_all_worlds("qwen2_moe");
+fn mixtral_matches_on_1_2_4_ranks_with_experts_split_either_way() {
+    check_both_expert_layouts("mixtral");
+}
+
+#[test]
+fn qwen2_moe_with_shared_expert_matches_on_1_2_4_ranks_with_experts_split_either_way() {
+    check_both_expert_layouts("qwen2_moe");
 }
 
 /// bf16 weights and activations, against `transformers`' bf16 run, on 1 and 2 ranks.

@@ -497,3 +497,49 @@ fn a_heap_too_small_for_the_rows_is_a_typed_error_on_every_rank() {
         assert!(m.contains("symmetric memory exhausted"), "{m}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The grouped product.
+
+fn grouped_case<T: Element>(groups: &[usize], k: usize, n: usize, tol: f64) {
+    let rows: usize = groups.iter().sum();
+    let x: Tensor<T> = Tensor::<f64>::random(&[rows, k], 7).cast();
+    let ws: Vec<Tensor<T>> =
+        (0..groups.len()).map(|g| Tensor::<f64>::random(&[k, n], 50 + g as u64).cast()).collect();
+    let got =
+        dist_tensor::tensor::grouped_matmul(&x, groups, &ws.iter().collect::<Vec<_>>(), 2).unwrap();
+    assert_eq!(got.shape(), [rows, n]);
+    let (mut g, mut end) = (0, groups.first().copied().unwrap_or(0));
+    for r in 0..rows {
+        while r >= end {
+            g += 1;
+            end += groups[g];
+        }
+        for j in 0..n {
+            let want: f64 = (0..k)
+                .map(|i| x.as_slice()[r * k + i].to_f64() * ws[g].as_slice()[i * n + j].to_f64())
+                .sum();
+            let v = got.as_slice()[r * n + j].to_f64();
+            assert!((v - want).abs() <= tol * (k as f64).sqrt(), "row {r} col {j}: {v} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn grouped_matmul_matches_f64_with_empty_and_uneven_groups() {
+    for groups in [&[3, 0, 1, 17][..], &[0, 0], &[1], &[31, 2, 0, 5, 64]] {
+        grouped_case::<f64>(groups, 13, 7, 1e-14);
+        grouped_case::<f32>(groups, 13, 7, 1e-6);
+        grouped_case::<bf16>(groups, 13, 7, 1e-2);
+        grouped_case::<f16>(groups, 13, 7, 2e-3);
+    }
+    let x = Tensor::<f32>::random(&[4, 3], 1);
+    let w = Tensor::<f32>::random(&[3, 2], 2);
+    let bad = Tensor::<f32>::random(&[2, 2], 3);
+    for (groups, ws) in
+        [(&[4, 1][..], vec![&w, &w]), (&[2, 2], vec![&w]), (&[2, 2], vec![&w, &bad])]
+    {
+        let e = dist_tensor::tensor::grouped_matmul(&x, groups, &ws, 1).unwrap_err();
+        assert!(matches!(e, Error::InvalidShape { op: "grouped_matmul", .. }), "{e}");
+    }
+}

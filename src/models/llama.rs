@@ -18,6 +18,7 @@ use super::blocks::{
 };
 use super::kv_cache::{KvCache, SeqId};
 use super::moe::{Moe, MoeNames};
+use super::moe_expert::ExpertMoe;
 use super::weights::Weights;
 use crate::shmem::Rank;
 use crate::tensor::{Element, Tensor};
@@ -197,6 +198,7 @@ struct Layer<T: Element> {
 enum Mlp<T: Element> {
     Dense(Dense<T>),
     Moe(Moe<T>),
+    ExpertMoe(ExpertMoe<T>),
 }
 
 /// A dense MLP's part on this rank.
@@ -233,7 +235,7 @@ impl<'r, T: Element> Llama<'r, T> {
         let dir = dir.as_ref();
         let config: LlamaConfig = super::read_config(rank.rank(), dir)?;
         let weights = Weights::open(rank, dir)?;
-        Self::from_weights(rank, config, &weights)
+        Self::from_weights(rank, config, &weights, &super::LoadOptions::default())
     }
 
     /// The model of `config` from `weights`. Collective.
@@ -241,6 +243,7 @@ impl<'r, T: Element> Llama<'r, T> {
         rank: &'r Rank<'r>,
         config: LlamaConfig,
         w: &Weights<'r>,
+        options: &super::LoadOptions,
     ) -> Result<Self> {
         let c = &config;
         let (me, world) = (rank.rank(), rank.num_ranks());
@@ -362,16 +365,15 @@ impl<'r, T: Element> Llama<'r, T> {
                 let ffn = c.moe_intermediate_size.unwrap_or(c.intermediate_size);
                 let normalize = c.model_type == "mixtral" || c.norm_topk_prob;
                 let shared = c.shared_expert_intermediate_size.unwrap_or(0);
-                Mlp::Moe(Moe::load(
-                    w,
-                    &names,
-                    hidden,
-                    experts,
-                    c.num_experts_per_tok,
-                    normalize,
-                    ffn,
-                    shared,
-                )?)
+                let (k, ep) = (c.num_experts_per_tok, expert_parallel(rank, options, T::DTYPE)?);
+                if ep {
+                    let moe = ExpertMoe::load(
+                        rank, w, &names, hidden, experts, k, normalize, ffn, shared,
+                    )?;
+                    Mlp::ExpertMoe(moe)
+                } else {
+                    Mlp::Moe(Moe::load(w, &names, hidden, experts, k, normalize, ffn, shared)?)
+                }
             } else {
                 let ffn = c.intermediate_size;
                 let gate = t2(&w.part::<T>(
@@ -532,6 +534,7 @@ impl<'r, T: Element> Llama<'r, T> {
             let h = x.try_map_local(|t| t.rms_norm(Some(&l.post_norm), eps))?;
             let y = match &l.mlp {
                 Mlp::Moe(moe) => moe.forward(rank, &h, &x)?,
+                Mlp::ExpertMoe(moe) => moe.forward(rank, &h, &x)?,
                 Mlp::Dense(mlp) => {
                     let gu = column(&h, &mlp.gate_up)?;
                     let gu = match &mlp.gate_up_bias {
@@ -580,5 +583,25 @@ impl<'r, T: Element> Llama<'r, T> {
             }
         }
         from_f32(&[len, f], &out)
+    }
+}
+
+/// Whether this rank's MoE blocks are expert-parallel (`options`, on this backend).
+fn expert_parallel(
+    rank: &Rank<'_>,
+    options: &super::LoadOptions,
+    dtype: crate::DType,
+) -> Result<bool> {
+    use crate::device::capability::{Op, refusal};
+    let refused = refusal(Op::MoeDispatch, rank.device(), dtype, &[]);
+    match (options.experts, refused) {
+        (super::ExpertLayout::TensorParallel, _) => Ok(false),
+        (super::ExpertLayout::Auto, refused) => Ok(refused.is_none()),
+        (super::ExpertLayout::ExpertParallel, None) => Ok(true),
+        (super::ExpertLayout::ExpertParallel, Some(reason)) => Err(Error::InvalidArgument {
+            op: "models::load",
+            rank: rank.rank(),
+            reason: format!("expert parallelism: {reason}"),
+        }),
     }
 }

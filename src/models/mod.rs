@@ -32,6 +32,7 @@ pub mod gpt2;
 mod kv_cache;
 pub mod llama;
 mod moe;
+mod moe_expert;
 mod weights;
 
 use std::path::Path;
@@ -98,6 +99,59 @@ const GPT2: &[&str] = &["GPT2LMHeadModel"];
 /// # Ok::<(), dist_tensor::Error>(())
 /// ```
 pub fn load<'r, T: Element>(rank: &'r Rank<'r>, dir: impl AsRef<Path>) -> Result<Model<'r, T>> {
+    load_with(rank, dir, &LoadOptions::default())
+}
+
+/// How a mixture-of-experts block splits its experts over the ranks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// Expert-parallel where the world's backend has the fused dispatch and combine (the
+    /// capability table's `moe_dispatch`), else tensor-parallel.
+    #[default]
+    Auto,
+    /// Every expert's MLP split over the ranks as a dense MLP's (each rank computes every
+    /// expert for every token, the unchosen ones weighted 0): two fused products a block.
+    TensorParallel,
+    /// Whole experts per rank (split as `numpy.array_split` splits them); each token's rows
+    /// dispatched to its top-k experts' ranks and combined back (`fused::moe_dispatch`,
+    /// `fused::moe_combine`).
+    ExpertParallel,
+}
+
+/// Choices made when a model is loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// The split of a mixture-of-experts block's experts.
+    pub experts: ExpertLayout,
+}
+
+/// [`load`] with `options`.
+///
+/// # Errors
+/// As [`load`]; [`Error::InvalidArgument`] for [`ExpertLayout::ExpertParallel`] on a backend
+/// without the expert-parallel ops.
+///
+/// # Examples
+/// ```
+/// use dist_tensor::models::{self, ExpertLayout, LoadOptions};
+/// use dist_tensor::World;
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/models/mixtral");
+/// let ids = World::threads(2)?.run(|rank| {
+///     let mut all = Vec::new();
+///     for experts in [ExpertLayout::TensorParallel, ExpertLayout::ExpertParallel] {
+///         let model = models::load_with::<f32>(rank, dir, &LoadOptions { experts })?;
+///         all.push(model.generate_greedy(&[1, 5, 9], 4)?);
+///     }
+///     Ok(all)
+/// })?;
+/// assert_eq!(ids[0][0], ids[0][1]); // the same tokens either way
+/// # Ok::<(), dist_tensor::Error>(())
+/// ```
+pub fn load_with<'r, T: Element>(
+    rank: &'r Rank<'r>,
+    dir: impl AsRef<Path>,
+    options: &LoadOptions,
+) -> Result<Model<'r, T>> {
     let dir = dir.as_ref();
     let me = rank.rank();
     let raw: serde_json::Value = read_config(me, dir)?;
@@ -115,7 +169,7 @@ pub fn load<'r, T: Element>(rank: &'r Rank<'r>, dir: impl AsRef<Path>) -> Result
     if is(LLAMA, LLAMA_TYPES) {
         let config: LlamaConfig = config_from(me, &path, raw)?;
         let weights = Weights::open(rank, dir)?;
-        Ok(Model::Llama(Box::new(Llama::from_weights(rank, config, &weights)?)))
+        Ok(Model::Llama(Box::new(Llama::from_weights(rank, config, &weights, options)?)))
     } else if is(GPT2, &["gpt2"]) {
         let config: Gpt2Config = config_from(me, &path, raw)?;
         let weights = Weights::open(rank, dir)?;
@@ -228,7 +282,8 @@ impl<'r, T: Element> Model<'r, T> {
         let logits = match self {
             Model::Llama(m) => m.forward_with(&ids, Some((cache, &counts)))?,
             Model::Gpt2(m) => m.forward_with(&ids, Some((cache, &counts)))?,
-        };
+        }
+        .to_host()?;
         let vocab = logits.shape()[1];
         let mut first = 0;
         counts
@@ -347,7 +402,7 @@ impl<'r, T: Element> Model<'r, T> {
         let mut seen = prompt.to_vec();
         let mut next: Vec<u32> = prompt.to_vec();
         for _ in 0..options.max_new {
-            let logits = self.forward_cached(&mut cache, seq, &next)?;
+            let logits = self.forward_cached(&mut cache, seq, &next)?.to_host()?;
             let vocab = logits.shape()[1];
             let last = &logits.as_slice()[(next.len() - 1) * vocab..];
             let token = sampler.next(last, &seen);
@@ -370,7 +425,7 @@ impl<'r, T: Element> Model<'r, T> {
     pub fn generate_greedy(&self, ids: &[u32], max_new: usize) -> Result<Vec<u32>> {
         let mut seq = ids.to_vec();
         for _ in 0..max_new {
-            let logits = self.forward(&seq)?;
+            let logits = self.forward(&seq)?.to_host()?;
             let vocab = logits.shape()[1];
             let last = &logits.as_slice()[(seq.len() - 1) * vocab..];
             seq.push(blocks::argmax(last));

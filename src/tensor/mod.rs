@@ -21,6 +21,7 @@ mod element;
 mod fake_backend;
 mod few_rows;
 mod gemm_kernel;
+mod grouped_matmul;
 mod join;
 mod layout;
 mod lhs_transposed;
@@ -53,6 +54,7 @@ pub(crate) use element::short_type_name;
 pub use element::{Accumulator, DType, Element};
 pub(crate) use few_rows::MAX_ROWS as FEW_ROWS;
 pub(crate) use gemm_kernel::transpose_into;
+pub use grouped_matmul::grouped_matmul;
 #[cfg(all(test, feature = "cuda"))]
 pub(crate) use map::broadcast_shape;
 pub use matmul::{matmul, matmul_into};
