@@ -543,3 +543,95 @@ fn grouped_matmul_matches_f64_with_empty_and_uneven_groups() {
         assert!(matches!(e, Error::InvalidShape { op: "grouped_matmul", .. }), "{e}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Autograd: dispatch and combine differentiated, against gradients derived by hand in f64.
+
+#[test]
+fn gradients_of_x_weights_and_experts_match_the_f64_reference() {
+    use dist_tensor::autograd::Var;
+    let (experts, k, h) = (5, 2, 3);
+    for n in [1, 2, 3, 5] {
+        let tokens: Vec<usize> = (0..n).map(|r| [4, 1, 0, 7, 3][r]).collect();
+        let case = Case { capacity: Some(0.75), ..Case::new(n, experts, k, &tokens) };
+        let case = Case { hidden: h, ..case };
+        let w_e = |e: usize| Tensor::<f64>::random(&[h, h], 300 + e as u64);
+        let r_of = |r: usize| Tensor::<f64>::random(&[tokens[r], h], 400 + r as u64);
+        for fused in [true, false] {
+            let out = World::threads(n)
+                .unwrap()
+                .run(|rank| {
+                    let me = rank.rank();
+                    let (x, routed) = (Var::param(case.x::<f64>(me)), case.routed::<f64>(me));
+                    let weight = Var::param(routed.weight.clone());
+                    let (rows, got) = x.moe_dispatch(rank, &routed, fused)?;
+                    let params: Vec<Var<'_, f64>> =
+                        got.experts.clone().map(|e| Var::param(w_e(e))).collect();
+                    let mut parts = Vec::new();
+                    for (i, e) in got.experts.clone().enumerate() {
+                        let range = got.rows_of(e);
+                        parts.push(rows.narrow(0, range.start, range.len())?.matmul(&params[i])?);
+                    }
+                    let y = if parts.is_empty() {
+                        rows.narrow(0, 0, 0)?
+                    } else {
+                        Var::cat(&parts.iter().collect::<Vec<_>>(), 0)?
+                    };
+                    let out = y.moe_combine(rank, &got, &weight, fused)?;
+                    (&out * &Var::constant(r_of(me))).sum().backward()?;
+                    let grads: Vec<Tensor<f64>> = params
+                        .iter()
+                        .map(|p| p.grad().unwrap_or_else(|| Tensor::zeros(&[h, h])))
+                        .collect();
+                    Ok((x.grad(), weight.grad(), got.experts.clone(), grads, routed.dropped))
+                })
+                .unwrap();
+            // The reference.
+            let mut d_we = vec![vec![0.0; h * h]; experts];
+            for (r, (dx, dw, _, _, _)) in out.iter().enumerate() {
+                let (x, routed, rr) = (case.x::<f64>(r), case.routed::<f64>(r), r_of(r));
+                let (x, rr) = (x.as_slice(), rr.as_slice());
+                let mut want_dx = vec![0.0; tokens[r] * h];
+                let mut want_dw = vec![0.0; tokens[r] * k];
+                for slot in 0..tokens[r] * k {
+                    let e = routed.expert[slot];
+                    if e == DROPPED {
+                        continue;
+                    }
+                    let (t, w, we) = (slot / k, routed.weight.as_slice()[slot], w_e(e as usize));
+                    let we = we.as_slice();
+                    for i in 0..h {
+                        for j in 0..h {
+                            want_dx[t * h + i] += w * rr[t * h + j] * we[i * h + j];
+                            want_dw[slot] += rr[t * h + j] * x[t * h + i] * we[i * h + j];
+                            d_we[e as usize][i * h + j] += w * x[t * h + i] * rr[t * h + j];
+                        }
+                    }
+                }
+                let near = |got: &[f64], want: &[f64], what: &str| {
+                    assert_eq!(got.len(), want.len(), "{what}");
+                    for (g, w) in got.iter().zip(want) {
+                        assert!(
+                            (g - w).abs() < 1e-12,
+                            "{what} on rank {r} of {n} (fused {fused}): {g} vs {w}"
+                        );
+                    }
+                };
+                let zeros = |len: usize| vec![0.0; len];
+                near(dx.as_ref().map_or(&zeros(0)[..], |g| g.as_slice()), &want_dx, "dx");
+                near(dw.as_ref().map_or(&zeros(0)[..], |g| g.as_slice()), &want_dw, "dweight");
+            }
+            for (_, _, owned, grads, _) in &out {
+                for (e, g) in owned.clone().zip(grads) {
+                    for (a, b) in g.as_slice().iter().zip(&d_we[e]) {
+                        assert!(
+                            (a - b).abs() < 1e-12,
+                            "dW of expert {e} (fused {fused}): {a} vs {b}"
+                        );
+                    }
+                }
+            }
+            assert!(out.iter().any(|o| o.4 > 0) || n == 1, "some slots dropped");
+        }
+    }
+}

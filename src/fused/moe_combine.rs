@@ -121,8 +121,18 @@ fn run<T: Element>(
     weight: &Tensor<T>,
     fused: bool,
 ) -> Result<Tensor<T>> {
+    combine_with(rank, y, &dispatched.plan, weight, fused)
+}
+
+/// [`moe_combine`] (or its baseline) with a plan: the backward passes' return of rows.
+pub(crate) fn combine_with<T: Element>(
+    rank: &Rank<'_>,
+    y: &Tensor<T>,
+    plan: &MoePlan,
+    weight: &Tensor<T>,
+    fused: bool,
+) -> Result<Tensor<T>> {
     let op = if fused { OP } else { UNFUSED_OP };
-    let plan = &dispatched.plan;
     agree(op, rank, y, plan, weight)?;
     match rank.device_world() {
         DeviceWorld::Host if fused => host::moe_combine::moe_combine(rank, plan, y, weight),

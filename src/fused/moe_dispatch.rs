@@ -185,19 +185,56 @@ fn run<T: Element>(
 ) -> Result<Dispatched<T>> {
     let op = if fused { OP } else { UNFUSED_OP };
     let plan = agree(op, rank, x, routed)?;
-    let rows = match rank.device_world() {
-        DeviceWorld::Host if fused => host::moe_dispatch::moe_dispatch(rank, &plan, x),
-        _ => unfused(rank, &plan, x),
+    let rows = rows_with(rank, &plan, x, fused)?;
+    Ok(dispatched(rows, plan))
+}
+
+/// The rows of `x` moved as `plan` says, after the agreement.
+fn rows_with<T: Element>(
+    rank: &Rank<'_>,
+    plan: &MoePlan,
+    x: &Tensor<T>,
+    fused: bool,
+) -> Result<Tensor<T>> {
+    match rank.device_world() {
+        DeviceWorld::Host if fused => host::moe_dispatch::moe_dispatch(rank, plan, x),
+        _ => unfused(rank, plan, x),
     }
-    .inspect_err(|e| rank.fail_after_agreeing(e))?;
+    .inspect_err(|e| rank.fail_after_agreeing(e))
+}
+
+/// Dispatches the rows of `x` (`[tokens of plan, width]`, any width) as an earlier dispatch's
+/// `plan` did, without routing them again: the backward passes' move. Collective; the ranks
+/// agree on the width and the plan first.
+pub(crate) fn dispatch_again<T: Element>(
+    rank: &Rank<'_>,
+    plan: &MoePlan,
+    x: &Tensor<T>,
+    fused: bool,
+) -> Result<Tensor<T>> {
+    const AGAIN: &str = "moe_dispatch (backward)";
+    let s = x.shape();
+    let problem = foreign_plan(rank, plan).or_else(|| {
+        (s.len() != 2 || s[0] != plan.tokens[plan.me])
+            .then(|| format!("x {s:?} does not have the plan's {} rows", plan.tokens[plan.me]))
+    });
+    let width = s.get(1).copied().unwrap_or(0) as u64;
+    let all = rank.exchange(Call::of::<T>(AGAIN), &[width, plan_digest(plan)], problem, &[])?;
+    all.agree(AGAIN, 0, "width")?;
+    all.agree(AGAIN, 1, "plan digest")?;
+    rows_with(rank, plan, x, fused)
+}
+
+/// The result of a dispatch.
+pub(crate) fn dispatched<T: Element>(rows: Tensor<T>, plan: MoePlan) -> Dispatched<T> {
     let experts = plan.experts_of(plan.me);
     let expert_rows = experts.clone().map(|e| plan.counts.iter().map(|c| c[e]).sum()).collect();
-    Ok(Dispatched { rows, experts, expert_rows, plan })
+    Dispatched { rows, experts, expert_rows, plan }
 }
 
 /// The unfused baseline after the agreement.
 fn unfused<T: Element>(rank: &Rank<'_>, plan: &MoePlan, x: &Tensor<T>) -> Result<Tensor<T>> {
-    let (me, n, h) = (plan.me, plan.ranks, plan.hidden);
+    let (me, n, h) = (plan.me, plan.ranks, x.shape()[1]);
     let tokens: Vec<usize> = plan.send.iter().map(|slot| slot / plan.top_k).collect();
     let send = x.index_select(0, &tokens)?;
     let send_counts: Vec<usize> = (0..n).map(|d| plan.sent(me, d) * h).collect();

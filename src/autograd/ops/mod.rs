@@ -8,6 +8,7 @@ mod index;
 mod join;
 mod layout;
 mod matmul;
+mod moe;
 mod norm;
 mod reduce;
 mod scan;

@@ -40,7 +40,7 @@ pub(crate) struct MoePlan {
     pub(crate) ranks: usize,
     pub(crate) experts: usize,
     pub(crate) top_k: usize,
-    /// The width of a dispatched row.
+    /// The width of the dispatched rows.
     pub(crate) hidden: usize,
     /// Tokens of each rank.
     pub(crate) tokens: Vec<usize>,
@@ -73,6 +73,17 @@ impl MoePlan {
         }
         let expert = expert.to_vec();
         MoePlan { me, ranks, experts, top_k, hidden, tokens, expert_start, counts, send, expert }
+    }
+
+    /// The plan of the same rows with each slot a token of its own (`top_k` 1): the same counts
+    /// and send order, so rows sent with it land where this plan's do. The backward passes use
+    /// it to move per-slot rows.
+    pub(crate) fn flat(&self) -> MoePlan {
+        MoePlan {
+            top_k: 1,
+            tokens: self.tokens.iter().map(|t| t * self.top_k).collect(),
+            ..self.clone()
+        }
     }
 
     /// Rank `r`'s experts.
@@ -275,7 +286,8 @@ pub(crate) fn arrived_from<T: Element>(
     p.wait_from(&ex.arrived, src, src, WaitCmp::Ge(ex.expected[src]), WaitSem::Acquire)
 }
 
-/// The kernel: the rows this rank's experts receive, `[received, hidden]`, in the plan's order.
+/// The kernel: the rows this rank's experts receive, `[received, width]` (`x`'s), in the plan's
+/// order.
 pub(crate) fn moe_dispatch<T: Element>(
     rank: &Rank<'_>,
     plan: &MoePlan,
@@ -291,7 +303,7 @@ fn run<T: Element>(
     plan: &MoePlan,
     x: &Tensor<T>,
 ) -> Result<Tensor<T>> {
-    let (me, n, h, k) = (plan.me, plan.ranks, plan.hidden, plan.top_k);
+    let (me, n, h, k) = (plan.me, plan.ranks, x.shape()[1], plan.top_k);
     rank.reserve_for("moe_dispatch receive", &mut ex.recv, (plan.most_received() * h).max(1))?;
     for s in 0..n {
         ex.expected[s] += MoePlan::tasks_for(plan.sent(s, me)) as u64;
