@@ -593,8 +593,7 @@ fn gradients_of_x_weights_and_experts_match_the_f64_reference() {
                 let (x, rr) = (x.as_slice(), rr.as_slice());
                 let mut want_dx = vec![0.0; tokens[r] * h];
                 let mut want_dw = vec![0.0; tokens[r] * k];
-                for slot in 0..tokens[r] * k {
-                    let e = routed.expert[slot];
+                for (slot, &e) in routed.expert.iter().enumerate() {
                     if e == DROPPED {
                         continue;
                     }

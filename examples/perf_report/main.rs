@@ -28,6 +28,10 @@
 //! `--flash-decode` times the sequence-parallel flash-decode fused and unfused on 1, 2 and 4
 //! ranks, beside the KV cache's bandwidth floor (see `flash_decode.rs`; `--quick`).
 //!
+//! `--moe` times an expert-parallel MoE block (dispatch, the experts' SwiGLU, combine) with the
+//! fused dispatch and combine against their unfused baselines, balanced and skewed, beside the
+//! experts alone (see `moe.rs`; `--quick`).
+//!
 //! Under the table it prints the host schedule each fused product took on rank 0 and why
 //! (`fused::last_schedule`); the rows marked "forced" run the other choice through the call's
 //! options, so that the cost of each choice is measured on this machine (`--only forced`).
@@ -43,6 +47,7 @@ mod machine;
 #[path = "../common/stats.rs"]
 mod measure;
 mod mesh;
+mod moe;
 mod mpi;
 
 use std::time::Duration;
@@ -395,6 +400,9 @@ fn main() -> Result<()> {
     }
     if std::env::args().any(|a| a == "--flash-decode") {
         return flash_decode::main(std::env::args().any(|a| a == "--quick"));
+    }
+    if std::env::args().any(|a| a == "--moe") {
+        return moe::main(std::env::args().any(|a| a == "--quick"));
     }
     if std::env::args().any(|a| a == "--decode-model") {
         return decode::main(std::env::args().any(|a| a == "--quick"));
