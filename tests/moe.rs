@@ -634,3 +634,98 @@ fn gradients_of_x_weights_and_experts_match_the_f64_reference() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The trainable layer: its gradients against finite differences of the whole world's loss.
+
+/// The world's loss (each rank's `sum(out * R) + 0.3 aux + 0.2 z`, summed) with one weight of
+/// the layer moved by `delta` (`which`: 0 the router, 1 gate_up, 2 down; `at` the global flat
+/// index, for the experts' `[E, ...]` stacks), and the gradients at that weight.
+fn layer_loss(n: usize, which: usize, at: usize, delta: f64) -> (f64, f64) {
+    use dist_tensor::autograd::DVar;
+    use dist_tensor::nn::{Module, MoeLayer};
+    use dist_tensor::{DistTensor, Placement};
+    let (hidden, ffn, experts) = (4, 3, 5);
+    let x = Tensor::<f64>::random(&[7, hidden], 11);
+    let r = Tensor::<f64>::random(&[7, hidden], 12);
+    let out = World::threads(n)
+        .unwrap()
+        .run(|rank| {
+            let mut layer =
+                MoeLayer::<f64>::new(rank, hidden, ffn, experts, Router::softmax_top_k(2), 3)?;
+            let per_expert = [hidden * experts, hidden * 2 * ffn, ffn * hidden][which];
+            let mine = match which {
+                0 => Some(at),
+                _ => {
+                    let e = at / per_expert;
+                    layer
+                        .local_experts()
+                        .contains(&e)
+                        .then(|| (e - layer.local_experts().start) * per_expert + at % per_expert)
+                }
+            };
+            let param = [&mut layer.router, &mut layer.gate_up, &mut layer.down][which].value_mut();
+            if let Some(i) = mine {
+                let mut v = param.as_slice().to_vec();
+                v[i] += delta;
+                *param = Tensor::from_shape_vec(param.shape(), v)?;
+            }
+            let xs = DVar::constant(DistTensor::from_global(rank, &x, Placement::Shard(0))?);
+            let rs = DistTensor::from_global(rank, &r, Placement::Shard(0))?;
+            let y = layer.forward(rank, &xs)?;
+            let target = dist_tensor::autograd::Var::constant(rs.local().clone());
+            let fit = (y.out.local() * &target).sum();
+            let loss = &(&fit + &y.aux_loss.scale(0.3)) + &y.z_loss.scale(0.2);
+            loss.backward()?;
+            let grads: Vec<Tensor<f64>> = layer
+                .parameters()
+                .iter()
+                .map(|p| p.grad().unwrap_or_else(|| Tensor::zeros(p.value().shape())))
+                .collect();
+            let g = mine.map_or(0.0, |i| grads[which].as_slice()[i]);
+            Ok((loss.value().as_slice()[0], g))
+        })
+        .unwrap();
+    (out.iter().map(|o| o.0).sum(), out.iter().map(|o| o.1).sum())
+}
+
+#[test]
+fn the_layer_gradients_match_finite_differences_on_1_2_and_3_ranks() {
+    let eps = 1e-6;
+    for n in [1, 2, 3] {
+        for (which, at) in [(0, 0), (0, 13), (1, 5), (1, 40), (1, 101), (2, 7), (2, 50)] {
+            let (_, grad) = layer_loss(n, which, at, 0.0);
+            let (up, _) = layer_loss(n, which, at, eps);
+            let (down, _) = layer_loss(n, which, at, -eps);
+            let fd = (up - down) / (2.0 * eps);
+            assert!(
+                (grad - fd).abs() < 1e-6 * fd.abs().max(1.0),
+                "{n} ranks, param {which}[{at}]: {grad} vs {fd}"
+            );
+        }
+    }
+    // The same output on every world size: the same global layer.
+    let outs: Vec<Tensor<f64>> = [1, 2, 3]
+        .map(|n| {
+            World::threads(n)
+                .unwrap()
+                .run(|rank| {
+                    use dist_tensor::nn::MoeLayer;
+                    use dist_tensor::{DistTensor, Placement, autograd::DVar};
+                    let layer = MoeLayer::<f64>::new(rank, 4, 3, 5, Router::softmax_top_k(2), 3)?;
+                    let x = Tensor::<f64>::random(&[7, 4], 11);
+                    let xs =
+                        DVar::constant(DistTensor::from_global(rank, &x, Placement::Shard(0))?);
+                    layer.forward(rank, &xs)?.out.value().to_global()
+                })
+                .unwrap()
+                .remove(0)
+        })
+        .into_iter()
+        .collect();
+    for o in &outs[1..] {
+        for (a, b) in o.as_slice().iter().zip(outs[0].as_slice()) {
+            assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+        }
+    }
+}

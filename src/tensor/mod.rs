@@ -57,6 +57,7 @@ pub(crate) use gemm_kernel::transpose_into;
 pub use grouped_matmul::grouped_matmul;
 #[cfg(all(test, feature = "cuda"))]
 pub(crate) use map::broadcast_shape;
+pub(crate) use map::require_host;
 pub use matmul::{matmul, matmul_into};
 pub(crate) use optim_step::OptimRule;
 pub use pod::Pod;

@@ -73,6 +73,8 @@ pub struct Routed<T: Element> {
     pub weight: Tensor<T>,
     /// Rows each expert takes (after dropping).
     pub load: Vec<usize>,
+    /// Slots routed to each expert before dropping (what the load-balancing loss counts).
+    pub assigned: Vec<usize>,
     /// Slots dropped for capacity.
     pub dropped: usize,
     /// The load-balancing loss (module docs).
@@ -111,7 +113,18 @@ impl<T: Element> Routed<T> {
                 None => return Err(bad(format!("expert {e} of {experts}"))),
             }
         }
-        Ok(Routed { experts, top_k, expert, weight, load, dropped, aux_loss: 0.0, z_loss: 0.0 })
+        let assigned = load.clone();
+        Ok(Routed {
+            experts,
+            top_k,
+            expert,
+            weight,
+            load,
+            assigned,
+            dropped,
+            aux_loss: 0.0,
+            z_loss: 0.0,
+        })
     }
 }
 
@@ -218,6 +231,7 @@ pub fn route<T: Element>(logits: &Tensor<T>, router: &Router) -> Result<Routed<T
         expert,
         weight: Tensor::from_shape_vec(&[tokens, k], weight)?,
         load,
+        assigned,
         dropped,
         aux_loss,
         z_loss: per_token(z_loss),

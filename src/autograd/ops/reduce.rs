@@ -1,6 +1,6 @@
 //! Sums and means on [`Var`]: of every element (a 0-D result) and along an axis. The gradient
 //! is the output's gradient broadcast back over what was summed (divided by the count for a
-//! mean).
+//! mean). And the log-sum-exp along an axis, whose gradient is the softmax.
 
 use crate::autograd::Var;
 use crate::autograd::var::record;
@@ -75,5 +75,43 @@ impl<'a, T: Element> Var<'a, T> {
         let v = self.value.mean_axis(axis)?;
         let like = v.clone();
         Ok(record(v, &[self], move |g, _| Ok(vec![Some(spread(g, &like, &shape, Some(axis), k)?)])))
+    }
+
+    /// `log(sum(exp(x)))` along `axis` (the largest element taken out first, so nothing
+    /// overflows; in the accumulator type, rounded once): the router z-loss's and a softmax's
+    /// normaliser. The gradient is the output's times the softmax along `axis`. Host values.
+    ///
+    /// # Errors
+    /// [`Error::DimOutOfRange`](crate::Error::DimOutOfRange) for an axis the value does not
+    /// have; [`Error::DeviceUnavailable`](crate::Error::DeviceUnavailable) on a device.
+    ///
+    /// # Examples
+    /// ```
+    /// use dist_tensor::autograd::Var;
+    /// use dist_tensor::Tensor;
+    /// let x = Var::param(Tensor::<f64>::from_shape_vec(&[1, 2], vec![0.0, 0.0])?);
+    /// let l = x.logsumexp(1)?;
+    /// assert!((l.value().as_slice()[0] - 2f64.ln()).abs() < 1e-15);
+    /// l.sum().backward()?;
+    /// assert_eq!(x.grad().unwrap().as_slice(), &[0.5, 0.5]);
+    /// # Ok::<(), dist_tensor::Error>(())
+    /// ```
+    pub fn logsumexp(&self, axis: usize) -> Result<Var<'a, T>> {
+        use num_traits::Float;
+        let p = self.value.softmax(axis)?;
+        crate::tensor::require_host("Var::logsumexp", &self.value)?;
+        let x = self.value.view();
+        let value = x.map_axis(ndarray::Axis(axis), |lane| {
+            let acc = |v: &T| v.to_acc();
+            let max = lane.iter().map(acc).fold(<T::Acc as Float>::neg_infinity(), Float::max);
+            if max == <T::Acc as Float>::neg_infinity() {
+                return T::from_acc(max);
+            }
+            let sum =
+                lane.iter().fold(<T::Acc as Element>::zero(), |s, v| s + (acc(v) - max).exp());
+            T::from_acc(max + sum.ln())
+        });
+        let value = Tensor::from_array(value);
+        Ok(record(value, &[self], move |g, _| Ok(vec![Some(&p * &g.insert_axis(axis)?)])))
     }
 }
