@@ -36,7 +36,7 @@ pub struct MoeOutput<'r, T: Element> {
 /// # Examples
 /// ```
 /// use dist_tensor::autograd::DVar;
-/// use dist_tensor::nn::{Adam, Module, MoeLayer, Optimizer};
+/// use dist_tensor::nn::{Adam, Module, MoeLayer};
 /// use dist_tensor::tensor::Router;
 /// use dist_tensor::{DistTensor, Placement, Tensor, World};
 /// let x = Tensor::<f32>::random(&[10, 8], 1);
