@@ -729,3 +729,32 @@ fn the_layer_gradients_match_finite_differences_on_1_2_and_3_ranks() {
         }
     }
 }
+
+#[test]
+fn a_layer_saved_on_2_ranks_loads_on_3_with_its_experts_resplit() {
+    use dist_tensor::checkpoint::SafetensorsFile;
+    use dist_tensor::nn::{Module, MoeLayer};
+    let path =
+        std::env::temp_dir().join(format!("dt-moe-layer-{}.safetensors", std::process::id()));
+    let router = Router::softmax_top_k(2);
+    World::threads(2)
+        .unwrap()
+        .run(|rank| {
+            MoeLayer::<f32>::new(rank, 4, 3, 5, router, 7)?.save_safetensors(rank, &path, "moe")
+        })
+        .unwrap();
+    World::threads(3)
+        .unwrap()
+        .run(|rank| {
+            let mut loaded = MoeLayer::<f32>::new(rank, 4, 3, 5, router, 99)?;
+            loaded.load_safetensors(&SafetensorsFile::open(rank, &path)?, "moe")?;
+            let fresh = MoeLayer::<f32>::new(rank, 4, 3, 5, router, 7)?;
+            assert_eq!(loaded.local_experts(), [0..2, 2..4, 4..5][rank.rank()].clone());
+            for (a, b) in loaded.parameters().iter().zip(fresh.parameters()) {
+                assert_eq!(a.value(), b.value());
+            }
+            Ok(())
+        })
+        .unwrap();
+    std::fs::remove_file(&path).ok();
+}
