@@ -280,6 +280,59 @@ MUTATIONS = [
         ],
         None,
     ),
+    (
+        "moe-agreement-leaves-out-top-k",
+        "src/fused/moe_dispatch.rs",
+        'for (i, what) in ["hidden", "experts", "top_k"].into_iter().enumerate() {',
+        'for (i, what) in ["hidden", "experts"].into_iter().enumerate() {',
+        [
+            "--test",
+            "moe",
+            "each_agreed_field_differing_on_the_last_rank_alone_is_named_on_every_rank",
+        ],
+        None,
+    ),
+    (
+        "moe-receive-buffer-sized-by-own-rows",
+        "src/device/host/moe_dispatch.rs",
+        "(plan.most_received() * h).max(1)",
+        "(plan.received(me) * h).max(1)",
+        ["--test", "moe", "matches_f64_on_worlds_of_1_to_8_every_dtype"],
+        None,
+    ),
+    (
+        "moe-rows-placed-ignoring-earlier-sources",
+        "src/device/host/moe_dispatch.rs",
+        "before + (0..s).map(|x| self.counts[x][e]).sum::<usize>()",
+        "before + (0..s.min(1)).map(|x| self.counts[x][e]).sum::<usize>()",
+        ["--test", "moe", "matches_f64_on_worlds_of_1_to_8_every_dtype"],
+        None,
+    ),
+    (
+        "moe-combine-first-slot-weight",
+        "src/device/host/moe_combine.rs",
+        "let w = weight[slot].to_acc();",
+        "let w = weight[t * k].to_acc();",
+        ["--test", "moe", "matches_f64_on_worlds_of_1_to_8_every_dtype"],
+        None,
+    ),
+    (
+        "route-ties-to-the-higher-expert",
+        "src/tensor/route.rs",
+        ".then(a.cmp(&b))",
+        ".then(b.cmp(&a))",
+        ["--test", "moe", "ties_go_to_the_lower_expert_and_nan_is_never_skipped"],
+        None,
+    ),
+    (
+        "moe-grad-slot-rows-unweighted",
+        "src/autograd/ops/moe.rs",
+        "per_slot.extend(d_out.iter().map(|x| T::from_acc(ws * x.to_acc())));",
+        "per_slot.extend(d_out.iter().map(|x| T::from_acc(x.to_acc())));",
+        ["--test", "moe", "gradients_of_x_weights_and_experts_match_the_f64_reference"],
+        None,
+    ),
+
 ]
 
 

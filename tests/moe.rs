@@ -758,3 +758,114 @@ fn a_layer_saved_on_2_ranks_loads_on_3_with_its_experts_resplit() {
         .unwrap();
     std::fs::remove_file(&path).ok();
 }
+
+// ---------------------------------------------------------------------------------------------
+// The whole MoE MLP in one kernel.
+
+/// Rank `r`'s MoE MLP output in f64 from the rounded inputs (no intermediate rounding).
+fn experts_reference<T: Element>(case: &Case, r: usize, ffn: usize) -> Vec<f64> {
+    let (x, routed, h) = (case.x::<T>(r), case.routed::<T>(r), case.hidden);
+    let mut out = vec![0.0; case.tokens[r] * h];
+    for (slot, &e) in routed.expert.iter().enumerate().filter(|(_, e)| **e != DROPPED) {
+        let (t, w) = (slot / case.top_k, routed.weight.as_slice()[slot].to_f64());
+        let (gu, down) =
+            (expert_gate_up::<T>(e as usize, h, ffn), expert_down::<T>(e as usize, h, ffn));
+        let row: Vec<f64> = x.as_slice()[t * h..(t + 1) * h].iter().map(|v| v.to_f64()).collect();
+        let mut act = vec![0.0; ffn];
+        for (i, a) in act.iter_mut().enumerate() {
+            let dot = |col: usize| {
+                (0..h).map(|j| row[j] * gu.as_slice()[j * 2 * ffn + col].to_f64()).sum::<f64>()
+            };
+            let (g, u) = (dot(i), dot(ffn + i));
+            *a = g / (1.0 + (-g).exp()) * u;
+        }
+        for j in 0..h {
+            let y: f64 = (0..ffn).map(|i| act[i] * down.as_slice()[i * h + j].to_f64()).sum();
+            out[t * h + j] += w * y;
+        }
+    }
+    out
+}
+
+fn expert_gate_up<T: Element>(e: usize, h: usize, ffn: usize) -> Tensor<T> {
+    (Tensor::<f64>::random(&[h, 2 * ffn], 500 + e as u64) * 0.5).cast()
+}
+
+fn expert_down<T: Element>(e: usize, h: usize, ffn: usize) -> Tensor<T> {
+    (Tensor::<f64>::random(&[ffn, h], 600 + e as u64) * 0.5).cast()
+}
+
+fn check_experts<T: Element>(case: &Case, ffn: usize, tol: f64) {
+    let h = case.hidden;
+    let outs = World::threads(case.ranks)
+        .unwrap()
+        .run(|rank| {
+            let me = rank.rank();
+            let (x, routed) = (case.x::<T>(me), case.routed::<T>(me));
+            let mine = array_split(case.experts, case.ranks);
+            let first: usize = mine[..me].iter().sum();
+            let stack = |f: &dyn Fn(usize) -> Tensor<T>, shape: [usize; 2]| {
+                let data: Vec<T> =
+                    (first..first + mine[me]).flat_map(|e| f(e).as_slice().to_vec()).collect();
+                Tensor::from_shape_vec(&[mine[me], shape[0], shape[1]], data)
+            };
+            let gate_up = stack(&|e| expert_gate_up::<T>(e, h, ffn), [h, 2 * ffn])?;
+            let down = stack(&|e| expert_down::<T>(e, h, ffn), [ffn, h])?;
+            let fused = dist_tensor::fused::moe_experts(rank, &x, &routed, &gate_up, &down)?;
+            let unfused =
+                dist_tensor::fused::moe_experts_unfused(rank, &x, &routed, &gate_up, &down)?;
+            Ok((fused, unfused))
+        })
+        .unwrap();
+    for (r, (fused, unfused)) in outs.iter().enumerate() {
+        let want = experts_reference::<T>(case, r, ffn);
+        for got in [fused, unfused] {
+            assert_eq!(got.shape(), [case.tokens[r], h]);
+            for (g, w) in got.as_slice().iter().zip(&want) {
+                assert!(
+                    (g.to_f64() - w).abs() <= tol * w.abs().max(1.0),
+                    "{g} vs {w}: rank {r} of {}, {} experts, {}",
+                    case.ranks,
+                    case.experts,
+                    std::any::type_name::<T>()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_one_kernel_mlp_matches_f64_on_worlds_of_1_to_6_every_dtype() {
+    for n in 1..=6 {
+        let tokens: Vec<usize> = (0..n).map(|r| [37, 1, 0, 13, 2, 70][r]).collect();
+        let case = Case::new(n, 6, 2, &tokens);
+        check_experts::<f64>(&case, 5, 1e-12);
+        check_experts::<f32>(&case, 5, 1e-5);
+        check_experts::<bf16>(&case, 5, 3e-2);
+        check_experts::<f16>(&case, 5, 4e-3);
+    }
+    // Skewed and dropped: every token's first slot to expert 1, capacity 0.5.
+    let mut case = Case::new(3, 4, 2, &[40, 3, 33]);
+    case.all_to = Some(1);
+    check_experts::<f32>(&case, 7, 1e-5);
+    case.capacity = Some(0.5);
+    check_experts::<f32>(&case, 7, 1e-5);
+}
+
+#[test]
+fn expert_weights_of_the_wrong_shape_fail_on_every_rank_naming_it() {
+    let errs = on_every_rank(2, |rank| {
+        let x = Tensor::<f32>::random(&[3, 4], 1);
+        let routed = routed_for(3, 4, 2);
+        let ffn = if rank.rank() == 1 { 6 } else { 5 };
+        let gate_up = Tensor::<f32>::random(&[2, 4, 10], 3);
+        let down = Tensor::<f32>::random(&[2, ffn, 4], 4);
+        dist_tensor::fused::moe_experts(rank, &x, &routed, &gate_up, &down).map(drop)
+    });
+    for e in errs {
+        assert!(
+            matches!(&e, Error::InvalidArgument { rank: 1, reason, .. } if reason.contains("expert weights")),
+            "{e}"
+        );
+    }
+}

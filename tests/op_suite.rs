@@ -603,6 +603,16 @@ fn moe_case<T: Element>(rank: &Rank<'_>, check: bool) -> Result<()> {
         outs.push((got, out));
     }
     assert_eq!(outs[0], outs[1], "moe: fused and unfused differ on rank {me}");
+    // The whole MLP in one kernel against its baseline: this rank's experts of width 3.
+    let local = dist_tensor::tensor::array_split(experts, n)[me];
+    let gate_up = Tensor::<T>::random(&[local, hidden, 6], seed(me, 43));
+    let down = Tensor::<T>::random(&[local, 3, hidden], seed(me, 44));
+    let one = fused::moe_experts(rank, &x, &routed, &gate_up, &down)?;
+    let base = fused::moe_experts_unfused(rank, &x, &routed, &gate_up, &down)?;
+    if check {
+        let what = format!("moe_experts on rank {me} of {n}");
+        close(&what, one.as_slice(), &f64s(base.as_slice()), 3 * hidden);
+    }
     Ok(())
 }
 

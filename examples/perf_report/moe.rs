@@ -1,12 +1,14 @@
-//! `perf_report --moe`: an expert-parallel MoE block (routing, dispatch, each expert's SwiGLU on
-//! its rows, combine) with the fused dispatch and combine against their unfused baselines
-//! (`all_to_all_v` each way, the reorders, the weighted sum), on 2 and 4 ranks, balanced and
-//! skewed routing (one expert given half of the slots). Beside them, the experts alone: the
-//! same grouped products on the same rows, no communication, timed in the same run (what the
-//! block would cost with its communication free). `--quick`: fewer and smaller rows.
+//! `perf_report --moe`: an expert-parallel MoE block (dispatch, each expert's SwiGLU on its
+//! rows, combine) three ways: one kernel (`fused::moe_experts`: the products start on the rows
+//! that have arrived, read where they landed, their outputs put straight back), the fused
+//! dispatch and combine around the grouped products, and the unfused baseline (`all_to_all_v`
+//! each way, the reorders, the weighted sum); on 2 and 4 ranks, balanced and skewed routing
+//! (one expert given half of the slots). Beside them, the experts alone: the same grouped
+//! products on the same rows, no communication, timed in the same run (what the block would
+//! cost with its communication free). `--quick`: fewer and smaller rows.
 
 use dist_tensor::fused::{
-    Dispatched, moe_combine, moe_combine_unfused, moe_dispatch, moe_dispatch_unfused,
+    Dispatched, moe_combine, moe_combine_unfused, moe_dispatch, moe_dispatch_unfused, moe_experts,
 };
 use dist_tensor::tensor::{Routed, Router, grouped_matmul, route};
 use dist_tensor::{Rank, Result, Tensor, World};
@@ -47,10 +49,12 @@ fn routing(r: &Row, rank: usize) -> Result<Routed<f32>> {
     Routed::from_parts(r.experts, expert, routed.weight)
 }
 
-/// The experts of this rank on their rows: SwiGLU through two grouped products.
+/// The experts of this rank on their rows: SwiGLU through two grouped products; their weights
+/// stacked too, for the one-kernel op.
 struct Experts {
     gate_up: Vec<Tensor<f32>>,
     down: Vec<Tensor<f32>>,
+    stacked: (Tensor<f32>, Tensor<f32>),
 }
 
 impl Experts {
@@ -97,45 +101,52 @@ fn row(r: &Row, reps: usize) -> Result<()> {
         let x = Tensor::<f32>::random(&[r.tokens, HIDDEN], me as u64);
         let routed = routing(r, me)?;
         let local = dist_tensor::tensor::array_split(r.experts, r.ranks)[me];
-        let experts = Experts {
-            gate_up: (0..local)
-                .map(|e| Tensor::random(&[HIDDEN, 2 * FFN], 100 + e as u64))
-                .collect(),
-            down: (0..local).map(|e| Tensor::random(&[FFN, HIDDEN], 200 + e as u64)).collect(),
+        let gate_up: Vec<Tensor<f32>> =
+            (0..local).map(|e| Tensor::random(&[HIDDEN, 2 * FFN], 100 + e as u64)).collect();
+        let down: Vec<Tensor<f32>> =
+            (0..local).map(|e| Tensor::random(&[FFN, HIDDEN], 200 + e as u64)).collect();
+        let stack = |ts: &[Tensor<f32>], shape: [usize; 2]| {
+            let data = ts.iter().flat_map(|t| t.as_slice().to_vec()).collect();
+            Tensor::from_shape_vec(&[local, shape[0], shape[1]], data)
         };
-        let timed = pairs(
-            rank,
-            reps,
-            || block(rank, &x, &routed, &experts, true),
-            || block(rank, &x, &routed, &experts, false),
-        )?;
+        let stacked = (stack(&gate_up, [HIDDEN, 2 * FFN])?, stack(&down, [FFN, HIDDEN])?);
+        let experts = Experts { gate_up, down, stacked };
+        let one_kernel = || {
+            let (gu, d) = (&experts.stacked.0, &experts.stacked.1);
+            moe_experts(rank, &x, &routed, gu, d).map(drop)
+        };
+        let unfused = || block(rank, &x, &routed, &experts, false);
+        let timed = pairs(rank, reps, one_kernel, unfused)?;
+        let around = pairs(rank, reps, || block(rank, &x, &routed, &experts, true), unfused)?;
         // The experts alone on the same rows, from barrier to barrier.
         let got = moe_dispatch(rank, &x, &routed)?;
         let threads = rank.topology().aicore_num();
         let mut alone = || experts.apply(&got, threads).map(drop);
         let compute: Vec<f64> =
             (0..reps).map(|_| together(rank, &mut alone)).collect::<Result<_>>()?;
-        let most = got.expert_rows.iter().copied().max().unwrap_or(0);
-        Ok((timed, compute, got.rows.shape()[0], most))
+        Ok((timed, around, compute, got.rows.shape()[0]))
     })?;
-    let (pairs, compute, _, _): &(Vec<Pair>, Vec<f64>, usize, usize) = &timed[0];
-    let received: Vec<usize> = timed.iter().map(|t| t.2).collect();
-    let fused = Spread::of(pairs.iter().map(|p| p.fused)).median;
-    let unfused = Spread::of(pairs.iter().map(|p| p.unfused)).median;
+    let (pairs, around, compute, _): &(Vec<Pair>, Vec<Pair>, Vec<f64>, usize) = &timed[0];
+    let received: Vec<usize> = timed.iter().map(|t| t.3).collect();
+    let one = Spread::of(pairs.iter().map(|p| p.fused)).median;
+    let unfused = Spread::of(pairs.iter().chain(around).map(|p| p.unfused)).median;
+    let fused_around = Spread::of(around.iter().map(|p| p.fused)).median;
     let alone = Spread::of(compute.iter().copied()).median;
     println!(
-        "| {} | {} | {} | {} | {} | {:?} | {:.3} | {:.3} | {} | {:.3} | {:.2}x |",
+        "| {} | {} | {} | {} | {} | {:?} | {:.3} | {:.3} | {:.3} | {} | {} | {:.3} | {:.2}x |",
         r.ranks,
         r.tokens,
         r.experts,
         r.top_k,
         if r.skewed { "skewed" } else { "balanced" },
         received,
-        fused * 1e3,
+        one * 1e3,
+        fused_around * 1e3,
         unfused * 1e3,
         Spread::of_ratios(pairs).ratio(),
+        Spread::of_ratios(around).ratio(),
         alone * 1e3,
-        fused / alone
+        one / alone
     );
     Ok(())
 }
@@ -147,9 +158,9 @@ pub fn main(quick: bool) -> Result<()> {
          the ranks (threads); medians of pairs, fused and unfused in turn\n"
     );
     println!(
-        "| ranks | tokens a rank | experts | top-k | routing | rows each rank receives | fused ms | unfused ms | fused / unfused (quartiles) | experts alone ms | fused / experts alone |"
+        "| ranks | tokens a rank | experts | top-k | routing | rows each rank receives | one kernel ms | fused dispatch + combine ms | unfused ms | one kernel / unfused (quartiles) | fused d + c / unfused (quartiles) | experts alone ms | one kernel / experts alone |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let (shapes, tokens, reps): (&[(usize, usize)], &[usize], usize) =
         if quick { (&[(8, 2)], &[256], 5) } else { (&[(8, 1), (8, 2), (64, 8)], &[256, 2048], 9) };
     let ranks: &[usize] = if quick { &[2] } else { &[2, 4] };

@@ -8,6 +8,7 @@ pub(crate) mod flash_decode;
 pub(crate) mod matmul_reduce_scatter;
 pub(crate) mod moe_combine;
 pub(crate) mod moe_dispatch;
+pub(crate) mod moe_experts;
 pub(crate) mod operand;
 
 pub use crate::device::host::schedule::{
@@ -28,4 +29,5 @@ pub use matmul_reduce_scatter::{
 };
 pub use moe_combine::{moe_combine, moe_combine_unfused};
 pub use moe_dispatch::{Dispatched, moe_dispatch, moe_dispatch_unfused};
+pub use moe_experts::{moe_experts, moe_experts_unfused};
 pub use operand::Operand;

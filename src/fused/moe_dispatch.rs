@@ -136,13 +136,14 @@ const FIXED: usize = 4;
 
 /// Exchanges every rank's rows per expert with the agreement, in as many exchanges as the
 /// counts need; the plan of this rank.
-fn agree<T: Element>(
+pub(crate) fn agree<T: Element>(
     op: &'static str,
     rank: &Rank<'_>,
     x: &Tensor<T>,
     routed: &Routed<T>,
+    more: impl FnOnce() -> Option<String>,
 ) -> Result<MoePlan> {
-    let problem = problem(rank, x, routed);
+    let problem = problem(rank, x, routed).or_else(more);
     let experts = routed.experts;
     let mut counts = vec![0u64; experts];
     if problem.is_none() {
@@ -184,13 +185,13 @@ fn run<T: Element>(
     fused: bool,
 ) -> Result<Dispatched<T>> {
     let op = if fused { OP } else { UNFUSED_OP };
-    let plan = agree(op, rank, x, routed)?;
+    let plan = agree(op, rank, x, routed, || None)?;
     let rows = rows_with(rank, &plan, x, fused)?;
     Ok(dispatched(rows, plan))
 }
 
 /// The rows of `x` moved as `plan` says, after the agreement.
-fn rows_with<T: Element>(
+pub(crate) fn rows_with<T: Element>(
     rank: &Rank<'_>,
     plan: &MoePlan,
     x: &Tensor<T>,

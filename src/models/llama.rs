@@ -198,7 +198,7 @@ struct Layer<T: Element> {
 enum Mlp<T: Element> {
     Dense(Dense<T>),
     Moe(Moe<T>),
-    ExpertMoe(ExpertMoe<T>),
+    ExpertMoe(Box<ExpertMoe<T>>),
 }
 
 /// A dense MLP's part on this rank.
@@ -370,7 +370,7 @@ impl<'r, T: Element> Llama<'r, T> {
                     let moe = ExpertMoe::load(
                         rank, w, &names, hidden, experts, k, normalize, ffn, shared,
                     )?;
-                    Mlp::ExpertMoe(moe)
+                    Mlp::ExpertMoe(Box::new(moe))
                 } else {
                     Mlp::Moe(Moe::load(w, &names, hidden, experts, k, normalize, ffn, shared)?)
                 }

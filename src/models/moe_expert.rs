@@ -2,11 +2,10 @@
 //! (split over the ranks as `numpy.array_split` splits them) and reads only theirs from the
 //! file; the router is replicated. A block is: this rank's tokens' router logits (a local
 //! product: the activations between blocks are sharded by tokens), their routing
-//! ([`route`]: softmax in the accumulator type, top-k, renormalised where the model says), one
-//! fused [`moe_dispatch`] to the experts' ranks, each expert's SwiGLU on its rows
-//! ([`grouped_matmul`], no padding), and one fused [`moe_combine`] back, weighted. Qwen2-MoE's
-//! shared expert is dense: tensor-parallel as a dense MLP, its sigmoid gate folded into its
-//! column product.
+//! ([`route`]: softmax in the accumulator type, top-k, renormalised where the model says), and
+//! one [`moe_experts`] kernel: the rows dispatched to the experts' ranks, each expert's SwiGLU
+//! on them as they arrive, and the outputs combined back, weighted. Qwen2-MoE's shared expert is
+//! dense: tensor-parallel as a dense MLP, its sigmoid gate folded into its column product.
 //!
 //! Against the tensor-parallel block (`moe.rs`), each token's rows are computed by its top-k
 //! experts only, and an expert's weights are read by one rank.
@@ -17,11 +16,9 @@ use super::blocks::{cat_cols, column, from_f32, row, rt, t2, to_f32};
 use super::moe::MoeNames;
 use super::weights::Weights;
 use crate::dist_tensor::DistTensor;
-use crate::fused::{moe_combine, moe_dispatch};
+use crate::fused::moe_experts;
 use crate::shmem::Rank;
-use crate::tensor::{
-    Element, Gate, Router, Tensor, array_split, grouped_matmul, route, split_offsets,
-};
+use crate::tensor::{Element, Gate, Router, Tensor, array_split, route, split_offsets};
 use crate::{Placement, Result, Split};
 
 /// The shared expert, tensor-parallel: `[hidden, 1 + 2 f_r]` (its gate logit, then this rank's
@@ -39,12 +36,11 @@ pub(crate) struct ExpertMoe<T: Element> {
     router_settings: Router,
     /// This rank's experts.
     local: Range<usize>,
-    /// Per local expert: `[hidden, 2 ffn]` (gate then up columns) and `[ffn, hidden]`.
-    gate_up: Vec<Tensor<T>>,
-    down: Vec<Tensor<T>>,
-    ffn: usize,
+    /// `[local experts, hidden, 2 ffn]` (each expert's gate then up columns) and
+    /// `[local experts, ffn, hidden]`.
+    gate_up: Tensor<T>,
+    down: Tensor<T>,
     shared: Option<Shared<T>>,
-    threads: usize,
 }
 
 impl<T: Element> ExpertMoe<T> {
@@ -70,9 +66,11 @@ impl<T: Element> ExpertMoe<T> {
         for e in local.clone() {
             let [g, u, d] = (names.expert)(e);
             let (g, u) = (whole_t(&g, [ffn, hidden])?, whole_t(&u, [ffn, hidden])?);
-            gate_up.push(cat_cols(&[&g, &u])?);
-            down.push(whole_t(&d, [hidden, ffn])?);
+            gate_up.extend_from_slice(cat_cols(&[&g, &u])?.as_slice());
+            down.extend_from_slice(whole_t(&d, [hidden, ffn])?.as_slice());
         }
+        let gate_up = Tensor::from_shape_vec(&[local.len(), hidden, 2 * ffn], gate_up)?;
+        let down = Tensor::from_shape_vec(&[local.len(), ffn, hidden], down)?;
         let shared = match &names.shared {
             None => None,
             Some(([g, u, d], gate)) => {
@@ -101,9 +99,7 @@ impl<T: Element> ExpertMoe<T> {
             local,
             gate_up,
             down,
-            ffn,
             shared,
-            threads: rank.topology().aicore_num(),
         })
     }
 
@@ -116,20 +112,7 @@ impl<T: Element> ExpertMoe<T> {
     ) -> Result<DistTensor<'r, T>> {
         let x = h.local().to_host()?;
         let routed = route(&x.matmul(&self.router)?, &self.router_settings)?;
-        let got = moe_dispatch(rank, &x, &routed)?;
-        let gu = grouped_matmul(&got.rows, &got.expert_rows, &refs(&self.gate_up), self.threads)?;
-        let f = self.ffn;
-        let (gu, rows) = (to_f32(&gu)?, got.rows.shape()[0]);
-        let mut act = vec![0.0f32; rows * f];
-        for (r, out) in act.chunks_exact_mut(f.max(1)).enumerate().take(rows) {
-            let g = &gu[r * 2 * f..(r + 1) * 2 * f];
-            for i in 0..f {
-                out[i] = rt::<T>(rt::<T>(silu(g[i])) * g[f + i]);
-            }
-        }
-        let act = from_f32::<T>(&[rows, f], &act)?;
-        let y = grouped_matmul(&act, &got.expert_rows, &refs(&self.down), self.threads)?;
-        let out = moe_combine(rank, &y, &got, &routed.weight)?;
+        let out = moe_experts(rank, &x, &routed, &self.gate_up, &self.down)?;
         let out = DistTensor::from_local(rank, out, Placement::Shard(0))?;
         debug_assert_eq!(out.shard_sizes(), like.shard_sizes());
         let Some(s) = &self.shared else { return Ok(out) };
@@ -152,10 +135,6 @@ impl<T: Element> ExpertMoe<T> {
     pub fn local_experts(&self) -> Range<usize> {
         self.local.clone()
     }
-}
-
-fn refs<T: Element>(ts: &[Tensor<T>]) -> Vec<&Tensor<T>> {
-    ts.iter().collect()
 }
 
 fn silu(x: f32) -> f32 {

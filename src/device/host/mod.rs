@@ -17,6 +17,7 @@ pub(crate) mod launch;
 pub(crate) mod matmul_reduce_scatter;
 pub(crate) mod moe_combine;
 pub(crate) mod moe_dispatch;
+pub(crate) mod moe_experts;
 pub(crate) mod plan;
 mod pool;
 pub(crate) mod program;
