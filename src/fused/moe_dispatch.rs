@@ -58,12 +58,12 @@ impl<T: Element> Dispatched<T> {
 /// may differ between ranks and be 0; experts may receive nothing; dropped slots stay home.
 ///
 /// # Errors
-/// On every rank: [`Error::InvalidArgument`] naming the rank whose `x` is not `[tokens, hidden]`
+/// On every rank: [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming the rank whose `x` is not `[tokens, hidden]`
 /// for its routing's tokens, whose routing names an expert out of range, or whose backend has no
-/// kernel for the op or the element type (the capability table); [`Error::RanksDisagree`] when
+/// kernel for the op or the element type (the capability table); [`Error::RanksDisagree`](crate::Error::RanksDisagree) when
 /// ranks pass different `hidden`, number of experts or `top_k`; and as every collective
 /// (a symmetric heap too small for the rows an owner receives is
-/// [`Error::SymmetricMemoryExhausted`]).
+/// [`Error::SymmetricMemoryExhausted`](crate::Error::SymmetricMemoryExhausted)).
 ///
 /// # Examples
 /// ```
