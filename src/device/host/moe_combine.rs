@@ -127,33 +127,64 @@ fn run<T: Element>(
         launch(rank, LaunchMode::VectorOnly, rank.topology().aicore_num(), |p| {
             let mut staged = Vec::new();
             put_rows(p, ex, &tasks, y, width, |i| back[i].0, |_, i| back[i].1, &mut staged)?;
-            let recv = ex.recv.as_ref().expect("reserved");
-            let mut ret: Option<GlobalPtr<'_, T>> = None;
-            let zero = <T::Acc as Element>::zero();
-            let (mut acc, mut scratch) = (vec![zero; width], vec![T::zero(); width]);
-            let mut row_out = vec![T::zero(); width];
-            for task in p.tasks(tokens.div_ceil(TOKENS_PER_TASK)) {
-                if ret.is_none() {
-                    let mut token = None;
-                    for &d in &senders {
-                        token = Some(arrived_from(p, ex, d)?);
-                    }
-                    // Without senders no slot is kept here and nothing is read.
-                    ret = token.map(|t| GlobalPtr::from(consume_token(recv.ptr(), t)));
-                }
-                for tok in task * TOKENS_PER_TASK..tokens.min((task + 1) * TOKENS_PER_TASK) {
-                    let load = |i: usize, into: &mut [T]| {
-                        let from = ret.expect("a kept slot has its owner's signal") + i * width;
-                        // SAFETY: the row is complete (every owner's signal) and in the buffer.
-                        crate::device::tile::load_1d(from, into, width, T::zero())
-                    };
-                    let sums = (&mut acc[..], &mut scratch[..]);
-                    weighted_sum(tok, k, (&slot_row, weight), load, sums, &mut row_out);
-                    crate::device::tile::store_1d(out_ptr + tok * width, &row_out, width);
-                }
-            }
+            let sums = Sums { ex, owners: &senders, slot_row: &slot_row, weight, width };
+            sum_tokens(p, &sums, tokens, k, out_ptr)?;
             Ok(())
         })?;
     }
     Ok(out)
+}
+
+/// What the combine's last phase reads: the return buffer and its signals, the owners that send
+/// rows here, each slot's row in the send order, the slots' weights, the rows' width.
+pub(crate) struct Sums<'a, T: Element> {
+    pub(crate) ex: &'a RowExchange<T>,
+    pub(crate) owners: &'a [usize],
+    pub(crate) slot_row: &'a [usize],
+    pub(crate) weight: &'a [T],
+    pub(crate) width: usize,
+}
+
+/// The combine's last phase in a program: tasks of [`TOKENS_PER_TASK`] of this rank's
+/// `tokens`, each token's rows (from the return buffer, once every owner has signalled)
+/// weighted and summed into its row of `out`.
+///
+/// # Safety
+/// Each owner writes its rows of the return buffer before its signal and not after, until the
+/// next call's agreement; `out` has `tokens x width` elements that only this phase writes.
+pub(crate) unsafe fn sum_tokens<T: Element>(
+    p: &crate::device::Program<'_>,
+    s: &Sums<'_, T>,
+    tokens: usize,
+    k: usize,
+    out: GlobalPtrMut<'_, T>,
+) -> Result<()> {
+    let width = s.width;
+    let recv = s.ex.recv.as_ref().expect("reserved");
+    let mut ret: Option<GlobalPtr<'_, T>> = None;
+    let zero = <T::Acc as Element>::zero();
+    let (mut acc, mut scratch) = (vec![zero; width], vec![T::zero(); width]);
+    let mut row_out = vec![T::zero(); width];
+    for task in p.tasks(tokens.div_ceil(TOKENS_PER_TASK)) {
+        if ret.is_none() {
+            let mut token = None;
+            for &d in s.owners {
+                token = Some(arrived_from(p, s.ex, d)?);
+            }
+            // Without owners no slot is kept here and nothing is read.
+            ret = token.map(|t| GlobalPtr::from(consume_token(recv.ptr(), t)));
+        }
+        for tok in task * TOKENS_PER_TASK..tokens.min((task + 1) * TOKENS_PER_TASK) {
+            let load = |i: usize, into: &mut [T]| {
+                let from = ret.expect("a kept slot has its owner's signal") + i * width;
+                // SAFETY: the row is complete (every owner's signal) and in the buffer.
+                unsafe { crate::device::tile::load_1d(from, into, width, T::zero()) }
+            };
+            let sums = (&mut acc[..], &mut scratch[..]);
+            weighted_sum(tok, k, (s.slot_row, s.weight), load, sums, &mut row_out);
+            // SAFETY: the caller's contract; token `tok`'s row is this task's alone.
+            unsafe { crate::device::tile::store_1d(out + tok * width, &row_out, width) };
+        }
+    }
+    Ok(())
 }

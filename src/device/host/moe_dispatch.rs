@@ -120,6 +120,24 @@ impl MoePlan {
         self.experts_of(d).map(|e| self.counts[s][e]).sum()
     }
 
+    /// This rank's dispatch tasks: its rows for each owner (contiguous in its send order).
+    pub(crate) fn dispatch_tasks(&self) -> Vec<Task> {
+        let me = self.me;
+        self.send_tasks(|d| (self.send_at(me, self.expert_start[d]), self.sent(me, d)))
+    }
+
+    /// The token of row `i` of this rank's send order.
+    pub(crate) fn token_of(&self, i: usize) -> usize {
+        self.send[i] / self.top_k
+    }
+
+    /// Where row `i` of this rank's send order lands in its owner's receive buffer: in the
+    /// owner's block for (its expert, this rank).
+    pub(crate) fn lands_at(&self, i: usize) -> usize {
+        let e = self.expert[self.send[i]] as usize;
+        self.recv_at(e, self.me) + (i - self.send_at(self.me, e))
+    }
+
     /// Tasks moving `rows` rows.
     pub(crate) fn tasks_for(rows: usize) -> usize {
         rows.div_ceil(ROWS_PER_TASK)
@@ -303,33 +321,33 @@ fn run<T: Element>(
     plan: &MoePlan,
     x: &Tensor<T>,
 ) -> Result<Tensor<T>> {
-    let (me, n, h, k) = (plan.me, plan.ranks, x.shape()[1], plan.top_k);
+    let (me, n, h) = (plan.me, plan.ranks, x.shape()[1]);
     rank.reserve_for("moe_dispatch receive", &mut ex.recv, (plan.most_received() * h).max(1))?;
     for s in 0..n {
         ex.expected[s] += MoePlan::tasks_for(plan.sent(s, me)) as u64;
     }
-    let tasks = plan.send_tasks(|d| {
-        let first = plan.expert_start[d];
-        (plan.send_at(me, first), plan.sent(me, d))
-    });
+    let tasks = plan.dispatch_tasks();
     let blocks = plan.blocks();
     let received = plan.received(me);
     let mut out = Tensor::<T>::scratch(OP, &[received, h])?;
     let out_ptr = GlobalPtrMut::from_slice(out.as_mut_slice());
     let x = x.as_slice();
     let ex = &*ex;
-    // Row i of the send order: its slot's token, into the owner's block for (expert, me).
-    let row = |i: usize| plan.send[i] / k;
-    let dest = |_peer: usize, i: usize| {
-        let e = plan.expert[plan.send[i]] as usize;
-        plan.recv_at(e, me) + (i - plan.send_at(me, e))
-    };
     // SAFETY: the plan gives every (source, row) its own place in its owner's buffer; blocks are
     // read after their source's signal; the output's blocks have one writer each.
     unsafe {
         launch(rank, LaunchMode::VectorOnly, rank.topology().aicore_num(), |p| {
             let mut staged = Vec::new();
-            put_rows(p, ex, &tasks, x, h, row, dest, &mut staged)?;
+            put_rows(
+                p,
+                ex,
+                &tasks,
+                x,
+                h,
+                |i| plan.token_of(i),
+                |_, i| plan.lands_at(i),
+                &mut staged,
+            )?;
             let recv = ex.recv.as_ref().expect("reserved");
             let mut tokens: Vec<Option<Token>> = vec![None; n];
             for b in p.tasks(blocks.len()) {

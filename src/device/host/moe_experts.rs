@@ -16,7 +16,7 @@
 //!
 //! Phase 2 waits only on phase 1 and phase 3 only on phase 2, so no wait is circular.
 
-use super::moe_combine::{slot_rows, weighted_sum};
+use super::moe_combine::{Sums, slot_rows, sum_tokens};
 use super::moe_dispatch::{MoePlan, RowExchange, arrived_from, put_rows};
 use crate::Result;
 use crate::device::{LaunchMode, launch, tile};
@@ -27,9 +27,6 @@ use crate::shmem::{
 use crate::tensor::{Element, Tensor};
 
 const OP: &str = "moe_experts";
-
-/// Tokens a third-phase task sums.
-const TOKENS_PER_TASK: usize = 16;
 
 /// Rows a second-phase task multiplies at most: each task packs its expert's weights for the
 /// GEMM once, so small blocks pay that packing per few rows (blocks of 32 rows ran 1.2-1.35x
@@ -133,7 +130,7 @@ fn run<T: Element>(
         let from_owner = owner_chunks.iter().flat_map(|c| &c.pieces).filter(|p| p.source == me);
         ws.back.expected[s] += from_owner.count() as u64;
     }
-    let tasks = plan.send_tasks(|d| (plan.send_at(me, plan.expert_start[d]), plan.sent(me, d)));
+    let tasks = plan.dispatch_tasks();
     let blocks = chunks(plan, me);
     let owners: Vec<usize> = (0..n).filter(|&d| plan.sent(me, d) > 0).collect();
     let slot_row = slot_rows(plan);
@@ -143,11 +140,6 @@ fn run<T: Element>(
     let (x, weight) = (x.as_slice(), weight.as_slice());
     let (gate_up, down) = (gate_up.as_slice(), down.as_slice());
     let ws = &*ws;
-    let row = |i: usize| plan.send[i] / k;
-    let dest = |_peer: usize, i: usize| {
-        let e = plan.expert[plan.send[i]] as usize;
-        plan.recv_at(e, me) + (i - plan.send_at(me, e))
-    };
     // SAFETY: the plan gives every row one place in its owner's receive buffer and every output
     // row one place in its source's return buffer, each written by one task; each is read only
     // after its writer's signal; buffers are rewritten only after the next call's agreement;
@@ -155,7 +147,16 @@ fn run<T: Element>(
     unsafe {
         launch(rank, LaunchMode::VectorOnly, rank.topology().aicore_num(), |p| {
             let mut staged = Vec::new();
-            put_rows(p, &ws.rows, &tasks, x, h, row, dest, &mut staged)?;
+            put_rows(
+                p,
+                &ws.rows,
+                &tasks,
+                x,
+                h,
+                |i| plan.token_of(i),
+                |_, i| plan.lands_at(i),
+                &mut staged,
+            )?;
             // Phase 2: the experts.
             let recv = ws.rows.recv.as_ref().expect("reserved");
             let back = ws.back.recv.as_ref().expect("reserved");
@@ -211,28 +212,9 @@ fn run<T: Element>(
                 )?;
             }
             // Phase 3: the combine.
-            let mut ret: Option<GlobalPtr<'_, T>> = None;
-            let zero = <T::Acc as Element>::zero();
-            let (mut acc, mut row_in) = (vec![zero; h], vec![T::zero(); h]);
-            let mut row_out = vec![T::zero(); h];
-            for task in p.tasks(tokens.div_ceil(TOKENS_PER_TASK)) {
-                if ret.is_none() {
-                    let mut token = None;
-                    for &d in &owners {
-                        token = Some(arrived_from(p, &ws.back, d)?);
-                    }
-                    ret = token.map(|t| GlobalPtr::from(consume_token(back.ptr(), t)));
-                }
-                for t in task * TOKENS_PER_TASK..tokens.min((task + 1) * TOKENS_PER_TASK) {
-                    let load = |i: usize, into: &mut [T]| {
-                        let from = ret.expect("a kept slot has its owner's signal") + i * h;
-                        tile::load_1d(from, into, h, T::zero())
-                    };
-                    let sums = (&mut acc[..], &mut row_in[..]);
-                    weighted_sum(t, k, (&slot_row, weight), load, sums, &mut row_out);
-                    tile::store_1d(out_ptr + t * h, &row_out, h);
-                }
-            }
+            let sums =
+                Sums { ex: &ws.back, owners: &owners, slot_row: &slot_row, weight, width: h };
+            sum_tokens(p, &sums, tokens, k, out_ptr)?;
             Ok(())
         })?;
     }
