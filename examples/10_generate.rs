@@ -4,12 +4,14 @@
 //! Run: `cargo run --release --example 10_generate -- --model DIR [--ranks N | --processes N]
 //! [--device cuda] --tokens 1,17,42 [--max-new 20] [--greedy] [--dtype f32|bf16|f16]
 //! [--temperature T] [--top-k K] [--top-p P] [--repetition-penalty R] [--seed S] [--stop 2,7]
-//! [--recompute] [--batch N] [--prompt TEXT]`
+//! [--recompute] [--batch N] [--prompt TEXT] [--experts auto|tp|ep]`
 //!
 //! `DIR` is a Hugging Face model directory (`config.json`, `model.safetensors` or the sharded
-//! `model-0000x-of-0000y.safetensors` with their index): Llama 2 / 3, Mistral, Qwen2, Qwen3 or
-//! GPT-2, for example `tests/data/models/llama3`. Each rank reads only its slice of the weights
-//! (`models::load`). The example prints one line `ids: 5 9 ...` (the new token ids), then the
+//! `model-0000x-of-0000y.safetensors` with their index): Llama 2 / 3, Mistral, Qwen2, Qwen3,
+//! GPT-2, Mixtral or Qwen2-MoE, for example `tests/data/models/llama3`. Each rank reads only its
+//! slice of the weights (`models::load_with`); `--experts tp|ep` splits an MoE model's experts
+//! tensor-parallel or expert-parallel (`auto`, the default: expert-parallel where the backend
+//! has the dispatch, see `models::ExpertLayout`). The example prints one line `ids: 5 9 ...` (the new token ids), then the
 //! time per token. `--ranks N` runs N ranks as threads (1 by default), `--processes N` as N
 //! processes of this program; under mpirun or torchrun each process is one rank.
 //!
@@ -29,7 +31,7 @@ mod device;
 
 use std::time::Instant;
 
-use dist_tensor::models::GenerateOptions;
+use dist_tensor::models::{ExpertLayout, GenerateOptions, LoadOptions};
 use dist_tensor::{Element, Error, World, models};
 use half::{bf16, f16};
 
@@ -40,6 +42,7 @@ struct Args {
     options: GenerateOptions,
     recompute: bool,
     batch: usize,
+    load: LoadOptions,
     /// The model's tokenizer, when the prompt was text.
     tokenizer: Option<tokenizers::Tokenizer>,
 }
@@ -63,6 +66,7 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
         options: GenerateOptions::greedy(20),
         recompute: false,
         batch: 0,
+        load: LoadOptions::default(),
         tokenizer: None,
     };
     let mut prompt = None;
@@ -94,6 +98,14 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
             "--seed" => o.seed = number(&flag, &value)?,
             "--batch" => out.batch = number(&flag, &value)?,
             "--dtype" if ["f32", "bf16", "f16"].contains(&value.as_str()) => out.dtype = value,
+            "--experts" => {
+                out.load.experts = match value.as_str() {
+                    "auto" => ExpertLayout::Auto,
+                    "tp" => ExpertLayout::TensorParallel,
+                    "ep" => ExpertLayout::ExpertParallel,
+                    _ => return Err(format!("--experts {value}: auto, tp or ep")),
+                }
+            }
             _ => return Err(format!("unknown argument {flag} {value}; see the file's header")),
         }
     }
@@ -122,7 +134,7 @@ fn parse(args: Vec<String>) -> Result<Args, String> {
 /// The new ids, the seconds to the first (the prefill), and the seconds of the rest.
 fn generate<T: Element>(world: &World, args: &Args) -> Result<Vec<(Vec<u32>, f64, f64)>, Error> {
     world.run(|rank| {
-        let model = models::load::<T>(rank, &args.model)?;
+        let model = models::load_with::<T>(rank, &args.model, &args.load)?;
         let start = Instant::now();
         if args.recompute {
             let ids = model.generate_greedy(&args.tokens, args.options.max_new)?;
@@ -149,7 +161,7 @@ fn batch<T: Element>(world: &World, args: &Args) -> Result<Vec<Batch>, Error> {
     let positions = prompts.iter().map(|p| p.len() + args.options.max_new).sum::<usize>();
     let blocks = positions.div_ceil(args.options.block_size) + args.batch;
     world.run(|rank| {
-        let model = models::load::<T>(rank, &args.model)?;
+        let model = models::load_with::<T>(rank, &args.model, &args.load)?;
         let start = Instant::now();
         let out = model.generate_batch(&prompts, &args.options, blocks)?;
         Ok((out, start.elapsed().as_secs_f64()))
