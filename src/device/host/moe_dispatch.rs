@@ -52,6 +52,9 @@ pub(crate) struct MoePlan {
     pub(crate) send: Vec<usize>,
     /// This rank's slots' experts (`DROPPED` where dropped).
     pub(crate) expert: Vec<u32>,
+    /// For each expert: where this rank's rows for it land in its owner's receive buffer, less
+    /// where they start in this rank's send order (so row `i` lands at `i` plus this).
+    landing: Vec<isize>,
 }
 
 impl MoePlan {
@@ -72,7 +75,25 @@ impl MoePlan {
             at[e as usize] += 1;
         }
         let expert = expert.to_vec();
-        MoePlan { me, ranks, experts, top_k, hidden, tokens, expert_start, counts, send, expert }
+        let landing = Vec::new();
+        let mut plan = MoePlan {
+            me,
+            ranks,
+            experts,
+            top_k,
+            hidden,
+            tokens,
+            expert_start,
+            counts,
+            send,
+            expert,
+            landing,
+        };
+        // Computed once here: `lands_at` runs for every row moved.
+        plan.landing = (0..experts)
+            .map(|e| plan.recv_at(e, me) as isize - plan.send_at(me, e) as isize)
+            .collect();
+        plan
     }
 
     /// The plan of the same rows with each slot a token of its own (`top_k` 1): the same counts
@@ -135,7 +156,7 @@ impl MoePlan {
     /// owner's block for (its expert, this rank).
     pub(crate) fn lands_at(&self, i: usize) -> usize {
         let e = self.expert[self.send[i]] as usize;
-        self.recv_at(e, self.me) + (i - self.send_at(self.me, e))
+        (i as isize + self.landing[e]) as usize
     }
 
     /// Tasks moving `rows` rows.
