@@ -10,8 +10,6 @@
 //! Against the tensor-parallel block (`moe.rs`), each token's rows are computed by its top-k
 //! experts only, and an expert's weights are read by one rank.
 
-use std::ops::Range;
-
 use super::blocks::{cat_cols, column, from_f32, row, rt, t2, to_f32};
 use super::moe::MoeNames;
 use super::weights::Weights;
@@ -34,8 +32,6 @@ pub(crate) struct ExpertMoe<T: Element> {
     /// `[hidden, experts]`.
     router: Tensor<T>,
     router_settings: Router,
-    /// This rank's experts.
-    local: Range<usize>,
     /// `[local experts, hidden, 2 ffn]` (each expert's gate then up columns) and
     /// `[local experts, ffn, hidden]`.
     gate_up: Tensor<T>,
@@ -96,7 +92,6 @@ impl<T: Element> ExpertMoe<T> {
                 normalize,
                 capacity_factor: None,
             },
-            local,
             gate_up,
             down,
             shared,
@@ -128,12 +123,6 @@ impl<T: Element> ExpertMoe<T> {
         }
         let shared = row(rank, from_f32::<T>(&[len, sf], &act)?, &s.w_down, like)?;
         out.zip_local(&shared, |a, b| a + b)
-    }
-
-    /// This rank's experts.
-    #[allow(dead_code)]
-    pub fn local_experts(&self) -> Range<usize> {
-        self.local.clone()
     }
 }
 
